@@ -1,0 +1,31 @@
+// Command forwarder is a Benthos distribution that moves parking camera events
+// from Kafka to the parking platform through a PostgreSQL outbox.
+package main
+
+import (
+	"context"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	_ "github.com/redpanda-data/benthos/v4/public/components/io"
+	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
+
+	"github.com/forwarder/forwarder/internal/outboxcli"
+	_ "github.com/forwarder/forwarder/plugins/all"
+)
+
+// Set at build time with -ldflags "-X main.version=... -X main.dateBuilt=...".
+var (
+	version   = "dev"
+	dateBuilt = "unknown"
+)
+
+func main() {
+	service.RunCLI(
+		context.Background(),
+		service.CLIOptSetVersion(version, dateBuilt),
+		service.CLIOptSetBinaryName("forwarder"),
+		service.CLIOptSetProductName("forwarder"),
+		service.CLIOptAddCommand(outboxcli.Command()),
+	)
+}

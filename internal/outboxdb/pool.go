@@ -1,0 +1,59 @@
+package outboxdb
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PoolConfig tunes a pool opened with Open. Zero values keep pgx's defaults.
+type PoolConfig struct {
+	// MaxConns caps the pool's connections.
+	MaxConns int32
+	// ApplicationName is reported in pg_stat_activity.
+	ApplicationName string
+}
+
+// Open parses dsn (a libpq URL or key=value string), builds a pool and pings
+// it. Errors never contain the DSN, which may hold a password.
+func Open(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, error) {
+	pcfg, err := ParsePoolConfig(dsn, cfg)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating database pool: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to database %s: %w", Redact(pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database), err)
+	}
+	return pool, nil
+}
+
+// ParsePoolConfig parses dsn without touching the network, so that a
+// constructor can validate it at config time.
+func ParsePoolConfig(dsn string, cfg PoolConfig) (*pgxpool.Config, error) {
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// pgx's parse errors redact the password, but the DSN is still better left out.
+		return nil, fmt.Errorf("parsing database dsn: invalid connection string")
+	}
+	if cfg.MaxConns > 0 {
+		pcfg.MaxConns = cfg.MaxConns
+	}
+	if cfg.ApplicationName != "" {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
+	}
+	return pcfg, nil
+}
+
+// Redact describes a database without its credentials, for logs and errors.
+func Redact(host string, port uint16, database string) string {
+	return fmt.Sprintf("%s:%d/%s", host, port, database)
+}

@@ -1,0 +1,29 @@
+package outboxdb
+
+import (
+	"context"
+	"embed"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the queries need: a pool, a connection or a transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+//go:embed sql/*.sql
+var sqlFS embed.FS
+
+// mustSQL returns an embedded query; a missing file is a build mistake.
+func mustSQL(name string) string {
+	b, err := sqlFS.ReadFile("sql/" + name)
+	if err != nil {
+		panic(fmt.Sprintf("outboxdb: embedded query %s: %v", name, err))
+	}
+	return string(b)
+}

@@ -1,0 +1,7 @@
+// Package all registers every forwarder plugin with the global Benthos
+// environment. Import it for its side effects.
+package all
+
+import (
+	// Each import registers its components in init.
+)
