@@ -107,12 +107,18 @@ func (c *Cluster) DSN(db string) string {
 
 func (c *Cluster) initdb(ctx context.Context) error {
 	if _, err := os.Stat(filepath.Join(c.cfg.Dir, "PG_VERSION")); err == nil {
-		return c.chown(c.cfg.Dir)
+		if err := c.chown(c.cfg.Dir); err != nil {
+			return err
+		}
+		return c.ensureTraversable(filepath.Dir(c.cfg.Dir))
 	}
 	if err := os.MkdirAll(c.cfg.Dir, 0o700); err != nil {
 		return fmt.Errorf("pgcluster: creating %s: %w", c.cfg.Dir, err)
 	}
 	if err := c.chown(c.cfg.Dir); err != nil {
+		return err
+	}
+	if err := c.ensureTraversable(filepath.Dir(c.cfg.Dir)); err != nil {
 		return err
 	}
 	out, err := c.command(ctx, "initdb", "-D", c.cfg.Dir, "-U", "postgres", "--auth=trust",
@@ -196,6 +202,29 @@ func (c *Cluster) chown(dir string) error {
 		}
 		return os.Lchown(p, int(c.cred.Uid), int(c.cred.Gid))
 	})
+}
+
+// ensureTraversable lets the server's OS user reach its data directory:
+// temporary directories are created 0700 by root, so ancestors without the
+// search bit for others get it (search only, not read).
+func (c *Cluster) ensureTraversable(dir string) error {
+	if c.cred == nil {
+		return nil
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("pgcluster: %w", err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o001); err != nil {
+				return fmt.Errorf("pgcluster: letting %s reach %s: %w", c.cfg.OSUser, d, err)
+			}
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
 }
 
 func (c *Cluster) previousPort() int {

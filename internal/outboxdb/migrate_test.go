@@ -1,0 +1,318 @@
+package outboxdb_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pgtest"
+)
+
+func openEmpty(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := outboxdb.Open(context.Background(), pgtest.NewEmptyDB(t), outboxdb.PoolConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("CreatesSchemaThenIsANoOp", func(t *testing.T) {
+		t.Parallel()
+		pool := openEmpty(t)
+		first, err := outboxdb.Migrate(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first.From != 0 || first.To != outboxdb.LatestVersion() || len(first.Applied) == 0 {
+			t.Fatalf("first run: %+v, want 0 -> %d", first, outboxdb.LatestVersion())
+		}
+		second, err := outboxdb.Migrate(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(second.Applied) != 0 || second.From != first.To {
+			t.Fatalf("second run applied %v (from %d), want nothing", second.Applied, second.From)
+		}
+	})
+
+	t.Run("ConcurrentRunsBothSucceed", func(t *testing.T) {
+		t.Parallel()
+		dsn := pgtest.NewEmptyDB(t)
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		applied := make([]int, 4)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Separate pools, as separate instances would have.
+				pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer pool.Close()
+				res, err := outboxdb.Migrate(ctx, pool)
+				errs[i], applied[i] = err, len(res.Applied)
+			}()
+		}
+		wg.Wait()
+		total := 0
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("migration %d: %v", i, err)
+			}
+			total += applied[i]
+		}
+		if want := len(mustMigrations(t)); total != want {
+			t.Fatalf("migrations applied %d times in all, want each once (%d)", total, want)
+		}
+	})
+
+	t.Run("RefusesNewerSchema", func(t *testing.T) {
+		t.Parallel()
+		pool := openEmpty(t)
+		if _, err := outboxdb.Migrate(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, '9999_future')"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := outboxdb.Migrate(ctx, pool)
+		if !errors.Is(err, outboxdb.ErrSchemaTooNew) || !strings.Contains(err.Error(), "9999") {
+			t.Fatalf("err = %v, want ErrSchemaTooNew naming version 9999", err)
+		}
+	})
+}
+
+func mustMigrations(t *testing.T) []outboxdb.Migration {
+	t.Helper()
+	ms, err := outboxdb.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms
+}
+
+func TestSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+
+	columns := func(table string) map[string]string {
+		rows, err := pool.Query(ctx, `SELECT column_name, data_type FROM information_schema.columns
+			WHERE table_schema = 'public' AND table_name = $1`, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols := map[string]string{}
+		for rows.Next() {
+			var n, ty string
+			if err := rows.Scan(&n, &ty); err != nil {
+				t.Fatal(err)
+			}
+			cols[n] = ty
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return cols
+	}
+
+	t.Run("RecordColumns", func(t *testing.T) {
+		cols := columns("forward_records")
+		want := map[string]string{
+			"id": "bigint", "message_key": "text", "api_type": "text", "kafka_topic": "text",
+			"kafka_partition": "integer", "kafka_offset": "bigint", "kafka_key": "bytea",
+			"payload": "bytea", "status": "text", "attempt_count": "integer",
+			"next_retry_at": "timestamp with time zone", "last_http_status": "integer",
+			"last_error": "text", "created_at": "timestamp with time zone",
+			"updated_at": "timestamp with time zone", "succeeded_at": "timestamp with time zone",
+			"claim_token": "uuid", "claimed_by": "text",
+		}
+		for name, ty := range want {
+			if cols[name] != ty {
+				t.Errorf("forward_records.%s: type %q, want %q", name, cols[name], ty)
+			}
+		}
+	})
+
+	t.Run("LogColumns", func(t *testing.T) {
+		cols := columns("forward_retry_logs")
+		for _, name := range []string{"id", "record_id", "attempt_number", "result_status", "http_status",
+			"platform_errcode", "error_message", "duration_ms", "attempted_at", "next_retry_at"} {
+			if _, ok := cols[name]; !ok {
+				t.Errorf("forward_retry_logs.%s is missing", name)
+			}
+		}
+	})
+
+	t.Run("Indexes", func(t *testing.T) {
+		rows, err := pool.Query(ctx, `SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defs := map[string]string{}
+		for rows.Next() {
+			var n, d string
+			if err := rows.Scan(&n, &d); err != nil {
+				t.Fatal(err)
+			}
+			defs[n] = d
+		}
+		for name, fragment := range map[string]string{
+			"forward_records_message_key_key":       "UNIQUE INDEX forward_records_message_key_key ON public.forward_records USING btree (message_key)",
+			"forward_records_due_idx":               "(next_retry_at, id) WHERE (status = ANY (ARRAY['PENDING'::text, 'IN_PROGRESS'::text]))",
+			"forward_records_unfinished_status_idx": "WHERE (status <> 'SUCCESS'::text)",
+			"forward_records_created_at_idx":        "(created_at)",
+			"forward_retry_logs_record_id_idx":      "(record_id)",
+		} {
+			if !strings.Contains(defs[name], fragment) {
+				t.Errorf("index %s = %q, want it to contain %q", name, defs[name], fragment)
+			}
+		}
+	})
+
+	t.Run("Constraints", func(t *testing.T) {
+		insert := func(key, status string, due bool) error {
+			_, err := pool.Exec(ctx, `INSERT INTO forward_records
+				(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at)
+				VALUES ($1, 'HEARTBEAT', 't', 0, 0, '\x7b7d', $2, CASE WHEN $3 THEN now() END)`, key, status, due)
+			return err
+		}
+		if err := insert("ok", "PENDING", true); err != nil {
+			t.Fatalf("valid row rejected: %v", err)
+		}
+		for _, c := range []struct {
+			name, key, status string
+			due               bool
+		}{
+			{"DuplicateKey", "ok", "PENDING", true},
+			{"UnknownStatus", "bad-status", "DONE", false},
+			{"FinishedRowStillDue", "finished-due", "SUCCESS", true},
+			{"PendingRowNeverDue", "pending-never", "PENDING", false},
+		} {
+			if err := insert(c.key, c.status, c.due); err == nil {
+				t.Errorf("%s: insert succeeded, want a constraint violation", c.name)
+			}
+		}
+		var id int64
+		if err := pool.QueryRow(ctx, "SELECT id FROM forward_records WHERE message_key = 'ok'").Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, "INSERT INTO forward_retry_logs (record_id, attempt_number, result_status) VALUES ($1 + 1000, 1, 'SUCCESS')", id); err == nil {
+			t.Error("log row for a missing record accepted, want a foreign key violation")
+		}
+	})
+}
+
+// TestClaimPlan asserts the claim reads due rows in index order through the
+// partial index, so its cost does not depend on how many rows are finished.
+func TestClaimPlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+
+	// 100 k finished rows and a small due backlog, then fresh statistics.
+	if _, err := pool.Exec(ctx, `INSERT INTO forward_records
+		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count, next_retry_at, succeeded_at)
+		SELECT 'done-' || g, 'VEHICLE_EVENT', 't', 0, g, '\x7b7d', 'SUCCESS', 1, NULL, now()
+		FROM generate_series(1, 100000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO forward_records
+		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
+		SELECT 'due-' || g, 'HEARTBEAT', 't', 0, g, '\x7b7d' FROM generate_series(1, 1000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE forward_records"); err != nil {
+		t.Fatal(err)
+	}
+
+	plan := explain(t, pool, outboxdb.ClaimSQL(), 500, int64(60000), "plan-test")
+	limit := findNode(plan, func(n planNode) bool { return n.NodeType == "Limit" })
+	if limit == nil {
+		t.Fatalf("no Limit node in plan:\n%s", plan.String())
+	}
+	scan := findNode(*limit, func(n planNode) bool {
+		return n.NodeType == "Index Scan" && n.IndexName == "forward_records_due_idx"
+	})
+	if scan == nil {
+		t.Fatalf("no Index Scan on forward_records_due_idx under the Limit:\n%s", plan.String())
+	}
+	if sortNode := findNode(plan, func(n planNode) bool { return strings.Contains(n.NodeType, "Sort") }); sortNode != nil {
+		t.Fatalf("plan sorts (%s), want index order:\n%s", sortNode.NodeType, plan.String())
+	}
+	if seq := findNode(plan, func(n planNode) bool {
+		return n.NodeType == "Seq Scan" && n.RelationName == "forward_records"
+	}); seq != nil {
+		t.Fatalf("plan scans forward_records sequentially:\n%s", plan.String())
+	}
+}
+
+type planNode struct {
+	NodeType     string     `json:"Node Type"`
+	IndexName    string     `json:"Index Name"`
+	RelationName string     `json:"Relation Name"`
+	Plans        []planNode `json:"Plans"`
+}
+
+func (n planNode) String() string {
+	var b strings.Builder
+	var walk func(planNode, int)
+	walk = func(n planNode, depth int) {
+		b.WriteString(strings.Repeat("  ", depth) + n.NodeType)
+		if n.IndexName != "" {
+			b.WriteString(" using " + n.IndexName)
+		}
+		if n.RelationName != "" {
+			b.WriteString(" on " + n.RelationName)
+		}
+		b.WriteString("\n")
+		for _, c := range n.Plans {
+			walk(c, depth+1)
+		}
+	}
+	walk(n, 0)
+	return b.String()
+}
+
+func findNode(n planNode, match func(planNode) bool) *planNode {
+	if match(n) {
+		return &n
+	}
+	for _, c := range n.Plans {
+		if found := findNode(c, match); found != nil {
+			return found
+		}
+	}
+	return nil
+}
+
+// explain returns the plan of a data-modifying statement without running it
+// for real: EXPLAIN without ANALYZE does not execute.
+func explain(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) planNode {
+	t.Helper()
+	var out []struct {
+		Plan planNode `json:"Plan"`
+	}
+	if err := pool.QueryRow(context.Background(), "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&out); err != nil {
+		t.Fatalf("explain: %v", err)
+	}
+	if len(out) != 1 {
+		t.Fatalf("explain returned %d plans", len(out))
+	}
+	return out[0].Plan
+}
+
