@@ -71,4 +71,3 @@ func withPool(c *cli.Context, fn func(ctx context.Context, pool *pgxpool.Pool) e
 	}
 	return nil
 }
-

@@ -315,4 +315,3 @@ func explain(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) planNode
 	}
 	return out[0].Plan
 }
-
