@@ -1,0 +1,60 @@
+# forwarder: a Benthos distribution that moves parking camera events from
+# Kafka to the parking platform through a PostgreSQL outbox.
+
+SHELL        := /bin/bash
+GO           ?= go
+BIN          := bin/forwarder
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+DATE         := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS      := -s -w -X main.version=$(VERSION) -X main.dateBuilt=$(DATE)
+PG_BIN_DIR   ?= /usr/lib/postgresql/15/bin
+GOTEST_FLAGS ?= -timeout 15m
+APT_PACKAGES := postgresql prometheus kcat
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## Install what the tests and the dev stack need (Debian packages, Go modules)
+	@missing=(); \
+	[ -x $(PG_BIN_DIR)/postgres ] || missing+=(postgresql); \
+	command -v promtool >/dev/null || missing+=(prometheus); \
+	command -v kcat >/dev/null || missing+=(kcat); \
+	if [ $${#missing[@]} -gt 0 ]; then \
+		echo "installing $${missing[*]}"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $${missing[@]} >/dev/null; \
+	fi
+	@$(GO) mod download
+
+.PHONY: build
+build: ## Build bin/forwarder
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/forwarder
+
+.PHONY: run
+run: deps build ## Run the real pipeline on an embedded dev stack (PostgreSQL, Kafka, mock platform, event generator); Ctrl-C stops
+	$(GO) run ./cmd/devstack
+
+.PHONY: test
+test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, forwarder lint and test
+	$(GO) test $(GOTEST_FLAGS) ./...
+	$(BIN) lint ./pipelines/...
+	$(BIN) test ./pipelines/... ./mappings/...
+
+.PHONY: lint
+lint: build ## go vet, gofmt and forwarder lint
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(BIN) lint ./pipelines/...
+
+.PHONY: bench
+bench: deps build ## Benchmarks: forwarder end to end against the naive and hand-batched baselines, plus component benchmarks
+	$(GO) run ./test/bench
+	$(GO) test -run '^$$' -bench . -benchtime 2x ./plugins/... ./internal/...
+
+.PHONY: clean
+clean: ## Remove build output and the dev stack's data (.data/)
+	rm -rf bin .data
