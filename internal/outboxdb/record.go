@@ -1,0 +1,143 @@
+package outboxdb
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+var recordSQL = mustSQL("record.sql")
+
+// MaxErrorLen caps, in bytes, the error text stored in last_error and in the
+// attempt log's error_message. Longer texts are cut on a rune boundary and
+// end with "…".
+const MaxErrorLen = 1024
+
+// Result is the outcome of one attempt on a claimed row, as written by
+// RecordResults.
+type Result struct {
+	// ID and ClaimToken identify the row and fence the write: they must be
+	// the id and claim_token the row was claimed with.
+	ID         int64
+	ClaimToken string
+	// Status is the state the attempt leaves the row in: StatusSuccess,
+	// StatusFailed, or StatusPending for a retry.
+	Status Status
+	// RetryIn delays a PENDING row: next_retry_at = now() + RetryIn on the
+	// database clock (0 makes it due at once). Ignored for other statuses,
+	// whose next_retry_at becomes NULL.
+	RetryIn time.Duration
+	// Sent says a request was made; Duration is meaningful only then.
+	Sent     bool
+	Duration time.Duration
+	// HTTPStatus is the response status, 0 when there was no response.
+	HTTPStatus int
+	// PlatformErrcode is the platform's errcode, "" when none.
+	PlatformErrcode string
+	// Error explains a non-success, "" when none. It is stored truncated to
+	// MaxErrorLen and must not hold secrets.
+	Error string
+}
+
+// RecordSQL is the result statement, exported for plan tests.
+func RecordSQL() string { return recordSQL }
+
+// RecordResults writes a batch of attempt results in one statement: every row
+// whose claim the caller still holds (same claim_token, still IN_PROGRESS)
+// takes its new status, next_retry_at, last_http_status, last_error and, for
+// SUCCESS, succeeded_at, and gains one forward_retry_logs row (attempt_number
+// = the row's attempt_count). Rows whose claim was lost are left untouched.
+//
+// It returns the ids that were recorded. Calling it again with the same
+// results records nothing more, so a caller may retry after an error.
+func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, error) {
+	if len(results) == 0 {
+		return nil, nil
+	}
+	n := len(results)
+	var (
+		ids        = make([]int64, n)
+		tokens     = make([]string, n)
+		statuses   = make([]string, n)
+		retryIn    = make([]*int64, n)
+		httpStatus = make([]*int32, n)
+		errs       = make([]*string, n)
+		errcodes   = make([]*string, n)
+		durations  = make([]*int32, n)
+		seen       = make(map[int64]struct{}, n)
+	)
+	for i, r := range results {
+		if _, dup := seen[r.ID]; dup {
+			return nil, fmt.Errorf("recording results: row %d appears twice in one batch", r.ID)
+		}
+		seen[r.ID] = struct{}{}
+		switch r.Status {
+		case StatusSuccess, StatusFailed:
+		case StatusPending:
+			ms := max(r.RetryIn.Milliseconds(), 0)
+			retryIn[i] = &ms
+		default:
+			return nil, fmt.Errorf("recording results: row %d: status %q is not SUCCESS, FAILED or PENDING", r.ID, r.Status)
+		}
+		ids[i] = r.ID
+		tokens[i] = r.ClaimToken
+		statuses[i] = string(r.Status)
+		if r.HTTPStatus != 0 {
+			s := int32(r.HTTPStatus)
+			httpStatus[i] = &s
+		}
+		if r.Error != "" {
+			e := CleanText(r.Error, MaxErrorLen)
+			errs[i] = &e
+		}
+		if r.PlatformErrcode != "" {
+			e := CleanText(r.PlatformErrcode, 64)
+			errcodes[i] = &e
+		}
+		if r.Sent {
+			d := int32(min(r.Duration.Milliseconds(), int64(1<<31-1)))
+			durations[i] = &d
+		}
+	}
+	rows, err := q.Query(ctx, recordSQL, ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations)
+	if err != nil {
+		return nil, fmt.Errorf("recording results: %w", err)
+	}
+	defer rows.Close()
+	recorded := make([]int64, 0, n)
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("recording results: %w", err)
+		}
+		recorded = append(recorded, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("recording results: %w", err)
+	}
+	return recorded, nil
+}
+
+// CleanText makes s storable in a text column and short: invalid UTF-8 and
+// NUL bytes (which PostgreSQL rejects, failing the whole statement) become
+// U+FFFD, and a text longer than maxBytes is cut on a rune boundary and ends
+// with "…".
+func CleanText(s string, maxBytes int) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	if len(s) <= maxBytes {
+		return s
+	}
+	const ellipsis = "…"
+	cut := max(maxBytes-len(ellipsis), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
