@@ -1,0 +1,236 @@
+package outboxdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+var (
+	insertSQL         = mustSQL("insert.sql")
+	insertExistingSQL = mustSQL("insert_existing.sql")
+)
+
+// InsertSQL is the batch insert statement, exported for plan tests and
+// benchmarks.
+func InsertSQL() string { return insertSQL }
+
+// NewRecord is one message to persist with InsertBatch.
+type NewRecord struct {
+	// MessageKey is the idempotency key (message_key): a second record with
+	// the same key, in the same batch or any later one, is not inserted.
+	MessageKey string
+	// APIType is VEHICLE_EVENT or HEARTBEAT; a FAILED row whose type could not
+	// be resolved carries a placeholder such as UNKNOWN.
+	APIType string
+	// KafkaTopic, KafkaPartition and KafkaOffset say where the message was read.
+	KafkaTopic     string
+	KafkaPartition int32
+	KafkaOffset    int64
+	// KafkaKey is the record's key, byte for byte; nil stores NULL (no key).
+	KafkaKey []byte
+	// Payload is the message as received, stored byte for byte in a bytea
+	// column; nil is stored as an empty payload.
+	Payload []byte
+	// Status is StatusPending (due at once) or StatusFailed (kept for
+	// inspection, never sent).
+	Status Status
+	// LastError says why a FAILED row failed; empty for a PENDING row.
+	LastError string
+}
+
+// InsertResult is what InsertBatch did for one input record.
+type InsertResult struct {
+	// ID is the row's id, new or existing.
+	ID int64
+	// Inserted is true when this record created the row; false when the key
+	// was already stored, or when an earlier record of the same batch had the
+	// same key.
+	Inserted bool
+	// Status is the row's status: the inserted one, or the existing row's
+	// current status.
+	Status Status
+}
+
+// MaxKeyBytes is the longest message_key InsertBatch accepts. The unique
+// btree index on message_key cannot hold entries much over 2.7 kB; a key that
+// long is a broken producer, not an identity.
+const MaxKeyBytes = 1024
+
+// CheckKey says why key cannot be stored as a message_key, or returns nil.
+// A text column holds neither NUL characters nor invalid UTF-8, and the index
+// limits the length; a key breaking these would fail its whole batch forever.
+func CheckKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("key is empty")
+	case len(key) > MaxKeyBytes:
+		return fmt.Errorf("key is %d bytes, longer than the %d-byte limit", len(key), MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return errors.New("key is not valid UTF-8")
+	case strings.IndexByte(key, 0) >= 0:
+		return errors.New("key contains a NUL character")
+	}
+	return nil
+}
+
+// maxInsertRounds bounds the insert/look-up rounds of InsertBatch. A second
+// round is needed only when a key's existing row was deleted (purged) between
+// the insert and the look-up.
+const maxInsertRounds = 3
+
+// InsertBatch persists recs idempotently and returns one result per record,
+// in input order.
+//
+// Records are deduplicated by key first (the first one wins) and inserted in
+// one statement (insert.sql) that also notifies NotifyChannel, in the same
+// transaction, when a PENDING row was inserted. Keys that already had a row
+// are looked up in a second statement only when there are any. q may be a
+// pool, a connection or a transaction; outside a transaction the insert and
+// its notification commit on their own, before InsertBatch returns.
+func InsertBatch(ctx context.Context, q Querier, recs []NewRecord) ([]InsertResult, error) {
+	results := make([]InsertResult, len(recs))
+	if len(recs) == 0 {
+		return results, nil
+	}
+
+	first := make(map[string]int, len(recs))
+	unique := make([]int, 0, len(recs))
+	for i := range recs {
+		if s := recs[i].Status; s != StatusPending && s != StatusFailed {
+			return nil, fmt.Errorf("inserting outbox rows: record %q has status %q, want PENDING or FAILED", recs[i].MessageKey, s)
+		}
+		if err := CheckKey(recs[i].MessageKey); err != nil {
+			return nil, fmt.Errorf("inserting outbox rows: record %d: %w", i, err)
+		}
+		if _, dup := first[recs[i].MessageKey]; !dup {
+			first[recs[i].MessageKey] = i
+			unique = append(unique, i)
+		}
+	}
+	// One lock order for every inserter: see insert.sql.
+	slices.SortFunc(unique, func(a, b int) int { return strings.Compare(recs[a].MessageKey, recs[b].MessageKey) })
+
+	pending := unique
+	for round := 0; len(pending) > 0; round++ {
+		if round == maxInsertRounds {
+			return nil, fmt.Errorf("inserting outbox rows: %d keys were neither inserted nor found after %d rounds (rows deleted concurrently?)", len(pending), round)
+		}
+		if err := insertRows(ctx, q, recs, pending, first, results); err != nil {
+			return nil, err
+		}
+		pending = unresolved(pending, results)
+		if len(pending) == 0 {
+			break
+		}
+		if err := lookupRows(ctx, q, recs, pending, first, results); err != nil {
+			return nil, err
+		}
+		pending = unresolved(pending, results)
+	}
+
+	for i := range recs {
+		if j := first[recs[i].MessageKey]; j != i {
+			results[i] = InsertResult{ID: results[j].ID, Status: results[j].Status}
+		}
+	}
+	return results, nil
+}
+
+// insertRows runs insert.sql for recs[idx...] and fills results for the rows
+// it inserted.
+func insertRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, first map[string]int, results []InsertResult) error {
+	n := len(idx)
+	var (
+		keys       = make([]string, n)
+		apiTypes   = make([]string, n)
+		topics     = make([]string, n)
+		partitions = make([]int32, n)
+		offsets    = make([]int64, n)
+		kafkaKeys  = make([][]byte, n)
+		payloads   = make([][]byte, n)
+		statuses   = make([]string, n)
+		lastErrors = make([]string, n)
+	)
+	for j, i := range idx {
+		r := &recs[i]
+		keys[j] = r.MessageKey
+		apiTypes[j] = r.APIType
+		topics[j] = r.KafkaTopic
+		partitions[j] = r.KafkaPartition
+		offsets[j] = r.KafkaOffset
+		kafkaKeys[j] = r.KafkaKey
+		payloads[j] = r.Payload
+		if payloads[j] == nil {
+			payloads[j] = []byte{} // a nil element would be NULL; payload is NOT NULL
+		}
+		statuses[j] = string(r.Status)
+		lastErrors[j] = r.LastError
+	}
+	rows, err := q.Query(ctx, insertSQL, keys, apiTypes, topics, partitions, offsets,
+		kafkaKeys, payloads, statuses, lastErrors, NotifyChannel)
+	if err != nil {
+		return fmt.Errorf("inserting outbox rows: %w", err)
+	}
+	var (
+		id       int64
+		key      string
+		status   string
+		notified int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &key, &status, &notified}, func() error {
+		i, ok := first[key]
+		if !ok {
+			return fmt.Errorf("insert returned unknown key %q", key)
+		}
+		results[i] = InsertResult{ID: id, Inserted: true, Status: Status(status)}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("inserting outbox rows: %w", err)
+	}
+	return nil
+}
+
+// lookupRows fills results for keys whose rows already existed.
+func lookupRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, first map[string]int, results []InsertResult) error {
+	keys := make([]string, len(idx))
+	for j, i := range idx {
+		keys[j] = recs[i].MessageKey
+	}
+	rows, err := q.Query(ctx, insertExistingSQL, keys)
+	if err != nil {
+		return fmt.Errorf("looking up existing outbox rows: %w", err)
+	}
+	var (
+		id     int64
+		key    string
+		status string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &key, &status}, func() error {
+		if i, ok := first[key]; ok {
+			results[i] = InsertResult{ID: id, Status: Status(status)}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("looking up existing outbox rows: %w", err)
+	}
+	return nil
+}
+
+// unresolved keeps the indexes whose result is still unknown (IDs start at 1).
+func unresolved(idx []int, results []InsertResult) []int {
+	var out []int
+	for _, i := range idx {
+		if results[i].ID == 0 {
+			out = append(out, i)
+		}
+	}
+	return out
+}

@@ -1,0 +1,302 @@
+package outboxdb_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pgtest"
+)
+
+func pendingRec(key string, offset int64) outboxdb.NewRecord {
+	return outboxdb.NewRecord{
+		MessageKey:     key,
+		APIType:        outboxdb.APITypeVehicleEvent,
+		KafkaTopic:     "device-vehicle-event",
+		KafkaPartition: 2,
+		KafkaOffset:    offset,
+		KafkaKey:       []byte("CAM-0001"),
+		Payload:        []byte(`{"messageId":"` + key + `"}`),
+		Status:         outboxdb.StatusPending,
+	}
+}
+
+type storedRow struct {
+	ID             int64
+	MessageKey     string
+	APIType        string
+	KafkaTopic     string
+	KafkaPartition int32
+	KafkaOffset    int64
+	KafkaKey       []byte
+	Payload        []byte
+	Status         string
+	AttemptCount   int
+	NextRetryAt    *time.Time
+	LastError      *string
+	UpdatedAt      time.Time
+}
+
+func readRows(t *testing.T, pool *pgxpool.Pool) map[string]storedRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT id, message_key, api_type, kafka_topic,
+		kafka_partition, kafka_offset, kafka_key, payload, status, attempt_count, next_retry_at,
+		last_error, updated_at FROM forward_records`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[storedRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]storedRow, len(list))
+	for _, r := range list {
+		out[r.MessageKey] = r
+	}
+	return out
+}
+
+func TestInsertBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("StoresEveryColumnByteForByte", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		bad := []byte{0xff, 0xfe, 'x', 0x00, 0xc3}
+		recs := []outboxdb.NewRecord{
+			pendingRec("k1", 10),
+			{
+				MessageKey: "device-heartbeat-0-11", APIType: "UNKNOWN",
+				KafkaTopic: "device-heartbeat", KafkaPartition: 0, KafkaOffset: 11,
+				KafkaKey: nil, Payload: bad,
+				Status: outboxdb.StatusFailed, LastError: "payload is not valid UTF-8",
+			},
+			{
+				MessageKey: "device-heartbeat-0-12", APIType: outboxdb.APITypeHeartbeat,
+				KafkaTopic: "device-heartbeat", KafkaPartition: 0, KafkaOffset: 12,
+				KafkaKey: []byte{}, Payload: nil,
+				Status: outboxdb.StatusFailed, LastError: "payload is empty",
+			},
+		}
+		res, err := outboxdb.InsertBatch(ctx, pool, recs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			if !r.Inserted || r.ID == 0 || r.Status != recs[i].Status {
+				t.Errorf("result %d = %+v, want inserted %s", i, r, recs[i].Status)
+			}
+		}
+		got := readRows(t, pool)
+		if len(got) != 3 {
+			t.Fatalf("%d rows, want 3", len(got))
+		}
+		k1 := got["k1"]
+		if k1.ID != res[0].ID || k1.APIType != outboxdb.APITypeVehicleEvent || k1.KafkaTopic != "device-vehicle-event" ||
+			k1.KafkaPartition != 2 || k1.KafkaOffset != 10 || string(k1.KafkaKey) != "CAM-0001" ||
+			string(k1.Payload) != `{"messageId":"k1"}` || k1.Status != "PENDING" || k1.AttemptCount != 0 ||
+			k1.NextRetryAt == nil || k1.LastError != nil {
+			t.Errorf("pending row = %+v", k1)
+		}
+		f := got["device-heartbeat-0-11"]
+		if !bytes.Equal(f.Payload, bad) || f.KafkaKey != nil || f.Status != "FAILED" || f.NextRetryAt != nil ||
+			f.LastError == nil || *f.LastError != "payload is not valid UTF-8" || f.APIType != "UNKNOWN" {
+			t.Errorf("failed row = %+v", f)
+		}
+		e := got["device-heartbeat-0-12"]
+		if e.Payload == nil || len(e.Payload) != 0 || e.KafkaKey == nil || len(e.KafkaKey) != 0 {
+			t.Errorf("empty payload/key row: payload %v key %v, want both empty, not NULL", e.Payload, e.KafkaKey)
+		}
+	})
+
+	t.Run("DuplicateKeysInOneBatchFirstWins", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		a, b, c := pendingRec("dup", 1), pendingRec("other", 2), pendingRec("dup", 3)
+		c.Payload = []byte(`{"messageId":"dup","second":true}`)
+		res, err := outboxdb.InsertBatch(ctx, pool, []outboxdb.NewRecord{a, b, c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res[0].Inserted || !res[1].Inserted || res[2].Inserted || res[2].ID != res[0].ID {
+			t.Fatalf("results %+v: want the first dup inserted and the second pointing at it", res)
+		}
+		got := readRows(t, pool)
+		if len(got) != 2 || got["dup"].KafkaOffset != 1 {
+			t.Fatalf("rows %+v: want 2 rows, dup from offset 1", got)
+		}
+	})
+
+	t.Run("ExistingRowsAreLeftAlone", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		first, err := outboxdb.InsertBatch(ctx, pool, []outboxdb.NewRecord{pendingRec("done", 1), pendingRec("bad", 2), pendingRec("wait", 3)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE forward_records SET status = 'SUCCESS', next_retry_at = NULL, attempt_count = 1 WHERE message_key = 'done'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE forward_records SET status = 'FAILED', next_retry_at = NULL, last_error = 'x', attempt_count = 5 WHERE message_key = 'bad'`); err != nil {
+			t.Fatal(err)
+		}
+		before := readRows(t, pool)
+
+		again := []outboxdb.NewRecord{pendingRec("done", 7), pendingRec("bad", 8), pendingRec("wait", 9), pendingRec("new", 10)}
+		for i := range 3 {
+			again[i].Payload = []byte(`{"changed":true}`)
+		}
+		res, err := outboxdb.InsertBatch(ctx, pool, again)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []outboxdb.InsertResult{
+			{ID: first[0].ID, Status: outboxdb.StatusSuccess},
+			{ID: first[1].ID, Status: outboxdb.StatusFailed},
+			{ID: first[2].ID, Status: outboxdb.StatusPending},
+		}
+		for i, w := range want {
+			if res[i] != w {
+				t.Errorf("result %d = %+v, want %+v", i, res[i], w)
+			}
+		}
+		if !res[3].Inserted {
+			t.Errorf("new key not inserted: %+v", res[3])
+		}
+		after := readRows(t, pool)
+		for _, k := range []string{"done", "bad", "wait"} {
+			b, a := before[k], after[k]
+			if a.Status != b.Status || a.AttemptCount != b.AttemptCount || !bytes.Equal(a.Payload, b.Payload) ||
+				a.KafkaOffset != b.KafkaOffset || !a.UpdatedAt.Equal(b.UpdatedAt) {
+				t.Errorf("row %s changed: %+v -> %+v", k, b, a)
+			}
+		}
+	})
+
+	t.Run("NotifiesOnlyWhenAPendingRowIsInserted", func(t *testing.T) {
+		t.Parallel()
+		dsn := pgtest.NewDB(t)
+		pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		listener, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = listener.Close(ctx) })
+		if _, err := listener.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
+			t.Fatal(err)
+		}
+
+		failed := pendingRec("f", 1)
+		failed.Status, failed.LastError = outboxdb.StatusFailed, "payload is empty"
+		steps := [][]outboxdb.NewRecord{
+			{failed},                                 // no PENDING row: no notification
+			{pendingRec("p", 2)},                     // one notification
+			{pendingRec("p", 3)},                     // duplicate only: none
+			{pendingRec("q", 4), pendingRec("r", 5)}, // one for the statement
+		}
+		for _, s := range steps {
+			if _, err := outboxdb.InsertBatch(ctx, pool, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Notifications arrive in commit order; the sentinel marks the end.
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, 'end')", outboxdb.NotifyChannel); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		var got int
+		for {
+			n, err := listener.WaitForNotification(wctx)
+			if err != nil {
+				t.Fatalf("waiting for notifications: %v", err)
+			}
+			if n.Payload == "end" {
+				break
+			}
+			got++
+		}
+		if got != 2 {
+			t.Fatalf("%d notifications before the sentinel, want 2 (one per batch that inserted a PENDING row)", got)
+		}
+	})
+
+	t.Run("ConcurrentOverlappingBatchesMakeOneRowPerKey", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		const keys, workers, rounds = 200, 4, 5
+		var wg sync.WaitGroup
+		errs := make(chan error, workers*rounds)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(w), 1))
+				for range rounds {
+					perm := rng.Perm(keys)[:keys/2]
+					recs := make([]outboxdb.NewRecord, len(perm))
+					for j, k := range perm {
+						recs[j] = pendingRec(fmt.Sprintf("key-%03d", k), int64(k))
+					}
+					res, err := outboxdb.InsertBatch(ctx, pool, recs)
+					if err != nil {
+						errs <- err
+						return
+					}
+					for j, r := range res {
+						if r.ID == 0 || r.Status != outboxdb.StatusPending {
+							errs <- fmt.Errorf("result for %s = %+v", recs[j].MessageKey, r)
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		var rows, distinct int
+		if err := pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT message_key) FROM forward_records").Scan(&rows, &distinct); err != nil {
+			t.Fatal(err)
+		}
+		if rows != distinct {
+			t.Fatalf("%d rows for %d keys", rows, distinct)
+		}
+	})
+
+	t.Run("RejectsKeysAndStatusesTheTableCannotHold", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		for name, mut := range map[string]func(*outboxdb.NewRecord){
+			"empty key":  func(r *outboxdb.NewRecord) { r.MessageKey = "" },
+			"NUL":        func(r *outboxdb.NewRecord) { r.MessageKey = "a\x00b" },
+			"not UTF-8":  func(r *outboxdb.NewRecord) { r.MessageKey = "a\xffb" },
+			"too long":   func(r *outboxdb.NewRecord) { r.MessageKey = strings.Repeat("k", outboxdb.MaxKeyBytes+1) },
+			"bad status": func(r *outboxdb.NewRecord) { r.Status = outboxdb.StatusSuccess },
+		} {
+			rec := pendingRec("k", 1)
+			mut(&rec)
+			if _, err := outboxdb.InsertBatch(ctx, pool, []outboxdb.NewRecord{rec}); err == nil {
+				t.Errorf("%s: no error", name)
+			}
+		}
+		if n := len(readRows(t, pool)); n != 0 {
+			t.Fatalf("%d rows written by rejected batches", n)
+		}
+	})
+}
