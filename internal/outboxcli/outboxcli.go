@@ -29,6 +29,9 @@ func Command() *cli.Command {
 		},
 		Subcommands: []*cli.Command{
 			migrateCommand(),
+			statsCommand(),
+			requeueCommand(),
+			purgeCommand(),
 		},
 	}
 }

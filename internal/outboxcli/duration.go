@@ -1,0 +1,97 @@
+package outboxcli
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// ParseDuration parses the durations of the outbox commands: Go's syntax
+// (time.ParseDuration: "36h", "90m", "1h30m", "0s") plus a day unit "d" of 24
+// hours, which may be combined and fractional like the others ("7d",
+// "1d12h", "1.5d"). A bare "0" is zero. Durations are never negative, so no
+// sign is accepted.
+func ParseDuration(s string) (time.Duration, error) {
+	orig := s
+	if s == "" {
+		return 0, errors.New(`empty duration: want e.g. "7d", "36h" or "0s"`)
+	}
+	if s == "0" {
+		return 0, nil
+	}
+	if s[0] == '-' || s[0] == '+' {
+		return 0, fmt.Errorf("duration %q: no sign allowed, durations are never negative", orig)
+	}
+	var total time.Duration
+	for s != "" {
+		// One component: a decimal number, then a unit (letters up to the
+		// next digit or dot).
+		i := 0
+		for i < len(s) && (s[i] == '.' || ('0' <= s[i] && s[i] <= '9')) {
+			i++
+		}
+		j := i
+		for j < len(s) && s[j] != '.' && (s[j] < '0' || s[j] > '9') {
+			j++
+		}
+		num, unit := s[:i], s[i:j]
+		s = s[j:]
+		if num == "" || unit == "" {
+			return 0, fmt.Errorf("duration %q: want a number and a unit (ns, us, ms, s, m, h, d) in each part, e.g. \"7d\" or \"1h30m\"", orig)
+		}
+		var d time.Duration
+		var err error
+		if unit == "d" {
+			d, err = time.ParseDuration(num + "h")
+			if err == nil {
+				if d > math.MaxInt64/24 {
+					err = errors.New("overflow")
+				}
+				d *= 24
+			}
+		} else {
+			d, err = time.ParseDuration(num + unit)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("duration %q: %s%s is not a duration: %w", orig, num, unit, unwrapQuoted(err))
+		}
+		if total > math.MaxInt64-d {
+			return 0, fmt.Errorf("duration %q: too long (the limit is about 106751d)", orig)
+		}
+		total += d
+	}
+	return total, nil
+}
+
+// unwrapQuoted drops time.ParseDuration's own quoting of the input.
+func unwrapQuoted(err error) error {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 && strings.HasPrefix(msg, "time: ") {
+		return errors.New(strings.TrimPrefix(msg[:i], "time: "))
+	}
+	return errors.New(strings.TrimPrefix(msg, "time: "))
+}
+
+// FormatDuration writes d the way ParseDuration reads it, in whole days
+// then Go's syntax for the rest ("2d3h0m0s", "45s"), rounded to the second
+// when it is at least a second.
+func FormatDuration(d time.Duration) string {
+	if d < 0 {
+		return "-" + FormatDuration(-d)
+	}
+	if d >= time.Second {
+		d = d.Round(time.Second)
+	}
+	const day = 24 * time.Hour
+	if d < day {
+		return d.String()
+	}
+	days := d / day
+	rest := d - days*day
+	if rest == 0 {
+		return fmt.Sprintf("%dd", days)
+	}
+	return fmt.Sprintf("%dd%s", days, rest)
+}

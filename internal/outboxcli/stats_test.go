@@ -1,0 +1,80 @@
+package outboxcli_test
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+
+	t.Run("EmptyOutbox", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		out := b.mustRun(t, "stats")
+		for _, want := range []string{"PENDING  0", "FAILED  0", "total  0", "oldest undelivered row: none",
+			"top failure reasons (FAILED rows, last_error): none", "top platform errcodes (FAILED rows, latest attempt): none"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+		}
+	})
+
+	t.Run("CountsOldestAndTops", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.insert(t,
+			row{key: "p-new"},
+			row{key: "p-old", age: 2 * time.Hour, attempts: 2},
+			row{key: "ip", status: "IN_PROGRESS", age: time.Hour, leaseLeft: time.Minute},
+			row{key: "s1", status: "SUCCESS", age: 3 * time.Hour},
+			row{key: "s2", status: "SUCCESS"},
+			row{key: "s3", status: "SUCCESS"},
+			row{key: "f998a", status: "FAILED", attempts: 1, lastErr: "platform rejected: errcode 998",
+				logs: [][2]string{{"FAILED", "998"}}},
+			row{key: "f998b", status: "FAILED", attempts: 2, lastErr: "platform rejected: errcode 998",
+				logs: [][2]string{{"PENDING", "999"}, {"FAILED", "998"}}},
+			// The lease-expiry log after the real attempt carries no errcode
+			// and must not hide the attempt's.
+			row{key: "f999", status: "FAILED", attempts: 5, lastErr: "platform busy: errcode 999",
+				logs: [][2]string{{"FAILED", "999"}, {"LEASE_EXPIRED", ""}}},
+			row{key: "fmap", status: "FAILED", lastErr: "mapping: inoutType 7 is not 0 or 1"},
+		)
+		out := b.mustRun(t, "stats")
+		for _, re := range []string{
+			`PENDING\s+2\n`, `IN_PROGRESS\s+1\n`, `SUCCESS\s+3\n`, `FAILED\s+4\n`, `total\s+10\n`,
+			`oldest undelivered row: 2h0m\d+s old \(id \d+, key p-old, PENDING,`,
+			`(?s)failure reasons.*\n\s+2\s+platform rejected: errcode 998\n\s+1\s+mapping: inoutType 7 is not 0 or 1\n\s+1\s+platform busy: errcode 999\n`,
+			`(?s)errcodes.*\n\s+2\s+998\n\s+1\s+\(none\)\n\s+1\s+999\n`,
+		} {
+			if !regexp.MustCompile(re).MatchString(out) {
+				t.Errorf("output does not match %s:\n%s", re, out)
+			}
+		}
+
+		var js struct {
+			Rows   map[string]int64 `json:"rows"`
+			Total  int64            `json:"total"`
+			Oldest struct {
+				MessageKey string  `json:"message_key"`
+				AgeSeconds float64 `json:"age_seconds"`
+			} `json:"oldest_undelivered"`
+			FailureErrcodes []struct {
+				Value string `json:"value"`
+				Rows  int64  `json:"rows"`
+			} `json:"failure_errcodes"`
+		}
+		if err := json.Unmarshal([]byte(b.mustRun(t, "stats", "--json", "--top", "1")), &js); err != nil {
+			t.Fatal(err)
+		}
+		if js.Rows["FAILED"] != 4 || js.Total != 10 || js.Oldest.MessageKey != "p-old" || js.Oldest.AgeSeconds < 7200 {
+			t.Errorf("json stats = %+v", js)
+		}
+		if len(js.FailureErrcodes) != 1 || js.FailureErrcodes[0].Value != "998" || js.FailureErrcodes[0].Rows != 2 {
+			t.Errorf("--top 1 errcodes = %+v, want only 998 x2", js.FailureErrcodes)
+		}
+	})
+}

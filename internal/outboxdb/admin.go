@@ -1,0 +1,309 @@
+package outboxdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The operator's queries: `forwarder outbox stats|requeue|purge`.
+var (
+	statsStatusSQL   = mustSQL("admin_stats_status.sql")
+	statsOldestSQL   = mustSQL("admin_stats_oldest.sql")
+	statsReasonsSQL  = mustSQL("admin_stats_reasons.sql")
+	statsErrcodesSQL = mustSQL("admin_stats_errcodes.sql")
+	requeueCountSQL  = mustSQL("admin_requeue_count.sql")
+	requeueSQL       = mustSQL("admin_requeue.sql")
+	purgeCountSQL    = mustSQL("admin_purge_count.sql")
+	purgeSQL         = mustSQL("admin_purge.sql")
+)
+
+// TxBeginner starts transactions: a pool or a connection.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// DefaultAdminBatchSize is how many rows requeue and purge change per
+// transaction: small enough that locks are held briefly while the service
+// runs, large enough that a million rows take a few hundred statements.
+const DefaultAdminBatchSize = 5000
+
+// ValueCount is one line of a top-N list.
+type ValueCount struct {
+	// Value is the counted value ("" when the rows have none).
+	Value string
+	// Rows is how many rows have it.
+	Rows int64
+}
+
+// OldestRow is the oldest row not yet delivered.
+type OldestRow struct {
+	ID         int64
+	MessageKey string
+	Status     Status
+	CreatedAt  time.Time
+	// Age is how long ago the row was created, by the database clock.
+	Age time.Duration
+}
+
+// Stats is what `forwarder outbox stats` shows.
+type Stats struct {
+	// Rows counts rows by status; every status is present, 0 when absent.
+	Rows map[Status]int64
+	// Total is the number of rows.
+	Total int64
+	// Oldest is the oldest PENDING or IN_PROGRESS row; nil when there is none.
+	Oldest *OldestRow
+	// FailureReasons are the most frequent last_error values of FAILED rows.
+	FailureReasons []ValueCount
+	// FailureErrcodes are the most frequent platform errcodes of FAILED rows:
+	// the platform_errcode of each row's latest attempt log ("" when none).
+	FailureErrcodes []ValueCount
+}
+
+// ReadStats reads the outbox statistics in one read-only snapshot, so the
+// numbers agree with each other. top bounds the two top-N lists.
+func ReadStats(ctx context.Context, db TxBeginner, top int) (Stats, error) {
+	if top <= 0 {
+		top = 10
+	}
+	st := Stats{Rows: map[Status]int64{
+		StatusPending: 0, StatusInProgress: 0, StatusSuccess: 0, StatusFailed: 0,
+	}}
+	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, statsStatusSQL)
+		if err != nil {
+			return fmt.Errorf("counting rows by status: %w", err)
+		}
+		var status string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error {
+			st.Rows[Status(status)] = n
+			st.Total += n
+			return nil
+		}); err != nil {
+			return fmt.Errorf("counting rows by status: %w", err)
+		}
+
+		var o OldestRow
+		var dbNow time.Time
+		err = tx.QueryRow(ctx, statsOldestSQL).Scan(&o.ID, &o.MessageKey, &status, &o.CreatedAt, &dbNow)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return fmt.Errorf("finding the oldest undelivered row: %w", err)
+		default:
+			o.Status = Status(status)
+			o.Age = dbNow.Sub(o.CreatedAt)
+			st.Oldest = &o
+		}
+
+		if st.FailureReasons, err = topValues(ctx, tx, statsReasonsSQL, top); err != nil {
+			return fmt.Errorf("counting failure reasons: %w", err)
+		}
+		if st.FailureErrcodes, err = topValues(ctx, tx, statsErrcodesSQL, top); err != nil {
+			return fmt.Errorf("counting failure errcodes: %w", err)
+		}
+		return nil
+	})
+	return st, err
+}
+
+func topValues(ctx context.Context, q Querier, sql string, top int) ([]ValueCount, error) {
+	rows, err := q.Query(ctx, sql, top)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ValueCount, error) {
+		var v ValueCount
+		err := row.Scan(&v.Value, &v.Rows)
+		return v, err
+	})
+}
+
+// RequeueFilter selects the rows `forwarder outbox requeue` sets back to
+// PENDING. Conditions combine with AND.
+type RequeueFilter struct {
+	// Statuses the rows may have; empty means FAILED. IN_PROGRESS rows are
+	// taken only once their lease has expired (their holder is gone).
+	Statuses []Status
+	// Errcode, when set, keeps rows whose latest attempt log (LEASE_EXPIRED
+	// and REQUEUED rows aside) has this platform_errcode.
+	Errcode *string
+	// UpdatedWithin, when positive, keeps rows updated within this long.
+	UpdatedWithin time.Duration
+	// Keys, when not empty, keeps rows with one of these message keys.
+	Keys []string
+}
+
+func (f RequeueFilter) args() ([]any, error) {
+	statuses := f.Statuses
+	if len(statuses) == 0 {
+		statuses = []Status{StatusFailed}
+	}
+	ss := make([]string, len(statuses))
+	for i, s := range statuses {
+		switch s {
+		case StatusPending, StatusInProgress, StatusSuccess, StatusFailed:
+		default:
+			return nil, fmt.Errorf("unknown status %q: want PENDING, IN_PROGRESS, SUCCESS or FAILED", s)
+		}
+		ss[i] = string(s)
+	}
+	var within, keys any
+	if f.UpdatedWithin < 0 {
+		return nil, fmt.Errorf("updated-within %s is negative", f.UpdatedWithin)
+	}
+	if f.UpdatedWithin > 0 {
+		within = f.UpdatedWithin.Milliseconds()
+	}
+	if len(f.Keys) > 0 {
+		keys = f.Keys
+	}
+	return []any{ss, f.Errcode, within, keys}, nil
+}
+
+// CountRequeue counts the rows Requeue would requeue now.
+func CountRequeue(ctx context.Context, q Querier, f RequeueFilter) (int64, error) {
+	args, err := f.args()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := q.QueryRow(ctx, requeueCountSQL, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting rows to requeue: %w", err)
+	}
+	return n, nil
+}
+
+// RequeueOptions tunes Requeue.
+type RequeueOptions struct {
+	// BatchSize is how many rows one transaction requeues (default
+	// DefaultAdminBatchSize).
+	BatchSize int
+	// Note starts each audit row's error_message (default "requeued by operator").
+	Note string
+}
+
+// Requeue sets the rows matching f back to PENDING, due now, with
+// attempt_count 0 and no claim, in batches. Each batch writes one REQUEUED
+// row per record into forward_retry_logs and notifies NotifyChannel in the
+// same transaction, so dispatchers wake as soon as it commits. It returns how
+// many rows it requeued; on error, the batches already committed stay.
+func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOptions) (int64, error) {
+	args, err := f.args()
+	if err != nil {
+		return 0, err
+	}
+	batch := opts.BatchSize
+	if batch <= 0 {
+		batch = DefaultAdminBatchSize
+	}
+	note := opts.Note
+	if note == "" {
+		note = "requeued by operator"
+	}
+	var total, lastID int64
+	for {
+		var n int64
+		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			batchArgs := append(append([]any{}, args...), lastID, batch, note)
+			if err := tx.QueryRow(ctx, requeueSQL, batchArgs...).Scan(&n, &lastID); err != nil {
+				return err
+			}
+			if n == 0 {
+				return nil
+			}
+			_, err := tx.Exec(ctx, "SELECT pg_notify($1, 'requeued')", NotifyChannel)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("requeueing rows after id %d: %w", lastID, err)
+		}
+		if n == 0 {
+			return total, nil
+		}
+		total += n
+	}
+}
+
+// PurgeOptions tunes Purge.
+type PurgeOptions struct {
+	// OlderThan: SUCCESS rows delivered (succeeded_at) longer ago than this
+	// are deleted. 0 deletes every SUCCESS row delivered before the call.
+	OlderThan time.Duration
+	// BatchSize is how many rows one transaction deletes (default
+	// DefaultAdminBatchSize).
+	BatchSize int
+	// Progress, when set, is called after each batch with the totals so far.
+	Progress func(PurgeResult)
+}
+
+// PurgeResult says what Purge deleted.
+type PurgeResult struct {
+	// Cutoff is the database time before which delivered rows were deleted.
+	Cutoff time.Time
+	// Records and Logs count the deleted forward_records and
+	// forward_retry_logs rows.
+	Records, Logs int64
+	// Batches is the number of transactions that deleted something.
+	Batches int
+}
+
+// PurgeCutoff is the database time older-than ago.
+func PurgeCutoff(ctx context.Context, q Querier, olderThan time.Duration) (time.Time, error) {
+	if olderThan < 0 {
+		return time.Time{}, fmt.Errorf("older-than %s is negative", olderThan)
+	}
+	var cutoff time.Time
+	if err := q.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return time.Time{}, fmt.Errorf("computing purge cutoff: %w", err)
+	}
+	return cutoff, nil
+}
+
+// CountPurge counts the SUCCESS rows delivered before cutoff.
+func CountPurge(ctx context.Context, q Querier, cutoff time.Time) (int64, error) {
+	var n int64
+	if err := q.QueryRow(ctx, purgeCountSQL, cutoff).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting rows to purge: %w", err)
+	}
+	return n, nil
+}
+
+// Purge deletes SUCCESS rows delivered longer than opts.OlderThan ago, with
+// their attempt logs, in batches of one transaction each, so it is safe
+// while the service runs: it never touches PENDING, IN_PROGRESS or FAILED
+// rows, skips rows someone holds a lock on, and the cutoff is fixed when it
+// starts, so it ends even while new rows keep succeeding.
+func Purge(ctx context.Context, q Querier, opts PurgeOptions) (PurgeResult, error) {
+	cutoff, err := PurgeCutoff(ctx, q, opts.OlderThan)
+	if err != nil {
+		return PurgeResult{}, err
+	}
+	batch := opts.BatchSize
+	if batch <= 0 {
+		batch = DefaultAdminBatchSize
+	}
+	res := PurgeResult{Cutoff: cutoff}
+	var lastCreated *time.Time
+	var lastID *int64
+	for {
+		var records, logs int64
+		if err := q.QueryRow(ctx, purgeSQL, cutoff, batch, lastCreated, lastID).Scan(&records, &logs, &lastCreated, &lastID); err != nil {
+			return res, fmt.Errorf("purging delivered rows: %w", err)
+		}
+		if records == 0 {
+			return res, nil
+		}
+		res.Records += records
+		res.Logs += logs
+		res.Batches++
+		if opts.Progress != nil {
+			opts.Progress(res)
+		}
+	}
+}

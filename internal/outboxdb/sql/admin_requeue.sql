@@ -1,0 +1,59 @@
+-- Requeues one batch of matching rows for `forwarder outbox requeue`: back to
+-- PENDING, due now, attempt_count 0, claim cleared, and one REQUEUED audit row
+-- per record in forward_retry_logs, all in this one statement's transaction.
+--
+-- Batches walk the primary key ($5 is the last id of the previous batch), so a
+-- large requeue holds its row locks briefly and every row is visited once even
+-- when the requeued rows still match (--status PENDING). FOR UPDATE waits for a
+-- claim or a result write in progress on the same row and then re-checks the
+-- filter on the row's new version (READ COMMITTED), so a row claimed meanwhile
+-- is left alone. Clearing claim_token fences out the old holder of an expired
+-- lease: its late result write matches no row.
+--
+-- The audit row's attempt_number is the number of attempts the row had made.
+-- last_error and last_http_status are kept: they describe the last attempt
+-- until the next one replaces them.
+--
+-- $1 statuses (text[]), $2 errcode (NULL: any), $3 updated within this many
+-- milliseconds (NULL: any age), $4 message keys (NULL: any key), $5 last id
+-- seen, $6 batch size, $7 audit message.
+WITH picked AS (
+    SELECT r.id, r.status AS prev_status, r.attempt_count AS prev_attempts
+    FROM forward_records r
+    WHERE r.id > $5::bigint
+      AND r.status = ANY ($1::text[])
+      AND (r.status <> 'IN_PROGRESS' OR r.next_retry_at <= now())
+      AND ($3::bigint IS NULL OR r.updated_at >= now() - $3::bigint * interval '1 millisecond')
+      AND ($4::text[] IS NULL OR r.message_key = ANY ($4::text[]))
+      AND ($2::text IS NULL OR (
+            SELECT l.platform_errcode
+            FROM forward_retry_logs l
+            WHERE l.record_id = r.id
+              AND l.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
+            ORDER BY l.id DESC
+            LIMIT 1) = $2::text)
+    ORDER BY r.id
+    LIMIT $6
+    FOR UPDATE OF r
+), requeued AS (
+    UPDATE forward_records AS r
+    SET status        = 'PENDING',
+        next_retry_at = now(),
+        attempt_count = 0,
+        claim_token   = NULL,
+        claimed_by    = NULL,
+        claimed_at    = NULL,
+        succeeded_at  = NULL,
+        updated_at    = now()
+    FROM picked
+    WHERE r.id = picked.id
+    RETURNING r.id
+), audit AS (
+    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
+    SELECT id, prev_attempts, 'REQUEUED',
+           $7::text || ' (was ' || prev_status || ' after ' || prev_attempts || ' attempts)',
+           now()
+    FROM picked
+)
+SELECT count(*) AS requeued, coalesce(max(id), 0) AS last_id
+FROM requeued;
