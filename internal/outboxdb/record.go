@@ -39,6 +39,11 @@ type Result struct {
 	// Error explains a non-success, "" when none. It is stored truncated to
 	// MaxErrorLen and must not hold secrets.
 	Error string
+	// Undo marks a claim that was never sent (a lease too short for a
+	// request, or an output stopping): the row goes back to PENDING with
+	// attempt_count back down, last_error and last_http_status kept, and no
+	// attempt logged. Status must be StatusPending.
+	Undo bool
 }
 
 // RecordSQL is the result statement, exported for plan tests.
@@ -48,9 +53,10 @@ func RecordSQL() string { return recordSQL }
 // whose claim the caller still holds (same claim_token, still IN_PROGRESS)
 // takes its new status, next_retry_at, last_http_status, last_error and, for
 // SUCCESS, succeeded_at, and gains one forward_retry_logs row (attempt_number
-// = the row's attempt_count). Rows whose claim was lost are left untouched.
+// = the row's attempt_count); an undone claim (Result.Undo) only goes back to
+// PENDING. Rows whose claim was lost are left untouched.
 //
-// It returns the ids that were recorded. Calling it again with the same
+// It returns the ids that were written. Calling it again with the same
 // results records nothing more, so a caller may retry after an error.
 func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, error) {
 	if len(results) == 0 {
@@ -66,6 +72,7 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		errs       = make([]*string, n)
 		errcodes   = make([]*string, n)
 		durations  = make([]*int32, n)
+		undo       = make([]bool, n)
 		seen       = make(map[int64]struct{}, n)
 	)
 	for i, r := range results {
@@ -81,6 +88,10 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		default:
 			return nil, fmt.Errorf("recording results: row %d: status %q is not SUCCESS, FAILED or PENDING", r.ID, r.Status)
 		}
+		if r.Undo && r.Status != StatusPending {
+			return nil, fmt.Errorf("recording results: row %d: an undone claim must go back to PENDING, not %s", r.ID, r.Status)
+		}
+		undo[i] = r.Undo
 		ids[i] = r.ID
 		tokens[i] = r.ClaimToken
 		statuses[i] = string(r.Status)
@@ -101,7 +112,7 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 			durations[i] = &d
 		}
 	}
-	rows, err := q.Query(ctx, recordSQL, ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations)
+	rows, err := q.Query(ctx, recordSQL, ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations, undo)
 	if err != nil {
 		return nil, fmt.Errorf("recording results: %w", err)
 	}

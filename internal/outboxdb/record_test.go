@@ -222,6 +222,42 @@ func TestRecordResults(t *testing.T) {
 		}
 	})
 
+	t.Run("UndoneClaimGoesBackUncounted", func(t *testing.T) {
+		t.Parallel()
+		b := setupRecordTest(t)
+		c := b.claimN(t, 1)[0]
+		// A first attempt failed and was recorded...
+		if _, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
+			{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusPending, Sent: true, HTTPStatus: 500, Error: "http 500"},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() WHERE id = $1`, c.ID); err != nil {
+			t.Fatal(err)
+		}
+		// ...the second claim is never sent.
+		second, err := outboxdb.Claim(b.ctx, b.pool, 1, time.Minute, "test")
+		if err != nil || len(second) != 1 || second[0].AttemptCount != 2 {
+			t.Fatalf("second claim: %+v %v", second, err)
+		}
+		recorded, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
+			{ID: c.ID, ClaimToken: second[0].ClaimToken, Status: outboxdb.StatusPending, Undo: true, Error: "not sent"},
+		})
+		if err != nil || len(recorded) != 1 {
+			t.Fatalf("undo: %v %v", recorded, err)
+		}
+		r := b.row(t, c.ID)
+		if r.status != "PENDING" || r.attemptCount != 1 || recordText(r.lastError) != "http 500" || *r.httpStatus != 500 ||
+			r.nextRetryIn == nil || *r.nextRetryIn > 0 || len(r.logStatuses) != 1 {
+			t.Fatalf("after undo: %+v (last_error %q)", r, recordText(r.lastError))
+		}
+		if _, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
+			{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusFailed, Undo: true},
+		}); err == nil {
+			t.Error("an undone FAILED result was accepted")
+		}
+	})
+
 	t.Run("StoresUnstorableErrorTextCleaned", func(t *testing.T) {
 		t.Parallel()
 		b := setupRecordTest(t)
@@ -258,6 +294,13 @@ func TestRecordResults(t *testing.T) {
 			t.Errorf("rejected input changed the row: %+v", r)
 		}
 	})
+}
+
+func recordText(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return *p
 }
 
 func TestCleanText(t *testing.T) {
