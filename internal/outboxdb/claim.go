@@ -1,45 +1,160 @@
 package outboxdb
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-var claimSQL = mustSQL("claim.sql")
+var (
+	claimSQL   = mustSQL("claim.sql")
+	nextDueSQL = mustSQL("next_due.sql")
+)
 
-// ClaimedRow is a row handed to a dispatcher by Claim.
+// ClaimedRow is a row handed to a dispatcher by a claim.
 type ClaimedRow struct {
-	ID             int64     `db:"id"`
-	MessageKey     string    `db:"message_key"`
-	APIType        string    `db:"api_type"`
-	KafkaTopic     string    `db:"kafka_topic"`
-	KafkaPartition int32     `db:"kafka_partition"`
-	KafkaOffset    int64     `db:"kafka_offset"`
-	KafkaKey       []byte    `db:"kafka_key"`
-	Payload        []byte    `db:"payload"`
-	AttemptCount   int       `db:"attempt_count"`
-	ClaimToken     string    `db:"claim_token"`
-	CreatedAt      time.Time `db:"created_at"`
-	LeaseExpiresAt time.Time `db:"lease_expires_at"`
+	ID             int64
+	MessageKey     string
+	APIType        string
+	KafkaTopic     string
+	KafkaPartition int32
+	KafkaOffset    int64
+	KafkaKey       []byte
+	Payload        []byte
+	// AttemptCount already counts this attempt (1 for the first).
+	AttemptCount int
+	// ClaimToken fences every write for this claim (result, release).
+	ClaimToken     string
+	CreatedAt      time.Time
+	LeaseExpiresAt time.Time
 }
 
-// ClaimSQL is the claim statement, exported for plan tests.
+// Ref identifies this claim for a fenced write.
+func (r ClaimedRow) Ref() ClaimRef { return ClaimRef{ID: r.ID, ClaimToken: r.ClaimToken} }
+
+// ClaimRef names one claim of one row: writes fenced by it change the row only
+// while that claim still holds it.
+type ClaimRef struct {
+	ID         int64
+	ClaimToken string
+}
+
+// ExhaustedRow is a due row that a claim failed instead of handing out,
+// because it had already used its attempts.
+type ExhaustedRow struct {
+	ID           int64
+	MessageKey   string
+	AttemptCount int
+	// LastError is what the row now says (it names the expired lease or the
+	// exhausted attempts).
+	LastError string
+}
+
+// ClaimParams says what to claim.
+type ClaimParams struct {
+	// Limit caps the rows taken by one claim (exhausted ones included).
+	Limit int
+	// Lease is how long the claimed rows stay owned without a result; after it
+	// they are due again for any dispatcher.
+	Lease time.Duration
+	// Claimer identifies the dispatcher in claimed_by and in attempt logs.
+	Claimer string
+	// MaxAttempts fails, instead of claiming, a due row whose attempt_count has
+	// reached it. Zero or less: no limit.
+	MaxAttempts int
+}
+
+// ClaimResult is what one claim statement did.
+type ClaimResult struct {
+	// Claimed rows are IN_PROGRESS, leased to the claimer.
+	Claimed []ClaimedRow
+	// Exhausted rows were due but out of attempts: they are FAILED now.
+	Exhausted []ExhaustedRow
+}
+
+// ClaimSQL is the claim statement, exported for plan tests. Its parameters:
+// $1 limit, $2 lease in milliseconds, $3 claimer, $4 max attempts (<= 0: no
+// limit).
 func ClaimSQL() string { return claimSQL }
 
-// Claim takes up to limit due rows for claimer, leasing them for lease. The
-// rows come back IN_PROGRESS with a fresh claim token and attempt_count
-// already counting this attempt.
+// ClaimDue takes up to p.Limit due rows (new, retries and rows whose lease
+// expired), oldest due first, in one statement; they come back sorted by id. Claimed rows come back IN_PROGRESS with a fresh
+// claim token and attempt_count already counting this attempt; a row whose
+// lease expired leaves a LEASE_EXPIRED attempt log. Due rows out of attempts
+// are failed in the same statement and reported in Exhausted. With several
+// dispatchers claiming at once no row is taken twice (FOR UPDATE SKIP LOCKED).
+func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error) {
+	if p.Limit <= 0 {
+		return ClaimResult{}, nil
+	}
+	rows, err := q.Query(ctx, claimSQL, p.Limit, p.Lease.Milliseconds(), p.Claimer, max(p.MaxAttempts, 0))
+	if err != nil {
+		return ClaimResult{}, fmt.Errorf("claiming due rows: %w", err)
+	}
+	defer rows.Close()
+	var res ClaimResult
+	for rows.Next() {
+		var (
+			r         ClaimedRow
+			status    string
+			token     *string
+			lease     *time.Time
+			lastError *string
+		)
+		if err := rows.Scan(&r.ID, &status, &r.MessageKey, &r.APIType, &r.KafkaTopic, &r.KafkaPartition,
+			&r.KafkaOffset, &r.KafkaKey, &r.Payload, &r.AttemptCount, &token, &r.CreatedAt, &lease, &lastError); err != nil {
+			return ClaimResult{}, fmt.Errorf("claiming due rows: reading row: %w", err)
+		}
+		if Status(status) != StatusInProgress || token == nil || lease == nil {
+			res.Exhausted = append(res.Exhausted, ExhaustedRow{
+				ID: r.ID, MessageKey: r.MessageKey, AttemptCount: r.AttemptCount, LastError: textOrEmpty(lastError),
+			})
+			continue
+		}
+		r.ClaimToken, r.LeaseExpiresAt = *token, *lease
+		res.Claimed = append(res.Claimed, r)
+	}
+	if err := rows.Err(); err != nil {
+		return ClaimResult{}, fmt.Errorf("claiming due rows: %w", err)
+	}
+	// RETURNING has no order; ids give a stable one (roughly arrival order).
+	slices.SortFunc(res.Claimed, func(a, b ClaimedRow) int { return cmp.Compare(a.ID, b.ID) })
+	return res, nil
+}
+
+// Claim takes up to limit due rows for claimer, leasing them for lease, with
+// no limit on attempts. The rows come back IN_PROGRESS with a fresh claim
+// token and attempt_count already counting this attempt. Dispatchers use
+// ClaimDue, which also ends rows that ran out of attempts.
 func Claim(ctx context.Context, q Querier, limit int, lease time.Duration, claimer string) ([]ClaimedRow, error) {
-	rows, err := q.Query(ctx, claimSQL, limit, lease.Milliseconds(), claimer)
-	if err != nil {
-		return nil, fmt.Errorf("claiming due rows: %w", err)
+	res, err := ClaimDue(ctx, q, ClaimParams{Limit: limit, Lease: lease, Claimer: claimer})
+	return res.Claimed, err
+}
+
+// NextDue reports how long until the next unfinished row falls due: a PENDING
+// row's retry time or an IN_PROGRESS row's lease deadline, as the database's
+// clock sees it. The duration is zero or negative when a row is due already
+// (typically one another dispatcher holds locked this instant). ok is false
+// when no row is unfinished. It reads one entry of the due index.
+func NextDue(ctx context.Context, q Querier) (d time.Duration, ok bool, err error) {
+	var ms int64
+	switch err := q.QueryRow(ctx, nextDueSQL).Scan(&ms); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("reading next due time: %w", err)
 	}
-	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByName[ClaimedRow])
-	if err != nil {
-		return nil, fmt.Errorf("claiming due rows: %w", err)
+	return time.Duration(ms) * time.Millisecond, true, nil
+}
+
+func textOrEmpty(s *string) string {
+	if s == nil {
+		return ""
 	}
-	return claimed, nil
+	return *s
 }

@@ -1,0 +1,521 @@
+package outboxdb_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pgtest"
+)
+
+type claimTestBundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+}
+
+func setupClaimTest(t testing.TB) *claimTestBundle {
+	t.Helper()
+	return &claimTestBundle{ctx: context.Background(), pool: pgtest.NewPool(t)}
+}
+
+// insertDue inserts n PENDING rows due now, keys prefix-1..prefix-n, and
+// returns their ids in insertion order.
+func (b *claimTestBundle) insertDue(t testing.TB, prefix string, n int) []int64 {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `INSERT INTO forward_records
+		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload)
+		SELECT $1 || '-' || g, 'VEHICLE_EVENT', 'device-vehicle-event', 3, g, convert_to('k' || g, 'UTF8'),
+		       convert_to('{"n":' || g || '}', 'UTF8')
+		FROM generate_series(1, $2::integer) g
+		ORDER BY g
+		RETURNING id`, prefix, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// expireLeases makes every IN_PROGRESS row's lease run out, as if its holder
+// had vanished long ago.
+func (b *claimTestBundle) expireLeases(t testing.TB) {
+	t.Helper()
+	if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records
+		SET next_retry_at = now() - interval '1 second' WHERE status = 'IN_PROGRESS'`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *claimTestBundle) claim(t testing.TB, p outboxdb.ClaimParams) outboxdb.ClaimResult {
+	t.Helper()
+	res, err := outboxdb.ClaimDue(b.ctx, b.pool, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+type claimRowState struct {
+	Status       string
+	AttemptCount int
+	ClaimToken   *string
+	ClaimedBy    *string
+	DueInMs      *int64 // next_retry_at - now()
+	LastError    *string
+}
+
+func (b *claimTestBundle) row(t testing.TB, id int64) claimRowState {
+	t.Helper()
+	var s claimRowState
+	if err := b.pool.QueryRow(b.ctx, `SELECT status, attempt_count, claim_token::text, claimed_by,
+			floor(extract(epoch FROM next_retry_at - now()) * 1000)::bigint, last_error
+		FROM forward_records WHERE id = $1`, id).
+		Scan(&s.Status, &s.AttemptCount, &s.ClaimToken, &s.ClaimedBy, &s.DueInMs, &s.LastError); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+type claimLog struct {
+	Attempt int
+	Status  string
+	Error   *string
+}
+
+func (b *claimTestBundle) logs(t testing.TB, id int64) []claimLog {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT attempt_number, result_status, error_message
+		FROM forward_retry_logs WHERE record_id = $1 ORDER BY id`, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []claimLog
+	for rows.Next() {
+		var l claimLog
+		if err := rows.Scan(&l.Attempt, &l.Status, &l.Error); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (b *claimTestBundle) count(t testing.TB, where string) int {
+	t.Helper()
+	var n int
+	if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM forward_records WHERE "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestClaimDue(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ClaimsDueRowsOldestFirst", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		ids := b.insertDue(t, "due", 3)
+		// Not due yet, finished, and leased to someone else: none is claimed.
+		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
+			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at, claim_token, claimed_by)
+			VALUES ('later', 'HEARTBEAT', 't', 0, 1, '\x00ff', 'PENDING', now() + interval '1 hour', NULL, NULL),
+			       ('done', 'HEARTBEAT', 't', 0, 2, '\x00ff', 'SUCCESS', NULL, NULL, NULL),
+			       ('gave-up', 'HEARTBEAT', 't', 0, 3, '\x00ff', 'FAILED', NULL, NULL, NULL),
+			       ('held', 'HEARTBEAT', 't', 0, 4, '\x00ff', 'IN_PROGRESS', now() + interval '1 minute', gen_random_uuid(), 'other')`); err != nil {
+			t.Fatal(err)
+		}
+		// Non-UTF-8 payload bytes survive.
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET payload = '\xff00fe' WHERE id = $1`, ids[1]); err != nil {
+			t.Fatal(err)
+		}
+
+		res := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "claimer-a", MaxAttempts: 5})
+		if len(res.Exhausted) != 0 {
+			t.Fatalf("exhausted %v, want none", res.Exhausted)
+		}
+		var got []int64
+		tokens := map[string]bool{}
+		for _, r := range res.Claimed {
+			got = append(got, r.ID)
+			tokens[r.ClaimToken] = true
+			if r.AttemptCount != 1 || r.ClaimToken == "" || r.APIType != "VEHICLE_EVENT" ||
+				r.KafkaTopic != "device-vehicle-event" || r.KafkaPartition != 3 || r.CreatedAt.IsZero() {
+				t.Errorf("claimed row %+v", r)
+			}
+			if r.LeaseExpiresAt.Before(r.CreatedAt.Add(59 * time.Second)) {
+				t.Errorf("row %d: lease ends %v, want about a minute after %v", r.ID, r.LeaseExpiresAt, r.CreatedAt)
+			}
+			s := b.row(t, r.ID)
+			if s.Status != "IN_PROGRESS" || s.AttemptCount != 1 || s.ClaimToken == nil || *s.ClaimToken != r.ClaimToken ||
+				s.ClaimedBy == nil || *s.ClaimedBy != "claimer-a" || s.DueInMs == nil || *s.DueInMs < 50_000 {
+				t.Errorf("row %d after claim: %+v", r.ID, s)
+			}
+		}
+		if !slices.Equal(got, ids) {
+			t.Fatalf("claimed ids %v, want %v (the due rows, by id)", got, ids)
+		}
+		if len(tokens) != 3 {
+			t.Errorf("claim tokens %v, want 3 distinct", tokens)
+		}
+		if p := res.Claimed[1].Payload; string(p) != "\xff\x00\xfe" {
+			t.Errorf("payload %x, want ff00fe", p)
+		}
+		if k := res.Claimed[0].KafkaKey; string(k) != "k1" {
+			t.Errorf("kafka key %q, want k1", k)
+		}
+		if n := b.count(t, "message_key IN ('later', 'done', 'gave-up', 'held') AND attempt_count > 0"); n != 0 {
+			t.Errorf("%d rows that were not due were claimed", n)
+		}
+		if again := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "claimer-b", MaxAttempts: 5}); len(again.Claimed) != 0 {
+			t.Errorf("second claim took %d rows still leased", len(again.Claimed))
+		}
+	})
+
+	t.Run("LimitIsHonoured", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		ids := b.insertDue(t, "due", 25)
+		first := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
+		second := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
+		third := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
+		if len(first.Claimed) != 10 || len(second.Claimed) != 10 || len(third.Claimed) != 5 {
+			t.Fatalf("claimed %d, %d, %d rows, want 10, 10, 5", len(first.Claimed), len(second.Claimed), len(third.Claimed))
+		}
+		if first.Claimed[0].ID != ids[0] || third.Claimed[4].ID != ids[24] {
+			t.Errorf("claims not in due order")
+		}
+	})
+
+	t.Run("ConcurrentClaimersTakeEachRowOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		const rows = 10_000
+		b.insertDue(t, "due", rows)
+		var (
+			mu   sync.Mutex
+			seen = map[int64]int{}
+			wg   sync.WaitGroup
+			errs = make(chan error, 3)
+		)
+		for c := range 3 {
+			wg.Go(func() {
+				for {
+					res, err := outboxdb.ClaimDue(b.ctx, b.pool, outboxdb.ClaimParams{
+						Limit: 100, Lease: time.Minute, Claimer: fmt.Sprintf("claimer-%d", c), MaxAttempts: 5,
+					})
+					if err != nil {
+						errs <- err
+						return
+					}
+					if len(res.Claimed) == 0 {
+						return
+					}
+					mu.Lock()
+					for _, r := range res.Claimed {
+						seen[r.ID]++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if len(seen) != rows {
+			t.Fatalf("claimed %d distinct rows, want %d", len(seen), rows)
+		}
+		for id, n := range seen {
+			if n != 1 {
+				t.Fatalf("row %d claimed %d times while its lease held", id, n)
+			}
+		}
+		if n := b.count(t, "status = 'IN_PROGRESS' AND attempt_count = 1"); n != rows {
+			t.Fatalf("%d rows IN_PROGRESS with one attempt, want %d", n, rows)
+		}
+	})
+
+	t.Run("ExpiredLeaseIsClaimedAgain", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		id := b.insertDue(t, "due", 1)[0]
+		stale := b.claim(t, outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "vanished", MaxAttempts: 5}).Claimed[0]
+
+		b.expireLeases(t)
+		res := b.claim(t, outboxdb.ClaimParams{Limit: 5, Lease: time.Minute, Claimer: "rescuer", MaxAttempts: 5})
+		if len(res.Claimed) != 1 || res.Claimed[0].ID != id {
+			t.Fatalf("claimed %+v, want row %d again", res.Claimed, id)
+		}
+		fresh := res.Claimed[0]
+		if fresh.AttemptCount != 2 || fresh.ClaimToken == stale.ClaimToken {
+			t.Fatalf("rescued claim %+v, want attempt 2 and a new token", fresh)
+		}
+		logs := b.logs(t, id)
+		if len(logs) != 1 || logs[0].Status != "LEASE_EXPIRED" || logs[0].Attempt != 1 ||
+			logs[0].Error == nil || !strings.Contains(*logs[0].Error, "vanished") {
+			t.Fatalf("attempt logs %+v, want one LEASE_EXPIRED for attempt 1 naming the vanished holder", logs)
+		}
+
+		// The stale holder's fenced write changes nothing.
+		n, err := outboxdb.Release(b.ctx, b.pool, []outboxdb.ClaimRef{stale.Ref()}, 0, "late nack")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatalf("stale release changed %d rows, want 0", n)
+		}
+		s := b.row(t, id)
+		if s.Status != "IN_PROGRESS" || s.AttemptCount != 2 || s.ClaimToken == nil || *s.ClaimToken != fresh.ClaimToken ||
+			*s.ClaimedBy != "rescuer" || s.LastError != nil {
+			t.Fatalf("row after the stale write: %+v, want the rescuer's claim untouched", s)
+		}
+		if logs := b.logs(t, id); len(logs) != 1 {
+			t.Fatalf("stale write logged an attempt: %+v", logs)
+		}
+	})
+
+	t.Run("CrashingMessageEndsFailed", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		id := b.insertDue(t, "poison", 1)[0]
+		const maxAttempts = 3
+		// Every holder crashes: its lease runs out each time.
+		for attempt := 1; attempt <= maxAttempts; attempt++ {
+			res := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: fmt.Sprintf("crash-%d", attempt), MaxAttempts: maxAttempts})
+			if len(res.Claimed) != 1 || res.Claimed[0].AttemptCount != attempt {
+				t.Fatalf("claim %d: %+v", attempt, res)
+			}
+			b.expireLeases(t)
+		}
+		res := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "next", MaxAttempts: maxAttempts})
+		if len(res.Claimed) != 0 || len(res.Exhausted) != 1 || res.Exhausted[0].ID != id {
+			t.Fatalf("claim after the last attempt: %+v, want the row failed, not sent", res)
+		}
+		s := b.row(t, id)
+		if s.Status != "FAILED" || s.AttemptCount != maxAttempts || s.ClaimToken != nil || s.DueInMs != nil ||
+			s.LastError == nil || !strings.Contains(*s.LastError, "lease expired") || !strings.Contains(*s.LastError, "crash-3") {
+			t.Fatalf("row %+v, want FAILED naming the expired lease", s)
+		}
+		if res.Exhausted[0].LastError != *s.LastError {
+			t.Errorf("reported %q, row says %q", res.Exhausted[0].LastError, *s.LastError)
+		}
+		logs := b.logs(t, id)
+		if len(logs) != maxAttempts {
+			t.Fatalf("logs %+v, want %d LEASE_EXPIRED", logs, maxAttempts)
+		}
+		for i, l := range logs {
+			if l.Status != "LEASE_EXPIRED" || l.Attempt != i+1 {
+				t.Errorf("log %d: %+v", i, l)
+			}
+		}
+		if again := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "x", MaxAttempts: maxAttempts}); len(again.Claimed)+len(again.Exhausted) != 0 {
+			t.Errorf("a FAILED row was claimed again: %+v", again)
+		}
+	})
+
+	t.Run("PendingRowOutOfAttemptsEndsFailed", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		ids := b.insertDue(t, "nacked", 2)
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET attempt_count = 5, last_error = 'nacked: db down' WHERE id = $1`, ids[0]); err != nil {
+			t.Fatal(err)
+		}
+		res := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a", MaxAttempts: 5})
+		if len(res.Claimed) != 1 || res.Claimed[0].ID != ids[1] || len(res.Exhausted) != 1 || res.Exhausted[0].ID != ids[0] {
+			t.Fatalf("claim: %+v", res)
+		}
+		s := b.row(t, ids[0])
+		if s.Status != "FAILED" || s.LastError == nil || !strings.Contains(*s.LastError, "attempts exhausted") ||
+			!strings.Contains(*s.LastError, "nacked: db down") {
+			t.Fatalf("row %+v", s)
+		}
+		if logs := b.logs(t, ids[0]); len(logs) != 1 || logs[0].Status != "FAILED" || logs[0].Attempt != 5 {
+			t.Fatalf("logs %+v", logs)
+		}
+	})
+
+	t.Run("NoAttemptLimitWhenZero", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		id := b.insertDue(t, "many", 1)[0]
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET attempt_count = 1000 WHERE id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := outboxdb.Claim(b.ctx, b.pool, 1, time.Minute, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != 1 || rows[0].AttemptCount != 1001 {
+			t.Fatalf("claimed %+v, want the row at attempt 1001", rows)
+		}
+	})
+
+	t.Run("NextDue", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		if _, ok, err := outboxdb.NextDue(b.ctx, b.pool); err != nil || ok {
+			t.Fatalf("empty table: ok %v err %v, want nothing due", ok, err)
+		}
+		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
+			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, next_retry_at)
+			VALUES ('a', 'HEARTBEAT', 't', 0, 1, '', now() + interval '1 hour'),
+			       ('b', 'HEARTBEAT', 't', 0, 2, '', now() + interval '10 minutes')`); err != nil {
+			t.Fatal(err)
+		}
+		d, ok, err := outboxdb.NextDue(b.ctx, b.pool)
+		if err != nil || !ok || d <= 9*time.Minute || d > 10*time.Minute {
+			t.Fatalf("next due in %v (ok %v, err %v), want about 10 minutes", d, ok, err)
+		}
+		b.insertDue(t, "now", 1)
+		if d, ok, err := outboxdb.NextDue(b.ctx, b.pool); err != nil || !ok || d > 0 {
+			t.Fatalf("next due in %v (ok %v, err %v), want due already", d, ok, err)
+		}
+	})
+}
+
+// TestClaimPlanWithMillionFinishedRows shows the claim's cost does not grow
+// with finished rows: with 1 M SUCCESS rows and fresh statistics it still
+// walks forward_records_due_idx in order under a Limit, with no sort and no
+// sequential scan. NextDue reads the same index.
+func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
+	t.Parallel()
+	b := setupClaimTest(t)
+	insertFinished(t, b.pool, 1_000_000)
+	b.insertDue(t, "due", 1000)
+	if _, err := b.pool.Exec(b.ctx, "ANALYZE forward_records"); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range []struct {
+		name  string
+		sql   string
+		args  []any
+		limit bool
+	}{
+		{"Claim", outboxdb.ClaimSQL(), []any{500, int64(60_000), "plan", 5}, true},
+		{"NextDue", mustReadSQL(t, "next_due.sql"), nil, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			plan := explainPlan(t, b.pool, c.sql, c.args...)
+			limit := plan.find(func(n explainNode) bool { return n.NodeType == "Limit" })
+			if limit == nil {
+				t.Fatalf("no Limit node:\n%s", plan)
+			}
+			if scan := limit.find(func(n explainNode) bool {
+				return (n.NodeType == "Index Scan" || n.NodeType == "Index Only Scan") && n.IndexName == "forward_records_due_idx"
+			}); scan == nil {
+				t.Fatalf("no scan of forward_records_due_idx under the Limit:\n%s", plan)
+			}
+			if n := plan.find(func(n explainNode) bool { return strings.Contains(n.NodeType, "Sort") }); n != nil {
+				t.Fatalf("plan sorts (%s):\n%s", n.NodeType, plan)
+			}
+			if n := plan.find(func(n explainNode) bool {
+				return n.RelationName == "forward_records" && (n.NodeType == "Seq Scan" || n.NodeType == "Bitmap Heap Scan")
+			}); n != nil {
+				t.Fatalf("plan reads forward_records with a %s:\n%s", n.NodeType, plan)
+			}
+			t.Logf("plan:\n%s", plan)
+		})
+	}
+}
+
+// insertFinished bulk-loads n SUCCESS rows in one statement.
+func insertFinished(t testing.TB, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO forward_records
+		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload,
+		 status, attempt_count, next_retry_at, succeeded_at)
+		SELECT 'done-' || g, 'VEHICLE_EVENT', 'device-vehicle-event', 0, g, '\x7b7d',
+		       'SUCCESS', 1, NULL, now()
+		FROM generate_series(1, $1::integer) g`, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustReadSQL(t testing.TB, name string) string {
+	t.Helper()
+	// The embedded files are not exported; tests run in the package directory.
+	b, err := os.ReadFile(filepath.Join("sql", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+type explainNode struct {
+	NodeType     string        `json:"Node Type"`
+	IndexName    string        `json:"Index Name"`
+	RelationName string        `json:"Relation Name"`
+	Plans        []explainNode `json:"Plans"`
+}
+
+func (n explainNode) String() string {
+	var sb strings.Builder
+	var walk func(explainNode, int)
+	walk = func(n explainNode, depth int) {
+		sb.WriteString(strings.Repeat("  ", depth) + n.NodeType)
+		if n.IndexName != "" {
+			sb.WriteString(" using " + n.IndexName)
+		}
+		if n.RelationName != "" {
+			sb.WriteString(" on " + n.RelationName)
+		}
+		sb.WriteString("\n")
+		for _, c := range n.Plans {
+			walk(c, depth+1)
+		}
+	}
+	walk(n, 0)
+	return sb.String()
+}
+
+func (n explainNode) find(match func(explainNode) bool) *explainNode {
+	if match(n) {
+		return &n
+	}
+	for _, c := range n.Plans {
+		if found := c.find(match); found != nil {
+			return found
+		}
+	}
+	return nil
+}
+
+func explainPlan(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) explainNode {
+	t.Helper()
+	// EXPLAIN of a data-modifying statement plans it without running it.
+	var raw []byte
+	if err := pool.QueryRow(context.Background(), "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+		t.Fatalf("explain: %v", err)
+	}
+	var out []struct {
+		Plan explainNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("explain: %v", err)
+	}
+	if len(out) != 1 {
+		t.Fatalf("explain returned %d plans", len(out))
+	}
+	return out[0].Plan
+}

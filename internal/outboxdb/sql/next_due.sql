@@ -1,0 +1,9 @@
+-- Milliseconds until the next unfinished row falls due (negative when one is
+-- due already but locked by someone else), or no row when none is unfinished.
+-- Lease deadlines of IN_PROGRESS rows count too: that is when an abandoned
+-- claim can be rescued. Reads the first entry of forward_records_due_idx.
+SELECT floor(extract(epoch FROM (next_retry_at - now())) * 1000)::bigint AS due_in_ms
+FROM forward_records
+WHERE status IN ('PENDING', 'IN_PROGRESS')
+ORDER BY next_retry_at, id
+LIMIT 1;
