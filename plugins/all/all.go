@@ -5,4 +5,5 @@ package all
 import (
 	// Each import registers its components in init.
 	_ "github.com/forwarder/forwarder/plugins/forwarder"
+	_ "github.com/forwarder/forwarder/plugins/outboxretry"
 )
