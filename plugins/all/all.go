@@ -5,5 +5,6 @@ package all
 import (
 	// Each import registers its components in init.
 	_ "github.com/forwarder/forwarder/plugins/forwarder"
+	_ "github.com/forwarder/forwarder/plugins/mapping"
 	_ "github.com/forwarder/forwarder/plugins/outboxretry"
 )
