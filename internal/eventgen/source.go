@@ -1,0 +1,419 @@
+// Package eventgen makes realistic parking-camera traffic: vehicle in/out
+// events and heartbeats in the formats of CONTRACT §4, with unique
+// messageIds, plus a configurable share of duplicates (earlier messages sent
+// again byte for byte, as Kafka producers retrying do) and of malformed
+// messages (not JSON, a JSON array, a bad inoutType, a missing required
+// field, ...).
+//
+// Source makes the messages; Generator produces them to Kafka with franz-go
+// at a given rate. The dev stack, the end-to-end tests and the benchmarks
+// use both.
+package eventgen
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+)
+
+// Default topics (CONTRACT §3).
+const (
+	DefaultVehicleTopic   = "device-vehicle-event"
+	DefaultHeartbeatTopic = "device-heartbeat"
+)
+
+// Kind is the kind of camera message.
+type Kind int
+
+// Kinds of message. Vehicle events outnumber heartbeats 4 to 1.
+const (
+	Vehicle Kind = iota
+	Heartbeat
+)
+
+func (k Kind) String() string {
+	if k == Heartbeat {
+		return "heartbeat"
+	}
+	return "vehicle"
+}
+
+// Flaw says what is wrong with a message, if anything.
+type Flaw string
+
+// Flaws. A message with FlawNone is delivered; a FlawDuplicate message is a
+// byte-for-byte copy of an earlier FlawNone message (same messageId), so it
+// adds no row and no delivery; every other flaw makes the message a bad one
+// that the forwarder persists FAILED and never sends.
+const (
+	FlawNone      Flaw = ""
+	FlawDuplicate Flaw = "duplicate"
+
+	FlawNotJSON        Flaw = "not-json"          // a truncated JSON object
+	FlawBinary         Flaw = "binary"            // bytes that are not UTF-8
+	FlawArray          Flaw = "json-array"        // a valid message wrapped in [ ]
+	FlawEmpty          Flaw = "empty"             // a zero-length value
+	FlawTombstone      Flaw = "tombstone"         // a null value
+	FlawBadInoutType   Flaw = "bad-inout-type"    // vehicle inoutType 7
+	FlawMissingField   Flaw = "missing-field"     // a required field removed
+	FlawBadPicType     Flaw = "bad-pic-type"      // picType 9
+	FlawBadCredibility Flaw = "bad-credibility"   // plateCredible "high"
+	FlawEmptyPicURL    Flaw = "empty-pic-url"     // picUrl ""
+	FlawMissingID      Flaw = "missing-messageId" // not a bad message: keyed by topic-partition-offset
+)
+
+// MalformedFlaws are the flaws Source picks from for malformed messages.
+var MalformedFlaws = []Flaw{
+	FlawNotJSON, FlawBinary, FlawArray, FlawEmpty, FlawTombstone, FlawBadInoutType,
+	FlawMissingField, FlawBadPicType, FlawBadCredibility, FlawEmptyPicURL,
+}
+
+// Message is one Kafka record to produce.
+type Message struct {
+	Kind  Kind
+	Topic string
+	// Key is the camera's deviceId, so a camera's messages stay in order.
+	Key []byte
+	// Value is the record value; nil for a tombstone.
+	Value []byte
+	// MessageID is the messageId in Value, "" when it has none.
+	MessageID string
+	Flaw      Flaw
+}
+
+// Deliverable reports whether the platform should receive the message
+// (once, whatever the duplicates).
+func (m Message) Deliverable() bool { return m.Flaw == FlawNone || m.Flaw == FlawMissingID }
+
+// Malformed reports whether the forwarder must persist the message FAILED.
+func (m Message) Malformed() bool { return !m.Deliverable() && m.Flaw != FlawDuplicate }
+
+// SourceConfig configures a Source.
+type SourceConfig struct {
+	// VehicleTopic and HeartbeatTopic default to the CONTRACT's topics.
+	VehicleTopic, HeartbeatTopic string
+	// DuplicateRate is the share of messages that repeat an earlier good
+	// message byte for byte.
+	DuplicateRate float64
+	// MalformedRate is the share of messages with one of MalformedFlaws.
+	MalformedRate float64
+	// MissingIDRate is the share of good messages without a messageId (they
+	// are delivered under their topic-partition-offset key).
+	MissingIDRate float64
+	// StringNumberRate is the share of vehicle events whose numbers
+	// (itemId, plateColor, plateCredible) arrive as JSON strings (default
+	// 0.05; negative for none).
+	StringNumberRate float64
+	// Devices is the number of cameras (default 50), ten per car park.
+	Devices int
+	// Seed makes the sequence reproducible; 0 picks a random seed. Runs that
+	// share a database need different seeds, or their messageIds repeat.
+	Seed uint64
+	// Now gives event times (default time.Now).
+	Now func() time.Time
+}
+
+// Source makes camera messages. It is not safe for concurrent use.
+type Source struct {
+	cfg    SourceConfig
+	rng    *rand.Rand
+	n      int64
+	recent []Message // recent good messages, the pool duplicates are drawn from
+	next   int
+}
+
+// NewSource returns a Source.
+func NewSource(cfg SourceConfig) (*Source, error) {
+	if cfg.VehicleTopic == "" {
+		cfg.VehicleTopic = DefaultVehicleTopic
+	}
+	if cfg.HeartbeatTopic == "" {
+		cfg.HeartbeatTopic = DefaultHeartbeatTopic
+	}
+	if cfg.Devices <= 0 {
+		cfg.Devices = 50
+	}
+	if cfg.StringNumberRate == 0 {
+		cfg.StringNumberRate = 0.05
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	for name, r := range map[string]float64{"duplicate": cfg.DuplicateRate, "malformed": cfg.MalformedRate, "missing-id": cfg.MissingIDRate} {
+		if r < 0 || r > 1 {
+			return nil, fmt.Errorf("eventgen: %s rate %v is not in [0, 1]", name, r)
+		}
+	}
+	if cfg.DuplicateRate+cfg.MalformedRate > 1 {
+		return nil, fmt.Errorf("eventgen: duplicate and malformed rates add up to %v, more than 1", cfg.DuplicateRate+cfg.MalformedRate)
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return &Source{cfg: cfg, rng: rand.New(rand.NewPCG(seed, ^seed))}, nil
+}
+
+// recentSize bounds the memory kept for duplicates.
+const recentSize = 1024
+
+// Next returns the next message.
+func (s *Source) Next() Message {
+	s.n++
+	roll := s.rng.Float64()
+	if roll < s.cfg.DuplicateRate && len(s.recent) > 0 {
+		m := s.recent[s.rng.IntN(len(s.recent))]
+		m.Flaw = FlawDuplicate
+		return m
+	}
+	kind := Vehicle
+	if s.rng.IntN(5) == 0 {
+		kind = Heartbeat
+	}
+	if roll < s.cfg.DuplicateRate+s.cfg.MalformedRate {
+		return s.malformed(kind, MalformedFlaws[s.rng.IntN(len(MalformedFlaws))])
+	}
+	ev := s.event(kind)
+	flaw := FlawNone
+	if s.rng.Float64() < s.cfg.MissingIDRate {
+		ev.delete("messageId")
+		flaw = FlawMissingID
+	}
+	m := s.message(kind, ev, flaw)
+	if flaw == FlawNone {
+		if len(s.recent) < recentSize {
+			s.recent = append(s.recent, m)
+		} else {
+			s.recent[s.next] = m
+			s.next = (s.next + 1) % recentSize
+		}
+	}
+	return m
+}
+
+func (s *Source) message(kind Kind, ev *object, flaw Flaw) Message {
+	// The key is the camera, even when the value lost its deviceId.
+	m := Message{Kind: kind, Topic: s.cfg.VehicleTopic, Key: []byte(ev.device), Value: ev.marshal(), Flaw: flaw}
+	if kind == Heartbeat {
+		m.Topic = s.cfg.HeartbeatTopic
+	}
+	if id, ok := ev.get("messageId").(string); ok {
+		m.MessageID = id
+	}
+	return m
+}
+
+func (s *Source) malformed(kind Kind, flaw Flaw) Message {
+	if kind == Heartbeat && (flaw == FlawBadInoutType || flaw == FlawBadCredibility) {
+		flaw = FlawBadPicType
+	}
+	ev := s.event(kind)
+	switch flaw {
+	case FlawBadInoutType:
+		ev.set("inoutType", json.Number("7"))
+	case FlawBadCredibility:
+		ev.set("plateCredible", "high")
+	case FlawBadPicType:
+		if kind == Heartbeat {
+			ev.set("picType", json.Number("9"))
+		} else {
+			ev.set("pictures", []any{newObject("picType", json.Number("9"), "picUrl", "jieshun/x.jpg")})
+		}
+	case FlawEmptyPicURL:
+		if kind == Heartbeat {
+			ev.set("picUrl", "")
+		} else {
+			ev.set("pictures", []any{newObject("picType", json.Number("1"), "picUrl", "")})
+		}
+	case FlawMissingField:
+		required := vehicleRequired
+		if kind == Heartbeat {
+			required = heartbeatRequired
+		}
+		ev.delete(required[s.rng.IntN(len(required))])
+	}
+	m := s.message(kind, ev, flaw)
+	switch flaw {
+	case FlawNotJSON:
+		m.Value = m.Value[:len(m.Value)/2]
+	case FlawBinary:
+		m.Value = []byte{0xff, 0xfe, 'C', 'A', 'M', 0x00, 0xc3, 0x28, 0x80}
+		m.MessageID = ""
+	case FlawArray:
+		m.Value = append(append([]byte("["), m.Value...), ']')
+	case FlawEmpty:
+		m.Value, m.MessageID = []byte{}, ""
+	case FlawTombstone:
+		m.Value, m.MessageID = nil, ""
+	}
+	return m
+}
+
+// The required fields of CONTRACT §11.
+var (
+	vehicleRequired   = []string{"deviceId", "parkCode", "berthCode", "plateNo", "inoutType", "inoutTime"}
+	heartbeatRequired = []string{"deviceId", "parkCode", "berthCode", "captureTime", "picType", "picUrl"}
+)
+
+var provinces = []rune("京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼")
+
+const plateLetters = "ABCDEFGHJKLMNPQRSTUVWXYZ" // no I or O on plates
+
+func (s *Source) event(kind Kind) *object {
+	dev := s.rng.IntN(s.cfg.Devices)
+	park := fmt.Sprintf("P%04d", 1001+dev/10)
+	now := s.cfg.Now()
+	device := fmt.Sprintf("CAM-%04d", dev+1)
+	ev := newObject(
+		"messageId", s.uuid(),
+		"deviceId", device,
+		"parkCode", park,
+		"berthCode", fmt.Sprintf("B-%03d", dev%10*4+s.rng.IntN(4)+1),
+	)
+	ev.device = device
+	if kind == Heartbeat {
+		// Heartbeats are 5-minute snapshots: on the minute boundary.
+		capture := now.Truncate(5 * time.Minute)
+		ev.set("captureTime", json.Number(strconv.FormatInt(capture.UnixMilli(), 10)))
+		ev.set("picType", json.Number([]string{"1", "2", "3", "3", "3", "4"}[s.rng.IntN(6)]))
+		ev.set("picUrl", s.picURL(park))
+		return ev
+	}
+	strs := s.rng.Float64() < s.cfg.StringNumberRate
+	num := func(v string) any {
+		if strs {
+			return v
+		}
+		return json.Number(v)
+	}
+	item := strconv.FormatInt(10000+s.rng.Int64N(99_990_000), 10)
+	if s.rng.IntN(100) == 0 {
+		item = "73421" + strconv.FormatUint(s.rng.Uint64(), 10) // beyond int64: passed on digit for digit
+	}
+	ev.set("itemId", num(item))
+	ev.set("plateNo", s.plate())
+	if s.rng.IntN(20) != 0 {
+		ev.set("plateColor", num(strconv.Itoa(1+s.rng.IntN(5))))
+	}
+	ev.set("inoutType", json.Number(strconv.Itoa(s.rng.IntN(2))))
+	ev.set("inoutTime", json.Number(strconv.FormatInt(now.Add(-time.Duration(s.rng.IntN(3000))*time.Millisecond).UnixMilli(), 10)))
+	if s.rng.IntN(30) != 0 {
+		ev.set("plateCredible", num(strconv.FormatFloat(0.5+float64(s.rng.IntN(500))/1000, 'f', 3, 64)))
+	}
+	pics := make([]any, s.rng.IntN(4))
+	for i := range pics {
+		pics[i] = newObject("picType", json.Number(strconv.Itoa(1+s.rng.IntN(4))), "picUrl", s.picURL(park))
+	}
+	ev.set("pictures", pics)
+	return ev
+}
+
+func (s *Source) plate() string {
+	b := []rune{provinces[s.rng.IntN(len(provinces))], rune(plateLetters[s.rng.IntN(len(plateLetters))])}
+	n := 5
+	if s.rng.IntN(5) == 0 {
+		n = 6 // new-energy plates are one longer
+	}
+	for range n {
+		if s.rng.IntN(4) == 0 {
+			b = append(b, rune(plateLetters[s.rng.IntN(len(plateLetters))]))
+		} else {
+			b = append(b, rune('0'+s.rng.IntN(10)))
+		}
+	}
+	return string(b)
+}
+
+// picURL is relative most of the time, as the cameras send it, sometimes
+// already rooted or absolute.
+func (s *Source) picURL(park string) string {
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(s.rng.Uint32())
+	}
+	path := fmt.Sprintf("jieshun/%s/%s/%s.jpg", s.cfg.Now().Format("2006/01/02"), park, hex.EncodeToString(b[:]))
+	switch s.rng.IntN(10) {
+	case 0:
+		return "/" + path
+	case 1:
+		return "https://img.example.com/" + path
+	}
+	return path
+}
+
+// uuid is a random (version 4) UUID from the source's generator.
+func (s *Source) uuid() string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		v := s.rng.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// object is a JSON object that keeps its field order, so messages read like
+// the CONTRACT's examples.
+type object struct {
+	keys   []string
+	vals   map[string]any
+	device string // the camera that sent it, the record key
+}
+
+func newObject(kv ...any) *object {
+	o := &object{vals: map[string]any{}}
+	for i := 0; i < len(kv); i += 2 {
+		o.set(kv[i].(string), kv[i+1])
+	}
+	return o
+}
+
+func (o *object) set(k string, v any) {
+	if _, ok := o.vals[k]; !ok {
+		o.keys = append(o.keys, k)
+	}
+	o.vals[k] = v
+}
+
+func (o *object) get(k string) any { return o.vals[k] }
+
+func (o *object) delete(k string) {
+	if _, ok := o.vals[k]; !ok {
+		return
+	}
+	delete(o.vals, k)
+	for i, key := range o.keys {
+		if key == k {
+			o.keys = append(o.keys[:i], o.keys[i+1:]...)
+			return
+		}
+	}
+}
+
+// MarshalJSON writes the fields in order.
+func (o *object) MarshalJSON() ([]byte, error) { return o.marshal(), nil }
+
+func (o *object) marshal() []byte {
+	b := []byte{'{'}
+	for i, k := range o.keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		kb, _ := json.Marshal(k)
+		b = append(b, kb...)
+		b = append(b, ':')
+		vb, err := json.Marshal(o.vals[k])
+		if err != nil {
+			panic(fmt.Sprintf("eventgen: encoding %s: %v", k, err))
+		}
+		b = append(b, vb...)
+	}
+	return append(b, '}')
+}
