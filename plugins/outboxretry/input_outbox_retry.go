@@ -296,11 +296,13 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 		in.log.Warnf("Lost the notification connection, reconnecting with backoff (new rows are found by polling meanwhile): %v", err)
 	}
 	in.listener = outboxdb.NewListener(lc)
+	// The listener outlives Connect's context: it runs until Close.
 	lctx, stop := context.WithCancel(context.Background())
-	in.stopL, in.lDone = stop, make(chan struct{})
+	done, listener := make(chan struct{}), in.listener
+	in.stopL, in.lDone = stop, done
 	go func() {
-		defer close(in.lDone)
-		in.listener.Run(lctx)
+		defer close(done)
+		listener.Run(lctx)
 	}()
 	return nil
 }
@@ -310,8 +312,11 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 // interval, and returns when ctx is cancelled.
 func (in *outboxRetry) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
 	in.mu.Lock()
-	pool, listener := in.pool, in.listener
+	pool, listener, closed := in.pool, in.listener, in.closed
 	in.mu.Unlock()
+	if closed {
+		return nil, nil, service.ErrEndOfInput
+	}
 	if pool == nil {
 		return nil, nil, service.ErrNotConnected
 	}

@@ -517,8 +517,8 @@ func TestOutboxRetry(t *testing.T) {
 				t.Fatalf("row %d after Close: %+v, want PENDING, due now", id, s)
 			}
 		}
-		if _, _, err := in.ReadBatch(b.ctx); err == nil {
-			t.Fatal("read after Close succeeded")
+		if _, _, err := in.ReadBatch(b.ctx); !errors.Is(err, service.ErrEndOfInput) {
+			t.Fatalf("read after Close: %v, want ErrEndOfInput", err)
 		}
 	})
 
@@ -760,4 +760,86 @@ func holdersOf(seen map[int64][]string) []string {
 		out = append(out, seen[id][0])
 	}
 	return out
+}
+
+// TestSurvivesDatabaseRestart stops PostgreSQL under an idle input and starts
+// it again: the input re-LISTENs by itself and a NOTIFY after the restart
+// still gets the new row claimed (the poll is an hour, so nothing else could).
+func TestSurvivesDatabaseRestart(t *testing.T) {
+	t.Parallel()
+	c := pgtest.StartCluster(t)
+	b := &testBundle{ctx: context.Background(), dsn: pgtest.NewDBOn(t, c)}
+
+	listens := make(chan struct{}, 16)
+	in := b.newInput(t, "poll_interval: 1h")
+	in.onListen = func() { listens <- struct{}{} }
+	if err := in.Connect(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(what string, ch <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+	waitFor("LISTEN", listens)
+
+	// An idle read is under way while the server goes away.
+	type result struct {
+		batch service.MessageBatch
+		err   error
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 120*time.Second)
+	defer cancel()
+	got := make(chan result, 1)
+	go func() {
+		for {
+			batch, ack, err := in.ReadBatch(ctx)
+			if err == nil {
+				_ = ack(ctx, nil)
+				got <- result{batch: batch}
+				return
+			}
+			if ctx.Err() != nil {
+				got <- result{err: err}
+				return
+			}
+			// The engine would back off and reconnect; so does the test.
+			if errors.Is(err, service.ErrNotConnected) {
+				for in.Connect(ctx) != nil && ctx.Err() == nil {
+					time.Sleep(50 * time.Millisecond)
+				}
+			} else {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}()
+
+	if err := c.Stop("fast"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("LISTEN after the restart", listens)
+
+	pool, err := outboxdb.Open(b.ctx, b.dsn, outboxdb.PoolConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b.pool = pool
+	id := b.insertDue(t, 1)[0]
+	if _, err := pool.Exec(b.ctx, "SELECT pg_notify($1, '')", outboxdb.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("no row claimed after the restart: %v", r.err)
+	}
+	if len(r.batch) != 1 || metaInt(t, r.batch[0], metaOutboxID) != id {
+		t.Fatalf("got %d messages, want row %d", len(r.batch), id)
+	}
 }
