@@ -308,3 +308,36 @@ func Purge(ctx context.Context, q Querier, opts PurgeOptions) (PurgeResult, erro
 		}
 	}
 }
+
+var progressSQL = mustSQL("admin_progress.sql")
+
+// Progress counts the rows created after some id, by where they are in their
+// life: what the dev stack prints each second.
+type Progress struct {
+	// Persisted counts every row.
+	Persisted int64
+	// Waiting rows are PENDING and never attempted; Retrying rows are
+	// PENDING after at least one attempt; InProgress rows are claimed.
+	Waiting, Retrying, InProgress int64
+	// Delivered rows are SUCCESS, Failed rows FAILED.
+	Delivered, Failed int64
+}
+
+// MaxRecordID is the highest forward_records id (0 when empty): the mark
+// after which ReadProgress counts.
+func MaxRecordID(ctx context.Context, q Querier) (int64, error) {
+	var id int64
+	if err := q.QueryRow(ctx, "SELECT coalesce(max(id), 0) FROM forward_records").Scan(&id); err != nil {
+		return 0, fmt.Errorf("reading the last record id: %w", err)
+	}
+	return id, nil
+}
+
+// ReadProgress counts the rows with an id above afterID by status.
+func ReadProgress(ctx context.Context, q Querier, afterID int64) (Progress, error) {
+	var p Progress
+	if err := q.QueryRow(ctx, progressSQL, afterID).Scan(&p.Persisted, &p.Waiting, &p.Retrying, &p.InProgress, &p.Delivered, &p.Failed); err != nil {
+		return p, fmt.Errorf("counting rows by status: %w", err)
+	}
+	return p, nil
+}

@@ -1,0 +1,12 @@
+-- Counts the rows created after id $1 by status, for the dev stack's progress
+-- line (one run's rows: ids grow with insertion). A range scan of the primary
+-- key: cheap for a dev run's few hundred thousand rows, not meant for
+-- production dashboards (the prometheus exporter's gauges are).
+SELECT count(*) AS persisted,
+       count(*) FILTER (WHERE status = 'PENDING' AND attempt_count = 0) AS waiting,
+       count(*) FILTER (WHERE status = 'PENDING' AND attempt_count > 0) AS retrying,
+       count(*) FILTER (WHERE status = 'IN_PROGRESS') AS in_progress,
+       count(*) FILTER (WHERE status = 'SUCCESS') AS delivered,
+       count(*) FILTER (WHERE status = 'FAILED') AS failed
+FROM forward_records
+WHERE id > $1;
