@@ -1,0 +1,5 @@
+//go:build !linux
+
+package main
+
+func takeForeground() (restore func()) { return func() {} }
