@@ -125,8 +125,8 @@ by the last claim).`).
 				Description("Identifies this instance in `claimed_by` and in attempt logs. Empty: `<hostname>-<pid>`.").
 				Default(""),
 			service.NewIntField(orFieldMaxUnacked).
-				Description("Most rows claimed and not yet acknowledged; the input stops claiming while it holds this many.").
-				Default(1000),
+				Description("Most rows claimed and not yet acknowledged; the input stops claiming while it holds this many. Every held row's lease is running, so keep it below what the output finishes within one lease when the platform hangs: `max_in_flight × lease / timeout` of the output (100 × 60s / 10s = 600 with the defaults).").
+				Default(300),
 			service.NewIntField(orFieldMaxAttempts).
 				Description("Attempts a row may use. A due row that has already used them (its last holder vanished, or it was released on its last attempt) is marked `FAILED` instead of being sent again. Use the same value as the output's `retry.max_attempts`.").
 				Default(5).
@@ -143,7 +143,7 @@ input:
     batch_size: 100
     lease: ${CLAIM_LEASE:60s}
     poll_interval: 5s
-    max_unacked: 1000
+    max_unacked: 300
     max_attempts: ${FORWARD_MAX_ATTEMPTS:5}
 `)
 }

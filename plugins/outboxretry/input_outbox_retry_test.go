@@ -649,7 +649,7 @@ func TestConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		if in.batchSize != 100 || in.lease != time.Minute || in.pollInterval != 5*time.Second ||
-			in.maxUnacked != 1000 || in.maxAttempts != 5 || in.nackDelay != 0 {
+			in.maxUnacked != 300 || in.maxAttempts != 5 || in.nackDelay != 0 {
 			t.Fatalf("defaults %+v", in)
 		}
 		if !strings.Contains(in.instanceID, "-") {
