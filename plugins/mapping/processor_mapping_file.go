@@ -385,7 +385,7 @@ func compileMappingFile(files fileReader, path string) (*compiledMapping, map[st
 // structuralPrefix matches the context Bloblang adds around an error raised
 // inside a mapping; the reason itself (a throw() message, or a field's type
 // error such as "field `this.x`: ...") is what remains.
-var structuralPrefix = regexp.MustCompile(`^(?:failed assignment \(line \d+\): |failed to process element \d+: |map [A-Za-z0-9_]+: |(?:if|match) expression: )`)
+var structuralPrefix = regexp.MustCompile(`^(?:failed assignment \(line \d+\): |failed to process element \d+: |map [\w-]+: |(?:if|match) expression: )`)
 
 // mappingErrorReason returns the reason of a mapping error without its
 // structural prefixes.
