@@ -7,4 +7,5 @@ import (
 	_ "github.com/forwarder/forwarder/plugins/forwarder"
 	_ "github.com/forwarder/forwarder/plugins/mapping"
 	_ "github.com/forwarder/forwarder/plugins/outboxretry"
+	_ "github.com/forwarder/forwarder/plugins/prometheus"
 )

@@ -1,0 +1,205 @@
+package prometheus
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// Names of the outbox record gauges (CONTRACT §10, docs/components.md).
+const (
+	metricRecordsPending     = "forwarder_records_pending"
+	metricRecordsInProgress  = "forwarder_records_in_progress"
+	metricRecordsSuccess     = "forwarder_records_success"
+	metricRecordsFailed      = "forwarder_records_failed"
+	metricOldestPendingAge   = "forwarder_oldest_pending_age_seconds"
+	metricGaugesLastRefresh  = "forwarder_outbox_gauges_last_refresh_timestamp_seconds"
+	defaultRefreshInterval   = 15 * time.Second
+	defaultRefreshTimeoutMax = 30 * time.Second
+)
+
+var (
+	descPending = prometheus.NewDesc(metricRecordsPending,
+		"Rows of forward_records in PENDING (exact, as of the last refresh).", nil, nil)
+	descInProgress = prometheus.NewDesc(metricRecordsInProgress,
+		"Rows of forward_records in IN_PROGRESS (exact, as of the last refresh).", nil, nil)
+	descSuccess = prometheus.NewDesc(metricRecordsSuccess,
+		"Rows of forward_records in SUCCESS (exact on small tables, else estimated from PostgreSQL's statistics; see plugins/prometheus/README.md).", nil, nil)
+	descFailed = prometheus.NewDesc(metricRecordsFailed,
+		"Rows of forward_records in FAILED (exact, as of the last refresh).", nil, nil)
+	descOldestPendingAge = prometheus.NewDesc(metricOldestPendingAge,
+		"Seconds the earliest-due row (PENDING past its next_retry_at, or IN_PROGRESS past its lease) has waited for a dispatcher; 0 when none is due.", nil, nil)
+	descLastRefresh = prometheus.NewDesc(metricGaugesLastRefresh,
+		"Unix time of the last successful refresh of the outbox record gauges.", nil, nil)
+)
+
+// outboxGaugesConfig tunes the refresher.
+type outboxGaugesConfig struct {
+	// RefreshInterval is the time between two refreshes. Default 15s.
+	RefreshInterval time.Duration
+	// Timeout bounds one refresh. Default: RefreshInterval, at most 30s.
+	Timeout time.Duration
+	// Gauge tunes the query (the exact-count threshold of SUCCESS).
+	Gauge outboxdb.GaugeOptions
+}
+
+func (c outboxGaugesConfig) withDefaults() outboxGaugesConfig {
+	c.RefreshInterval = cmp.Or(c.RefreshInterval, defaultRefreshInterval)
+	c.Timeout = cmp.Or(c.Timeout, min(c.RefreshInterval, defaultRefreshTimeoutMax))
+	return c
+}
+
+// refreshResult is what one refresh read.
+type refreshResult struct {
+	Gauges outboxdb.RecordGauges
+	// Took is the refresh's wall time (query and round trips).
+	Took time.Duration
+}
+
+// outboxGauges keeps a snapshot of the record gauges, refreshed in the
+// background, and serves it as a prometheus.Collector: a scrape never
+// touches the database.
+type outboxGauges struct {
+	cfg     outboxGaugesConfig
+	log     *service.Logger
+	poolCfg *pgxpool.Config
+
+	// runMu serialises runOnce; it guards pool and failures.
+	runMu    sync.Mutex
+	pool     *pgxpool.Pool
+	failures int
+
+	snapMu      sync.RWMutex
+	snap        *outboxdb.RecordGauges
+	refreshedAt time.Time
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newOutboxGauges(cfg outboxGaugesConfig, poolCfg *pgxpool.Config, log *service.Logger) *outboxGauges {
+	return &outboxGauges{cfg: cfg.withDefaults(), poolCfg: poolCfg, log: log}
+}
+
+// runOnce reads a new snapshot. On failure the previous snapshot stays
+// served; the first failure of a run of them is logged as a warning, the
+// rest at debug level, and the recovery once.
+func (o *outboxGauges) runOnce(ctx context.Context) (refreshResult, error) {
+	o.runMu.Lock()
+	defer o.runMu.Unlock()
+
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, o.cfg.Timeout)
+	defer cancel()
+	if o.pool == nil {
+		// No connection is made here: the pool dials on the first query.
+		pool, err := pgxpool.NewWithConfig(ctx, o.poolCfg)
+		if err != nil {
+			return refreshResult{}, o.failed(ctx, err)
+		}
+		o.pool = pool
+	}
+	g, err := outboxdb.ReadRecordGauges(ctx, o.pool, o.cfg.Gauge)
+	if err != nil {
+		return refreshResult{}, o.failed(ctx, err)
+	}
+	if o.failures > 0 {
+		o.log.Infof("outbox record gauges: refreshed again after %d failed attempts", o.failures)
+		o.failures = 0
+	}
+	o.snapMu.Lock()
+	o.snap = &g
+	o.refreshedAt = time.Now()
+	o.snapMu.Unlock()
+	return refreshResult{Gauges: g, Took: time.Since(start)}, nil
+}
+
+func (o *outboxGauges) failed(ctx context.Context, err error) error {
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return err // shutting down
+	}
+	o.failures++
+	if o.failures == 1 {
+		o.log.Warnf("outbox record gauges: refresh failed, retrying every %v; scrapes serve the last snapshot meanwhile: %v", o.cfg.RefreshInterval, err)
+	} else {
+		o.log.Debugf("outbox record gauges: refresh failed again (%d in a row): %v", o.failures, err)
+	}
+	return err
+}
+
+// start runs a refresh now and then every RefreshInterval until stop.
+func (o *outboxGauges) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	o.cancel = cancel
+	o.done = make(chan struct{})
+	go func() {
+		defer close(o.done)
+		ticker := time.NewTicker(o.cfg.RefreshInterval)
+		defer ticker.Stop()
+		for {
+			_, _ = o.runOnce(ctx) // errors are logged by runOnce
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+		}
+	}()
+}
+
+// stop ends the refresh loop and closes the pool. The snapshot stays served.
+func (o *outboxGauges) stop() {
+	if o.cancel != nil {
+		o.cancel()
+		<-o.done
+	}
+	o.runMu.Lock()
+	defer o.runMu.Unlock()
+	if o.pool != nil {
+		o.pool.Close()
+		o.pool = nil
+	}
+}
+
+// snapshot returns the last snapshot, or false before the first refresh.
+func (o *outboxGauges) snapshot() (outboxdb.RecordGauges, time.Time, bool) {
+	o.snapMu.RLock()
+	defer o.snapMu.RUnlock()
+	if o.snap == nil {
+		return outboxdb.RecordGauges{}, time.Time{}, false
+	}
+	return *o.snap, o.refreshedAt, true
+}
+
+// Describe implements prometheus.Collector.
+func (o *outboxGauges) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPending, descInProgress, descSuccess, descFailed, descOldestPendingAge, descLastRefresh} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: it serves the snapshot, nothing
+// before the first successful refresh.
+func (o *outboxGauges) Collect(ch chan<- prometheus.Metric) {
+	g, at, ok := o.snapshot()
+	if !ok {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	gauge(descPending, float64(g.Pending))
+	gauge(descInProgress, float64(g.InProgress))
+	gauge(descSuccess, float64(g.Success))
+	gauge(descFailed, float64(g.Failed))
+	gauge(descOldestPendingAge, g.OldestDueAge.Seconds())
+	gauge(descLastRefresh, float64(at.UnixNano())/float64(time.Second))
+}
