@@ -332,6 +332,7 @@ func (e *promExporter) dropOnce(name, why string) {
 	e.log.Warnf("prometheus: metric %s is not exported: %s", name, why)
 }
 
+// NewCounterCtor implements service.MetricsExporter.
 func (e *promExporter) NewCounterCtor(name string, labelKeys ...string) service.MetricsExporterCounterCtor {
 	f := e.getFamily("counter", name, labelKeys)
 	return func(labelValues ...string) service.MetricsExporterCounter {
@@ -346,6 +347,7 @@ func (e *promExporter) NewCounterCtor(name string, labelKeys ...string) service.
 	}
 }
 
+// NewGaugeCtor implements service.MetricsExporter.
 func (e *promExporter) NewGaugeCtor(name string, labelKeys ...string) service.MetricsExporterGaugeCtor {
 	f := e.getFamily("gauge", name, labelKeys)
 	return func(labelValues ...string) service.MetricsExporterGauge {
@@ -360,6 +362,8 @@ func (e *promExporter) NewGaugeCtor(name string, labelKeys ...string) service.Me
 	}
 }
 
+// NewTimerCtor implements service.MetricsExporter; see getFamily for the
+// histogram or summary choice.
 func (e *promExporter) NewTimerCtor(name string, labelKeys ...string) service.MetricsExporterTimerCtor {
 	f := e.getFamily("timer", name, labelKeys)
 	return func(labelValues ...string) service.MetricsExporterTimer {
