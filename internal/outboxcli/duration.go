@@ -55,7 +55,7 @@ func ParseDuration(s string) (time.Duration, error) {
 			d, err = time.ParseDuration(num + unit)
 		}
 		if err != nil {
-			return 0, fmt.Errorf("duration %q: %s%s is not a duration: %w", orig, num, unit, unwrapQuoted(err))
+			return 0, fmt.Errorf("duration %q: %w", orig, unwrapQuoted(err))
 		}
 		if total > math.MaxInt64-d {
 			return 0, fmt.Errorf("duration %q: too long (the limit is about 106751d)", orig)
@@ -65,13 +65,19 @@ func ParseDuration(s string) (time.Duration, error) {
 	return total, nil
 }
 
-// unwrapQuoted drops time.ParseDuration's own quoting of the input.
+// unwrapQuoted turns time.ParseDuration's error about one part into a
+// reason, without its "time: " prefix and its quoting of the part.
 func unwrapQuoted(err error) error {
-	msg := err.Error()
-	if i := strings.LastIndex(msg, ": "); i >= 0 && strings.HasPrefix(msg, "time: ") {
-		return errors.New(strings.TrimPrefix(msg[:i], "time: "))
+	msg := strings.TrimPrefix(err.Error(), "time: ")
+	if i := strings.Index(msg, " in duration "); i >= 0 {
+		msg = msg[:i]
+	} else if strings.HasPrefix(msg, "invalid duration") {
+		msg = "invalid number"
 	}
-	return errors.New(strings.TrimPrefix(msg, "time: "))
+	if strings.HasPrefix(msg, "unknown unit") {
+		msg += " (want ns, us, ms, s, m, h or d)"
+	}
+	return errors.New(msg)
 }
 
 // FormatDuration writes d the way ParseDuration reads it, in whole days

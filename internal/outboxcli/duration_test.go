@@ -38,6 +38,22 @@ func TestParseDuration(t *testing.T) {
 	}
 }
 
+func TestParseDurationErrors(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"1w":      `duration "1w": unknown unit "w" (want ns, us, ms, s, m, h or d)`,
+		"1..5d":   `duration "1..5d": missing unit`,
+		"1.x5d":   `duration "1.x5d": unknown unit "x"`,
+		"200000d": `duration "200000d": overflow`,
+		"7":       `duration "7": want a number and a unit`,
+	} {
+		_, err := ParseDuration(in)
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("ParseDuration(%q) error %v, want %q", in, err, want)
+		}
+	}
+}
+
 func TestFormatDuration(t *testing.T) {
 	t.Parallel()
 	for d, want := range map[time.Duration]string{

@@ -44,14 +44,11 @@ its latest attempt log ("(none)" for mapping errors, timeouts and HTTP errors).`
 var statusOrder = []outboxdb.Status{outboxdb.StatusPending, outboxdb.StatusInProgress, outboxdb.StatusSuccess, outboxdb.StatusFailed}
 
 func writeStats(w io.Writer, st outboxdb.Stats) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "rows by status\t\t\n")
+	fmt.Fprintln(w, "rows by status:")
 	for _, s := range statusOrder {
-		fmt.Fprintf(tw, "\t%s\t%d\t\n", s, st.Rows[s])
+		fmt.Fprintf(w, "  %-12s %10d\n", s, st.Rows[s])
 	}
-	fmt.Fprintf(tw, "\ttotal\t%d\t\n", st.Total)
-	_ = tw.Flush()
-
+	fmt.Fprintf(w, "  %-12s %10d\n", "total", st.Total)
 	if st.Oldest == nil {
 		fmt.Fprintln(w, "oldest undelivered row: none")
 	} else {

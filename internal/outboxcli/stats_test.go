@@ -15,7 +15,7 @@ func TestStats(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		out := b.mustRun(t, "stats")
-		for _, want := range []string{"PENDING  0", "FAILED  0", "total  0", "oldest undelivered row: none",
+		for _, want := range []string{"rows by status:\n  PENDING               0\n", "FAILED                0\n", "total                 0\n", "oldest undelivered row: none",
 			"top failure reasons (FAILED rows, last_error): none", "top platform errcodes (FAILED rows, latest attempt): none"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q:\n%s", want, out)
