@@ -13,6 +13,7 @@ import (
 
 var (
 	insertSQL         = mustSQL("insert.sql")
+	insertCountSQL    = mustSQL("insert_count.sql")
 	insertExistingSQL = mustSQL("insert_existing.sql")
 )
 
@@ -98,23 +99,10 @@ func InsertBatch(ctx context.Context, q Querier, recs []NewRecord) ([]InsertResu
 	if len(recs) == 0 {
 		return results, nil
 	}
-
-	first := make(map[string]int, len(recs))
-	unique := make([]int, 0, len(recs))
-	for i := range recs {
-		if s := recs[i].Status; s != StatusPending && s != StatusFailed {
-			return nil, fmt.Errorf("inserting outbox rows: record %q has status %q, want PENDING or FAILED", recs[i].MessageKey, s)
-		}
-		if err := CheckKey(recs[i].MessageKey); err != nil {
-			return nil, fmt.Errorf("inserting outbox rows: record %d: %w", i, err)
-		}
-		if _, dup := first[recs[i].MessageKey]; !dup {
-			first[recs[i].MessageKey] = i
-			unique = append(unique, i)
-		}
+	first, unique, err := dedupe(recs)
+	if err != nil {
+		return nil, err
 	}
-	// One lock order for every inserter: see insert.sql.
-	slices.SortFunc(unique, func(a, b int) int { return strings.Compare(recs[a].MessageKey, recs[b].MessageKey) })
 
 	pending := unique
 	for round := 0; len(pending) > 0; round++ {
@@ -142,9 +130,57 @@ func InsertBatch(ctx context.Context, q Querier, recs []NewRecord) ([]InsertResu
 	return results, nil
 }
 
-// insertRows runs insert.sql for recs[idx...] and fills results for the rows
-// it inserted.
-func insertRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, first map[string]int, results []InsertResult) error {
+// InsertCounts says how many rows InsertBatchCount created, by status.
+type InsertCounts struct {
+	Pending, Failed int
+}
+
+// InsertBatchCount is InsertBatch for callers that need no per-record
+// results: the same deduplication, insert and notification, returning only
+// how many rows were created (insert_count.sql). Records whose key already
+// had a row are simply not counted.
+func InsertBatchCount(ctx context.Context, q Querier, recs []NewRecord) (InsertCounts, error) {
+	if len(recs) == 0 {
+		return InsertCounts{}, nil
+	}
+	_, unique, err := dedupe(recs)
+	if err != nil {
+		return InsertCounts{}, err
+	}
+	var (
+		c        InsertCounts
+		notified int64
+	)
+	if err := q.QueryRow(ctx, insertCountSQL, insertArgs(recs, unique)...).Scan(&c.Pending, &c.Failed, &notified); err != nil {
+		return InsertCounts{}, fmt.Errorf("inserting outbox rows: %w", err)
+	}
+	return c, nil
+}
+
+// dedupe checks recs and returns the index of each key's first record and
+// those indexes ordered by key: one lock order for every inserter (see
+// insert.sql).
+func dedupe(recs []NewRecord) (first map[string]int, unique []int, err error) {
+	first = make(map[string]int, len(recs))
+	unique = make([]int, 0, len(recs))
+	for i := range recs {
+		if s := recs[i].Status; s != StatusPending && s != StatusFailed {
+			return nil, nil, fmt.Errorf("inserting outbox rows: record %q has status %q, want PENDING or FAILED", recs[i].MessageKey, s)
+		}
+		if err := CheckKey(recs[i].MessageKey); err != nil {
+			return nil, nil, fmt.Errorf("inserting outbox rows: record %d: %w", i, err)
+		}
+		if _, dup := first[recs[i].MessageKey]; !dup {
+			first[recs[i].MessageKey] = i
+			unique = append(unique, i)
+		}
+	}
+	slices.SortFunc(unique, func(a, b int) int { return strings.Compare(recs[a].MessageKey, recs[b].MessageKey) })
+	return first, unique, nil
+}
+
+// insertArgs lays recs[idx...] out as the parallel arrays of insert.sql.
+func insertArgs(recs []NewRecord, idx []int) []any {
 	n := len(idx)
 	var (
 		keys       = make([]string, n)
@@ -172,8 +208,13 @@ func insertRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, fir
 		statuses[j] = string(r.Status)
 		lastErrors[j] = r.LastError
 	}
-	rows, err := q.Query(ctx, insertSQL, keys, apiTypes, topics, partitions, offsets,
-		kafkaKeys, payloads, statuses, lastErrors, NotifyChannel)
+	return []any{keys, apiTypes, topics, partitions, offsets, kafkaKeys, payloads, statuses, lastErrors, NotifyChannel}
+}
+
+// insertRows runs insert.sql for recs[idx...] and fills results for the rows
+// it inserted.
+func insertRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, first map[string]int, results []InsertResult) error {
+	rows, err := q.Query(ctx, insertSQL, insertArgs(recs, idx)...)
 	if err != nil {
 		return fmt.Errorf("inserting outbox rows: %w", err)
 	}

@@ -65,6 +65,18 @@ func readRows(t *testing.T, pool *pgxpool.Pool) map[string]storedRow {
 	return out
 }
 
+// inserters are the two entry points that share insert.sql's semantics.
+var inserters = map[string]func(context.Context, outboxdb.Querier, []outboxdb.NewRecord) error{
+	"InsertBatch": func(ctx context.Context, q outboxdb.Querier, recs []outboxdb.NewRecord) error {
+		_, err := outboxdb.InsertBatch(ctx, q, recs)
+		return err
+	},
+	"InsertBatchCount": func(ctx context.Context, q outboxdb.Querier, recs []outboxdb.NewRecord) error {
+		_, err := outboxdb.InsertBatchCount(ctx, q, recs)
+		return err
+	},
+}
+
 func TestInsertBatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -183,57 +195,59 @@ func TestInsertBatch(t *testing.T) {
 		}
 	})
 
-	t.Run("NotifiesOnlyWhenAPendingRowIsInserted", func(t *testing.T) {
-		t.Parallel()
-		dsn := pgtest.NewDB(t)
-		pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		listener, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = listener.Close(ctx) })
-		if _, err := listener.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
-			t.Fatal(err)
-		}
-
-		failed := pendingRec("f", 1)
-		failed.Status, failed.LastError = outboxdb.StatusFailed, "payload is empty"
-		steps := [][]outboxdb.NewRecord{
-			{failed},                                 // no PENDING row: no notification
-			{pendingRec("p", 2)},                     // one notification
-			{pendingRec("p", 3)},                     // duplicate only: none
-			{pendingRec("q", 4), pendingRec("r", 5)}, // one for the statement
-		}
-		for _, s := range steps {
-			if _, err := outboxdb.InsertBatch(ctx, pool, s); err != nil {
+	for name, insert := range inserters {
+		t.Run("NotifiesOnlyWhenAPendingRowIsInserted/"+name, func(t *testing.T) {
+			t.Parallel()
+			dsn := pgtest.NewDB(t)
+			pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-		// Notifications arrive in commit order; the sentinel marks the end.
-		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, 'end')", outboxdb.NotifyChannel); err != nil {
-			t.Fatal(err)
-		}
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		var got int
-		for {
-			n, err := listener.WaitForNotification(wctx)
+			t.Cleanup(pool.Close)
+			listener, err := pgx.Connect(ctx, dsn)
 			if err != nil {
-				t.Fatalf("waiting for notifications: %v", err)
+				t.Fatal(err)
 			}
-			if n.Payload == "end" {
-				break
+			t.Cleanup(func() { _ = listener.Close(ctx) })
+			if _, err := listener.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
+				t.Fatal(err)
 			}
-			got++
-		}
-		if got != 2 {
-			t.Fatalf("%d notifications before the sentinel, want 2 (one per batch that inserted a PENDING row)", got)
-		}
-	})
+
+			failed := pendingRec("f", 1)
+			failed.Status, failed.LastError = outboxdb.StatusFailed, "payload is empty"
+			steps := [][]outboxdb.NewRecord{
+				{failed},                                 // no PENDING row: no notification
+				{pendingRec("p", 2)},                     // one notification
+				{pendingRec("p", 3)},                     // duplicate only: none
+				{pendingRec("q", 4), pendingRec("r", 5)}, // one for the statement
+			}
+			for _, s := range steps {
+				if err := insert(ctx, pool, s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Notifications arrive in commit order; the sentinel marks the end.
+			if _, err := pool.Exec(ctx, "SELECT pg_notify($1, 'end')", outboxdb.NotifyChannel); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			var got int
+			for {
+				n, err := listener.WaitForNotification(wctx)
+				if err != nil {
+					t.Fatalf("waiting for notifications: %v", err)
+				}
+				if n.Payload == "end" {
+					break
+				}
+				got++
+			}
+			if got != 2 {
+				t.Fatalf("%d notifications before the sentinel, want 2 (one per batch that inserted a PENDING row)", got)
+			}
+		})
+	}
 
 	t.Run("ConcurrentOverlappingBatchesMakeOneRowPerKey", func(t *testing.T) {
 		t.Parallel()
@@ -279,6 +293,69 @@ func TestInsertBatch(t *testing.T) {
 		}
 	})
 
+	t.Run("ConcurrentOverlappingBatchesCountedMakeOneRowPerKey", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		const keys, workers, rounds = 200, 4, 5
+		var wg sync.WaitGroup
+		errs := make(chan error, workers*rounds)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(w), 1))
+				for range rounds {
+					perm := rng.Perm(keys)[:keys/2]
+					recs := make([]outboxdb.NewRecord, len(perm))
+					for j, k := range perm {
+						recs[j] = pendingRec(fmt.Sprintf("key-%03d", k), int64(k))
+					}
+					if _, err := outboxdb.InsertBatchCount(ctx, pool, recs); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		var rows, distinct int
+		if err := pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT message_key) FROM forward_records").Scan(&rows, &distinct); err != nil {
+			t.Fatal(err)
+		}
+		if rows != distinct {
+			t.Fatalf("%d rows for %d keys", rows, distinct)
+		}
+	})
+
+	t.Run("InsertBatchCountCountsNewRowsOnly", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		failed := pendingRec("f", 3)
+		failed.Status, failed.LastError = outboxdb.StatusFailed, "payload is empty"
+		c, err := outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{pendingRec("a", 1), pendingRec("b", 2), failed, pendingRec("a", 4)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c != (outboxdb.InsertCounts{Pending: 2, Failed: 1}) {
+			t.Fatalf("counts %+v, want 2 pending 1 failed", c)
+		}
+		c, err = outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{pendingRec("b", 5), pendingRec("c", 6)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c != (outboxdb.InsertCounts{Pending: 1}) {
+			t.Fatalf("counts %+v, want only c", c)
+		}
+		rows := readRows(t, pool)
+		if len(rows) != 4 || rows["a"].KafkaOffset != 1 || rows["b"].KafkaOffset != 2 || rows["f"].NextRetryAt != nil {
+			t.Fatalf("rows %+v", rows)
+		}
+	})
+
 	t.Run("RejectsKeysAndStatusesTheTableCannotHold", func(t *testing.T) {
 		t.Parallel()
 		pool := pgtest.NewPool(t)
@@ -291,8 +368,10 @@ func TestInsertBatch(t *testing.T) {
 		} {
 			rec := pendingRec("k", 1)
 			mut(&rec)
-			if _, err := outboxdb.InsertBatch(ctx, pool, []outboxdb.NewRecord{rec}); err == nil {
-				t.Errorf("%s: no error", name)
+			for iname, insert := range inserters {
+				if err := insert(ctx, pool, []outboxdb.NewRecord{rec}); err == nil {
+					t.Errorf("%s %s: no error", iname, name)
+				}
 			}
 		}
 		if n := len(readRows(t, pool)); n != 0 {
