@@ -1,0 +1,583 @@
+// Package outbox provides the outbox processor: it persists every message of a
+// batch into the PostgreSQL outbox (forward_records) before Benthos may ack
+// it, which is what lets the Kafka offset move only once a message is safe.
+package outbox
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+const (
+	opFieldDSN             = "dsn"
+	opFieldKey             = "key"
+	opFieldAPITypes        = "api_types"
+	opFieldAPIType         = "api_type"
+	opFieldEmit            = "emit"
+	opFieldMaxPayloadBytes = "max_payload_bytes"
+
+	emitNone = "none"
+	emitNew  = "new"
+
+	// apiTypeUnknown is stored for a FAILED row whose API type could not be
+	// resolved; api_type is NOT NULL.
+	apiTypeUnknown = "UNKNOWN"
+)
+
+// Metadata read from kafka_franz and written for emit: new (docs/components.md).
+const (
+	metaKafkaTopic     = "kafka_topic"
+	metaKafkaPartition = "kafka_partition"
+	metaKafkaOffset    = "kafka_offset"
+	metaKafkaKey       = "kafka_key"
+	metaOutboxID       = "outbox_id"
+	metaMessageKey     = "message_key"
+	metaAPIType        = "api_type"
+)
+
+func outboxProcessorSpec() *service.ConfigSpec {
+	return service.NewConfigSpec().
+		Stable().
+		Categories("Integration").
+		Summary("Persists each message of a batch into the PostgreSQL outbox, idempotently, before the batch is acknowledged.").
+		Description(backticks(`
+Every message becomes one row of ^forward_records^, keyed by its idempotency key, in one
+^INSERT … ON CONFLICT (message_key) DO NOTHING^ statement per batch that also notifies the
+dispatchers (channel ^forwarder_outbox^) when a new PENDING row was committed. A message
+whose key already has a row, in any status, changes nothing, so Kafka redeliveries are harmless. Duplicate
+keys inside one batch are collapsed (the first message wins).
+
+### Acknowledgement
+
+With ^emit: none^ (the default) the processor returns no messages once the rows are committed, so
+Benthos acknowledges the batch at once and the input commits its offsets: an offset never moves before its
+message is stored. With ^emit: new^ the messages that created a new PENDING row are passed on
+with the metadata ^outbox_id^, ^message_key^ and ^api_type^, for an inline delivery path;
+their offsets are then acknowledged when the output acknowledges them.
+
+When PostgreSQL is unreachable the processor holds the batch and retries with a capped exponential backoff
+until the rows are committed or the stream stops; a stopping stream gets the context error, so the batch is
+nacked and redelivered later. It never flags a batch as failed instead, because Benthos would pass a flagged
+batch on and acknowledge it. One error is logged when an outage starts and one line when it ends.
+
+### What is stored
+
+The payload is stored as received, byte for byte, in a ^bytea^ column (bytes that are not UTF-8
+included), together with the Kafka topic, partition, offset and key (^kafka_key^, also
+^bytea^; NULL when the metadata is absent). A message that cannot be forwarded is still stored, with
+status FAILED and ^last_error^ saying why, and is never sent or retried: an empty payload (or a
+tombstone), one larger than ^max_payload_bytes^, one that is not valid UTF-8, not valid JSON or not a
+JSON object, or one whose API type cannot be resolved (stored with api_type ^UNKNOWN^).
+
+### Keys
+
+By default the key is the payload's top-level ^messageId^ (a string, or a number's text). When it is
+missing, null or empty, or the payload is not a JSON object, the key is
+^<kafka_topic>-<kafka_partition>-<kafka_offset>^, stable across redeliveries of the same record; a
+missing id is logged as a warning and counted in ^forwarder_missing_message_id_total^. A key that
+PostgreSQL cannot index (over 1024 bytes, NUL characters) fails the message with the fallback key.
+
+### Metrics
+
+^forwarder_rows_persisted_total{status}^ counts new rows by status (PENDING, FAILED);
+^forwarder_missing_message_id_total^ counts messages stored under the fallback key.`)).
+		Fields(
+			service.NewStringField(opFieldDSN).
+				Description("PostgreSQL connection string, as a libpq URL or key=value pairs. The pool connects on first use and reconnects by itself; the DSN never appears in logs or errors.").
+				Example("postgres://forwarder:${DATABASE_PASSWORD}@db:5432/forwarder").
+				Secret(),
+			service.NewInterpolatedStringField(opFieldKey).
+				Description("The idempotency key of a message. When unset, the payload's top-level `messageId` (parsed without decoding the whole payload). When the value is missing or empty, the key falls back to `<kafka_topic>-<kafka_partition>-<kafka_offset>` with a warning.").
+				Example(`${! json("header.id") }`).
+				Optional(),
+			service.NewStringMapField(opFieldAPITypes).
+				Description("The API type of the messages of each Kafka topic (metadata `kafka_topic`): `VEHICLE_EVENT` or `HEARTBEAT`. A message from a topic not listed is stored FAILED with api_type `UNKNOWN`. Set this or `api_type`.").
+				Example(map[string]any{"device-vehicle-event": outboxdb.APITypeVehicleEvent, "device-heartbeat": outboxdb.APITypeHeartbeat}).
+				Optional(),
+			service.NewInterpolatedStringField(opFieldAPIType).
+				Description("The API type as an interpolation, instead of `api_types`. A value other than `VEHICLE_EVENT` or `HEARTBEAT` stores the message FAILED with api_type `UNKNOWN`.").
+				Example(`${! if meta("kafka_topic").has_suffix("heartbeat") { "HEARTBEAT" } else { "VEHICLE_EVENT" } }`).
+				Optional(),
+			service.NewStringAnnotatedEnumField(opFieldEmit, map[string]string{
+				emitNone: "Persist only: no message is passed on, so the batch is acknowledged (and its offsets committed) as soon as its rows are committed.",
+				emitNew:  "Pass on the messages that created a new PENDING row, with metadata `outbox_id`, `message_key` and `api_type`.",
+			}).
+				Description("What the processor returns after persisting.").
+				Default(emitNone),
+			service.NewIntField(opFieldMaxPayloadBytes).
+				Description("Payloads larger than this are stored FAILED instead of being parsed.").
+				Default(1<<20).
+				LintRule(`root = if this < 1 { [ "max_payload_bytes must be at least 1" ] }`),
+		).
+		LintRule(`let types = this.api_types.or({}).length() > 0
+let expr = this.api_type.or("") != ""
+root = match {
+  $types && $expr => [ "set api_types or api_type, not both" ],
+  !$types && !$expr => [ "set api_types (topic to API type) or api_type" ],
+}`).
+		Example("Persist-only ingest",
+			"Stores every Kafka message before its offset is committed; the outbox_retry input delivers them.",
+			`
+input:
+  kafka_franz:
+    seed_brokers: [ "${KAFKA_BROKERS:localhost:9092}" ]
+    topics: [ device-vehicle-event, device-heartbeat ]
+    consumer_group: forwarder
+pipeline:
+  processors:
+    - outbox:
+        dsn: "${DATABASE_URL:postgres://localhost:5432/forwarder}"
+        api_types:
+          device-vehicle-event: VEHICLE_EVENT
+          device-heartbeat: HEARTBEAT
+        emit: none
+        max_payload_bytes: 1048576
+output:
+  drop: {}
+`)
+}
+
+// backticks lets a raw string hold Markdown code spans, written as ^code^.
+func backticks(s string) string { return strings.ReplaceAll(s, "^", "`") }
+
+func init() {
+	service.MustRegisterBatchProcessor("outbox", outboxProcessorSpec(),
+		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchProcessor, error) {
+			return newOutboxProcessorFromParsed(conf, mgr)
+		})
+}
+
+// Retry timing while the database is unavailable.
+const (
+	retryInitial   = 100 * time.Millisecond
+	retryMax       = 3 * time.Second
+	attemptTimeout = time.Minute
+	// defaultChunkBytes caps the payload bytes of one statement: a bytea[]
+	// parameter cannot exceed 1 GB, and a batch of large messages would then
+	// fail forever.
+	defaultChunkBytes = 64 << 20
+)
+
+type outboxProcessor struct {
+	log      *service.Logger
+	pool     *pgxpool.Pool
+	database string // host:port/db, for logs
+
+	key        *service.InterpolatedString // nil: messageId
+	apiTypes   map[string]string
+	apiType    *service.InterpolatedString // nil: apiTypes
+	emitNew    bool
+	maxPayload int
+
+	retryInitial, retryMax time.Duration
+	chunkBytes             int
+
+	mMissingID *service.MetricCounter
+	mPersisted *service.MetricCounter
+
+	outageMu    sync.Mutex
+	outageSince time.Time // zero while the database is reachable
+	outageTries int
+}
+
+func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resources) (*outboxProcessor, error) {
+	p := &outboxProcessor{
+		log:          mgr.Logger(),
+		retryInitial: retryInitial,
+		retryMax:     retryMax,
+		chunkBytes:   defaultChunkBytes,
+		mMissingID:   mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
+		mPersisted:   mgr.Metrics().NewCounter("forwarder_rows_persisted_total", "status"),
+	}
+	dsn, err := conf.FieldString(opFieldDSN)
+	if err != nil {
+		return nil, err
+	}
+	if conf.Contains(opFieldKey) {
+		if p.key, err = conf.FieldInterpolatedString(opFieldKey); err != nil {
+			return nil, err
+		}
+	}
+	if conf.Contains(opFieldAPIType) {
+		if p.apiType, err = conf.FieldInterpolatedString(opFieldAPIType); err != nil {
+			return nil, err
+		}
+	}
+	if conf.Contains(opFieldAPITypes) {
+		if p.apiTypes, err = conf.FieldStringMap(opFieldAPITypes); err != nil {
+			return nil, err
+		}
+		if len(p.apiTypes) == 0 {
+			p.apiTypes = nil
+		}
+		for topic, t := range p.apiTypes {
+			if !validAPIType(t) {
+				return nil, fmt.Errorf("field %s: topic %q maps to %q, want %s or %s", opFieldAPITypes, topic, t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat)
+			}
+		}
+	}
+	switch {
+	case p.apiType != nil && p.apiTypes != nil:
+		return nil, fmt.Errorf("set %s or %s, not both", opFieldAPITypes, opFieldAPIType)
+	case p.apiType == nil && p.apiTypes == nil:
+		return nil, fmt.Errorf("set %s (topic to API type) or %s", opFieldAPITypes, opFieldAPIType)
+	}
+	emit, err := conf.FieldString(opFieldEmit)
+	if err != nil {
+		return nil, err
+	}
+	if emit != emitNone && emit != emitNew {
+		return nil, fmt.Errorf("field %s: %q is not %s or %s", opFieldEmit, emit, emitNone, emitNew)
+	}
+	p.emitNew = emit == emitNew
+	if p.maxPayload, err = conf.FieldInt(opFieldMaxPayloadBytes); err != nil {
+		return nil, err
+	}
+	if p.maxPayload < 1 {
+		return nil, fmt.Errorf("field %s: must be at least 1, got %d", opFieldMaxPayloadBytes, p.maxPayload)
+	}
+
+	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-outbox"})
+	if err != nil {
+		return nil, fmt.Errorf("field %s: %w", opFieldDSN, err)
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	p.database = outboxdb.Redact(pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database)
+	// With no minimum connections the pool dials on first use, so this does
+	// not touch the network; a dead connection is replaced on a later attempt.
+	if p.pool, err = pgxpool.NewWithConfig(context.Background(), pcfg); err != nil {
+		return nil, fmt.Errorf("creating database pool: %w", err)
+	}
+	return p, nil
+}
+
+func validAPIType(t string) bool {
+	return t == outboxdb.APITypeVehicleEvent || t == outboxdb.APITypeHeartbeat
+}
+
+// ProcessBatch persists the batch and returns only once every message has a
+// committed row, or with the context's error when the stream stops first.
+func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.MessageBatch) ([]service.MessageBatch, error) {
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	var keyExec, typeExec *service.MessageBatchInterpolationExecutor
+	if p.key != nil {
+		keyExec = batch.InterpolationExecutor(p.key)
+	}
+	if p.apiType != nil {
+		typeExec = batch.InterpolationExecutor(p.apiType)
+	}
+	recs := make([]outboxdb.NewRecord, len(batch))
+	for i, msg := range batch {
+		recs[i] = p.record(i, msg, keyExec, typeExec)
+	}
+
+	// Chunks keep one statement's bytea[] far below PostgreSQL's 1 GB limit; a
+	// batch of small messages is one chunk. Each chunk commits on its own,
+	// which is safe because a retried chunk finds its rows already there.
+	var (
+		results []outboxdb.InsertResult
+		counts  outboxdb.InsertCounts
+	)
+	for start := 0; start < len(recs); {
+		end, size := start, 0
+		for end < len(recs) && (end == start || size+len(recs[end].Payload) <= p.chunkBytes) {
+			size += len(recs[end].Payload)
+			end++
+		}
+		chunk := recs[start:end]
+		err := p.persist(ctx, func(ctx context.Context) error {
+			if !p.emitNew {
+				// Persist-only needs no per-row results: one aggregate row back.
+				c, err := outboxdb.InsertBatchCount(ctx, p.pool, chunk)
+				if err == nil {
+					counts.Pending += c.Pending
+					counts.Failed += c.Failed
+				}
+				return err
+			}
+			res, err := outboxdb.InsertBatch(ctx, p.pool, chunk)
+			if err == nil {
+				results = append(results, res...)
+				for _, r := range res {
+					switch {
+					case !r.Inserted:
+					case r.Status == outboxdb.StatusPending:
+						counts.Pending++
+					default:
+						counts.Failed++
+					}
+				}
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		start = end
+	}
+	if counts.Pending > 0 {
+		p.mPersisted.Incr(int64(counts.Pending), string(outboxdb.StatusPending))
+	}
+	if counts.Failed > 0 {
+		p.mPersisted.Incr(int64(counts.Failed), string(outboxdb.StatusFailed))
+	}
+
+	if !p.emitNew || counts.Pending == 0 {
+		return nil, nil
+	}
+	out := make(service.MessageBatch, 0, counts.Pending)
+	for i, r := range results {
+		if r.Inserted && r.Status == outboxdb.StatusPending {
+			m := batch[i].Copy()
+			m.MetaSet(metaOutboxID, strconv.FormatInt(r.ID, 10))
+			m.MetaSet(metaMessageKey, recs[i].MessageKey)
+			m.MetaSet(metaAPIType, recs[i].APIType)
+			out = append(out, m)
+		}
+	}
+	return []service.MessageBatch{out}, nil
+}
+
+// record turns message i into its row: key, API type, Kafka coordinates,
+// payload and, for a message that cannot be forwarded, status FAILED with the
+// reasons.
+func (p *outboxProcessor) record(i int, msg *service.Message, keyExec, typeExec *service.MessageBatchInterpolationExecutor) outboxdb.NewRecord {
+	var reasons []string
+	payload, err := msg.AsBytes()
+	if err != nil {
+		payload, reasons = nil, append(reasons, fmt.Sprintf("payload could not be read: %v", err))
+	}
+	topic, partition, offset, haveCoords := kafkaCoordinates(msg)
+	rec := outboxdb.NewRecord{
+		KafkaTopic:     topic,
+		KafkaPartition: partition,
+		KafkaOffset:    offset,
+		KafkaKey:       kafkaKey(msg),
+		Payload:        payload,
+		Status:         outboxdb.StatusPending,
+	}
+	payloadOK := err == nil
+	var id idValue
+	if payloadOK {
+		var why string
+		if why, id = inspectPayload(payload, p.maxPayload); why != "" {
+			reasons, payloadOK = append(reasons, why), false
+		}
+	}
+
+	// The key.
+	var key, missing string
+	if keyExec != nil {
+		k, err := keyExec.TryString(i)
+		switch {
+		case err != nil:
+			missing = fmt.Sprintf("key could not be evaluated: %v", err)
+		case k == "":
+			missing = "key is empty"
+		default:
+			key = k
+		}
+	} else if payloadOK {
+		if k, ok, why := id.key(); ok {
+			key = k
+		} else {
+			missing = why
+		}
+	}
+	if key != "" {
+		if err := outboxdb.CheckKey(key); err != nil {
+			reasons = append(reasons, fmt.Sprintf("message key is unusable: %v", err))
+			key = ""
+		}
+	}
+	if key == "" {
+		key = fallbackKey(topic, partition, offset, haveCoords)
+		if missing != "" {
+			p.mMissingID.Incr(1)
+			p.log.Warnf("Message at %s has %s; persisting it under the fallback key %q", coordinates(topic, partition, offset), missing, key)
+		}
+	}
+	rec.MessageKey = key
+
+	// The API type.
+	if typeExec != nil {
+		t, err := typeExec.TryString(i)
+		switch {
+		case err != nil:
+			reasons = append(reasons, fmt.Sprintf("api_type could not be evaluated: %v", err))
+		case !validAPIType(t):
+			reasons = append(reasons, fmt.Sprintf("api_type evaluated to %q, want %s or %s", t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat))
+		default:
+			rec.APIType = t
+		}
+	} else if t, ok := p.apiTypes[topic]; ok {
+		rec.APIType = t
+	} else {
+		reasons = append(reasons, fmt.Sprintf("kafka_topic %q has no entry in api_types", topic))
+	}
+	if rec.APIType == "" {
+		rec.APIType = apiTypeUnknown
+	}
+
+	if len(reasons) > 0 {
+		rec.Status = outboxdb.StatusFailed
+		rec.LastError = strings.Join(reasons, "; ")
+	}
+	return rec
+}
+
+// persist runs insert, retrying with backoff while the database is
+// unavailable. It returns an error only when ctx ends first. insert must be
+// idempotent and leave its results only when it succeeds.
+func (p *outboxProcessor) persist(ctx context.Context, insert func(context.Context) error) error {
+	delay := p.retryInitial
+	for {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		err := insert(actx)
+		cancel()
+		if err == nil {
+			p.recovered()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		p.failed(err)
+		// ±20 % jitter keeps several instances from retrying in step.
+		t := time.NewTimer(delay + time.Duration((rand.Float64()*0.4-0.2)*float64(delay)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		delay = min(2*delay, p.retryMax)
+	}
+}
+
+// failed logs the first failure of an outage; the rest go to debug.
+func (p *outboxProcessor) failed(err error) {
+	p.outageMu.Lock()
+	defer p.outageMu.Unlock()
+	p.outageTries++
+	if !p.outageSince.IsZero() {
+		p.log.Debugf("Still cannot persist to database %s (attempt %d): %v", p.database, p.outageTries, err)
+		return
+	}
+	p.outageSince = time.Now()
+	p.log.Errorf("Cannot persist to database %s, holding the batch and retrying until it is back (offsets are not committed meanwhile): %v", p.database, err)
+}
+
+// recovered logs the end of an outage.
+func (p *outboxProcessor) recovered() {
+	p.outageMu.Lock()
+	defer p.outageMu.Unlock()
+	if p.outageSince.IsZero() {
+		return
+	}
+	p.log.Infof("Database %s is back after %s and %d failed attempts; persisting again", p.database, time.Since(p.outageSince).Round(time.Millisecond), p.outageTries)
+	p.outageSince, p.outageTries = time.Time{}, 0
+}
+
+// Close releases the pool's connections.
+func (p *outboxProcessor) Close(context.Context) error {
+	p.pool.Close()
+	return nil
+}
+
+// kafkaCoordinates reads the Kafka topic, partition and offset of msg. ok is
+// false when any is missing or unreadable (the message did not come from
+// kafka_franz); partition and offset are then -1.
+func kafkaCoordinates(msg *service.Message) (topic string, partition int32, offset int64, ok bool) {
+	topic, okTopic := msg.MetaGet(metaKafkaTopic)
+	if !utf8.ValidString(topic) || strings.IndexByte(topic, 0) >= 0 {
+		topic = strings.ReplaceAll(strings.ToValidUTF8(topic, "\uFFFD"), "\x00", "")
+	}
+	part, okPart := metaInt(msg, metaKafkaPartition)
+	off, okOff := metaInt(msg, metaKafkaOffset)
+	if !okPart || part < 0 || part > 1<<31-1 {
+		part, okPart = -1, false
+	}
+	if !okOff {
+		off = -1
+	}
+	return topic, int32(part), off, okTopic && topic != "" && okPart && okOff
+}
+
+// metaInt reads an integer metadata value, set either as a number or as its
+// decimal text.
+func metaInt(msg *service.Message, key string) (int64, bool) {
+	v, ok := msg.MetaGetMut(key)
+	if !ok {
+		return 0, false
+	}
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint64:
+		return int64(n), n <= 1<<63-1
+	case string:
+		i, err := strconv.ParseInt(n, 10, 64)
+		return i, err == nil
+	default:
+		s, _ := msg.MetaGet(key)
+		i, err := strconv.ParseInt(s, 10, 64)
+		return i, err == nil
+	}
+}
+
+// kafkaKey returns the record key as bytes; nil (NULL) when the metadata is
+// absent.
+func kafkaKey(msg *service.Message) []byte {
+	v, ok := msg.MetaGetMut(metaKafkaKey)
+	if !ok {
+		return nil
+	}
+	switch k := v.(type) {
+	case []byte:
+		return k
+	case string:
+		return []byte(k)
+	default:
+		s, _ := msg.MetaGet(metaKafkaKey)
+		return []byte(s)
+	}
+}
+
+// fallbackKey is <topic>-<partition>-<offset>, stable across redeliveries of
+// one Kafka record. Without Kafka coordinates there is nothing stable to key
+// on, and a shared constant would merge unrelated messages into one row, so
+// each message gets a random key instead.
+func fallbackKey(topic string, partition int32, offset int64, haveCoords bool) string {
+	if haveCoords {
+		return coordinates(topic, partition, offset)
+	}
+	var b [16]byte
+	_, _ = cryptorand.Read(b[:])
+	return "no-kafka-coordinates-" + hex.EncodeToString(b[:])
+}
+
+func coordinates(topic string, partition int32, offset int64) string {
+	return topic + "-" + strconv.FormatInt(int64(partition), 10) + "-" + strconv.FormatInt(offset, 10)
+}
