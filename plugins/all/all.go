@@ -6,6 +6,7 @@ import (
 	// Each import registers its components in init.
 	_ "github.com/forwarder/forwarder/plugins/forwarder"
 	_ "github.com/forwarder/forwarder/plugins/mapping"
+	_ "github.com/forwarder/forwarder/plugins/outbox"
 	_ "github.com/forwarder/forwarder/plugins/outboxretry"
 	_ "github.com/forwarder/forwarder/plugins/prometheus"
 )
