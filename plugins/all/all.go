@@ -5,6 +5,7 @@ package all
 import (
 	// Each import registers its components in init.
 	_ "github.com/forwarder/forwarder/plugins/forwarder"
+	_ "github.com/forwarder/forwarder/plugins/kafka"
 	_ "github.com/forwarder/forwarder/plugins/mapping"
 	_ "github.com/forwarder/forwarder/plugins/outbox"
 	_ "github.com/forwarder/forwarder/plugins/outboxretry"

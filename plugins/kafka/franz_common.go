@@ -1,0 +1,288 @@
+// Package kafka holds the kafka_franz input and output, built on franz-go.
+//
+// The input is an at-least-once consumer group member: an offset is
+// committed only once the record at it and every earlier record of its
+// partition have been acknowledged by the pipeline (see checkpoint.go).
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/redpanda-data/benthos/v4/public/service"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+)
+
+// Field names shared by the input and the output.
+const (
+	kfFieldSeedBrokers = "seed_brokers"
+	kfFieldClientID    = "client_id"
+	kfFieldTLS         = "tls"
+	kfFieldSASL        = "sasl"
+	kfFieldSASLMech    = "mechanism"
+	kfFieldSASLUser    = "username"
+	kfFieldSASLPass    = "password"
+)
+
+// Metadata keys set by the input (docs/components.md).
+const (
+	metaKey         = "kafka_key"
+	metaTopic       = "kafka_topic"
+	metaPartition   = "kafka_partition"
+	metaOffset      = "kafka_offset"
+	metaTimestampMs = "kafka_timestamp_ms"
+)
+
+func seedBrokersField() *service.ConfigField {
+	return service.NewStringListField(kfFieldSeedBrokers).
+		Description("Addresses of Kafka brokers to bootstrap from (`host:port`). Each entry may itself be a comma-separated list, so `${KAFKA_BROKERS}` can hold several brokers. The client discovers the rest of the cluster from these.").
+		Example([]string{"localhost:9092"}).
+		Example([]string{"foo:9092", "bar:9092"}).
+		Example([]string{"foo:9092,bar:9092"})
+}
+
+func clientIDField() *service.ConfigField {
+	return service.NewStringField(kfFieldClientID).
+		Description("An identifier for the client connection, visible in broker logs and quotas.").
+		Default("forwarder").
+		Advanced()
+}
+
+func tlsField() *service.ConfigField {
+	return service.NewTLSToggledField(kfFieldTLS)
+}
+
+func saslField() *service.ConfigField {
+	return service.NewObjectListField(kfFieldSASL,
+		service.NewStringAnnotatedEnumField(kfFieldSASLMech, map[string]string{
+			"none":          "No SASL authentication (the entry is ignored).",
+			"PLAIN":         "Plain text username and password; use it only over TLS.",
+			"SCRAM-SHA-256": "SCRAM with SHA-256.",
+			"SCRAM-SHA-512": "SCRAM with SHA-512.",
+		}).Description("The SASL mechanism."),
+		service.NewStringField(kfFieldSASLUser).
+			Description("The username to authenticate as.").
+			Default(""),
+		service.NewStringField(kfFieldSASLPass).
+			Description("The password of the user.").
+			Default("").
+			Secret(),
+	).
+		Description("SASL authentication mechanisms, tried in order until one succeeds. Leave empty for none.").
+		Example([]any{map[string]any{
+			"mechanism": "SCRAM-SHA-512",
+			"username":  "forwarder",
+			"password":  "${KAFKA_PASSWORD}",
+		}}).
+		Optional().
+		Advanced()
+}
+
+// parseSeedBrokers splits comma-separated entries and drops empty ones.
+func parseSeedBrokers(conf *service.ParsedConfig) ([]string, error) {
+	raw, err := conf.FieldStringList(kfFieldSeedBrokers)
+	if err != nil {
+		return nil, err
+	}
+	var brokers []string
+	for _, entry := range raw {
+		for _, b := range strings.Split(entry, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				brokers = append(brokers, b)
+			}
+		}
+	}
+	if len(brokers) == 0 {
+		return nil, fmt.Errorf("field %s: at least one broker address is required", kfFieldSeedBrokers)
+	}
+	return brokers, nil
+}
+
+// parseCommonOpts reads the connection fields every kafka_franz component
+// has: seed brokers, client id, TLS and SASL.
+func parseCommonOpts(conf *service.ParsedConfig) ([]kgo.Opt, error) {
+	brokers, err := parseSeedBrokers(conf)
+	if err != nil {
+		return nil, err
+	}
+	clientID, err := conf.FieldString(kfFieldClientID)
+	if err != nil {
+		return nil, err
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID)}
+
+	tlsConf, tlsOn, err := conf.FieldTLSToggled(kfFieldTLS)
+	if err != nil {
+		return nil, fmt.Errorf("field %s: %w", kfFieldTLS, err)
+	}
+	if tlsOn {
+		opts = append(opts, kgo.DialTLSConfig(tlsConf))
+	}
+
+	mechs, err := parseSASL(conf)
+	if err != nil {
+		return nil, err
+	}
+	if len(mechs) > 0 {
+		opts = append(opts, kgo.SASL(mechs...))
+	}
+	return opts, nil
+}
+
+func parseSASL(conf *service.ParsedConfig) ([]sasl.Mechanism, error) {
+	if !conf.Contains(kfFieldSASL) {
+		return nil, nil
+	}
+	list, err := conf.FieldObjectList(kfFieldSASL)
+	if err != nil {
+		return nil, err
+	}
+	var mechs []sasl.Mechanism
+	for i, c := range list {
+		mech, err := c.FieldString(kfFieldSASLMech)
+		if err != nil {
+			return nil, err
+		}
+		user, err := c.FieldString(kfFieldSASLUser)
+		if err != nil {
+			return nil, err
+		}
+		pass, err := c.FieldString(kfFieldSASLPass)
+		if err != nil {
+			return nil, err
+		}
+		switch mech {
+		case "none", "":
+			continue
+		case "PLAIN":
+			mechs = append(mechs, plain.Auth{User: user, Pass: pass}.AsMechanism())
+		case "SCRAM-SHA-256":
+			mechs = append(mechs, scram.Auth{User: user, Pass: pass}.AsSha256Mechanism())
+		case "SCRAM-SHA-512":
+			mechs = append(mechs, scram.Auth{User: user, Pass: pass}.AsSha512Mechanism())
+		default:
+			return nil, fmt.Errorf("field %s[%d].%s: unsupported mechanism %q (use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", kfFieldSASL, i, kfFieldSASLMech, mech)
+		}
+	}
+	return mechs, nil
+}
+
+// parseByteSize reads a size such as "50MiB" or "1048576" that must fit in
+// an int32, as Kafka's request fields do.
+func parseByteSize(conf *service.ParsedConfig, field string) (int32, error) {
+	s, err := conf.FieldString(field)
+	if err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("field %s: %q is not a byte size such as 50MiB: %w", field, s, err)
+	}
+	if n == 0 || n > math.MaxInt32 {
+		return 0, fmt.Errorf("field %s: %q must be between 1B and 2GiB", field, s)
+	}
+	return int32(n), nil
+}
+
+// kgoLogger passes franz-go's own logs to Benthos at debug (and trace)
+// level: franz-go logs every retry, which is noise at info level, while our
+// components log what an operator acts on (assignments, outages) themselves.
+type kgoLogger struct{ log *service.Logger }
+
+func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
+
+func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	var b strings.Builder
+	b.WriteString(msg)
+	for i := 0; i+1 < len(keyvals); i += 2 {
+		fmt.Fprintf(&b, " %v=%v", keyvals[i], keyvals[i+1])
+	}
+	if level <= kgo.LogLevelWarn {
+		l.log.Debug("franz-go: " + b.String())
+		return
+	}
+	l.log.Trace("franz-go: " + b.String())
+}
+
+// outageLogger is a franz-go hook that logs a broker that cannot be reached
+// once when the outage starts and once when it ends, however many times the
+// client retries in between (franz-go retries with backoff on its own).
+type outageLogger struct {
+	log *service.Logger
+
+	mu   sync.Mutex
+	down map[string]time.Time // broker address → start of its outage
+}
+
+var _ kgo.HookBrokerConnect = (*outageLogger)(nil)
+
+func newOutageLogger(log *service.Logger) *outageLogger {
+	return &outageLogger{log: log, down: make(map[string]time.Time)}
+}
+
+// OnBrokerConnect implements kgo.HookBrokerConnect.
+func (o *outageLogger) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	addr := net.JoinHostPort(meta.Host, fmt.Sprint(meta.Port))
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	since, wasDown := o.down[addr]
+	switch {
+	case err != nil && !wasDown:
+		o.down[addr] = time.Now()
+		o.log.Warnf("kafka broker %s is unreachable, retrying with backoff (logged once per outage): %v", addr, err)
+	case err != nil:
+		o.log.Debugf("kafka broker %s still unreachable: %v", addr, err)
+	case wasDown:
+		delete(o.down, addr)
+		o.log.Infof("kafka broker %s is reachable again after %s", addr, time.Since(since).Round(time.Millisecond))
+	}
+}
+
+// anyDown reports whether some broker's outage has been logged and not yet
+// ended.
+func (o *outageLogger) anyDown() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.down) > 0
+}
+
+// waitReachable blocks until a broker answers cl or ctx ends, retrying with
+// backoff. Dial and authentication failures are logged by the outage hook;
+// anything else is logged here, once.
+func waitReachable(ctx context.Context, cl *kgo.Client, log *service.Logger, outage *outageLogger) error {
+	backoff := 100 * time.Millisecond
+	warned := false
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := cl.Ping(pctx)
+		cancel()
+		if err == nil {
+			if warned {
+				log.Info("kafka_franz: a broker is reachable")
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !warned && !outage.anyDown() {
+			log.Warnf("kafka_franz: waiting for a reachable broker, retrying with backoff: %v", err)
+			warned = true
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}

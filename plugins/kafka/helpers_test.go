@@ -1,0 +1,248 @@
+package kafka
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+	"go.uber.org/goleak"
+
+	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Benthos starts these once per process and never stops them.
+		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreTopFunction("github.com/redpanda-data/benthos/v4/internal/component/metrics.(*LocalStat).loop"),
+	)
+}
+
+// waitTimeout bounds every wait in these tests: far above what a correct
+// implementation needs on a loaded machine, so a failure means a bug.
+const waitTimeout = 60 * time.Second
+
+// waitFor polls cond until it is true, failing the test after waitTimeout.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// offsetKey identifies one record.
+type offsetKey struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+func (k offsetKey) String() string { return fmt.Sprintf("%s/%d@%d", k.topic, k.partition, k.offset) }
+
+func msgOffset(t testing.TB, m *service.Message) offsetKey {
+	t.Helper()
+	topic, _ := m.MetaGet(metaTopic)
+	ps, _ := m.MetaGet(metaPartition)
+	os, _ := m.MetaGet(metaOffset)
+	p, err := strconv.ParseInt(ps, 10, 32)
+	if err != nil {
+		t.Errorf("bad %s %q", metaPartition, ps)
+	}
+	o, err := strconv.ParseInt(os, 10, 64)
+	if err != nil {
+		t.Errorf("bad %s %q", metaOffset, os)
+	}
+	return offsetKey{topic, int32(p), o}
+}
+
+// sink is a test output that records what it is given. Its write hook
+// decides, per batch, whether the batch succeeds (nil), fails, or waits.
+// A record counts as acked once WriteBatch returned nil for it: recorded
+// before returning, so the input can never have seen an ack that is not
+// in acked.
+type sink struct {
+	t     testing.TB
+	write func(ctx context.Context, batch service.MessageBatch, offsets []offsetKey) error
+
+	mu        sync.Mutex
+	delivered map[offsetKey]int
+	acked     map[offsetKey]int
+	msgs      []*service.Message
+	inFlight  int
+	maxFlight int
+	keepMsgs  bool
+}
+
+func newSink(t testing.TB) *sink {
+	return &sink{t: t, delivered: map[offsetKey]int{}, acked: map[offsetKey]int{}}
+}
+
+func (s *sink) Connect(context.Context) error { return nil }
+func (s *sink) Close(context.Context) error   { return nil }
+
+func (s *sink) WriteBatch(ctx context.Context, batch service.MessageBatch) error {
+	offsets := make([]offsetKey, len(batch))
+	s.mu.Lock()
+	for i, m := range batch {
+		offsets[i] = msgOffset(s.t, m)
+		s.delivered[offsets[i]]++
+		if s.keepMsgs {
+			s.msgs = append(s.msgs, m.Copy())
+		}
+	}
+	s.inFlight += len(batch)
+	s.maxFlight = max(s.maxFlight, s.inFlight)
+	s.mu.Unlock()
+
+	var err error
+	if s.write != nil {
+		err = s.write(ctx, batch, offsets)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight -= len(batch)
+	if err == nil {
+		for _, o := range offsets {
+			s.acked[o]++
+		}
+	}
+	return err
+}
+
+func (s *sink) ackedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.acked)
+}
+
+func (s *sink) isAcked(k offsetKey) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.acked[k] > 0
+}
+
+func (s *sink) deliveries(k offsetKey) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.delivered[k]
+}
+
+// ackedSet returns a copy of the acked records.
+func (s *sink) ackedSet() map[offsetKey]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[offsetKey]bool, len(s.acked))
+	for k := range s.acked {
+		out[k] = true
+	}
+	return out
+}
+
+// logBuffer collects a stream's log lines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logBuffer) count(substr string) int { return strings.Count(l.String(), substr) }
+
+// testStream is a running Benthos stream: kafka_franz (configured by
+// inputYAML, indented under kafka_franz:) into the sink.
+type testStream struct {
+	t      testing.TB
+	stream *service.Stream
+	done   chan struct{} // closed when Run has returned
+	logs   *logBuffer
+}
+
+func startStream(t testing.TB, s *sink, maxInFlight int, inputYAML string) *testStream {
+	t.Helper()
+	env := service.NewEnvironment()
+	err := env.RegisterBatchOutput("test_sink", service.NewConfigSpec(),
+		func(*service.ParsedConfig, *service.Resources) (service.BatchOutput, service.BatchPolicy, int, error) {
+			return s, service.BatchPolicy{}, maxInFlight, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := env.NewStreamBuilder()
+	logs := &logBuffer{}
+	b.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	conf := fmt.Sprintf(`
+http:
+  enabled: false
+input:
+  kafka_franz:
+%s
+output:
+  test_sink: {}
+shutdown_timeout: 20s
+`, indent(inputYAML, "    "))
+	if err := b.SetYAML(conf); err != nil {
+		t.Fatalf("config: %v\n%s", err, conf)
+	}
+	stream, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testStream{t: t, stream: stream, done: make(chan struct{}), logs: logs}
+	go func() {
+		_ = stream.Run(context.Background())
+		close(ts.done)
+	}()
+	t.Cleanup(func() {
+		_ = ts.stream.StopWithin(30 * time.Second)
+		select {
+		case <-ts.done:
+		case <-time.After(30 * time.Second):
+		}
+		if t.Failed() {
+			t.Logf("stream logs:\n%s", logs.String())
+		}
+	})
+	return ts
+}
+
+// stop stops the stream within timeout and waits until it has closed its
+// components.
+func (ts *testStream) stop(timeout time.Duration) {
+	ts.t.Helper()
+	_ = ts.stream.StopWithin(timeout)
+	select {
+	case <-ts.done:
+	case <-time.After(waitTimeout):
+		ts.t.Fatal("stream did not stop")
+	}
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.Trim(s, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,457 @@
+package kafka
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/kafkatest"
+)
+
+// inputConf is the kafka_franz config the tests share; extra lines are
+// appended.
+func inputConf(c *kafkatest.Cluster, topic, group string, extra ...string) string {
+	return fmt.Sprintf(`seed_brokers: [ %q ]
+topics: [ %q ]
+consumer_group: %q
+commit_period: 50ms
+`, c.Brokers(), topic, group) + strings.Join(extra, "\n")
+}
+
+// assertCommitsCovered fails if a committed offset of group passed a record
+// that the sink never acked: every offset below the commit must be acked.
+func assertCommitsCovered(t *testing.T, c *kafkatest.Cluster, group, topic string, acked map[offsetKey]bool) map[int32]int64 {
+	t.Helper()
+	committed := c.Committed(t, group)[topic]
+	for p, upTo := range committed {
+		for o := int64(0); o < upTo; o++ {
+			if !acked[offsetKey{topic, p, o}] {
+				t.Fatalf("partition %d committed at %d, but offset %d was never acked", p, upTo, o)
+			}
+		}
+	}
+	return committed
+}
+
+func TestInputAbruptStopAndRestart(t *testing.T) {
+	t.Parallel()
+	const (
+		topic = "events"
+		group = "g-abrupt"
+		total = 10_000
+	)
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 3}})
+	c.ProduceN(t, topic, total, nil)
+
+	// A slow output that acks batches out of order.
+	slow := func(ctx context.Context, _ service.MessageBatch, _ []offsetKey) error {
+		select {
+		case <-time.After(time.Duration(rand.IntN(3000)) * time.Microsecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	conf := inputConf(c, topic, group, "checkpoint_limit: 300", "batching:\n  count: 20\n  period: 20ms")
+
+	// Once frozen, the first run's output holds every batch it is given
+	// until the stream is stopped: those batches are in flight, un-acked,
+	// when the stop comes.
+	var (
+		frozen   atomic.Bool
+		held     atomic.Int32
+		unfreeze = make(chan struct{})
+	)
+	first := newSink(t)
+	first.write = func(ctx context.Context, b service.MessageBatch, offs []offsetKey) error {
+		if !frozen.Load() {
+			return slow(ctx, b, offs)
+		}
+		held.Add(1)
+		select {
+		case <-unfreeze:
+		case <-ctx.Done():
+		}
+		return errors.New("abandoned by the stop")
+	}
+	s1 := startStream(t, first, 8, conf)
+	waitFor(t, "a third of the records to be acked", func() bool { return first.ackedCount() >= total/3 })
+	waitFor(t, "a commit", func() bool { return len(c.Committed(t, group)[topic]) > 0 })
+	frozen.Store(true)
+	waitFor(t, "batches held in flight", func() bool { return held.Load() >= 4 })
+
+	// No graceful drain: the held batches are abandoned un-acked.
+	s1.stop(time.Millisecond)
+	close(unfreeze)
+	acked1 := first.ackedSet()
+	if len(acked1) == total {
+		t.Fatal("the first run consumed everything; the stop was not mid-way")
+	}
+	assertCommitsCovered(t, c, group, topic, acked1)
+
+	second := newSink(t)
+	second.write = slow
+	s2 := startStream(t, second, 8, conf)
+	waitFor(t, "every record to be acked by one run or the other", func() bool {
+		for k := range second.ackedSet() {
+			acked1[k] = true
+		}
+		return len(acked1) == total
+	})
+	s2.stop(20 * time.Second)
+
+	for p, end := range c.EndOffsets(t, topic) {
+		for o := range end {
+			if !acked1[offsetKey{topic, p, o}] {
+				t.Fatalf("record %d/%d was never delivered", p, o)
+			}
+		}
+	}
+	committed := assertCommitsCovered(t, c, group, topic, acked1)
+	for p, end := range c.EndOffsets(t, topic) {
+		if committed[p] != end {
+			t.Errorf("partition %d committed at %d after a graceful stop, want the end %d", p, committed[p], end)
+		}
+	}
+}
+
+func TestInputOutOfOrderAcks(t *testing.T) {
+	t.Parallel()
+	const (
+		topic = "ooo"
+		group = "g-ooo"
+	)
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	c.ProduceN(t, topic, 10, nil)
+
+	release := map[int64]chan struct{}{3: make(chan struct{}), 4: make(chan struct{})}
+	s := newSink(t)
+	s.write = func(ctx context.Context, _ service.MessageBatch, offs []offsetKey) error {
+		if ch, ok := release[offs[0].offset]; ok {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	ts := startStream(t, s, 16, inputConf(c, topic, group, "batching:\n  count: 1"))
+
+	committedAt := func(want int64) func() bool {
+		return func() bool {
+			got, ok := c.Committed(t, group)[topic][0]
+			if ok && got > want {
+				t.Fatalf("committed offset %d, past un-acked offset %d", got, want)
+			}
+			return got == want
+		}
+	}
+	waitFor(t, "offsets 0-2 and 5-9 to be acked", func() bool { return s.ackedCount() == 8 })
+	waitFor(t, "commit at 3", committedAt(3))
+	for _, o := range []int64{5, 6, 7, 8, 9} {
+		if !s.isAcked(offsetKey{topic, 0, o}) {
+			t.Fatalf("offset %d not acked", o)
+		}
+	}
+
+	close(release[3])
+	waitFor(t, "commit at 4", committedAt(4))
+	close(release[4])
+	waitFor(t, "commit at 10", committedAt(10))
+	ts.stop(10 * time.Second)
+}
+
+func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
+	t.Parallel()
+	for _, replay := range []bool{true, false} {
+		t.Run(fmt.Sprintf("AutoReplayNacks=%v", replay), func(t *testing.T) {
+			t.Parallel()
+			topic, group := "nack", "g-nack"
+			c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+			c.ProduceN(t, topic, 20, nil)
+
+			var once sync.Once
+			s := newSink(t)
+			s.write = func(_ context.Context, _ service.MessageBatch, offs []offsetKey) error {
+				var err error
+				for _, o := range offs {
+					if o.offset == 7 {
+						once.Do(func() { err = errors.New("rejected by test") })
+					}
+				}
+				return err
+			}
+			ts := startStream(t, s, 4, inputConf(c, topic, group,
+				"batching:\n  count: 5",
+				fmt.Sprintf("auto_replay_nacks: %v", replay)))
+
+			waitFor(t, "all 20 records acked", func() bool { return s.ackedCount() == 20 })
+			if n := s.deliveries(offsetKey{topic, 0, 7}); n < 2 {
+				t.Fatalf("offset 7 delivered %d times, want at least 2 (once rejected, then again)", n)
+			}
+			waitFor(t, "commit at 20", func() bool { return c.Committed(t, group)[topic][0] == 20 })
+			ts.stop(10 * time.Second)
+			if !replay && ts.logs.count("reading the partition again from offset 5") != 1 {
+				t.Errorf("want one rewind to offset 5 logged; logs:\n%s", ts.logs.String())
+			}
+		})
+	}
+}
+
+func TestInputGroupMemberLeaves(t *testing.T) {
+	t.Parallel()
+	const (
+		topic = "shared"
+		group = "g-shared"
+		total = 4000
+	)
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 4}})
+	c.ProduceN(t, topic, total, nil)
+
+	slow := func(ctx context.Context, _ service.MessageBatch, _ []offsetKey) error {
+		select {
+		case <-time.After(2 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	conf := inputConf(c, topic, group, "batching:\n  count: 10\n  period: 20ms")
+	a, b := newSink(t), newSink(t)
+	a.write, b.write = slow, slow
+
+	sa := startStream(t, a, 1, conf)
+	waitFor(t, "member A to make progress", func() bool { return a.ackedCount() >= 200 })
+	startStream(t, b, 1, conf)
+	waitFor(t, "member B to get partitions", func() bool { return b.ackedCount() > 0 })
+	if a.ackedCount() == total {
+		t.Fatal("member A consumed everything before B joined; the test proves nothing")
+	}
+
+	sa.stop(10 * time.Second)
+	waitFor(t, "every record to be acked by A or B", func() bool {
+		all := a.ackedSet()
+		for k := range b.ackedSet() {
+			all[k] = true
+		}
+		return len(all) == total
+	})
+	waitFor(t, "commits at the end of every partition", func() bool {
+		committed := c.Committed(t, group)[topic]
+		for p, end := range c.EndOffsets(t, topic) {
+			if committed[p] != end {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestInputBrokerAbsentAtStart(t *testing.T) {
+	t.Parallel()
+	const topic, group = "late", "g-late"
+	port := kafkatest.FreePort(t)
+	addr := kafkatest.Addr(port)
+
+	s := newSink(t)
+	ts := startStream(t, s, 1, fmt.Sprintf("seed_brokers: [ %q ]\ntopics: [ %q ]\nconsumer_group: %q\ncommit_period: 50ms", addr, topic, group))
+	waitFor(t, "the outage to be logged", func() bool { return ts.logs.count("is unreachable") > 0 })
+
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 2}}, kfake.Ports(port))
+	c.ProduceN(t, topic, 100, nil)
+	waitFor(t, "the records to be consumed", func() bool { return s.ackedCount() == 100 })
+	ts.stop(10 * time.Second)
+
+	if n := ts.logs.count("is unreachable"); n != 1 {
+		t.Errorf("outage logged %d times, want once", n)
+	}
+	if n := ts.logs.count("is reachable again"); n != 1 {
+		t.Errorf("recovery logged %d times, want once", n)
+	}
+}
+
+func TestInputCheckpointLimitBoundsUnacked(t *testing.T) {
+	t.Parallel()
+	const (
+		topic = "bounded"
+		group = "g-bounded"
+		limit = 10
+		total = 100
+	)
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	c.ProduceN(t, topic, total, nil)
+
+	// The output holds every record until the test releases it, oldest
+	// first, and only when `limit` records are waiting: if the input did
+	// not stop at the limit, more would pile up here.
+	var (
+		mu      sync.Mutex
+		waiting = map[int64]chan struct{}{}
+	)
+	s := newSink(t)
+	s.write = func(ctx context.Context, _ service.MessageBatch, offs []offsetKey) error {
+		ch := make(chan struct{})
+		mu.Lock()
+		waiting[offs[0].offset] = ch
+		mu.Unlock()
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	ts := startStream(t, s, 64, inputConf(c, topic, group,
+		fmt.Sprintf("checkpoint_limit: %d", limit), "batching:\n  count: 1"))
+
+	for next := int64(0); next < total; next++ {
+		waitFor(t, fmt.Sprintf("%d records waiting (releasing offset %d)", min(limit, total-next), next), func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return int64(len(waiting)) >= min(limit, total-next)
+		})
+		mu.Lock()
+		close(waiting[next])
+		delete(waiting, next)
+		mu.Unlock()
+	}
+	waitFor(t, "all records acked", func() bool { return s.ackedCount() == total })
+	ts.stop(10 * time.Second)
+	if s.maxFlight != limit {
+		t.Fatalf("at most %d records were in the pipeline at once, want exactly checkpoint_limit=%d", s.maxFlight, limit)
+	}
+}
+
+func TestInputMessages(t *testing.T) {
+	t.Parallel()
+	const topic, group = "msgs", "g-msgs"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	big := bytes.Repeat([]byte("x"), 16<<20)
+	ts := time.UnixMilli(1779330600123)
+	c.Produce(t,
+		&kgo.Record{Topic: topic, Key: []byte("k1"), Value: []byte(`{"a":1}`), Timestamp: ts, Headers: []kgo.RecordHeader{
+			{Key: "trace", Value: []byte("abc")},
+			{Key: metaTopic, Value: []byte("spoofed")},
+		}},
+		&kgo.Record{Topic: topic, Key: []byte("k2"), Value: nil, Timestamp: ts},   // tombstone
+		&kgo.Record{Topic: topic, Value: []byte{}, Timestamp: ts},                 // empty, no key
+		&kgo.Record{Topic: topic, Key: []byte("big"), Value: big, Timestamp: ts},  // 16 MiB
+		&kgo.Record{Topic: topic, Value: []byte{0xff, 0x00, 0xfe}, Timestamp: ts}, // not UTF-8
+	)
+
+	s := newSink(t)
+	s.keepMsgs = true
+	stream := startStream(t, s, 1, inputConf(c, topic, group))
+	waitFor(t, "5 messages", func() bool { return s.ackedCount() == 5 })
+	stream.stop(10 * time.Second)
+
+	byOffset := map[int64]*service.Message{}
+	for _, m := range s.msgs {
+		byOffset[msgOffset(t, m).offset] = m
+	}
+	meta := func(m *service.Message, k string) (string, bool) { return m.MetaGet(k) }
+	body := func(m *service.Message) []byte {
+		b, err := m.AsBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+
+	m0 := byOffset[0]
+	for k, want := range map[string]string{
+		metaKey: "k1", metaTopic: topic, metaPartition: "0", metaOffset: "0",
+		metaTimestampMs: "1779330600123", "trace": "abc",
+	} {
+		if got, ok := meta(m0, k); !ok || got != want {
+			t.Errorf("metadata %s = %q (present %v), want %q", k, got, ok, want)
+		}
+	}
+	if string(body(m0)) != `{"a":1}` {
+		t.Errorf("body = %q", body(m0))
+	}
+	if len(body(byOffset[1])) != 0 {
+		t.Errorf("tombstone body = %q, want empty", body(byOffset[1]))
+	}
+	if k, _ := meta(byOffset[1], metaKey); k != "k2" {
+		t.Errorf("tombstone key = %q, want k2", k)
+	}
+	if len(body(byOffset[2])) != 0 {
+		t.Errorf("empty value body = %q, want empty", body(byOffset[2]))
+	}
+	if _, ok := meta(byOffset[2], metaKey); ok {
+		t.Error("kafka_key is set for a record without a key")
+	}
+	if !bytes.Equal(body(byOffset[3]), big) {
+		t.Errorf("16 MiB body has %d bytes", len(body(byOffset[3])))
+	}
+	if !bytes.Equal(body(byOffset[4]), []byte{0xff, 0x00, 0xfe}) {
+		t.Errorf("binary body = %v", body(byOffset[4]))
+	}
+}
+
+func TestInputCloseLeavesGroup(t *testing.T) {
+	t.Parallel()
+	const topic, group = "leave", "g-leave"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 2}})
+	c.ProduceN(t, topic, 10, nil)
+
+	s := newSink(t)
+	ts := startStream(t, s, 1, inputConf(c, topic, group))
+	waitFor(t, "10 records", func() bool { return s.ackedCount() == 10 })
+	members := func() int {
+		d, err := c.Admin(t).DescribeGroups(context.Background(), group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(d[group].Members)
+	}
+	if n := members(); n != 1 {
+		t.Fatalf("group has %d members while consuming, want 1", n)
+	}
+	ts.stop(10 * time.Second)
+	// Leaving is synchronous in Close: no wait for a session timeout.
+	if n := members(); n != 0 {
+		t.Fatalf("group has %d members after a clean stop, want 0", n)
+	}
+	if got := c.Committed(t, group)[topic]; got[0]+got[1] != 10 {
+		t.Fatalf("committed %v, want 10 records in total", got)
+	}
+}
+
+func TestInputConfigErrors(t *testing.T) {
+	t.Parallel()
+	base := "seed_brokers: [ a:1 ]\ntopics: [ t ]\n"
+	for name, tc := range map[string]struct{ yaml, want string }{
+		"EmptyGroup":        {base + "consumer_group: ' '", "consumer_group"},
+		"NoTopics":          {"seed_brokers: [ a:1 ]\ntopics: [ ',' ]\nconsumer_group: g", "topics"},
+		"ZeroLimit":         {base + "consumer_group: g\ncheckpoint_limit: 0", "checkpoint_limit"},
+		"HeartbeatTooSlow":  {base + "consumer_group: g\nsession_timeout: 6s\nheartbeat_interval: 6s", "heartbeat_interval"},
+		"BadFetchSize":      {base + "consumer_group: g\nfetch_max_bytes: 5GiB", "fetch_max_bytes"},
+		"ZeroCommitPeriod":  {base + "consumer_group: g\ncommit_period: 0s", "commit_period"},
+		"BadBatchProcessor": {base + "consumer_group: g\nbatching:\n  count: 2\n  processors:\n    - bloblang: 'root = ('", "batching"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			conf, err := franzInputSpec().ParseYAML(tc.yaml, nil)
+			if err == nil {
+				_, err = newFranzInputFromParsed(conf, service.MockResources())
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,182 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/kafkatest"
+)
+
+// startOutput runs a stream from a producer function into kafka_franz
+// configured by outputYAML (indented under kafka_franz:).
+func startOutput(t *testing.T, outputYAML string) service.MessageBatchHandlerFunc {
+	t.Helper()
+	b := service.NewStreamBuilder()
+	b.SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	produce, err := b.AddBatchProducerFunc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.AddOutputYAML("kafka_franz:\n" + indent(outputYAML, "  ")); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = stream.Run(context.Background())
+		close(done)
+	}()
+	t.Cleanup(func() {
+		_ = stream.StopWithin(10 * time.Second)
+		<-done
+	})
+	return produce
+}
+
+// readAll consumes n records from topic, from the start.
+func readAll(t *testing.T, c *kafkatest.Cluster, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl := c.Client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n {
+		f := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read %d of %d records from %s", len(out), n, topic)
+		}
+		out = append(out, f.Records()...)
+	}
+	sort.Slice(out, func(i, j int) bool { return string(out[i].Value) < string(out[j].Value) })
+	return out
+}
+
+func header(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+func TestOutput(t *testing.T) {
+	t.Parallel()
+
+	t.Run("TopicKeyAndHeadersFromMessages", func(t *testing.T) {
+		t.Parallel()
+		c := kafkatest.New(t, []kafkatest.Topic{{Name: "out-a", Partitions: 3}, {Name: "out-b", Partitions: 1}})
+		produce := startOutput(t, fmt.Sprintf(`
+seed_brokers: [ %q ]
+topic: 'out-${! @dest }'
+key: '${! @k }'
+metadata:
+  include_prefixes: [ "h_" ]
+batching:
+  count: 4
+  period: 10ms
+`, c.Brokers()))
+
+		var batch service.MessageBatch
+		for i := range 6 {
+			m := service.NewMessage(fmt.Appendf(nil, "v%d", i))
+			m.MetaSetMut("dest", []string{"a", "b"}[i%2])
+			m.MetaSetMut("k", fmt.Sprintf("key-%d", i))
+			m.MetaSetMut("h_trace", fmt.Sprintf("t%d", i))
+			m.MetaSetMut("secret", "not a header")
+			batch = append(batch, m)
+		}
+		if err := produce(context.Background(), batch); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+
+		for topic, want := range map[string][]int{"out-a": {0, 2, 4}, "out-b": {1, 3, 5}} {
+			recs := readAll(t, c, topic, len(want))
+			for j, r := range recs {
+				i := want[j]
+				if string(r.Value) != fmt.Sprintf("v%d", i) || string(r.Key) != fmt.Sprintf("key-%d", i) {
+					t.Errorf("%s: record %q key %q, want v%d key-%d", topic, r.Value, r.Key, i, i)
+				}
+				if h, _ := header(r, "h_trace"); h != fmt.Sprintf("t%d", i) {
+					t.Errorf("%s: header h_trace = %q, want t%d", topic, h, i)
+				}
+				if _, ok := header(r, "secret"); ok {
+					t.Errorf("%s: metadata outside the include filter became a header", topic)
+				}
+			}
+		}
+	})
+
+	t.Run("ExplicitPartition", func(t *testing.T) {
+		t.Parallel()
+		c := kafkatest.New(t, []kafkatest.Topic{{Name: "parts", Partitions: 4}})
+		produce := startOutput(t, fmt.Sprintf(`
+seed_brokers: [ %q ]
+topic: parts
+partition: '${! @p }'
+`, c.Brokers()))
+		var batch service.MessageBatch
+		for i := range 8 {
+			m := service.NewMessage(fmt.Appendf(nil, "v%d", i))
+			m.MetaSetMut("p", i%4)
+			batch = append(batch, m)
+		}
+		if err := produce(context.Background(), batch); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		for _, r := range readAll(t, c, "parts", 8) {
+			var i int
+			fmt.Sscanf(string(r.Value), "v%d", &i)
+			if r.Partition != int32(i%4) {
+				t.Errorf("record %q in partition %d, want %d", r.Value, r.Partition, i%4)
+			}
+		}
+	})
+
+	t.Run("FailedWriteIsRejected", func(t *testing.T) {
+		t.Parallel()
+		c := kafkatest.New(t, nil) // no topics, and kfake does not create them
+		produce := startOutput(t, fmt.Sprintf(`
+seed_brokers: [ %q ]
+topic: missing
+timeout: 300ms
+`, c.Brokers()))
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		if err := produce(ctx, service.MessageBatch{service.NewMessage([]byte("x"))}); err == nil {
+			t.Fatal("a write to a missing topic was acknowledged")
+		}
+	})
+}
+
+func TestOutputConfigErrors(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct{ yaml, want string }{
+		"NoBrokers":    {"seed_brokers: [ ' , ' ]\ntopic: x", "seed_brokers"},
+		"BadSize":      {"seed_brokers: [ a:1 ]\ntopic: x\nmax_message_bytes: lots", "max_message_bytes"},
+		"BadMechanism": {"seed_brokers: [ a:1 ]\ntopic: x\nsasl:\n  - mechanism: GSSAPI", "mechanism"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			conf, err := franzOutputSpec().ParseYAML(tc.yaml, nil)
+			if err == nil {
+				_, err = newFranzOutputFromParsed(conf, service.MockResources())
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+}
