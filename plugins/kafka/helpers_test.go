@@ -170,8 +170,7 @@ func (l *logBuffer) String() string {
 
 func (l *logBuffer) count(substr string) int { return strings.Count(l.String(), substr) }
 
-// testStream is a running Benthos stream: kafka_franz (configured by
-// inputYAML, indented under kafka_franz:) into the sink.
+// testStream is a running Benthos stream.
 type testStream struct {
 	t      testing.TB
 	stream *service.Stream
@@ -179,7 +178,10 @@ type testStream struct {
 	logs   *logBuffer
 }
 
-func startStream(t testing.TB, s *sink, maxInFlight int, inputYAML string) *testStream {
+// startStream runs kafka_franz (inputYAML, indented under kafka_franz:)
+// into the sink; extra is appended to the stream config (a pipeline:
+// section, say).
+func startStream(t testing.TB, s *sink, maxInFlight int, inputYAML string, extra ...string) *testStream {
 	t.Helper()
 	env := service.NewEnvironment()
 	err := env.RegisterBatchOutput("test_sink", service.NewConfigSpec(),
@@ -201,7 +203,8 @@ input:
 output:
   test_sink: {}
 shutdown_timeout: 20s
-`, indent(inputYAML, "    "))
+%s
+`, indent(inputYAML, "    "), strings.Join(extra, "\n"))
 	if err := b.SetYAML(conf); err != nil {
 		t.Fatalf("config: %v\n%s", err, conf)
 	}

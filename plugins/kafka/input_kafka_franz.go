@@ -151,11 +151,11 @@ input:
 func init() {
 	service.MustRegisterBatchInput("kafka_franz", franzInputSpec(),
 		func(conf *service.ParsedConfig, res *service.Resources) (service.BatchInput, error) {
-			in, err := newFranzInputFromParsed(conf, res)
-			if err != nil {
-				return nil, err
-			}
-			return service.AutoRetryNacksBatchedToggled(conf, in)
+			// Nacks are replayed by the input itself (see ackFunc) rather
+			// than by service.AutoRetryNacksBatched, which copies and
+			// re-sorts every message of every batch to support a replay
+			// that is rare.
+			return newFranzInputFromParsed(conf, res)
 		})
 }
 
@@ -173,6 +173,7 @@ type franzInput struct {
 	checkpointLimit int
 	commitPeriod    time.Duration
 	closeTimeout    time.Duration
+	replayNacks     bool                // auto_replay_nacks: replay from memory, else rewind
 	batchPolicy     service.BatchPolicy // IsNoop: one batch per partition per fetch
 	maxFetchBatch   int                 // with a no-op policy, the most records per batch
 	outage          *outageLogger
@@ -186,6 +187,7 @@ type franzInput struct {
 	room       chan struct{}      // capacity 1: pending records were taken or dropped
 	runCancel  context.CancelFunc
 	wg         sync.WaitGroup
+	replays    []*replay // nacked batches waiting to be delivered again
 
 	// commitMu orders commits, so a periodic commit built before a
 	// rebalance cannot land after the revoke's commit of the same partition.
@@ -321,6 +323,10 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 			return nil, fmt.Errorf("field %s: %w", kfiFieldBatching, err)
 		}
 		_ = b.Close(context.Background())
+	}
+
+	if f.replayNacks, err = conf.FieldBool(kfiFieldAutoReplayNacks); err != nil {
+		return nil, err
 	}
 
 	instanceID := ""
@@ -702,22 +708,27 @@ func (f *franzInput) ReadBatch(ctx context.Context) (service.MessageBatch, servi
 		}
 		f.mu.Unlock()
 
+		batch, ack, wait := f.nextReplay(time.Now())
+		if batch != nil {
+			return batch, ack, nil
+		}
 		var (
-			batch service.MessageBatch
-			ack   service.AckFunc
-			wait  time.Duration = -1
-			err   error
+			policyWait time.Duration = -1
+			err        error
 		)
 		if f.batchPolicy.IsNoop() {
 			batch, ack = f.nextFetchBatch()
 		} else {
-			batch, ack, wait, err = f.nextPolicyBatch(ctx)
+			batch, ack, policyWait, err = f.nextPolicyBatch(ctx)
 			if err != nil {
 				return nil, nil, err
 			}
 		}
 		if batch != nil {
 			return batch, ack, nil
+		}
+		if wait < 0 || (policyWait >= 0 && policyWait < wait) {
+			wait = policyWait
 		}
 
 		if err := f.waitForWork(ctx, wait); err != nil {
@@ -768,11 +779,57 @@ func (f *franzInput) nextFetchBatch() (service.MessageBatch, service.AckFunc) {
 	if ps == nil {
 		return nil, nil
 	}
-	batch := make(service.MessageBatch, len(recs))
-	for i, r := range recs {
-		batch[i] = recordToMessage(r)
+	return recordsToBatch(recs), f.ackFunc(&replay{ps: ps, tb: tb, recs: recs})
+}
+
+// replay is a delivered batch as the input can deliver it again after a
+// nack: from its records (rebuilt as they were read) or, when batching
+// processors made it, from an untouched copy of the flushed messages.
+type replay struct {
+	ps   *partitionState
+	tb   *trackedBatch
+	recs []*kgo.Record
+	msgs service.MessageBatch
+
+	attempt int
+	due     time.Time
+}
+
+func (r *replay) batch() service.MessageBatch {
+	if r.msgs != nil {
+		return r.msgs.Copy()
 	}
-	return batch, f.ackFunc(ps, tb)
+	return recordsToBatch(r.recs)
+}
+
+// nextReplay returns a nacked batch whose backoff has passed, or how long
+// until the next one is due (-1: none waiting).
+func (f *franzInput) nextReplay(now time.Time) (service.MessageBatch, service.AckFunc, time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	wait := time.Duration(-1)
+	for i := 0; i < len(f.replays); i++ {
+		r := f.replays[i]
+		if r.ps.dead || r.tb.dropped || r.tb.acked {
+			f.replays = slices.Delete(f.replays, i, i+1)
+			i--
+			continue
+		}
+		if d := r.due.Sub(now); d > 0 {
+			if wait < 0 || d < wait {
+				wait = d
+			}
+			continue
+		}
+		f.replays = slices.Delete(f.replays, i, i+1)
+		return r.batch(), f.ackFunc(r), -1
+	}
+	return nil, nil, wait
+}
+
+// replayBackoff is the wait before the n-th delivery of a nacked batch.
+func replayBackoff(attempt int) time.Duration {
+	return min(100*time.Millisecond<<min(attempt-1, 16), 10*time.Second)
 }
 
 // nextPolicyBatch, with a batching policy, feeds each partition's batcher
@@ -837,7 +894,7 @@ func (f *franzInput) nextPolicyBatch(ctx context.Context) (service.MessageBatch,
 			}
 			pb.last, pb.epoch = r.Offset, r.LeaderEpoch
 			pb.n++
-			full = pb.b.Add(recordToMessage(r))
+			full = pb.b.Add(recordToMessage(r, r.Topic, int64(r.Partition)))
 		}
 		if pb.n == 0 {
 			continue
@@ -868,7 +925,8 @@ func (f *franzInput) nextPolicyBatch(ctx context.Context) (service.MessageBatch,
 		}
 		tb := ps.track(first, last, epoch, n)
 		f.mu.Unlock()
-		ack := f.ackFunc(ps, tb)
+		r := &replay{ps: ps, tb: tb, msgs: msgs}
+		ack := f.ackFunc(r)
 		if len(msgs) == 0 {
 			if ctx.Err() != nil {
 				// The batching processors were interrupted: leave
@@ -880,30 +938,52 @@ func (f *franzInput) nextPolicyBatch(ctx context.Context) (service.MessageBatch,
 			_ = ack(ctx, nil)
 			continue
 		}
+		if f.replayNacks {
+			// Downstream processors may change the messages we hand
+			// out; a replay needs them as they were.
+			return msgs.Copy(), ack, -1, nil
+		}
+		r.msgs = nil
 		return msgs, ack, -1, nil
 	}
 	return nil, nil, wait, nil
 }
 
-// ackFunc returns the acknowledgement of batch tb of partition ps.
-func (f *franzInput) ackFunc(ps *partitionState, tb *trackedBatch) service.AckFunc {
+// ackFunc returns the acknowledgement of a delivered batch. An ack
+// releases the batch (see partitionState.ack); a nack either queues it to be
+// delivered again after a backoff (auto_replay_nacks) or rewinds the
+// partition to it. It is never skipped.
+func (f *franzInput) ackFunc(r *replay) service.AckFunc {
 	return func(_ context.Context, err error) error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if err != nil {
-			if ps.rewind(tb) {
-				f.log.Warnf("kafka_franz: batch %s/%d offsets %d-%d was rejected, reading the partition again from offset %d: %v",
-					ps.tp.topic, ps.tp.partition, tb.first, tb.last, tb.first, err)
-				f.seekWanted = true
-				if f.wakePoll != nil {
-					f.wakePoll()
-				}
-				f.roomFreed()
+		ps, tb := r.ps, r.tb
+		if ps.dead || tb.dropped || tb.acked {
+			return nil
+		}
+		if err == nil {
+			if ps.ack(tb) {
+				f.signal() // room in the pipeline for more of this partition
 			}
 			return nil
 		}
-		if ps.ack(tb) {
-			f.signal() // room in the pipeline for more of this partition
+		if f.replayNacks {
+			r.attempt++
+			r.due = time.Now().Add(replayBackoff(r.attempt))
+			f.replays = append(f.replays, r)
+			f.log.Debugf("kafka_franz: batch %s/%d offsets %d-%d was rejected, delivering it again in %s: %v",
+				ps.tp.topic, ps.tp.partition, tb.first, tb.last, replayBackoff(r.attempt), err)
+			f.signal()
+			return nil
+		}
+		if ps.rewind(tb) {
+			f.log.Warnf("kafka_franz: batch %s/%d offsets %d-%d was rejected, reading the partition again from offset %d: %v",
+				ps.tp.topic, ps.tp.partition, tb.first, tb.last, tb.first, err)
+			f.seekWanted = true
+			if f.wakePoll != nil {
+				f.wakePoll()
+			}
+			f.roomFreed()
 		}
 		return nil
 	}
@@ -940,20 +1020,33 @@ func (f *franzInput) Close(ctx context.Context) error {
 	return nil
 }
 
-// recordToMessage turns a record into a message with the metadata listed in
-// docs/components.md. A tombstone becomes an empty body.
-func recordToMessage(r *kgo.Record) *service.Message {
+// recordsToBatch turns records of one partition into messages with the
+// metadata listed in docs/components.md. A tombstone becomes an empty body.
+func recordsToBatch(recs []*kgo.Record) service.MessageBatch {
+	if len(recs) == 0 {
+		return nil
+	}
+	// Boxed once per batch rather than once per message.
+	var topic, partition any = recs[0].Topic, int64(recs[0].Partition)
+	batch := make(service.MessageBatch, len(recs))
+	for i, r := range recs {
+		batch[i] = recordToMessage(r, topic, partition)
+	}
+	return batch
+}
+
+func recordToMessage(r *kgo.Record, topic, partition any) *service.Message {
 	msg := service.NewMessage(r.Value)
 	for _, h := range r.Headers {
 		msg.MetaSetMut(h.Key, string(h.Value))
 	}
 	if r.Key != nil {
 		msg.MetaSetMut(metaKey, string(r.Key))
-	} else {
+	} else if len(r.Headers) > 0 {
 		msg.MetaDelete(metaKey)
 	}
-	msg.MetaSetMut(metaTopic, r.Topic)
-	msg.MetaSetMut(metaPartition, int64(r.Partition))
+	msg.MetaSetMut(metaTopic, topic)
+	msg.MetaSetMut(metaPartition, partition)
 	msg.MetaSetMut(metaOffset, r.Offset)
 	msg.MetaSetMut(metaTimestampMs, r.Timestamp.UnixMilli())
 	return msg

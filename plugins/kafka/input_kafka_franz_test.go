@@ -175,8 +175,18 @@ func TestInputOutOfOrderAcks(t *testing.T) {
 
 func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
 	t.Parallel()
-	for _, replay := range []bool{true, false} {
-		t.Run(fmt.Sprintf("AutoReplayNacks=%v", replay), func(t *testing.T) {
+	for _, tc := range []struct {
+		name, batching string
+		replay         bool
+		rewindFrom     string
+	}{
+		// count 1 takes the per-fetch path, count 5 the batch policy.
+		{"ReplayOneRecordBatches", "count: 1", true, ""},
+		{"ReplayPolicyBatches", "count: 5\n  period: 10ms", true, ""},
+		{"RewindOneRecordBatches", "count: 1", false, "from offset 7"},
+		{"RewindPolicyBatches", "count: 5\n  period: 10ms", false, "from offset 5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			topic, group := "nack", "g-nack"
 			c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
@@ -184,6 +194,7 @@ func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
 
 			var once sync.Once
 			s := newSink(t)
+			s.keepMsgs = true
 			s.write = func(_ context.Context, _ service.MessageBatch, offs []offsetKey) error {
 				var err error
 				for _, o := range offs {
@@ -193,9 +204,12 @@ func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
 				}
 				return err
 			}
+			// The processor changes every message: a replay must start
+			// again from the record, not from the changed message.
 			ts := startStream(t, s, 4, inputConf(c, topic, group,
-				"batching:\n  count: 5",
-				fmt.Sprintf("auto_replay_nacks: %v", replay)))
+				"batching:\n  "+tc.batching,
+				fmt.Sprintf("auto_replay_nacks: %v", tc.replay)),
+				"pipeline:\n  processors:\n    - mapping: 'root = content().string() + \"!\"'")
 
 			waitFor(t, "all 20 records acked", func() bool { return s.ackedCount() == 20 })
 			if n := s.deliveries(offsetKey{topic, 0, 7}); n < 2 {
@@ -203,8 +217,17 @@ func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
 			}
 			waitFor(t, "commit at 20", func() bool { return c.Committed(t, group)[topic][0] == 20 })
 			ts.stop(10 * time.Second)
-			if !replay && ts.logs.count("reading the partition again from offset 5") != 1 {
-				t.Errorf("want one rewind to offset 5 logged; logs:\n%s", ts.logs.String())
+
+			s.mu.Lock()
+			for _, m := range s.msgs {
+				b, _ := m.AsBytes()
+				if o := msgOffset(t, m).offset; string(b) != fmt.Sprintf("%d!", o) {
+					t.Errorf("offset %d delivered as %q, want %q", o, b, fmt.Sprintf("%d!", o))
+				}
+			}
+			s.mu.Unlock()
+			if tc.rewindFrom != "" && ts.logs.count("reading the partition again "+tc.rewindFrom) != 1 {
+				t.Errorf("want one rewind %s logged; logs:\n%s", tc.rewindFrom, ts.logs.String())
 			}
 		})
 	}
