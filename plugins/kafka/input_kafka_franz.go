@@ -169,6 +169,7 @@ type franzInput struct {
 	res *service.Resources
 
 	clientOpts      []kgo.Opt
+	probeOpts       []kgo.Opt // connection options only: the client Connect waits with
 	group           string
 	checkpointLimit int
 	commitPeriod    time.Duration
@@ -336,6 +337,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		}
 	}
 
+	f.probeOpts = append(slices.Clip(opts), kgo.WithLogger(kgoLogger{log: f.log}), kgo.WithHooks(f.outage))
 	f.clientOpts = append(opts,
 		kgo.ConsumerGroup(f.group),
 		kgo.ConsumeTopics(topics...),
@@ -381,13 +383,21 @@ func (f *franzInput) Connect(ctx context.Context) error {
 		return nil
 	}
 
-	cl, err := kgo.NewClient(f.clientOpts...)
+	// Wait with a plain client: a group client created while no broker
+	// answers backs off its group join, and would start consuming
+	// seconds after the broker is back.
+	probe, err := kgo.NewClient(f.probeOpts...)
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)
 	}
-	if err := waitReachable(ctx, cl, f.log, f.outage); err != nil {
-		cl.Close()
+	err = waitReachable(ctx, probe, f.log, f.outage)
+	probe.Close()
+	if err != nil {
 		return err
+	}
+	cl, err := kgo.NewClient(f.clientOpts...)
+	if err != nil {
+		return fmt.Errorf("creating kafka client: %w", err)
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())

@@ -478,3 +478,68 @@ func TestInputConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestInputStaticMemberRestart(t *testing.T) {
+	t.Parallel()
+	const topic, group = "static", "g-static"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 2}})
+	c.ProduceN(t, topic, 10, nil)
+	// A long session: if the restarted member were not recognised, its
+	// partitions would stay with the stopped one for a minute.
+	conf := inputConf(c, topic, group, "instance_id: forwarder-0", "session_timeout: 60s", "heartbeat_interval: 3s")
+
+	first := newSink(t)
+	s1 := startStream(t, first, 1, conf)
+	waitFor(t, "10 records", func() bool { return first.ackedCount() == 10 })
+	s1.stop(10 * time.Second)
+
+	d, err := c.Admin(t).DescribeGroups(context.Background(), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d[group].Members); n != 1 {
+		t.Fatalf("a stopped static member should stay in the group until its session ends; group has %d members", n)
+	}
+	if got := c.Committed(t, group)[topic]; got[0]+got[1] != 10 {
+		t.Fatalf("committed %v before the restart, want 10 records in total", got)
+	}
+
+	c.ProduceN(t, topic, 10, func(i int) *kgo.Record { return &kgo.Record{Value: fmt.Appendf(nil, "late-%d", i)} })
+	second := newSink(t)
+	s2 := startStream(t, second, 1, conf)
+	waitFor(t, "the restarted member to consume the new records", func() bool { return second.ackedCount() == 10 })
+	s2.stop(10 * time.Second)
+	for k := range second.ackedSet() {
+		if first.isAcked(k) {
+			t.Errorf("record %v consumed again after a clean restart", k)
+		}
+	}
+}
+
+func TestInputBrokerOutageLater(t *testing.T) {
+	t.Parallel()
+	const topic, group = "outage", "g-outage"
+	port, dir := kafkatest.FreePort(t), t.TempDir()
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}}, kfake.Ports(port), kfake.DataDir(dir))
+	c.ProduceN(t, topic, 10, nil)
+
+	s := newSink(t)
+	ts := startStream(t, s, 1, inputConf(c, topic, group))
+	waitFor(t, "10 records", func() bool { return s.ackedCount() == 10 })
+	waitFor(t, "commit at 10", func() bool { return c.Committed(t, group)[topic][0] == 10 })
+
+	c.Close()
+	waitFor(t, "the outage to be logged", func() bool { return ts.logs.count("is unreachable") > 0 })
+	// Same port, same data: the broker comes back.
+	c = kafkatest.New(t, nil, kfake.Ports(port), kfake.DataDir(dir))
+	c.ProduceN(t, topic, 10, nil)
+	waitFor(t, "the records produced after the outage", func() bool { return s.ackedCount() == 20 })
+	ts.stop(10 * time.Second)
+
+	if n := ts.logs.count("is unreachable"); n != 1 {
+		t.Errorf("outage logged %d times, want once", n)
+	}
+	if n := ts.logs.count("is reachable again"); n != 1 {
+		t.Errorf("recovery logged %d times, want once", n)
+	}
+}
