@@ -36,9 +36,17 @@ func repoRoot(t *testing.T) string {
 	}
 }
 
-// buildForwarder builds cmd/forwarder into a temporary directory.
+// buildForwarder builds cmd/forwarder into a temporary directory, or
+// returns $FORWARDER_BIN when set (`make test` builds bin/forwarder first and
+// passes it).
 func buildForwarder(t *testing.T, root string) string {
 	t.Helper()
+	if bin := os.Getenv("FORWARDER_BIN"); bin != "" {
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("FORWARDER_BIN: %v", err)
+		}
+		return bin
+	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
