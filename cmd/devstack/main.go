@@ -104,8 +104,8 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "devstack: stopping: %v\n", err)
 		return 1
 	}
-	fmt.Printf("devstack: stopped. %d produced, %d persisted, %d delivered, %d failed; the database stays in %s/pg for the next run\n",
-		final.Produced.Produced, final.Rows.Persisted, final.Rows.Delivered, final.Rows.Failed, cfg.Dir)
+	fmt.Printf("devstack: stopped. %d produced, %d persisted, %d delivered, %d failed; the database stays in %s for the next run\n",
+		final.Produced.Produced, final.Rows.Persisted, final.Rows.Delivered, final.Rows.Failed, s.PG.Dir())
 	if runErr != nil {
 		return 1
 	}
