@@ -388,6 +388,9 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	f.mu.Lock()
 	f.client = cl
 	f.runCancel = cancel
+	f.parts = make(map[topicPartition]*partitionState)
+	f.replays = nil
+	f.seekWanted = false
 	f.mu.Unlock()
 
 	f.wg.Add(2)
@@ -455,7 +458,8 @@ func (f *franzInput) waitForWork(ctx context.Context, wait time.Duration) error 
 }
 
 // Close stops fetching, commits every acknowledged offset and leaves the
-// group, so the partitions move to other members at once.
+// group, so the partitions move to other members at once (a static member,
+// with instance_id, stays until its session ends or it comes back).
 func (f *franzInput) Close(ctx context.Context) error {
 	f.mu.Lock()
 	cl, cancel := f.client, f.runCancel

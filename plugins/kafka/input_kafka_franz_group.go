@@ -18,7 +18,7 @@ import (
 )
 
 // pollLoop fetches records into the partitions' pending queues until ctx
-// ends. It is the only goroutine that polls, pauses partitions and seeks.
+// ends. It is the only goroutine that polls and seeks.
 func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 	defer f.wg.Done()
 	// Fetch errors are logged once each until records flow again.
