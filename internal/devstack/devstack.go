@@ -72,7 +72,8 @@ type Config struct {
 	Faults mockplatform.Faults
 
 	// HTTPAddr is the forwarder's HTTP server (/metrics). Default
-	// DefaultHTTPAddr, or a free port when that one is taken.
+	// DefaultHTTPAddr, or a free port when that one is taken; port 0 picks a
+	// free port.
 	HTTPAddr string
 	// Env overrides or adds to the forwarder's environment (for example
 	// FORWARD_MAX_ATTEMPTS). The stack sets the CONTRACT §3 variables, and

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -11,10 +12,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/forwarder/forwarder/internal/eventgen"
 	"github.com/forwarder/forwarder/internal/mockplatform"
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 // repoRoot is the module root, where bin/, pipelines/ and mappings/ live.
@@ -36,7 +40,22 @@ func repoRoot(t *testing.T) string {
 	}
 }
 
-// buildForwarder builds cmd/forwarder into a temporary directory, or
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+	buildDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// buildForwarder builds cmd/forwarder once for the package's tests, or
 // returns $FORWARDER_BIN when set (`make test` builds bin/forwarder first and
 // passes it).
 func buildForwarder(t *testing.T, root string) string {
@@ -47,17 +66,25 @@ func buildForwarder(t *testing.T, root string) string {
 		}
 		return bin
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	buildOnce.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		if buildDir, buildErr = os.MkdirTemp("", "devstack-forwarder-"); buildErr != nil {
+			return
+		}
+		builtBin = filepath.Join(buildDir, "forwarder")
+		cmd := exec.Command(goBin, "build", "-o", builtBin, "./cmd/forwarder")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("building the forwarder: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
-	bin := filepath.Join(t.TempDir(), "forwarder")
-	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/forwarder")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the forwarder: %v\n%s", err, out)
-	}
-	return bin
+	return builtBin
 }
 
 // TestSmoke runs the dev stack as `make run` does, with the real forwarder
@@ -65,6 +92,7 @@ func buildForwarder(t *testing.T, root string) string {
 // from the database, /metrics answers, and everything stops cleanly, all
 // within 60 s. A second start on the same directory reuses the database.
 func TestSmoke(t *testing.T) {
+	t.Parallel()
 	root := repoRoot(t)
 	bin := buildForwarder(t, root)
 	dir := t.TempDir()
@@ -76,6 +104,7 @@ func TestSmoke(t *testing.T) {
 		Dir:           dir,
 		WorkDir:       root,
 		Forwarder:     bin,
+		HTTPAddr:      "127.0.0.1:0",
 		Rate:          50,
 		DuplicateRate: 0.05,
 		MalformedRate: 0.05,
@@ -169,9 +198,86 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// TestRequeueAfterOutage is the operator's morning after: the platform was
+// down until every row ran out of attempts; once it is back, `forwarder
+// outbox requeue` (the real command) sets them PENDING and the running
+// forwarder, woken by the requeue's NOTIFY, delivers them all.
+func TestRequeueAfterOutage(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	bin := buildForwarder(t, root)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := Start(ctx, Config{
+		Dir:         t.TempDir(),
+		WorkDir:     root,
+		Forwarder:   bin,
+		HTTPAddr:    "127.0.0.1:0",
+		NoGenerator: true,
+		Env:         map[string]string{"FORWARD_MAX_ATTEMPTS": "2", "FORWARD_RETRY_INITIAL": "100ms"},
+		Logf:        t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	s.Platform.SetDown(true, 0)
+
+	const n = 30
+	g, err := eventgen.New(eventgen.Config{Brokers: s.Brokers, Count: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRows := func(what string, cond func(outboxdb.Progress) bool) {
+		t.Helper()
+		for {
+			p, err := outboxdb.ReadProgress(ctx, s.Pool(), s.mark)
+			if err == nil && cond(p) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: rows %+v, platform %+v", what, p, s.Platform.Stats())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	waitRows("every row FAILED", func(p outboxdb.Progress) bool { return p.Failed == n })
+	if st := s.Platform.Stats(); st.Accepted != 0 || st.Unavailable < 2*n {
+		t.Fatalf("platform during the outage: %+v, want %d refused attempts and nothing accepted", st, 2*n)
+	}
+
+	s.Platform.SetDown(false, 0)
+	cmd := exec.CommandContext(ctx, bin, "outbox", "requeue")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+s.DatabaseURL)
+	out, err := cmd.CombinedOutput()
+	if err != nil || string(out) != fmt.Sprintf("%d rows requeued\n", n) {
+		t.Fatalf("outbox requeue: %v: %q", err, out)
+	}
+	if err := s.Platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted == n }); err != nil {
+		t.Fatal(err)
+	}
+	waitRows("every row SUCCESS", func(p outboxdb.Progress) bool { return p.Delivered == n })
+	var audits int
+	if err := s.Pool().QueryRow(ctx, "SELECT count(*) FROM forward_retry_logs WHERE result_status = 'REQUEUED'").Scan(&audits); err != nil {
+		t.Fatal(err)
+	}
+	if audits != n {
+		t.Errorf("%d REQUEUED audit rows, want %d", audits, n)
+	}
+	if err := s.Stop(); err != nil {
+		t.Error(err)
+	}
+}
+
 // TestStartFailsCleanly checks that a forwarder that cannot start is
 // reported with its log, and that the rest of the stack is stopped.
 func TestStartFailsCleanly(t *testing.T) {
+	t.Parallel()
 	root := repoRoot(t)
 	dir := t.TempDir()
 	// A "forwarder" that fails at once, like one given a broken config.
@@ -181,7 +287,7 @@ func TestStartFailsCleanly(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s, err := Start(ctx, Config{Dir: dir, WorkDir: root, Forwarder: bin, NoGenerator: true})
+	s, err := Start(ctx, Config{Dir: dir, WorkDir: root, Forwarder: bin, HTTPAddr: "127.0.0.1:0", NoGenerator: true})
 	if err == nil {
 		_ = s.Stop()
 		t.Fatal("Start succeeded with a forwarder that exits")

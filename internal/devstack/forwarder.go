@@ -19,7 +19,7 @@ import (
 // ForwarderOptions start one forwarder process.
 type ForwarderOptions struct {
 	// HTTPAddr is its Benthos HTTP server (/ping, /ready, /metrics); empty
-	// picks a free loopback port.
+	// or port 0 picks a free loopback port.
 	HTTPAddr string
 	// Env overrides or adds environment variables on top of the stack's.
 	Env map[string]string
@@ -97,7 +97,7 @@ func (f *Forwarder) exitError() error {
 // waits until its HTTP server answers /ping.
 func startForwarder(ctx context.Context, bin, pipeline, workDir string, env map[string]string, opts ForwarderOptions) (*Forwarder, error) {
 	addr := opts.HTTPAddr
-	if addr == "" {
+	if addr == "" || strings.HasSuffix(addr, ":0") {
 		var err error
 		if addr, err = freeAddr(); err != nil {
 			return nil, err
