@@ -1,0 +1,261 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/mockplatform"
+)
+
+// load is a scenario's message count: full normally, small with -short.
+func load(full, short int) int {
+	if testing.Short() {
+		return short
+	}
+	return full
+}
+
+// TestKillNineUnderLoad crashes the forwarder with SIGKILL at five random
+// moments while it ingests and delivers a realistic load (with Kafka
+// duplicates, malformed messages and messages without a messageId),
+// restarting it each time. Every message must end delivered or FAILED with
+// its reason, and no row may be left PENDING or IN_PROGRESS (CONTRACT §9.1,
+// §9.3). Duplicate deliveries (a request the crash cut short, sent again)
+// are allowed and reported, and so is how long each restarted instance took
+// to get its partitions back (CONTRACT §11 says within 15 s; it is the
+// session timeout of the killed member).
+func TestKillNineUnderLoad(t *testing.T) {
+	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: time.Millisecond, LatencyJitter: 20 * time.Millisecond}})
+	n := load(30_000, 4_000)
+	src := s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MalformedRate: 0.01, MissingIDRate: 0.01})
+
+	start := time.Now()
+	wait := s.produceAsync(src, n)
+	p := s.start("forwarder-1", nil)
+
+	// Kill moments are points of progress (rows persisted + deliveries
+	// accepted, about 2n at the end), drawn at random and then delayed by a
+	// random few hundred milliseconds, so they fall during ingest, during
+	// delivery and in between.
+	//
+	// A kill waits, though, until the running instance is the group's only
+	// member: kfake (franz-go v1.22.3) never expires a member whose
+	// connection died while its JoinGroup was pending (it stops the member's
+	// session timer during the join and does not restart it when the reply
+	// cannot be delivered), so a process killed while joining would keep its
+	// share of the partitions forever, which Kafka itself does not do.
+	const kills = 5
+	marks := make([]int, kills)
+	for i := range marks {
+		marks[i] = int(float64(2*n) * (0.03 + 0.85*s.rng.Float64()))
+	}
+	sort.Ints(marks)
+	var resumes []time.Duration
+	dead := map[string]bool{}
+	startedAt := time.Now()
+	for i, mark := range marks {
+		s.waitUntil(fmt.Sprintf("progress %d before kill %d", mark, i+1), 5*time.Minute, func(ctx context.Context) (bool, string) {
+			got := s.progress(ctx)
+			return got >= mark, "progress " + strconv.Itoa(got)
+		})
+		member := s.waitSoleMember(dead, time.Minute)
+		resumes = append(resumes, time.Since(startedAt))
+		time.Sleep(time.Duration(s.rng.IntN(400)) * time.Millisecond)
+		counts, _ := s.rowCounts(context.Background())
+		st := s.platform.Stats()
+		p.kill9(t)
+		dead[member] = true
+		t.Logf("kill %d at %s (progress mark %d): rows %v, platform accepted %d, in flight %d",
+			i+1, time.Since(start).Round(time.Millisecond), mark, counts, st.Accepted, st.InFlight)
+		p = s.start(fmt.Sprintf("forwarder-%d", i+2), nil)
+		startedAt = time.Now()
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	s.waitSettled(6 * time.Minute)
+	r := s.verify()
+	t.Logf("kill -9 x%d under %d messages: %s; settled %s after the first message; "+
+		"time from each start to the instance holding every partition: %s",
+		kills, n, r, time.Since(start).Round(time.Millisecond), summary(resumes))
+}
+
+// waitSoleMember waits until the consumer group is Stable with a single
+// member that is not one of dead (earlier members, by member id): the
+// running instance has joined and got every partition. It returns that
+// member's id.
+func (s *stack) waitSoleMember(dead map[string]bool, within time.Duration) string {
+	s.t.Helper()
+	admin := s.kafka.Admin(s.t)
+	var id string
+	s.waitUntil(fmt.Sprintf("group %s stable with the running instance as its only member", s.group), within,
+		func(ctx context.Context) (bool, string) {
+			gs, err := admin.DescribeGroups(ctx, s.group)
+			if err != nil {
+				return false, err.Error()
+			}
+			g := gs[s.group]
+			state := fmt.Sprintf("state %q, %d members, err %v", g.State, len(g.Members), g.Err)
+			if g.Err != nil || g.State != "Stable" || len(g.Members) != 1 || dead[g.Members[0].MemberID] {
+				return false, state
+			}
+			id = g.Members[0].MemberID
+			return true, state
+		})
+	return id
+}
+
+// TestOrphanedClaimsReclaimed crashes a forwarder while its requests are in
+// flight: the rows it held stay IN_PROGRESS until their lease runs out, and
+// then another instance claims them again (CONTRACT §9.3, §11), never
+// before the lease has expired. The time from the crash to each reclaim is
+// reported.
+func TestOrphanedClaimsReclaimed(t *testing.T) {
+	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 700 * time.Millisecond}})
+	n := load(600, 300)
+	s.produce(s.newSource(eventgen.SourceConfig{}), n)
+
+	a := s.start("forwarder-a", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.InFlight >= 10 }); err != nil {
+		s.dumpLogs()
+		t.Fatal(err)
+	}
+	inFlight := s.platform.Stats().InFlight
+	a.kill9(t)
+	killedAt := time.Now()
+
+	host, _ := os.Hostname()
+	holder := host + "-" + strconv.Itoa(a.pid())
+	type orphan struct {
+		id    int64
+		key   string
+		lease time.Time
+	}
+	var orphans []orphan
+	rows, err := s.pool.Query(ctx, `SELECT id, message_key, next_retry_at FROM forward_records
+		WHERE status = 'IN_PROGRESS' AND claimed_by = $1`, holder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var o orphan
+		if err := rows.Scan(&o.id, &o.key, &o.lease); err != nil {
+			t.Fatal(err)
+		}
+		orphans = append(orphans, o)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	var other int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM forward_records
+		WHERE status = 'IN_PROGRESS' AND claimed_by IS DISTINCT FROM $1`, holder).Scan(&other); err != nil {
+		t.Fatal(err)
+	}
+	if len(orphans) == 0 || other > 0 {
+		t.Fatalf("after killing %s with requests in flight: %d rows IN_PROGRESS claimed by it, %d claimed by someone else; want some, and none",
+			holder, len(orphans), other)
+	}
+	t.Logf("killed %s with %d requests in flight at the platform: %d rows left IN_PROGRESS", holder, inFlight, len(orphans))
+
+	// Wait until the platform has seen the dead connections go, so that no
+	// request of the dead process is answered after this point.
+	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.InFlight == 0 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.platform.SetFaults(mockplatform.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	b := s.start("forwarder-b", nil)
+	s.waitSettled(3 * time.Minute)
+	r := s.verify()
+
+	var reclaims []time.Duration
+	for _, o := range orphans {
+		var status, claimedBy string
+		var reclaimedAt *time.Time
+		err := s.pool.QueryRow(ctx, `SELECT r.status, coalesce(r.claimed_by, ''),
+			(SELECT min(l.attempted_at) FROM forward_retry_logs l
+			 WHERE l.record_id = r.id AND l.result_status = 'LEASE_EXPIRED')
+			FROM forward_records r WHERE r.id = $1`, o.id).Scan(&status, &claimedBy, &reclaimedAt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case status != "SUCCESS":
+			t.Errorf("orphaned row %s is %s, want SUCCESS", o.key, status)
+		case reclaimedAt == nil:
+			t.Errorf("orphaned row %s has no LEASE_EXPIRED attempt log: its lost attempt was not recorded", o.key)
+		case reclaimedAt.Before(o.lease):
+			t.Errorf("orphaned row %s was claimed again at %s, before its lease ran out at %s",
+				o.key, reclaimedAt.Format(time.StampMilli), o.lease.Format(time.StampMilli))
+		default:
+			reclaims = append(reclaims, reclaimedAt.Sub(killedAt))
+		}
+		if want := "-" + strconv.Itoa(b.pid()); status == "SUCCESS" && (len(claimedBy) < len(want) || claimedBy[len(claimedBy)-len(want):] != want) {
+			t.Errorf("orphaned row %s was last claimed by %q, want the other instance (pid %d)", o.key, claimedBy, b.pid())
+		}
+	}
+	t.Logf("%d orphaned rows reclaimed by the other instance; reclaim time after the crash (lease %s): %s",
+		len(orphans), s.env["CLAIM_LEASE"], summary(reclaims))
+	t.Logf("%s", r)
+}
+
+// TestSigtermUnderLoad stops a busy forwarder with SIGTERM: it must exit by
+// itself with status 0 (Benthos exits 1 when its shutdown timeout runs out)
+// and leave none of its claims IN_PROGRESS (CONTRACT §9.7, §11). A restarted
+// instance then finishes the work: nothing is lost.
+func TestSigtermUnderLoad(t *testing.T) {
+	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 20 * time.Millisecond, LatencyJitter: 200 * time.Millisecond}})
+	n := load(5_000, 2_000)
+	wait := s.produceAsync(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01, MalformedRate: 0.01}), n)
+	a := s.start("forwarder-a", nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= int64(n/5) && st.InFlight >= 5 }); err != nil {
+		s.dumpLogs()
+		t.Fatal(err)
+	}
+	inFlight := s.platform.Stats().InFlight
+	termAt := time.Now()
+	a.term(t)
+	code, exited := a.waitExit(shutdownTimeout + 20*time.Second)
+	took := time.Since(termAt)
+	if !exited {
+		t.Fatalf("the forwarder was still running %s after SIGTERM (shutdown timeout %s):\n%s", took.Round(time.Millisecond), shutdownTimeout, a.tail(6000))
+	}
+	if code != 0 {
+		t.Errorf("the forwarder exited with status %d after SIGTERM, want 0:\n%s", code, a.tail(6000))
+	}
+	host, _ := os.Hostname()
+	holder := host + "-" + strconv.Itoa(a.pid())
+	var held, inProgress int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE claimed_by = $1), count(*)
+		FROM forward_records WHERE status = 'IN_PROGRESS'`, holder).Scan(&held, &inProgress); err != nil {
+		t.Fatal(err)
+	}
+	if held > 0 || inProgress > 0 {
+		t.Errorf("after SIGTERM %d rows are still IN_PROGRESS, %d of them claimed by the stopped forwarder %s; want none",
+			inProgress, held, holder)
+	}
+	counts, _ := s.rowCounts(ctx)
+	graceful := a.countLines("prevented forced termination") == 0 && a.countLines("Exiting forcefully") == 0
+	t.Logf("SIGTERM with %d requests in flight: exit status %d after %s (shutdown timeout %s, graceful %v); rows then %v",
+		inFlight, code, took.Round(time.Millisecond), shutdownTimeout, graceful, counts)
+
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	s.start("forwarder-b", nil)
+	s.waitSettled(3 * time.Minute)
+	t.Logf("%s", s.verify())
+}

@@ -1,0 +1,87 @@
+package e2e_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/forwarder/forwarder/internal/pgtest"
+
+	// The suite runs bin/forwarder as a child process, so go test cannot see
+	// that its result depends on the plugins' sources. Linking them in makes
+	// the test binary, and with it go test's cached result, change whenever
+	// the forwarder's code does.
+	_ "github.com/forwarder/forwarder/internal/outboxcli"
+	_ "github.com/forwarder/forwarder/plugins/all"
+)
+
+var (
+	// repoRoot is the module root: the forwarders run there, because the
+	// pipeline's mapping paths are relative to the working directory.
+	repoRoot string
+	// forwarderBin is the binary built from ./cmd/forwarder for this run, or
+	// the one FORWARDER_BIN names.
+	forwarderBin string
+)
+
+// TestMain builds the forwarder once, moves to the repository root and runs
+// the scenarios with a PostgreSQL server (pgtest).
+func TestMain(m *testing.M) {
+	if err := setup(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	pgtest.Main(m)
+}
+
+func setup() error {
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	repoRoot = filepath.Clean(filepath.Join(wd, "..", ".."))
+	if _, err := os.Stat(filepath.Join(repoRoot, "go.mod")); err != nil {
+		return fmt.Errorf("the repository root %s has no go.mod: %w", repoRoot, err)
+	}
+	if bin := os.Getenv("FORWARDER_BIN"); bin != "" {
+		// A prebuilt binary instead of a fresh build: `make test` passes the
+		// bin/forwarder it has just built.
+		if forwarderBin, err = filepath.Abs(bin); err != nil {
+			return err
+		}
+		return os.Chdir(repoRoot)
+	}
+	// go test runs the test binary from its work directory and removes that
+	// directory afterwards (pgtest.Main exits the process, so no deferred
+	// cleanup of our own would run): the forwarder is built next to it.
+	dir, err := filepath.Abs(filepath.Dir(os.Args[0]))
+	if err != nil || !writable(dir) {
+		if dir, err = os.MkdirTemp("", "forwarder-e2e-"); err != nil {
+			return err
+		}
+	}
+	forwarderBin = filepath.Join(dir, "forwarder-e2e")
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(goBin, "build", "-o", forwarderBin, "./cmd/forwarder")
+	cmd.Dir = repoRoot
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building ./cmd/forwarder: %w\n%s", err, out)
+	}
+	return os.Chdir(repoRoot)
+}
+
+func writable(dir string) bool {
+	f, err := os.CreateTemp(dir, ".e2e-probe-")
+	if err != nil {
+		return false
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return true
+}

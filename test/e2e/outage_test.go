@@ -1,0 +1,214 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/mockplatform"
+	"github.com/forwarder/forwarder/internal/pgtest"
+)
+
+// TestPostgresRestart stops PostgreSQL ("fast": every connection dropped)
+// while the forwarder ingests and delivers, produces more messages while it
+// is down, and starts it again. The same process must recover on its own,
+// without a restart, and lose nothing.
+func TestPostgresRestart(t *testing.T) {
+	pg := pgtest.StartCluster(t)
+	s := newStack(t, stackOptions{cluster: pg})
+	n1, n2 := load(4_000, 1_500), load(2_000, 500)
+	src := s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01, MalformedRate: 0.01})
+	s.produce(src, n1)
+	p := s.start("forwarder", nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= int64(n1/4) }); err != nil {
+		s.dumpLogs()
+		t.Fatal(err)
+	}
+	counts, _ := s.rowCounts(ctx)
+	if err := pg.Stop("fast"); err != nil {
+		t.Fatal(err)
+	}
+	downAt := time.Now()
+	acceptedAtStop := s.platform.Stats().Accepted
+	s.produce(src, n2)
+	// An outage long enough for every connection, LISTEN and claim loop to
+	// notice and start retrying.
+	time.Sleep(4 * time.Second)
+	if !p.alive() {
+		t.Fatalf("the forwarder exited while PostgreSQL was down (%v):\n%s", p.waitErr, p.tail(6000))
+	}
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	upAt := time.Now()
+	t.Logf("PostgreSQL stopped with rows %v and %d accepted, down for %s while %d more messages were produced",
+		counts, acceptedAtStop, upAt.Sub(downAt).Round(time.Millisecond), n2)
+
+	s.waitSettled(4 * time.Minute)
+	if !p.alive() || p.signalled.Load() != 0 {
+		t.Fatalf("the forwarder (pid %d) did not survive the database restart (%v):\n%s", p.pid(), p.waitErr, p.tail(6000))
+	}
+	r := s.verify()
+	t.Logf("recovered in the same process (pid %d), settled %s after PostgreSQL came back: %s",
+		p.pid(), time.Since(upAt).Round(time.Millisecond), r)
+}
+
+// TestPlatformOutage keeps the platform down (HTTP 503) for 30 s, then
+// brings it back. The backlog must drain completely, the retries must follow
+// the jittered schedule of CONTRACT §6, and the platform must never see more
+// concurrent requests than FORWARD_MAX_IN_FLIGHT (CONTRACT §9.6).
+func TestPlatformOutage(t *testing.T) {
+	const maxInFlight = 8
+	s := newStack(t, stackOptions{env: map[string]string{
+		"FORWARD_MAX_IN_FLIGHT": fmt.Sprint(maxInFlight),
+		"FORWARD_MAX_ATTEMPTS":  "100",
+	}})
+	outage := 30 * time.Second
+	if testing.Short() {
+		outage = 10 * time.Second
+	}
+	n := load(2_000, 600)
+	s.platform.SetDown(true, 0)
+	downAt := time.Now()
+	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01}), n)
+	s.start("forwarder", nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// Every message tried at least once, and some more than once, before the
+	// platform comes back.
+	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Unavailable >= int64(n) }); err != nil {
+		s.dumpLogs()
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(downAt.Add(outage)))
+	s.platform.SetDown(false, 0)
+	upAt := time.Now()
+	during := s.platform.Stats()
+	counts, _ := s.rowCounts(ctx)
+	s.waitSettled(4 * time.Minute)
+	drained := time.Since(upAt)
+	r := s.verify()
+	st := s.platform.Stats()
+	if st.PeakInFlight > maxInFlight {
+		t.Errorf("the platform saw %d concurrent requests, more than FORWARD_MAX_IN_FLIGHT=%d", st.PeakInFlight, maxInFlight)
+	}
+
+	// The retry schedule: each 503 leaves the row PENDING for
+	// min(200ms * 2^(attempt-1), 2s) +-10 %. attempted_at and next_retry_at
+	// of an attempt log are written in one transaction, so their difference
+	// is exactly the delay the forwarder chose.
+	rows, err := s.pool.Query(ctx, `SELECT attempt_number,
+			extract(epoch FROM next_retry_at - attempted_at) * 1000
+		FROM forward_retry_logs WHERE result_status = 'PENDING' AND http_status = 503`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var retries, outside int
+	distinct := map[int64]bool{}
+	var worst string
+	for rows.Next() {
+		var attempt int
+		var delayMs float64
+		if err := rows.Scan(&attempt, &delayMs); err != nil {
+			t.Fatal(err)
+		}
+		retries++
+		nominal := math.Min(200*math.Pow(2, float64(attempt-1)), 2000)
+		if delayMs < 0.9*nominal-1 || delayMs > 1.1*nominal+1 {
+			outside++
+			worst = fmt.Sprintf("attempt %d waited %.0f ms, want %.0f ms +-10 %%", attempt, delayMs, nominal)
+		}
+		distinct[int64(math.Round(delayMs))] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case retries == 0:
+		t.Errorf("no attempt log of a 503 scheduled a retry")
+	case outside > 0:
+		t.Errorf("%d of %d retries after a 503 are off the schedule, e.g. %s", outside, retries, worst)
+	case len(distinct) < 10:
+		t.Errorf("%d retries after a 503 used only %d distinct delays: not jittered", retries, len(distinct))
+	}
+	t.Logf("platform down %s: %d answers 503 (%d retries logged, %d distinct delays), rows at recovery %v; "+
+		"drained in %s after it came back; peak concurrent requests %d (limit %d); %s",
+		upAt.Sub(downAt).Round(time.Millisecond), during.Unavailable, retries, len(distinct), counts,
+		drained.Round(time.Millisecond), st.PeakInFlight, maxInFlight, r)
+}
+
+// TestPlatformHang makes the platform accept connections and never answer.
+// Ingestion must go on regardless (CONTRACT §9.2): every message persisted
+// and the consumer group's offsets committed up to the end of every
+// partition while nothing at all has been delivered. Once the platform
+// answers again, everything is delivered.
+func TestPlatformHang(t *testing.T) {
+	s := newStack(t, stackOptions{})
+	n := load(5_000, 1_500)
+	s.platform.Hang()
+	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MalformedRate: 0.01, MissingIDRate: 0.01}), n)
+	start := time.Now()
+	s.start("forwarder", nil)
+
+	want := s.exp.rows()
+	s.waitUntil(fmt.Sprintf("all %d rows persisted and the offsets committed to the end", want), 3*time.Minute,
+		func(ctx context.Context) (bool, string) {
+			c, err := s.rowCounts(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			lag := s.lag(ctx)
+			return total(c) == want && lag == 0, fmt.Sprintf("rows %v of %d, consumer lag %d, platform %+v", c, want, lag, s.platform.Stats())
+		})
+	ingested := time.Since(start)
+	st := s.platform.Stats()
+	if st.Accepted > 0 {
+		t.Fatalf("the hanging platform accepted %d messages", st.Accepted)
+	}
+	if st.Hung == 0 {
+		t.Fatalf("no request reached the hanging platform: the dispatcher was not running")
+	}
+	t.Logf("platform hanging: all %d rows persisted and offsets committed to the end in %s, with %d requests held and none answered",
+		want, ingested.Round(time.Millisecond), st.Hung)
+
+	s.platform.Release()
+	releasedAt := time.Now()
+	s.waitSettled(3 * time.Minute)
+	t.Logf("drained in %s after the platform answered again: %s", time.Since(releasedAt).Round(time.Millisecond), s.verify())
+}
+
+// lag is the group's total lag over both topics: end offsets minus committed
+// offsets (a partition without a commit lags by its whole length). -1 when
+// the offsets cannot be read.
+func (s *stack) lag(ctx context.Context) int64 {
+	admin := s.kafka.Admin(s.t)
+	ends, err := admin.ListEndOffsets(ctx, topicVehicle, topicHeartbeat)
+	if err != nil {
+		return -1
+	}
+	committed, err := admin.FetchOffsets(ctx, s.group)
+	if err != nil {
+		return -1
+	}
+	var lag int64
+	for topic, ps := range ends {
+		for p, end := range ps {
+			if end.Err != nil {
+				return -1
+			}
+			at := int64(0)
+			if c, ok := committed.Lookup(topic, p); ok && c.Err == nil && c.At >= 0 {
+				at = c.At
+			}
+			lag += end.Offset - at
+		}
+	}
+	return lag
+}
