@@ -21,12 +21,6 @@ var (
 	purgeSQL         = mustSQL("admin_purge.sql")
 )
 
-// txStarter starts transactions: a *pgxpool.Pool or a *pgx.Conn. (The same
-// shape as gauges.go's TxBeginner, kept separate so the two files build alone.)
-type txStarter interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
 // DefaultAdminBatchSize is how many rows requeue and purge change per
 // transaction: small enough that locks are held briefly while the service
 // runs, large enough that a million rows take a few hundred statements.
@@ -67,7 +61,7 @@ type Stats struct {
 
 // ReadStats reads the outbox statistics in one read-only snapshot, so the
 // numbers agree with each other. top bounds the two top-N lists.
-func ReadStats(ctx context.Context, db txStarter, top int) (Stats, error) {
+func ReadStats(ctx context.Context, db TxBeginner, top int) (Stats, error) {
 	if top <= 0 {
 		top = 10
 	}
@@ -194,7 +188,7 @@ type RequeueOptions struct {
 // row per record into forward_retry_logs and notifies NotifyChannel in the
 // same transaction, so dispatchers wake as soon as it commits. It returns how
 // many rows it requeued; on error, the batches already committed stay.
-func Requeue(ctx context.Context, db txStarter, f RequeueFilter, opts RequeueOptions) (int64, error) {
+func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOptions) (int64, error) {
 	args, err := f.args()
 	if err != nil {
 		return 0, err

@@ -63,11 +63,6 @@ type GaugeOptions struct {
 // RecordGaugesSQL is the gauge statement, exported for plan tests.
 func RecordGaugesSQL() string { return gaugesSQL }
 
-// TxBeginner is what ReadRecordGauges needs: a pool or a connection.
-type TxBeginner interface {
-	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
-}
-
 // ReadRecordGauges reads the record gauges in one read-only snapshot. Its
 // cost does not depend on the number of SUCCESS rows: see gauges.sql.
 func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (RecordGauges, error) {

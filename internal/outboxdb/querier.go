@@ -16,6 +16,11 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// TxBeginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
 //go:embed sql/*.sql
 var sqlFS embed.FS
 
