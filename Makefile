@@ -35,8 +35,8 @@ build: ## Build bin/forwarder
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/forwarder
 
 .PHONY: run
-run: deps build ## Run the real pipeline on an embedded dev stack (PostgreSQL, Kafka, mock platform, event generator); Ctrl-C stops
-	$(GO) run ./cmd/devstack
+run: deps build ## Run the real pipeline on an embedded dev stack (PostgreSQL, Kafka, mock platform, event generator); Ctrl-C stops. Flags: make run ARGS="-rate 500"
+	$(GO) run ./cmd/devstack $(ARGS)
 
 .PHONY: test
 test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, forwarder lint and test
