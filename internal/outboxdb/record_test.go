@@ -296,6 +296,54 @@ func TestRecordResults(t *testing.T) {
 	})
 }
 
+// TestRecordPlan: the result write finds its rows by primary key even when
+// the statistics saw no IN_PROGRESS row, so its cost does not grow with the
+// number of rows in flight across all instances.
+func TestRecordPlan(t *testing.T) {
+	t.Parallel()
+	b := setupRecordTest(t)
+	if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
+		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at)
+		SELECT 'done-' || g, 'VEHICLE_EVENT', 't', 0, g, '{}', 'SUCCESS', NULL FROM generate_series(1, 20000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, "ANALYZE forward_records"); err != nil {
+		t.Fatal(err)
+	}
+	// Many rows in flight that the statistics do not know about.
+	claimed := b.claimN(t, 2000)[:64]
+	n := len(claimed)
+	ids, tokens, statuses := make([]int64, n), make([]string, n), make([]string, n)
+	for i, c := range claimed {
+		ids[i], tokens[i], statuses[i] = c.ID, c.ClaimToken, "SUCCESS"
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	rows, err := tx.Query(b.ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+outboxdb.RecordSQL(), ids, tokens, statuses,
+		make([]*int64, n), make([]*int32, n), make([]*string, n), make([]*string, n), make([]*int32, n), make([]bool, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan strings.Builder
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(plan.String(), "Index Scan using forward_records_pkey on forward_records r") ||
+		strings.Contains(plan.String(), "forward_records_unfinished_status_idx") {
+		t.Fatalf("result write does not probe by primary key:\n%s", plan.String())
+	}
+}
+
 func recordText(p *string) string {
 	if p == nil {
 		return "<nil>"

@@ -71,6 +71,8 @@ const (
 	// context is cancelled: the requests were made and must be recorded.
 	recordTimeout = 15 * time.Second
 	recordTries   = 3
+
+	defaultTimeout = "10s"
 )
 
 func httpForwarderSpec() *service.ConfigSpec {
@@ -120,7 +122,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 		Fields(
 			service.NewStringField(hfFieldDSN).
 				Description("PostgreSQL connection string (libpq URL or key=value) of the outbox, where outcomes are recorded.").
-				Example("postgres://forwarder:secret@localhost:5432/forwarder").
+				Example("postgres://forwarder@localhost:5432/forwarder?sslmode=disable").
 				Secret(),
 			service.NewInterpolatedStringField(hfFieldURL).
 				Description("The URL to POST each message to, interpolated per message.").
@@ -132,7 +134,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				Advanced(),
 			service.NewDurationField(hfFieldTimeout).
 				Description("Limit on one request, from connecting to the last byte of the reply (`FORWARD_TIMEOUT`). Must be less than `lease`.").
-				Default("10s"),
+				Default(defaultTimeout),
 			service.NewIntField(hfFieldMaxInFlight).
 				Description("Requests in flight at once, over all batches of this output (`FORWARD_MAX_IN_FLIGHT`). Also the number of concurrent batches and of idle keep-alive connections kept.").
 				Default(100),
@@ -178,8 +180,12 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				Default(""),
 			service.NewBatchPolicyField(hfFieldBatching),
 		).
-		LintRule(`root = if this.lease.or("") != "" && this.timeout.or("10s").parse_duration().catch(0) >= this.lease.parse_duration().catch(9223372036854775807) { [ "timeout (%v) must be less than lease (%v): CLAIM_LEASE must exceed FORWARD_TIMEOUT".format(this.timeout.or("10s"), this.lease) ] }`).
-		Example("Forward to the platform", "The output of `pipelines/forwarder.yaml`: every tunable from the environment.", `
+		LintRule(leaseLintRule).
+		Example("Forward to the platform", "The output of `pipelines/forwarder.yaml`: every tunable from the environment.", exampleForwardYAML).
+		Example("Custom rules", "A platform that answers `{\"code\": \"OK\"}`, reports duplicates with a 409 and rejects with a 400 or 422.", exampleRulesYAML)
+}
+
+const exampleForwardYAML = `
 output:
   http_forwarder:
     dsn: ${DATABASE_URL:postgres://localhost:5432/forwarder}
@@ -193,12 +199,13 @@ output:
       initial: ${FORWARD_RETRY_INITIAL:5s}
       max: ${FORWARD_RETRY_MAX:300s}
       max_attempts: ${FORWARD_MAX_ATTEMPTS:5}
-`).
-		Example("Custom rules", "A platform that answers `{\"code\": \"OK\"}`, and asks to slow down with a 429.", `
+`
+
+const exampleRulesYAML = `
 output:
   http_forwarder:
-    dsn: ${DATABASE_URL}
-    url: ${PLATFORM_URL}/events
+    dsn: ${DATABASE_URL:postgres://localhost:5432/forwarder}
+    url: ${PLATFORM_URL:http://localhost:8080}/events
     access_name: ${PLATFORM_ACCESS_NAME:}
     access_pwd: ${PLATFORM_ACCESS_PWD:}
     rules:
@@ -208,13 +215,12 @@ output:
         outcome: duplicate
       - when: 'status in [400, 422]'
         outcome: no_retry
-`)
-}
+`
 
 func init() {
-	// The lint rule of `rules` calls this method: it must exist before the
+	// The spec's lint rules call these methods: they must exist before the
 	// spec is built.
-	if err := registerRuleLintMethod(); err != nil {
+	if err := registerLintMethods(); err != nil {
 		panic(err)
 	}
 	service.MustRegisterBatchOutput("http_forwarder", httpForwarderSpec(),
@@ -238,14 +244,17 @@ func init() {
 type httpForwarder struct {
 	log *service.Logger
 
-	dsn         string
-	url         *service.InterpolatedString
-	headers     map[string]*service.InterpolatedString
-	timeout     time.Duration
-	rules       ruleSet
-	backoff     backoff
-	maxAttempts int
-	rnd         func() float64
+	dsn     string
+	url     *service.InterpolatedString
+	headers map[string]*service.InterpolatedString
+	// staticHeader is shared by every request when no header is
+	// interpolated (the client never changes a request's headers).
+	staticHeader http.Header
+	timeout      time.Duration
+	rules        ruleSet
+	backoff      backoff
+	maxAttempts  int
+	rnd          func() float64
 
 	transport *http.Transport
 	client    *http.Client
@@ -278,6 +287,15 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	}
 	if h.headers, err = conf.FieldInterpolatedStringMap(hfFieldHeaders); err != nil {
 		return nil, err
+	}
+	h.staticHeader = http.Header{"Content-Type": {"application/json"}}
+	for k, v := range h.headers {
+		s, ok := v.Static()
+		if !ok {
+			h.staticHeader = nil
+			break
+		}
+		h.staticHeader.Set(k, s)
 	}
 	if h.timeout, err = conf.FieldDuration(hfFieldTimeout); err != nil {
 		return nil, err
@@ -367,6 +385,10 @@ func checkLease(conf *service.ParsedConfig, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("field %s: %q is not a duration: %w", hfFieldLease, s, err)
 	}
+	return leaseError(timeout, lease)
+}
+
+func leaseError(timeout, lease time.Duration) error {
 	if timeout >= lease {
 		return fmt.Errorf("timeout (%v) must be less than lease (%v): CLAIM_LEASE must exceed FORWARD_TIMEOUT, or a request could outlive its claim", timeout, lease)
 	}
@@ -376,15 +398,15 @@ func checkLease(conf *service.ParsedConfig, timeout time.Duration) error {
 func parseRules(conf *service.ParsedConfig) (ruleSet, error) {
 	objs, err := conf.FieldObjectList(hfFieldRules)
 	if err != nil {
-		return nil, err
+		return ruleSet{}, err
 	}
 	specs := make([]ruleSpec, len(objs))
 	for i, o := range objs {
 		if specs[i].When, err = o.FieldString(hfFieldRuleWhen); err != nil {
-			return nil, fmt.Errorf("rules[%d]: %w", i, err)
+			return ruleSet{}, fmt.Errorf("rules[%d]: %w", i, err)
 		}
 		if specs[i].Outcome, err = o.FieldString(hfFieldRuleOutcome); err != nil {
-			return nil, fmt.Errorf("rules[%d]: %w", i, err)
+			return ruleSet{}, fmt.Errorf("rules[%d]: %w", i, err)
 		}
 	}
 	return compileRules(specs)
@@ -462,8 +484,9 @@ type attempt struct {
 	// not made and the rules see it as the transport error.
 	buildErr string
 
-	done    bool
-	sent    bool
+	// done marks a message settled without a request (or interrupted).
+	done bool
+	// outcome is the rule outcome of the reply, "" when none was classified.
 	outcome string
 	result  outboxdb.Result
 }
@@ -558,6 +581,10 @@ func (h *httpForwarder) prepare(a *attempt, msg *service.Message) {
 		a.buildErr = "building the url: " + err.Error()
 		return
 	}
+	if h.staticHeader != nil {
+		a.header = h.staticHeader
+		return
+	}
 	a.header = make(http.Header, len(h.headers)+1)
 	a.header.Set("Content-Type", "application/json")
 	for k, v := range h.headers {
@@ -594,7 +621,7 @@ func (h *httpForwarder) send(ctx context.Context, a *attempt) {
 	}
 
 	start := time.Now()
-	env, snippet, retryAfterHeader := h.do(ctx, a)
+	env, raw, retryAfterHeader := h.do(ctx, a)
 	took := time.Since(start)
 	if ctx.Err() != nil && env.Status == 0 {
 		// Stopping, not a platform failure. The request may have reached the
@@ -613,17 +640,20 @@ func (h *httpForwarder) send(ctx context.Context, a *attempt) {
 	h.mAttempts.Incr(1, api, outcome)
 	h.mLatency.Timing(took.Nanoseconds(), api)
 
-	a.sent, a.outcome = true, outcome
+	a.outcome = outcome
 	a.result = outboxdb.Result{
 		Sent:            a.buildErr == "",
 		Duration:        took,
 		HTTPStatus:      env.Status,
 		PlatformErrcode: platformErrcode(env.Body),
 	}
-	what := h.scrub(describeReply(env, snippet))
 	switch outcome {
 	case outcomeSuccess, outcomeDuplicate:
 		a.result.Status = outboxdb.StatusSuccess
+		return
+	}
+	what := h.scrub(describeReply(env, raw))
+	switch outcome {
 	case outcomeNoRetry:
 		a.result.Status = outboxdb.StatusFailed
 		a.result.Error = fmt.Sprintf("not retried (rules[%d] no_retry): %s", ruleIdx, what)
@@ -639,8 +669,9 @@ func (h *httpForwarder) send(ctx context.Context, a *attempt) {
 	}
 }
 
-// do makes the request and reads the reply, within the request timeout.
-func (h *httpForwarder) do(ctx context.Context, a *attempt) (env ruleEnv, snippet, retryAfterHeader string) {
+// do makes the request and reads the reply, within the request timeout. raw
+// is the start of the reply's body.
+func (h *httpForwarder) do(ctx context.Context, a *attempt) (env ruleEnv, raw []byte, retryAfterHeader string) {
 	if a.buildErr != "" {
 		env.Error = h.scrub(a.buildErr)
 		return
@@ -661,10 +692,12 @@ func (h *httpForwarder) do(ctx context.Context, a *attempt) (env ruleEnv, snippe
 	defer resp.Body.Close()
 	env.Status = resp.StatusCode
 	retryAfterHeader = resp.Header.Get("Retry-After")
-	env.Headers = make(map[string]string, len(resp.Header))
-	for k, vs := range resp.Header {
-		if len(vs) > 0 {
-			env.Headers[k] = vs[0]
+	if h.rules.usesHeaders {
+		env.Headers = make(map[string]string, len(resp.Header))
+		for k, vs := range resp.Header {
+			if len(vs) > 0 {
+				env.Headers[k] = vs[0]
+			}
 		}
 	}
 
@@ -685,11 +718,7 @@ func (h *httpForwarder) do(ctx context.Context, a *attempt) (env ruleEnv, snippe
 			env.Body = v
 		}
 	}
-	snippet = string(b[:min(len(b), maxSnippetBytes)])
-	if len(b) > maxSnippetBytes {
-		snippet += "…"
-	}
-	return env, snippet, retryAfterHeader
+	return env, b, retryAfterHeader
 }
 
 func (h *httpForwarder) transportError(ctx, reqCtx context.Context, err error) string {
@@ -793,7 +822,11 @@ func (h *httpForwarder) Close(context.Context) error {
 }
 
 // describeReply says what came back, for last_error.
-func describeReply(env ruleEnv, snippet string) string {
+func describeReply(env ruleEnv, raw []byte) string {
+	snippet := string(raw[:min(len(raw), maxSnippetBytes)])
+	if len(raw) > maxSnippetBytes {
+		snippet += "…"
+	}
 	switch {
 	case env.Status == 0:
 		return env.Error

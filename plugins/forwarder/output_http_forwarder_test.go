@@ -93,6 +93,12 @@ func TestResponseClasses(t *testing.T) {
 			want:    want{status: "PENDING", httpStatus: "500", errcode: "<nil>", errContains: "http 500", retryIn: firstRetry},
 		},
 		{
+			name:    "RuleOnHeaders",
+			handler: reply(500, `gone`, "X-Platform-Verdict", "drop"),
+			extra:   "rules:\n  - when: 'headers[\"X-Platform-Verdict\"] == \"drop\"'\n    outcome: no_retry",
+			want:    want{status: "FAILED", httpStatus: "500", errcode: "<nil>", errContains: "not retried (rules[0] no_retry): http 500: gone"},
+		},
+		{
 			name:    "NonJSON200IsRetried",
 			handler: reply(200, `<html>OK</html>`),
 			want:    want{status: "PENDING", httpStatus: "200", errcode: "<nil>", errContains: "http 200: <html>OK</html>", retryIn: firstRetry},

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/file"
 	"github.com/expr-lang/expr/vm"
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
@@ -53,7 +56,15 @@ type rule struct {
 }
 
 // ruleSet is an ordered list of compiled rules.
-type ruleSet []rule
+type ruleSet struct {
+	rules []rule
+	// usesHeaders says a rule reads `headers`; otherwise the reply's
+	// headers are not copied for it.
+	usesHeaders bool
+}
+
+// vmPool recycles expr VMs: classifying a reply runs several programs.
+var vmPool = sync.Pool{New: func() any { return new(vm.VM) }}
 
 // compileRule compiles one rule; its errors name the rule by index and quote
 // the expression, for the constructor and for `forwarder lint` alike.
@@ -80,7 +91,7 @@ func compileWhen(i int, spec ruleSpec) (*vm.Program, error) {
 }
 
 func compileRules(specs []ruleSpec) (ruleSet, error) {
-	rs := make(ruleSet, 0, len(specs))
+	rs := ruleSet{rules: make([]rule, 0, len(specs))}
 	var errs []error
 	for i, s := range specs {
 		r, err := compileRule(i, s)
@@ -88,12 +99,32 @@ func compileRules(specs []ruleSpec) (ruleSet, error) {
 			errs = append(errs, err)
 			continue
 		}
-		rs = append(rs, r)
+		rs.rules = append(rs.rules, r)
+		rs.usesHeaders = rs.usesHeaders || readsName(r.program, "headers") || readsName(r.program, "$env")
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return ruleSet{}, errors.Join(errs...)
 	}
 	return rs, nil
+}
+
+// readsName says whether a program refers to a variable of env.
+func readsName(p *vm.Program, name string) bool {
+	v := &nameFinder{name: name}
+	node := p.Node()
+	ast.Walk(&node, v)
+	return v.found
+}
+
+type nameFinder struct {
+	name  string
+	found bool
+}
+
+func (f *nameFinder) Visit(node *ast.Node) {
+	if id, ok := (*node).(*ast.IdentifierNode); ok && id.Value == f.name {
+		f.found = true
+	}
 }
 
 // classify returns the outcome of the first rule that matches env, and its
@@ -101,8 +132,10 @@ func compileRules(specs []ruleSpec) (ruleSet, error) {
 // `body.result` on a nil body) does not match; the first such error is
 // returned for debugging.
 func (rs ruleSet) classify(env *ruleEnv) (outcome string, index int, runErr error) {
-	for i, r := range rs {
-		out, err := expr.Run(r.program, env)
+	machine := vmPool.Get().(*vm.VM)
+	defer vmPool.Put(machine)
+	for i, r := range rs.rules {
+		out, err := machine.Run(r.program, env)
 		if err != nil {
 			if runErr == nil {
 				runErr = fmt.Errorf("rules[%d]: %s", i, exprErrorText(err))
@@ -130,33 +163,70 @@ func exprErrorText(err error) string {
 	var fe *file.Error
 	if errors.As(err, &fe) {
 		if fe.Line > 0 {
-			return fmt.Sprintf("%s (%d:%d)", fe.Message, fe.Line, fe.Column)
+			return fmt.Sprintf("%s (%d:%d)", fe.Message, fe.Line, fe.Column+1)
 		}
 		return fe.Message
 	}
 	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
-// ruleLintMethod is a Bloblang method through which the spec's lint rule
-// compiles the rules, so that `forwarder lint` reports a bad expression
-// exactly as start-up would. Benthos lint never runs constructors, and field
-// lint rules can only be Bloblang.
-const ruleLintMethod = "http_forwarder_rule_lints"
+// Bloblang methods through which the spec's lint rules run Go checks, so
+// that `forwarder lint` reports a bad expression or lease exactly as start-up
+// would: Benthos lint never runs constructors, and lint rules can only be
+// Bloblang. Only core Bloblang may appear next to them in a rule: plugin
+// methods (parse_duration, ...) may be registered after this package's init.
+const (
+	ruleLintMethod  = "http_forwarder_rule_lints"
+	leaseLintMethod = "http_forwarder_lease_lints"
+)
 
 // rulesLintRule is the `rules` field's lint rule. Benthos runs it on the
 // whole list and again on each element; only the list is linted, so that a
 // rule's index can be named.
 const rulesLintRule = `root = if this.type() == "array" { this.` + ruleLintMethod + `() }`
 
-func registerRuleLintMethod() error {
-	spec := bloblang.NewPluginSpec().
-		Category("Object & Array Manipulation").
-		Description("Used by the http_forwarder output's lint rule: compiles a list of `{when, outcome}` response rules and returns one message per rule that does not compile.")
-	return bloblang.RegisterMethodV2(ruleLintMethod, spec, func(*bloblang.ParsedParams) (bloblang.Method, error) {
-		return func(v any) (any, error) {
-			return lintRules(v), nil
-		}, nil
-	})
+// leaseLintRule is the component's lint rule for timeout < lease.
+const leaseLintRule = `root = if this.type() == "object" { this.` + leaseLintMethod + `() }`
+
+func registerLintMethods() error {
+	for name, fn := range map[string]func(any) []any{ruleLintMethod: lintRules, leaseLintMethod: lintLease} {
+		spec := bloblang.NewPluginSpec().
+			Category("Object & Array Manipulation").
+			Description("Used by the lint rules of the http_forwarder output; returns its lint messages.")
+		err := bloblang.RegisterMethodV2(name, spec, func(*bloblang.ParsedParams) (bloblang.Method, error) {
+			return func(v any) (any, error) { return fn(v), nil }, nil
+		})
+		if err != nil {
+			return fmt.Errorf("registering bloblang method %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// lintLease checks an http_forwarder config object: timeout < lease.
+// Unparseable durations are left to the constructor.
+func lintLease(v any) []any {
+	conf, ok := v.(map[string]any)
+	if !ok {
+		return nil
+	}
+	leaseStr, _ := conf[hfFieldLease].(string)
+	if leaseStr == "" {
+		return nil
+	}
+	timeoutStr, ok := conf[hfFieldTimeout].(string)
+	if !ok {
+		timeoutStr = defaultTimeout
+	}
+	lease, err1 := time.ParseDuration(leaseStr)
+	timeout, err2 := time.ParseDuration(timeoutStr)
+	if err1 != nil || err2 != nil {
+		return nil
+	}
+	if err := leaseError(timeout, lease); err != nil {
+		return []any{err.Error()}
+	}
+	return nil
 }
 
 // lintRules compiles a config's `rules` value. Elements of the wrong shape

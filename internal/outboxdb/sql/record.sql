@@ -45,7 +45,11 @@ WITH result AS (
     FROM result
     WHERE r.id = result.id
       AND r.claim_token::text = result.claim_token
-      AND r.status = 'IN_PROGRESS'
+      -- IS TRUE keeps this test out of index conditions: the rows must be
+      -- found by primary key, one probe per result, never by reading every
+      -- IN_PROGRESS row of every instance through the status index, which
+      -- the planner would pick whenever its statistics saw few of them.
+      AND (r.status = 'IN_PROGRESS') IS TRUE
     RETURNING r.id, r.attempt_count, r.status, r.next_retry_at
 ), logged AS (
     INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status,
