@@ -1,0 +1,455 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// The two baselines the forwarder is compared with. Both read the same
+// CONTRACT §3 environment as the forwarder, write the same tables and send
+// the same requests; each runs in its own process (`bench baseline -mode
+// naive|batched`), started by the bench and stopped with SIGTERM.
+
+//go:embed sql/*.sql
+var sqlFS embed.FS
+
+func mustSQL(name string) string {
+	b, err := sqlFS.ReadFile("sql/" + name)
+	if err != nil {
+		panic(fmt.Sprintf("bench: embedded query %s: %v", name, err))
+	}
+	return string(b)
+}
+
+var (
+	naiveInsertSQL   = mustSQL("naive_insert.sql")
+	naiveResultSQL   = mustSQL("naive_result.sql")
+	naiveLogSQL      = mustSQL("naive_log.sql")
+	batchedInsertSQL = mustSQL("batched_insert.sql")
+	batchedResultSQL = mustSQL("batched_result.sql")
+)
+
+// retryDelay is when a baseline retries a failed POST (the benchmark's mock
+// platform injects no faults, so it does not happen).
+const retryDelay = 5 * time.Second
+
+type baseline struct {
+	mode                  string
+	workers, batch, posts int
+	brokers, group        string
+	topics                []string
+	dsn, url              string
+	mapper                mapper
+	pool                  *pgxpool.Pool
+	kafka                 *kgo.Client
+	http                  *http.Client
+}
+
+func runBaseline(ctx context.Context, args []string) error {
+	b := &baseline{}
+	fs := flag.NewFlagSet("baseline", flag.ContinueOnError)
+	fs.StringVar(&b.mode, "mode", scenarioNaive, "naive or batched")
+	fs.IntVar(&b.workers, "workers", 32, "naive: concurrent workers")
+	fs.IntVar(&b.batch, "batch-size", 500, "batched: messages per batch")
+	fs.IntVar(&b.posts, "posts", 64, "batched: concurrent POSTs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	env := func(k, def string) string {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	vehicle := env("KAFKA_TOPIC_VEHICLE", "device-vehicle-event")
+	b.topics = []string{vehicle, env("KAFKA_TOPIC_HEARTBEAT", "device-heartbeat")}
+	b.brokers, b.group = env("KAFKA_BROKERS", "localhost:9092"), env("KAFKA_GROUP", "forwarder")
+	b.dsn, b.url = env("DATABASE_URL", ""), strings.TrimRight(env("PLATFORM_URL", "http://localhost:8080"), "/")
+	loc, err := time.LoadLocation(env("PLATFORM_TZ", "Asia/Shanghai"))
+	if err != nil {
+		return fmt.Errorf("loading PLATFORM_TZ: %w", err)
+	}
+	b.mapper = mapper{vehicleTopic: vehicle, accessName: os.Getenv("PLATFORM_ACCESS_NAME"), accessPwd: os.Getenv("PLATFORM_ACCESS_PWD"), loc: loc}
+
+	conns := 4
+	httpConns := b.posts
+	if b.mode == scenarioNaive {
+		conns, httpConns = b.workers, b.workers
+	}
+	if b.pool, err = outboxdb.Open(ctx, b.dsn, outboxdb.PoolConfig{MaxConns: int32(conns), ApplicationName: "bench-" + b.mode}); err != nil {
+		return err
+	}
+	defer b.pool.Close()
+	b.http = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		MaxIdleConns: httpConns, MaxIdleConnsPerHost: httpConns, IdleConnTimeout: 90 * time.Second,
+	}}
+
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(strings.Split(b.brokers, ",")...),
+		kgo.ConsumerGroup(b.group),
+		kgo.ConsumeTopics(b.topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.SessionTimeout(6 * time.Second),
+	}
+	switch b.mode {
+	case scenarioNaive:
+		// Offsets are marked as messages finish, in order per partition.
+		opts = append(opts, kgo.AutoCommitMarks(), kgo.AutoCommitInterval(time.Second))
+	case scenarioBatched:
+		opts = append(opts, kgo.DisableAutoCommit())
+	default:
+		return fmt.Errorf("-mode %q: want naive or batched", b.mode)
+	}
+	if b.kafka, err = kgo.NewClient(opts...); err != nil {
+		return err
+	}
+	defer b.kafka.Close()
+
+	if b.mode == scenarioNaive {
+		err = b.runNaive(ctx)
+	} else {
+		err = b.runBatched(ctx)
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// outcome is the result of one POST, classified as CONTRACT §6 says.
+type outcome struct {
+	status     outboxdb.Status
+	httpStatus *int32
+	errcode    *string
+	err        *string
+	durationMs int32
+}
+
+func (b *baseline) post(ctx context.Context, m *mapped) outcome {
+	start := time.Now()
+	o := outcome{status: outboxdb.StatusPending}
+	fail := func(s string) outcome { o.err = &s; return o }
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+m.Path, bytes.NewReader(m.Body))
+	if err != nil {
+		return fail(err.Error())
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := b.http.Do(req)
+	o.durationMs = int32(time.Since(start).Milliseconds())
+	if err != nil {
+		return fail(err.Error())
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	o.durationMs = int32(time.Since(start).Milliseconds())
+	st := int32(resp.StatusCode)
+	o.httpStatus = &st
+	if err != nil {
+		return fail(err.Error())
+	}
+	var reply struct {
+		Result  json.Number `json:"result"`
+		Errcode any         `json:"errcode"`
+	}
+	if resp.StatusCode/100 != 2 {
+		return fail(fmt.Sprintf("HTTP %d", resp.StatusCode))
+	}
+	if err := json.Unmarshal(body, &reply); err != nil {
+		return fail("reply is not JSON")
+	}
+	if reply.Errcode != nil {
+		code := fmt.Sprint(reply.Errcode)
+		o.errcode = &code
+	}
+	switch {
+	case o.errcode != nil && *o.errcode == "4", reply.Result == "0":
+		o.status = outboxdb.StatusSuccess
+	case o.errcode != nil && *o.errcode == "998":
+		o.status = outboxdb.StatusFailed
+		return fail("platform errcode 998")
+	default:
+		return fail("platform result " + reply.Result.String())
+	}
+	return o
+}
+
+func (m *mapped) status() (outboxdb.Status, string) {
+	if m.Err != nil {
+		return outboxdb.StatusFailed, m.Err.Error()
+	}
+	return outboxdb.StatusPending, ""
+}
+
+// runNaive is the textbook outbox forwarder: a poller hands messages to
+// workers; each worker persists its message in a transaction, POSTs it and
+// writes the result and the attempt log in a second transaction. Offsets are
+// committed once the insert of every message up to them has committed.
+func (b *baseline) runNaive(ctx context.Context) error {
+	work := make(chan *kgo.Record, 4*b.workers)
+	tr := newOffsetTracker()
+	var wg sync.WaitGroup
+	errc := make(chan error, b.workers)
+	for range b.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range work {
+				if err := b.naiveOne(ctx, r, tr); err != nil {
+					if ctx.Err() == nil {
+						errc <- err
+					}
+					return
+				}
+			}
+		}()
+	}
+	defer func() { close(work); wg.Wait() }()
+	for {
+		fetches := b.kafka.PollRecords(ctx, 1000)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errs := fetches.Errors(); len(errs) > 0 {
+			return fmt.Errorf("polling Kafka: %w", errs[0].Err)
+		}
+		for _, r := range fetches.Records() {
+			tr.add(r)
+			select {
+			case work <- r:
+			case err := <-errc:
+				return err
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+}
+
+func (b *baseline) naiveOne(ctx context.Context, r *kgo.Record, tr *offsetTracker) error {
+	m := b.mapper.mapMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value)
+	status, lastErr := m.status()
+	var id int64
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, naiveInsertSQL, m.Key, m.APIType, m.Topic, m.Partition, m.Offset,
+			m.KafkaKey, m.Payload, string(status), lastErr).Scan(&id)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil // already stored: a redelivery
+		id = 0
+	}
+	if err != nil {
+		return fmt.Errorf("inserting %s: %w", m.Key, err)
+	}
+	if eo, ok := tr.finish(r); ok {
+		b.kafka.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{r.Topic: {r.Partition: eo}})
+	}
+	if id == 0 || status != outboxdb.StatusPending {
+		return nil
+	}
+	o := b.post(ctx, &m)
+	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var (
+			attempt int32
+			next    *time.Time
+		)
+		if err := tx.QueryRow(ctx, naiveResultSQL, id, string(o.status), retryDelay.Milliseconds(), o.httpStatus, o.err).
+			Scan(&attempt, &next); err != nil {
+			return fmt.Errorf("recording %s: %w", m.Key, err)
+		}
+		_, err := tx.Exec(ctx, naiveLogSQL, id, attempt, string(o.status), o.httpStatus, o.errcode, o.err, o.durationMs, next)
+		return err
+	})
+}
+
+// offsetTracker finds, per partition, the highest offset below which every
+// dispatched message is done, so that workers finishing out of order never
+// commit past a message still in flight.
+type offsetTracker struct {
+	mu    sync.Mutex
+	parts map[string]map[int32]*partTrack
+}
+
+type partTrack struct {
+	queue []int64
+	done  map[int64]bool
+}
+
+func newOffsetTracker() *offsetTracker {
+	return &offsetTracker{parts: map[string]map[int32]*partTrack{}}
+}
+
+func (t *offsetTracker) part(topic string, p int32) *partTrack {
+	ps := t.parts[topic]
+	if ps == nil {
+		ps = map[int32]*partTrack{}
+		t.parts[topic] = ps
+	}
+	pt := ps[p]
+	if pt == nil {
+		pt = &partTrack{done: map[int64]bool{}}
+		ps[p] = pt
+	}
+	return pt
+}
+
+func (t *offsetTracker) add(r *kgo.Record) {
+	t.mu.Lock()
+	pt := t.part(r.Topic, r.Partition)
+	pt.queue = append(pt.queue, r.Offset)
+	t.mu.Unlock()
+}
+
+func (t *offsetTracker) finish(r *kgo.Record) (kgo.EpochOffset, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	pt := t.part(r.Topic, r.Partition)
+	pt.done[r.Offset] = true
+	last := int64(-1)
+	for len(pt.queue) > 0 && pt.done[pt.queue[0]] {
+		last = pt.queue[0]
+		delete(pt.done, last)
+		pt.queue = pt.queue[1:]
+	}
+	if last < 0 {
+		return kgo.EpochOffset{}, false
+	}
+	return kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: last + 1}, true
+}
+
+// runBatched is the hand-batched forwarder: per batch of up to b.batch
+// messages, one unnest insert, a synchronous offset commit, b.posts
+// concurrent POSTs and one statement for all the results and logs.
+func (b *baseline) runBatched(ctx context.Context) error {
+	for {
+		fetches := b.kafka.PollRecords(ctx, b.batch)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errs := fetches.Errors(); len(errs) > 0 {
+			return fmt.Errorf("polling Kafka: %w", errs[0].Err)
+		}
+		recs := fetches.Records()
+		if len(recs) == 0 {
+			continue
+		}
+		if err := b.batchOnce(ctx, recs); err != nil {
+			return err
+		}
+	}
+}
+
+func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
+	ms := make([]mapped, 0, len(recs))
+	seen := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		m := b.mapper.mapMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value)
+		if !seen[m.Key] {
+			seen[m.Key] = true
+			ms = append(ms, m)
+		}
+	}
+	n := len(ms)
+	var (
+		keys, apiTypes, topics, statuses, lastErrs = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		parts                                      = make([]int32, n)
+		offsets                                    = make([]int64, n)
+		kafkaKeys, payloads                        = make([][]byte, n), make([][]byte, n)
+	)
+	for i := range ms {
+		m := &ms[i]
+		st, le := m.status()
+		keys[i], apiTypes[i], topics[i], statuses[i], lastErrs[i] = m.Key, m.APIType, m.Topic, string(st), le
+		parts[i], offsets[i], kafkaKeys[i], payloads[i] = m.Partition, m.Offset, m.KafkaKey, m.Payload
+	}
+	rows, err := b.pool.Query(ctx, batchedInsertSQL, keys, apiTypes, topics, parts, offsets, kafkaKeys, payloads, statuses, lastErrs)
+	if err != nil {
+		return fmt.Errorf("inserting a batch: %w", err)
+	}
+	ids := make(map[string]int64, n)
+	for rows.Next() {
+		var (
+			id  int64
+			key string
+		)
+		if err := rows.Scan(&id, &key); err != nil {
+			rows.Close()
+			return err
+		}
+		ids[key] = id
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("inserting a batch: %w", err)
+	}
+	if err := b.kafka.CommitRecords(ctx, recs...); err != nil {
+		return fmt.Errorf("committing offsets: %w", err)
+	}
+
+	type job struct {
+		id int64
+		m  *mapped
+	}
+	var jobs []job
+	for i := range ms {
+		if id, ok := ids[ms[i].Key]; ok && ms[i].Err == nil {
+			jobs = append(jobs, job{id, &ms[i]})
+		}
+	}
+	outs := make([]outcome, len(jobs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(b.posts, len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				outs[i] = b.post(ctx, jobs[i].m)
+			}
+		}()
+	}
+	for i := range jobs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if len(jobs) == 0 {
+		return nil
+	}
+
+	k := len(jobs)
+	var (
+		rIDs      = make([]int64, k)
+		rStatuses = make([]string, k)
+		rRetry    = make([]int64, k)
+		rHTTP     = make([]*int32, k)
+		rErrs     = make([]*string, k)
+		rCodes    = make([]*string, k)
+		rDur      = make([]int32, k)
+	)
+	for i, j := range jobs {
+		o := outs[i]
+		rIDs[i], rStatuses[i], rRetry[i] = j.id, string(o.status), retryDelay.Milliseconds()
+		rHTTP[i], rErrs[i], rCodes[i], rDur[i] = o.httpStatus, o.err, o.errcode, o.durationMs
+	}
+	if _, err := b.pool.Exec(ctx, batchedResultSQL, rIDs, rStatuses, rRetry, rHTTP, rErrs, rCodes, rDur); err != nil {
+		return fmt.Errorf("recording a batch: %w", err)
+	}
+	return nil
+}

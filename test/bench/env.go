@@ -1,0 +1,449 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pgcluster"
+)
+
+// Scenario names.
+const (
+	scenarioForwarder = "forwarder"
+	scenarioNaive     = "naive"
+	scenarioBatched   = "batched"
+)
+
+// accessName is the platform user every consumer sends.
+const accessName = "bench"
+
+// benchEnv is what the scenarios share: PostgreSQL, the broker and the
+// prefilled backlog.
+type benchEnv struct {
+	cfg       benchConfig
+	dir       string
+	ownDir    bool
+	pg        *pgcluster.Cluster
+	pgPID     int
+	kafka     *kfake.Cluster
+	admin     *kadm.Client
+	brokers   string
+	accessPwd string
+
+	// backlog topics, filled once by prefill and read by every scenario
+	// with its own consumer group.
+	vehicleTopic, heartbeatTopic string
+	prefilled                    int
+}
+
+func startEnv(ctx context.Context, cfg benchConfig) (env *benchEnv, err error) {
+	env = &benchEnv{cfg: cfg, dir: cfg.Dir}
+	defer func() {
+		if err != nil {
+			env.close()
+		}
+	}()
+	if env.dir == "" {
+		if env.dir, err = os.MkdirTemp("", "forwarder-bench-"); err != nil {
+			return nil, err
+		}
+		env.ownDir = true
+	}
+	if env.accessPwd, err = randomHex(12); err != nil {
+		return nil, err
+	}
+	settings := map[string]string{}
+	if cfg.PGStatements {
+		settings["shared_preload_libraries"] = "pg_stat_statements"
+		settings["pg_stat_statements.track"] = "all"
+	}
+	logf("starting PostgreSQL in %s", filepath.Join(env.dir, "pg"))
+	if env.pg, err = pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(env.dir, "pg"), Durable: cfg.Durable, Settings: settings}); err != nil {
+		return nil, err
+	}
+	if env.pgPID, err = postmasterPID(env.pg.Dir()); err != nil {
+		return nil, err
+	}
+	if env.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second)); err != nil {
+		return nil, fmt.Errorf("starting the Kafka broker: %w", err)
+	}
+	env.brokers = strings.Join(env.kafka.ListenAddrs(), ",")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(env.kafka.ListenAddrs()...))
+	if err != nil {
+		return nil, fmt.Errorf("creating the Kafka admin client: %w", err)
+	}
+	env.admin = kadm.NewClient(cl)
+	return env, nil
+}
+
+func (env *benchEnv) close() {
+	if env.admin != nil {
+		env.admin.Close()
+	}
+	if env.kafka != nil {
+		env.kafka.Close()
+	}
+	if env.pg != nil {
+		if env.cfg.Keep {
+			_ = env.pg.Stop("fast")
+		} else {
+			_ = env.pg.Remove()
+		}
+	}
+	if env.ownDir {
+		if env.cfg.Keep {
+			logf("work directory kept: %s", env.dir)
+		} else {
+			_ = os.RemoveAll(env.dir)
+		}
+	}
+}
+
+func (env *benchEnv) serverVersion(ctx context.Context) string {
+	conn, err := pgx.Connect(ctx, env.pg.DSN("postgres"))
+	if err != nil {
+		return "?"
+	}
+	defer conn.Close(ctx)
+	return serverVersion(ctx, conn)
+}
+
+func serverVersion(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) string {
+	var v string
+	if err := q.QueryRow(ctx, "SHOW server_version").Scan(&v); err != nil {
+		return "?"
+	}
+	v, _, _ = strings.Cut(v, " ")
+	return v
+}
+
+// createTopics creates the two topics of one run.
+func (env *benchEnv) createTopics(ctx context.Context, prefix string) (vehicle, heartbeat string, err error) {
+	vehicle, heartbeat = prefix+"-vehicle-event", prefix+"-heartbeat"
+	resp, err := env.admin.CreateTopics(ctx, int32(env.cfg.Partitions), 1, nil, vehicle, heartbeat)
+	if err != nil {
+		return "", "", fmt.Errorf("creating topics %s and %s: %w", vehicle, heartbeat, err)
+	}
+	if err := resp.Error(); err != nil {
+		return "", "", fmt.Errorf("creating topics %s and %s: %w", vehicle, heartbeat, err)
+	}
+	return vehicle, heartbeat, nil
+}
+
+// newSource makes realistic camera traffic: vehicle events and heartbeats
+// 4:1, every message good and unique, so every row must end SUCCESS.
+func (env *benchEnv) newSource(vehicle, heartbeat string, seed uint64) (*eventgen.Source, error) {
+	return eventgen.NewSource(eventgen.SourceConfig{
+		VehicleTopic: vehicle, HeartbeatTopic: heartbeat, Seed: seed, Devices: 500,
+	})
+}
+
+// prefill writes the throughput backlog: cfg.N messages.
+func (env *benchEnv) prefill(ctx context.Context) error {
+	var err error
+	if env.vehicleTopic, env.heartbeatTopic, err = env.createTopics(ctx, "backlog"); err != nil {
+		return err
+	}
+	src, err := env.newSource(env.vehicleTopic, env.heartbeatTopic, env.cfg.Seed)
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(env.kafka.ListenAddrs()...), kgo.ProducerLinger(10*time.Millisecond),
+		kgo.MaxBufferedRecords(50_000))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	start := time.Now()
+	var vehicles int
+	errc := make(chan error, 1)
+	for i := 0; i < env.cfg.N; i++ {
+		m := src.Next()
+		if m.Kind == eventgen.Vehicle {
+			vehicles++
+		}
+		cl.Produce(ctx, &kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				select {
+				case errc <- err:
+				default:
+				}
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return fmt.Errorf("prefilling Kafka: %w", err)
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("prefilling Kafka: %w", err)
+	default:
+	}
+	env.prefilled = env.cfg.N
+	logf("Kafka prefilled with %d messages (%d vehicle events, %d heartbeats) in %.1fs",
+		env.cfg.N, vehicles, env.cfg.N-vehicles, time.Since(start).Seconds())
+	return nil
+}
+
+// createDB makes a fresh, migrated database for one run.
+func (env *benchEnv) createDB(ctx context.Context, name string) (dsn string, pool *pgxpool.Pool, err error) {
+	conn, err := pgx.Connect(ctx, env.pg.DSN("postgres"))
+	if err != nil {
+		return "", nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	defer conn.Close(ctx)
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+		return "", nil, fmt.Errorf("dropping database %s: %w", name, err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, fmt.Errorf("creating database %s: %w", name, err)
+	}
+	dsn = env.pg.DSN(name)
+	if pool, err = outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{MaxConns: 2, ApplicationName: "forwarder-bench"}); err != nil {
+		return "", nil, err
+	}
+	if _, err := outboxdb.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return "", nil, err
+	}
+	if env.cfg.PGStatements {
+		if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+			pool.Close()
+			return "", nil, fmt.Errorf("creating pg_stat_statements: %w", err)
+		}
+		if _, err := pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+			pool.Close()
+			return "", nil, err
+		}
+	}
+	return dsn, pool, nil
+}
+
+// dropDB removes a run's database, so that its autovacuum does not run
+// during the next one.
+func (env *benchEnv) dropDB(ctx context.Context, name string) {
+	if env.cfg.Keep {
+		return
+	}
+	conn, err := pgx.Connect(ctx, env.pg.DSN("postgres"))
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+// consumerEnv is the CONTRACT §3 environment of one run, given to the
+// forwarder and to the baselines alike.
+func (env *benchEnv) consumerEnv(dsn, platformURL, group, vehicle, heartbeat string) map[string]string {
+	return map[string]string{
+		"KAFKA_BROKERS":         env.brokers,
+		"KAFKA_GROUP":           group,
+		"KAFKA_TOPIC_VEHICLE":   vehicle,
+		"KAFKA_TOPIC_HEARTBEAT": heartbeat,
+		"DATABASE_URL":          dsn,
+		"PLATFORM_URL":          platformURL,
+		"PLATFORM_ACCESS_NAME":  accessName,
+		"PLATFORM_ACCESS_PWD":   env.accessPwd,
+		"LOG_LEVEL":             env.cfg.LogLevel,
+	}
+}
+
+// child is a consumer process: bin/forwarder or a baseline.
+type child struct {
+	name     string
+	cmd      *exec.Cmd
+	httpAddr string // the forwarder's HTTP server
+	logPath  string
+	done     chan struct{}
+	err      error
+}
+
+// startConsumer starts the consumer of scenario in its own process.
+func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, vars map[string]string, pprof bool) (*child, error) {
+	logPath := filepath.Join(env.dir, run+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	c := &child{name: scenario, logPath: logPath, done: make(chan struct{})}
+	all := map[string]string{}
+	for k, v := range vars {
+		all[k] = v
+	}
+	switch scenario {
+	case scenarioForwarder:
+		if c.httpAddr, err = freeAddr(); err != nil {
+			return nil, err
+		}
+		all["HTTP_ADDR"] = c.httpAddr
+		for _, kv := range env.cfg.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			all[k] = v
+		}
+		args := []string{"-c", env.cfg.Pipeline}
+		sets := append([]string(nil), env.cfg.Sets...)
+		if pprof {
+			sets = append(sets, "http.debug_endpoints=true")
+		}
+		for _, s := range sets {
+			args = append(args, "--set", s)
+		}
+		c.cmd = exec.Command(resolve(env.cfg.Root, env.cfg.Forwarder), args...)
+	default:
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		c.cmd = exec.Command(self, "baseline", "-mode", scenario,
+			"-workers", fmt.Sprint(env.cfg.NaiveWorkers),
+			"-batch-size", fmt.Sprint(env.cfg.BatchSize),
+			"-posts", fmt.Sprint(env.cfg.BatchPosts))
+	}
+	c.cmd.Dir = env.cfg.Root
+	c.cmd.Env = os.Environ()
+	keys := make([]string, 0, len(all))
+	for k := range all {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		c.cmd.Env = append(c.cmd.Env, k+"="+all[k])
+	}
+	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
+	// Should the bench die, its consumer dies with it.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", c.cmd.Path, err)
+	}
+	go func() {
+		c.err = c.cmd.Wait()
+		close(c.done)
+	}()
+	if c.httpAddr != "" {
+		if err := c.waitPing(ctx); err != nil {
+			c.kill()
+			return nil, fmt.Errorf("%w\n%s", err, tailFile(logPath, 3000))
+		}
+	}
+	return c, nil
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+func (c *child) waitPing(ctx context.Context) error {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case <-c.done:
+			return fmt.Errorf("the forwarder exited during start-up: %v", c.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return errors.New("the forwarder did not answer /ping within 60s")
+		case <-time.After(20 * time.Millisecond):
+		}
+		resp, err := client.Get("http://" + c.httpAddr + "/ping")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+	}
+}
+
+// exited returns an error when the process has ended.
+func (c *child) exited() error {
+	select {
+	case <-c.done:
+		return fmt.Errorf("%s exited early: %v\n%s", c.name, c.err, tailFile(c.logPath, 3000))
+	default:
+		return nil
+	}
+}
+
+// stop sends SIGTERM and waits, then kills.
+func (c *child) stop(timeout time.Duration) error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+		return c.err
+	case <-time.After(timeout):
+		c.kill()
+		return fmt.Errorf("%s did not stop within %s of SIGTERM", c.name, timeout)
+	}
+}
+
+func (c *child) kill() {
+	_ = c.cmd.Process.Kill()
+	<-c.done
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func resolve(dir, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(dir, p)
+}
+
+func tailFile(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		_, _ = f.Seek(-n, io.SeekEnd)
+	}
+	b, _ := io.ReadAll(f)
+	return strings.TrimSpace(string(b))
+}
+
+func randomHex(n int) (string, error) {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
+}

@@ -1,0 +1,257 @@
+// Command bench measures the forwarder end to end against two baselines, on
+// one private PostgreSQL, one in-process Kafka broker (kfake) and a fast
+// local mock platform, in one run (`make bench`):
+//
+//   - forwarder: the real bin/forwarder -c pipelines/forwarder.yaml as a
+//     child process, with the CONTRACT §3 environment;
+//   - naive: the textbook outbox forwarder, per message a transaction for
+//     the insert, a POST and a transaction for the result, on 32 workers;
+//   - batched: a hand-batched loop, per 500 messages one unnest insert, an
+//     offset commit, 64 concurrent POSTs and one batch update.
+//
+// The baselines run as child processes too (this program re-executed with
+// the hidden "baseline" subcommand), so that the CPU and memory of each
+// consumer are measured the same way, from /proc, apart from the broker and
+// the mock platform, which live in this process.
+//
+// For each scenario it measures the throughput on a Kafka backlog of -n
+// messages (until every row is SUCCESS), then the produce→platform latency
+// at a steady -rate, and prints a markdown table.
+//
+//	go run ./test/bench                                  # everything, 200 k messages
+//	go run ./test/bench -n 20000 -latency-duration 10s   # a quick run
+//	go run ./test/bench -scenarios forwarder -phases throughput -pprof /tmp/prof
+//	go run ./test/bench -set input.broker.inputs.1.outbox_retry.batch_size=500
+//	go run ./test/bench scale -rows 10000000             # claim and gauge costs at 10 M rows
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var err error
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == "baseline":
+		err = runBaseline(ctx, os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "scale":
+		err = runScale(ctx, os.Args[2:])
+	default:
+		err = runBench(ctx, os.Args[1:])
+	}
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// benchConfig is the command line of a bench run.
+type benchConfig struct {
+	N               int
+	Scenarios       []string
+	Phases          map[string]bool
+	Rate            float64
+	LatencyDuration time.Duration
+	LatencyWarmup   time.Duration
+	Partitions      int
+	Forwarder       string
+	Pipeline        string
+	Sets            listFlag
+	Env             listFlag
+	NaiveWorkers    int
+	BatchSize       int
+	BatchPosts      int
+	PprofDir        string
+	PprofSeconds    int
+	Ceilings        bool
+	WaitLoad        float64
+	WaitLoadMax     time.Duration
+	Dir             string
+	Keep            bool
+	Timeout         time.Duration
+	Seed            uint64
+	Durable         bool
+	PGStatements    bool
+	Markdown        string
+	LogLevel        string
+	SelfProfile     string
+	Root            string
+}
+
+func parseBenchFlags(args []string) (benchConfig, error) {
+	var c benchConfig
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&c.N, "n", 200_000, "messages in the Kafka backlog of each throughput run")
+	scenarios := fs.String("scenarios", "forwarder,naive,batched", "scenarios to run, in order: forwarder, naive, batched")
+	phases := fs.String("phases", "throughput,latency", "phases to run for each scenario: throughput, latency")
+	fs.Float64Var(&c.Rate, "rate", 2000, "messages per second of the latency phase")
+	fs.DurationVar(&c.LatencyDuration, "latency-duration", 30*time.Second, "measured part of the latency phase")
+	fs.DurationVar(&c.LatencyWarmup, "latency-warmup", 5*time.Second, "unmeasured start of the latency phase")
+	fs.IntVar(&c.Partitions, "partitions", 3, "partitions of each Kafka topic")
+	fs.StringVar(&c.Forwarder, "forwarder", "bin/forwarder", "the forwarder binary (relative to the repository root)")
+	fs.StringVar(&c.Pipeline, "pipeline", "pipelines/forwarder.yaml", "the forwarder's config (relative to the repository root)")
+	fs.Var(&c.Sets, "set", "extra `path=value` passed to the forwarder as --set (repeatable), e.g. input.broker.inputs.1.outbox_retry.batch_size=500")
+	fs.Var(&c.Env, "env", "extra `KEY=VALUE` in the forwarder's environment (repeatable), e.g. FORWARD_MAX_IN_FLIGHT=200")
+	fs.IntVar(&c.NaiveWorkers, "naive-workers", 32, "workers of the naive baseline")
+	fs.IntVar(&c.BatchSize, "batch-size", 500, "batch size of the hand-batched baseline")
+	fs.IntVar(&c.BatchPosts, "batch-posts", 64, "concurrent POSTs of the hand-batched baseline")
+	fs.StringVar(&c.PprofDir, "pprof", "", "directory for CPU, heap and allocation profiles of the forwarder's throughput run (enables http.debug_endpoints)")
+	fs.IntVar(&c.PprofSeconds, "pprof-seconds", 10, "length of the CPU profile")
+	fs.BoolVar(&c.Ceilings, "ceilings", true, "also measure the machine's ceilings: HTTP/1.1 loopback requests/s and unnest insert rows/s")
+	fs.Float64Var(&c.WaitLoad, "wait-load", 0, "before measuring, wait until the 1-minute load average is below this (0: do not wait)")
+	fs.DurationVar(&c.WaitLoadMax, "wait-load-max", 30*time.Minute, "give up waiting for the load after this long (and measure anyway)")
+	fs.StringVar(&c.Dir, "dir", "", "work directory (PostgreSQL cluster, logs); default a new temporary directory")
+	fs.BoolVar(&c.Keep, "keep", false, "keep the work directory and the scenario databases")
+	fs.DurationVar(&c.Timeout, "timeout", 15*time.Minute, "limit for one phase of one scenario")
+	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the message source")
+	fs.BoolVar(&c.Durable, "durable", false, "run PostgreSQL with fsync and synchronous_commit on (default off, as in the tests: it favours the per-message baseline)")
+	fs.BoolVar(&c.PGStatements, "pg-statements", false, "load pg_stat_statements and print each scenario's top statements (calls per message)")
+	fs.StringVar(&c.Markdown, "md", "", "also write the results as markdown to this file")
+	fs.StringVar(&c.LogLevel, "log-level", "WARN", "the forwarder's LOG_LEVEL")
+	fs.StringVar(&c.SelfProfile, "self-pprof", "", "write a CPU profile of this process (broker, mock platform, producers) to this file")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, s := range strings.Split(*scenarios, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case "":
+		case scenarioForwarder, scenarioNaive, scenarioBatched:
+			c.Scenarios = append(c.Scenarios, s)
+		default:
+			return c, fmt.Errorf("-scenarios: unknown scenario %q (forwarder, naive, batched)", s)
+		}
+	}
+	c.Phases = map[string]bool{}
+	for _, p := range strings.Split(*phases, ",") {
+		p = strings.TrimSpace(p)
+		switch p {
+		case "":
+		case "throughput", "latency":
+			c.Phases[p] = true
+		default:
+			return c, fmt.Errorf("-phases: unknown phase %q (throughput, latency)", p)
+		}
+	}
+	if c.N <= 0 || c.Rate <= 0 || c.Partitions <= 0 {
+		return c, errors.New("-n, -rate and -partitions must be positive")
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return c, err
+	}
+	c.Root = root
+	return c, nil
+}
+
+// repoRoot is the nearest directory at or above the working directory that
+// holds go.mod: the forwarder runs there, its mapping paths being relative.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		if d == filepath.Dir(d) {
+			return "", fmt.Errorf("no go.mod at or above %s: run the bench from the repository", dir)
+		}
+	}
+}
+
+func runBench(ctx context.Context, args []string) error {
+	cfg, err := parseBenchFlags(args)
+	if err != nil {
+		return err
+	}
+	if cfg.WaitLoad > 0 {
+		waitForLoad(ctx, cfg.WaitLoad, cfg.WaitLoadMax)
+	}
+	if cfg.SelfProfile != "" {
+		f, err := os.Create(cfg.SelfProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	env, err := startEnv(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+
+	rep := &report{cfg: cfg, machine: describeMachine(env.serverVersion(ctx)), loadBefore: loadAvg()}
+	if cfg.Ceilings {
+		logf("measuring the ceilings")
+		if rep.ceilings, err = measureCeilings(ctx, env); err != nil {
+			return fmt.Errorf("measuring the ceilings: %w", err)
+		}
+	}
+	if cfg.Phases["throughput"] {
+		if err := env.prefill(ctx); err != nil {
+			return err
+		}
+		for _, s := range cfg.Scenarios {
+			r, err := env.throughput(ctx, s)
+			if err != nil {
+				return fmt.Errorf("%s throughput: %w", s, err)
+			}
+			rep.throughput = append(rep.throughput, r)
+			logf("%s: %.0f msgs/s (%d messages in %.1fs), consumer %.1f CPU s, %s peak RSS",
+				s, r.MsgsPerSec, r.Messages, r.Window.Seconds(), r.Consumer.CPU, mib(r.Consumer.PeakRSS))
+		}
+	}
+	if cfg.Phases["latency"] {
+		for _, s := range cfg.Scenarios {
+			r, err := env.latency(ctx, s)
+			if err != nil {
+				return fmt.Errorf("%s latency: %w", s, err)
+			}
+			rep.latency = append(rep.latency, r)
+			logf("%s at %.0f msgs/s: p50 %s p99 %s max %s", s, cfg.Rate, ms(r.P50), ms(r.P99), ms(r.Max))
+		}
+	}
+	rep.loadAfter = loadAvg()
+	out := rep.markdown()
+	fmt.Println()
+	fmt.Println(out)
+	if cfg.Markdown != "" {
+		if err := os.WriteFile(cfg.Markdown, []byte(out), 0o644); err != nil {
+			return fmt.Errorf("writing %s: %w", cfg.Markdown, err)
+		}
+	}
+	return nil
+}
+
+// logf reports progress on stderr, so that stdout holds only the results.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// report collects a run's results and writes them as markdown.
+type report struct {
+	cfg                   benchConfig
+	machine               string
+	loadBefore, loadAfter float64
+	ceilings              ceilings
+	throughput            []throughputResult
+	latency               []latencyResult
+}
+
+var scenarioTitles = map[string]string{
+	scenarioForwarder: "forwarder",
+	scenarioNaive:     "naive",
+	scenarioBatched:   "hand-batched",
+}
+
+func (r *report) title(s string) string {
+	switch s {
+	case scenarioNaive:
+		return fmt.Sprintf("naive (%d workers)", r.cfg.NaiveWorkers)
+	case scenarioBatched:
+		return fmt.Sprintf("hand-batched (%d, %d POSTs)", r.cfg.BatchSize, r.cfg.BatchPosts)
+	}
+	return scenarioTitles[s]
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Machine: %s.\n", r.machine)
+	fmt.Fprintf(&b, "Load average (1 min): %.2f before, %.2f after. PostgreSQL: %s. Kafka: kfake in the bench process, %d partitions per topic. Run at %s.\n",
+		r.loadBefore, r.loadAfter, map[bool]string{true: "fsync and synchronous_commit on", false: "fsync off, synchronous_commit off (as in the tests)"}[r.cfg.Durable],
+		r.cfg.Partitions, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	if len(r.cfg.Sets) > 0 || len(r.cfg.Env) > 0 {
+		fmt.Fprintf(&b, "Forwarder overrides: %s.\n", strings.Join(append(append([]string{}, r.cfg.Sets...), r.cfg.Env...), ", "))
+	}
+
+	if len(r.throughput) > 0 {
+		byName := map[string]throughputResult{}
+		for _, t := range r.throughput {
+			byName[t.Scenario] = t
+		}
+		fmt.Fprintf(&b, "\n### Throughput: a Kafka backlog of %d messages until every row is SUCCESS\n\n", r.throughput[0].Messages)
+		b.WriteString("| | ")
+		for i, t := range r.throughput {
+			if i > 0 {
+				b.WriteString(" | ")
+			}
+			b.WriteString(r.title(t.Scenario))
+		}
+		b.WriteString(" |\n|---|")
+		b.WriteString(strings.Repeat("---:|", len(r.throughput)))
+		b.WriteString("\n")
+		row := func(name string, f func(t throughputResult) string) {
+			b.WriteString("| " + name + " |")
+			for _, t := range r.throughput {
+				b.WriteString(" " + f(t) + " |")
+			}
+			b.WriteString("\n")
+		}
+		row("**msgs/s**", func(t throughputResult) string { return fmt.Sprintf("**%.0f**", t.MsgsPerSec) })
+		for _, base := range []string{scenarioNaive, scenarioBatched} {
+			if bt, ok := byName[base]; ok {
+				row("× "+scenarioTitles[base], func(t throughputResult) string { return fmt.Sprintf("%.2f", t.MsgsPerSec/bt.MsgsPerSec) })
+			}
+		}
+		row("first insert → last SUCCESS", func(t throughputResult) string { return fmt.Sprintf("%.1f s", t.Window.Seconds()) })
+		row("consumer start → all SUCCESS seen", func(t throughputResult) string { return fmt.Sprintf("%.1f s", t.Wall.Seconds()) })
+		row("consumer CPU", func(t throughputResult) string {
+			return fmt.Sprintf("%.1f s (%.0f µs/msg)", t.Consumer.CPU, t.Consumer.CPU/float64(t.Messages)*1e6)
+		})
+		row("consumer peak RSS", func(t throughputResult) string { return mib(t.Consumer.PeakRSS) })
+		row("PostgreSQL CPU", func(t throughputResult) string {
+			return fmt.Sprintf("%.1f s (%.0f µs/msg)", t.PG.CPU, t.PG.CPU/float64(t.Messages)*1e6)
+		})
+		row("PostgreSQL peak PSS", func(t throughputResult) string { return mib(t.PG.PeakRSS) })
+		row("broker + mock platform CPU", func(t throughputResult) string { return fmt.Sprintf("%.1f s", t.Self) })
+		row("platform requests", func(t throughputResult) string { return fmt.Sprint(t.Requests) })
+	}
+
+	if len(r.latency) > 0 {
+		fmt.Fprintf(&b, "\n### Latency: produce → platform at a steady %.0f msgs/s (%s measured after %s of warm-up)\n\n",
+			r.cfg.Rate, r.cfg.LatencyDuration, r.cfg.LatencyWarmup)
+		b.WriteString("| | p50 | p90 | p99 | max | consumer CPU | PostgreSQL CPU | consumer peak RSS |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, l := range r.latency {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f cores | %.2f cores | %s |\n", r.title(l.Scenario),
+				ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), l.Cores, l.PGCores, mib(l.PeakRSS))
+		}
+	}
+
+	if r.cfg.Ceilings {
+		c := r.ceilings
+		b.WriteString("\n### Ceilings of this machine\n\n| | |\n|---|---:|\n")
+		fmt.Fprintf(&b, "| HTTP/1.1 loopback, 64 keep-alive clients → mock platform | %.0f req/s |\n", c.HTTPReqPerSec)
+		fmt.Fprintf(&b, "| unnest insert (insert.sql), batches of 500, one connection | %.0f rows/s |\n", c.InsertRowsPerSec)
+		fmt.Fprintf(&b, "| claim + record results (claim.sql, record.sql), batches of 500, one connection | %.0f rows/s |\n", c.ClaimRecordRowsPerSec)
+	}
+
+	stmts := func(title string, msgs int, ss []stmtStat) {
+		if len(ss) == 0 {
+			return
+		}
+		fmt.Fprintf(&b, "\n#### %s: top statements (pg_stat_statements)\n\n| calls | calls/msg | total ms | rows | query |\n|---:|---:|---:|---:|---|\n", title)
+		for _, s := range ss {
+			fmt.Fprintf(&b, "| %d | %.3f | %.0f | %d | `%s` |\n", s.Calls, float64(s.Calls)/float64(msgs), s.TotalMs, s.Rows,
+				strings.ReplaceAll(s.Query, "|", "\\|"))
+		}
+	}
+	for _, t := range r.throughput {
+		stmts(r.title(t.Scenario)+", throughput", t.Messages, t.Statements)
+	}
+	for _, l := range r.latency {
+		stmts(fmt.Sprintf("%s at %.0f msgs/s", r.title(l.Scenario), l.Rate), l.Messages, l.Statements)
+	}
+	return b.String()
+}

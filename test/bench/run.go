@@ -1,0 +1,394 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/mockplatform"
+)
+
+// throughputResult is one scenario's run on the Kafka backlog.
+type throughputResult struct {
+	Scenario string
+	Messages int
+	// Window runs from the first row's created_at to the last row's
+	// succeeded_at, on the database clock: start-up and the detection of
+	// the end are left out, the same way for every scenario.
+	Window     time.Duration
+	MsgsPerSec float64
+	// Wall runs from starting the consumer to seeing every row SUCCESS.
+	Wall time.Duration
+	// Consumer is the consumer process (its CPU since it started), PG the
+	// PostgreSQL server and its backends (peak PSS), Self this process
+	// (broker and mock platform), all over Wall.
+	Consumer, PG usage
+	Self         float64
+	Statements   []stmtStat
+	Requests     int64 // platform requests (more than Messages if any were retried)
+	StopErr      string
+}
+
+// latencyResult is one scenario at a steady rate.
+type latencyResult struct {
+	Scenario           string
+	Rate               float64
+	Measured           int
+	P50, P90, P99, Max time.Duration
+	// Cores is the consumer's CPU over the measured part divided by its
+	// length; PGCores the same for PostgreSQL.
+	Cores, PGCores float64
+	PeakRSS        int64
+	// Messages is every message of the phase, warm-up included (the
+	// denominator of the statement counts).
+	Messages   int
+	Statements []stmtStat
+}
+
+// stmtStat is one line of pg_stat_statements.
+type stmtStat struct {
+	Calls   int64
+	TotalMs float64
+	Rows    int64
+	Query   string
+}
+
+func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throughputResult, err error) {
+	res.Scenario = scenario
+	run := "tp_" + scenario
+	dsn, pool, err := env.createDB(ctx, run)
+	if err != nil {
+		return res, err
+	}
+	defer env.dropDB(context.WithoutCancel(ctx), run)
+	defer pool.Close()
+	mp, err := mockplatform.Start(mockplatform.Config{AccessName: accessName, AccessPwd: env.accessPwd})
+	if err != nil {
+		return res, err
+	}
+	defer mp.Close()
+
+	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
+	defer cancel()
+	n := env.prefilled
+	vars := env.consumerEnv(dsn, mp.URL, "bench-"+scenario, env.vehicleTopic, env.heartbeatTopic)
+	logf("%s: consuming the backlog of %d messages", scenario, n)
+
+	m, err := startMeter(env.pgPID)
+	if err != nil {
+		return res, err
+	}
+	start := time.Now()
+	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder
+	c, err := env.startConsumer(runCtx, scenario, run, vars, profile)
+	if err != nil {
+		return res, err
+	}
+	defer c.kill()
+	m.attach(c.pid(), true)
+
+	var profDone chan error
+	if profile {
+		profDone = make(chan error, 1)
+		go func() { profDone <- c.cpuProfile(runCtx, env.cfg.PprofDir, env.cfg.PprofSeconds) }()
+	}
+
+	if err := waitAllSuccess(runCtx, c, mp, pool, n, scenario); err != nil {
+		m.stop()
+		return res, err
+	}
+	res.Consumer, res.PG, res.Self = m.stop()
+	res.Wall = time.Since(start)
+	res.Requests = mp.Stats().Requests
+	if profile {
+		if err := <-profDone; err != nil {
+			logf("forwarder CPU profile: %v", err)
+		}
+		for _, p := range []string{"heap", "allocs"} {
+			if err := c.fetchProfile(runCtx, env.cfg.PprofDir, p, ""); err != nil {
+				logf("forwarder %s profile: %v", p, err)
+			}
+		}
+	}
+	if err := c.stop(45 * time.Second); err != nil {
+		res.StopErr = err.Error()
+		logf("%s: stopping: %v", scenario, err)
+	}
+
+	var first, last time.Time
+	if err := pool.QueryRow(ctx, `SELECT count(*), min(created_at), max(succeeded_at) FROM forward_records WHERE status = 'SUCCESS'`).
+		Scan(&res.Messages, &first, &last); err != nil {
+		return res, fmt.Errorf("reading the run's time window: %w", err)
+	}
+	res.Window = last.Sub(first)
+	res.MsgsPerSec = float64(res.Messages) / res.Window.Seconds()
+	if env.cfg.PGStatements {
+		res.Statements = topStatements(ctx, pool)
+	}
+	return res, nil
+}
+
+// waitAllSuccess waits until the platform accepted n messages and every
+// row is SUCCESS. It watches the platform's counters first, which cost the
+// database nothing, and counts rows only at the end.
+func waitAllSuccess(ctx context.Context, c *child, mp *mockplatform.Server, pool *pgxpool.Pool, n int, what string) error {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	lastLog := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %d deliveries (platform: %+v): %w", n, mp.Stats(), ctx.Err())
+		case <-tick.C:
+		}
+		if err := c.exited(); err != nil {
+			return err
+		}
+		st := mp.Stats()
+		if time.Since(lastLog) > 5*time.Second {
+			logf("%s: %d of %d delivered", what, st.Accepted, n)
+			lastLog = time.Now()
+		}
+		if st.Accepted < int64(n) {
+			continue
+		}
+		var unfinished, total int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status <> 'SUCCESS'`).Scan(&unfinished); err != nil {
+			return err
+		}
+		if unfinished > 0 {
+			continue
+		}
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records`).Scan(&total); err != nil {
+			return err
+		}
+		if total >= n {
+			return nil
+		}
+	}
+}
+
+func topStatements(ctx context.Context, pool *pgxpool.Pool) []stmtStat {
+	rows, err := pool.Query(ctx, `SELECT calls, total_exec_time, rows, query FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY total_exec_time DESC LIMIT 12`)
+	if err != nil {
+		logf("reading pg_stat_statements: %v", err)
+		return nil
+	}
+	defer rows.Close()
+	var out []stmtStat
+	for rows.Next() {
+		var s stmtStat
+		if err := rows.Scan(&s.Calls, &s.TotalMs, &s.Rows, &s.Query); err != nil {
+			return out
+		}
+		s.Query = strings.Join(strings.Fields(s.Query), " ")
+		if len(s.Query) > 110 {
+			s.Query = s.Query[:110] + "…"
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// cpuProfile takes a CPU profile of the forwarder once its run is under way.
+func (c *child) cpuProfile(ctx context.Context, dir string, seconds int) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(2 * time.Second):
+	}
+	return c.fetchProfile(ctx, dir, "profile", fmt.Sprintf("?seconds=%d", seconds))
+}
+
+func (c *child) fetchProfile(ctx context.Context, dir, name, query string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.httpAddr+"/debug/pprof/"+name+query, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /debug/pprof/%s: %s (is http.debug_endpoints on?)", name, resp.Status)
+	}
+	file := map[string]string{"profile": "cpu"}[name]
+	if file == "" {
+		file = name
+	}
+	path := filepath.Join(dir, "forwarder."+file+".pprof")
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	logf("wrote %s", path)
+	return f.Close()
+}
+
+func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyResult, err error) {
+	res.Scenario, res.Rate = scenario, env.cfg.Rate
+	run := "lat_" + scenario
+	vehicle, heartbeat, err := env.createTopics(ctx, "lat-"+scenario)
+	if err != nil {
+		return res, err
+	}
+	dsn, pool, err := env.createDB(ctx, run)
+	if err != nil {
+		return res, err
+	}
+	defer env.dropDB(context.WithoutCancel(ctx), run)
+	defer pool.Close()
+	mp, err := mockplatform.Start(mockplatform.Config{AccessName: accessName, AccessPwd: env.accessPwd})
+	if err != nil {
+		return res, err
+	}
+	defer mp.Close()
+
+	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
+	defer cancel()
+	group := "bench-lat-" + scenario
+	c, err := env.startConsumer(runCtx, scenario, run, env.consumerEnv(dsn, mp.URL, group, vehicle, heartbeat), false)
+	if err != nil {
+		return res, err
+	}
+	defer c.kill()
+	if err := env.waitGroupStable(runCtx, group, c); err != nil {
+		return res, err
+	}
+
+	h := fnv.New64a()
+	h.Write([]byte(scenario))
+	src, err := env.newSource(vehicle, heartbeat, env.cfg.Seed^h.Sum64())
+	if err != nil {
+		return res, err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(env.kafka.ListenAddrs()...), kgo.ProducerLinger(0))
+	if err != nil {
+		return res, err
+	}
+	defer cl.Close()
+
+	rate := env.cfg.Rate
+	warmupN := int(env.cfg.LatencyWarmup.Seconds() * rate)
+	total := warmupN + int(env.cfg.LatencyDuration.Seconds()*rate)
+	sentAt := make(map[string]time.Time, total-warmupN)
+	logf("%s: producing %d messages at %.0f/s (%d of warm-up)", scenario, total, rate, warmupN)
+	var (
+		m         *meter
+		measStart time.Time
+	)
+	produceErr := make(chan error, 1)
+	start := time.Now()
+	for i := 0; i < total; i++ {
+		if wait := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); wait > 0 {
+			time.Sleep(wait)
+		}
+		if i == warmupN {
+			if m, err = startMeter(env.pgPID); err != nil {
+				return res, err
+			}
+			m.attach(c.pid(), false)
+			measStart = time.Now()
+		}
+		msg := src.Next()
+		if i >= warmupN {
+			sentAt[msg.MessageID] = time.Now()
+		}
+		cl.Produce(runCtx, &kgo.Record{Topic: msg.Topic, Key: msg.Key, Value: msg.Value}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				select {
+				case produceErr <- err:
+				default:
+				}
+			}
+		})
+		if i%int(rate) == 0 {
+			if err := c.exited(); err != nil {
+				return res, err
+			}
+		}
+	}
+	if m == nil { // no warm-up
+		return res, fmt.Errorf("latency phase produced no measured messages")
+	}
+	consumer, pg, _ := m.stop()
+	measured := time.Since(measStart).Seconds()
+	res.Cores, res.PGCores, res.PeakRSS = consumer.CPU/measured, pg.CPU/measured, consumer.PeakRSS
+	if err := cl.Flush(runCtx); err != nil {
+		return res, err
+	}
+	select {
+	case err := <-produceErr:
+		return res, fmt.Errorf("producing: %w", err)
+	default:
+	}
+	if err := waitAllSuccess(runCtx, c, mp, pool, total, scenario); err != nil {
+		return res, err
+	}
+	_ = c.stop(45 * time.Second)
+	res.Messages = total
+	if env.cfg.PGStatements {
+		res.Statements = topStatements(ctx, pool)
+	}
+
+	var lats []time.Duration
+	for _, d := range mp.Deliveries() {
+		if t, ok := sentAt[d.MessageID]; ok {
+			lats = append(lats, d.FirstAt.Sub(t))
+		}
+	}
+	if len(lats) == 0 {
+		return res, fmt.Errorf("no measured message was delivered")
+	}
+	slices.Sort(lats)
+	q := func(p float64) time.Duration { return lats[min(len(lats)-1, int(p*float64(len(lats))))] }
+	res.Measured = len(lats)
+	res.P50, res.P90, res.P99, res.Max = q(0.50), q(0.90), q(0.99), lats[len(lats)-1]
+	return res, nil
+}
+
+// waitGroupStable waits until the consumer group has a member with its
+// partitions assigned, so that the latency phase does not measure the
+// group join. A consumer that does not show up as a classic group member is
+// given 10 s.
+func (env *benchEnv) waitGroupStable(ctx context.Context, group string, c *child) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := c.exited(); err != nil {
+			return err
+		}
+		gs, err := env.admin.DescribeGroups(ctx, group)
+		if err == nil {
+			if g, ok := gs[group]; ok && g.State == "Stable" && len(g.Members) > 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	logf("consumer group %s not seen stable after 10s; measuring anyway", group)
+	return nil
+}

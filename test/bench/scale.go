@@ -1,0 +1,552 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pgcluster"
+)
+
+// The scale check: bulk-load millions of finished rows with COPY and
+// measure what must not grow with them: the claim (claim.sql) and the
+// record-gauge refresh (gauges.sql), plus, for the operator, `outbox stats`.
+// The same measurements on an empty table are printed beside them.
+//
+//	go run ./test/bench scale -rows 10000000
+//	go run ./test/bench scale -rows 10000000 -dir /tmp/scale -keep   # reuse the load next time
+
+type scaleConfig struct {
+	Rows        int
+	FailedShare float64
+	Backlog     int
+	ClaimBatch  int
+	Churn       int
+	pgVersion   string
+	Logs        bool
+	Dir, DSN    string
+	Keep        bool
+	Workers     int
+	Seed        uint64
+}
+
+// scaleResult is one measurement: a table size and state.
+type scaleResult struct {
+	Label          string
+	Finished       int64
+	DeadTuples     int64
+	TableBytes     int64
+	ClaimP50       time.Duration
+	ClaimP95       time.Duration
+	ClaimScanBufs  int64
+	RecordP50      time.Duration
+	GaugesP50      time.Duration
+	GaugesP95      time.Duration
+	GaugesBuffers  int64
+	GaugeSource    outboxdb.SuccessSource
+	StatsDuration  time.Duration
+	LoadDuration   time.Duration
+	VacuumDuration time.Duration
+	ChurnPerSec    float64
+}
+
+func runScale(ctx context.Context, args []string) error {
+	var c scaleConfig
+	fs := flag.NewFlagSet("scale", flag.ContinueOnError)
+	fs.IntVar(&c.Rows, "rows", 10_000_000, "finished rows to load")
+	fs.Float64Var(&c.FailedShare, "failed-share", 0.001, "share of the finished rows that are FAILED (the rest SUCCESS)")
+	fs.IntVar(&c.Backlog, "backlog", 10_000, "PENDING rows to claim during each measurement")
+	fs.IntVar(&c.ClaimBatch, "claim-batch", 100, "rows per claim (outbox_retry's default batch_size)")
+	fs.IntVar(&c.Churn, "churn", 200_000, "rows pushed through insert, claim and SUCCESS between the two measurements of each size, without VACUUM (the state between two autovacuums)")
+	fs.BoolVar(&c.Logs, "logs", false, "also write one forward_retry_logs row per finished row")
+	fs.StringVar(&c.Dir, "dir", "", "PostgreSQL cluster directory; an existing load in it is reused (default: a temporary directory)")
+	fs.StringVar(&c.DSN, "dsn", "", "use this database instead of a private cluster (its forward_records is loaded if smaller than -rows)")
+	fs.BoolVar(&c.Keep, "keep", false, "keep the private cluster's directory")
+	fs.IntVar(&c.Workers, "copy-workers", 2, "concurrent COPY streams")
+	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the payloads")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	var emptyDSN, bigDSN string
+	if c.DSN == "" {
+		dir, own := c.Dir, false
+		if dir == "" {
+			var err error
+			if dir, err = os.MkdirTemp("", "forwarder-scale-"); err != nil {
+				return err
+			}
+			own = true
+		}
+		pg, err := pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(dir, "pg"), Settings: map[string]string{
+			// Room for the bulk load without checkpoints every few seconds.
+			"max_wal_size": "8GB", "maintenance_work_mem": "512MB",
+		}})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if c.Keep || !own {
+				_ = pg.Stop("fast")
+				logf("cluster kept in %s", dir)
+				return
+			}
+			_ = pg.Remove()
+			_ = os.RemoveAll(dir)
+		}()
+		for _, db := range []string{"scale_empty", "scale"} {
+			if err := ensureDB(ctx, pg, db); err != nil {
+				return err
+			}
+		}
+		emptyDSN, bigDSN = pg.DSN("scale_empty"), pg.DSN("scale")
+	} else {
+		bigDSN = c.DSN
+	}
+
+	var results []scaleResult
+	if emptyDSN != "" {
+		rs, err := scaleSize(ctx, &c, emptyDSN, false)
+		if err != nil {
+			return fmt.Errorf("measuring the empty table: %w", err)
+		}
+		results = append(results, rs...)
+	}
+	rs, err := scaleSize(ctx, &c, bigDSN, true)
+	if err != nil {
+		return err
+	}
+	results = append(results, rs...)
+	fmt.Println()
+	fmt.Println(scaleMarkdown(c, results))
+	return nil
+}
+
+func ensureDB(ctx context.Context, pg *pgcluster.Cluster, name string) error {
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	}
+	return err
+}
+
+// scaleSize loads the table (when load is set), vacuums it, measures, pushes
+// c.Churn rows through the outbox without vacuuming and measures again.
+func scaleSize(ctx context.Context, c *scaleConfig, dsn string, load bool) ([]scaleResult, error) {
+	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{MaxConns: int32(c.Workers + 2), ApplicationName: "forwarder-bench-scale"})
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	if _, err := outboxdb.Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	c.pgVersion = serverVersion(ctx, pool)
+	// Leftovers of an earlier measurement on a reused load.
+	if _, err := pool.Exec(ctx, `DELETE FROM forward_records WHERE message_key LIKE 'backlog-%' OR message_key LIKE 'churn-%'`); err != nil {
+		return nil, err
+	}
+	var (
+		first    scaleResult
+		finished int64
+	)
+	if load {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records`).Scan(&finished); err != nil {
+			return nil, err
+		}
+		if finished < int64(c.Rows) {
+			if first.LoadDuration, err = copyFinished(ctx, pool, *c, int(finished)); err != nil {
+				return nil, err
+			}
+			if c.Logs {
+				logf("writing one attempt log per row")
+				if _, err := pool.Exec(ctx, `INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status, duration_ms, attempted_at)
+					SELECT id, 1, status, 200, 12, coalesce(succeeded_at, updated_at) FROM forward_records`); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	logf("VACUUM (ANALYZE) forward_records")
+	start := time.Now()
+	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) forward_records`); err != nil {
+		return nil, err
+	}
+	first.VacuumDuration = time.Since(start)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records`).Scan(&finished); err != nil {
+		return nil, err
+	}
+
+	first.Label = "after VACUUM"
+	if err := scaleMeasure(ctx, *c, pool, "backlog-a-", &first); err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	if err := churn(ctx, pool, c.Churn, 500); err != nil {
+		return nil, fmt.Errorf("churning: %w", err)
+	}
+	second := scaleResult{Label: fmt.Sprintf("after %d more deliveries, no VACUUM", c.Churn), ChurnPerSec: float64(c.Churn) / time.Since(start).Seconds()}
+	if err := scaleMeasure(ctx, *c, pool, "backlog-b-", &second); err != nil {
+		return nil, err
+	}
+	first.Finished, second.Finished = finished, finished+int64(c.Churn)
+	if !load {
+		first.Finished, second.Finished = 0, int64(c.Churn)
+	}
+	// Remove what the measurement added, so that a reused load stays as loaded.
+	if _, err := pool.Exec(ctx, `DELETE FROM forward_records WHERE message_key LIKE 'backlog-%' OR message_key LIKE 'churn-%'`); err != nil {
+		return nil, err
+	}
+	return []scaleResult{first, second}, nil
+}
+
+// churn pushes n rows through the outbox the way the service does: inserted
+// PENDING in batches, claimed and recorded SUCCESS, leaving the dead row
+// versions and index entries that autovacuum would later remove.
+func churn(ctx context.Context, pool *pgxpool.Pool, n, batch int) error {
+	logf("pushing %d rows through insert, claim and record", n)
+	recs := make([]outboxdb.NewRecord, batch)
+	for done := 0; done < n; done += batch {
+		for i := range recs {
+			recs[i] = outboxdb.NewRecord{MessageKey: fmt.Sprintf("churn-%d", done+i), APIType: "HEARTBEAT", KafkaTopic: "t",
+				KafkaOffset: int64(done + i), Payload: []byte(`{"deviceId":"CAM-0001"}`), Status: outboxdb.StatusPending}
+		}
+		if _, err := outboxdb.InsertBatchCount(ctx, pool, recs); err != nil {
+			return err
+		}
+		if err := claimAndRecord(ctx, pool, batch, nil, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// claimAndRecord claims up to limit rows and records them SUCCESS, timing
+// both statements when claims and records are given.
+func claimAndRecord(ctx context.Context, pool *pgxpool.Pool, limit int, claims, records *[]time.Duration) error {
+	start := time.Now()
+	res, err := outboxdb.ClaimDue(ctx, pool, outboxdb.ClaimParams{Limit: limit, Lease: time.Minute, Claimer: "scale", MaxAttempts: 5})
+	if err != nil {
+		return err
+	}
+	if len(res.Claimed) == 0 {
+		return errNothingDue
+	}
+	if claims != nil {
+		*claims = append(*claims, time.Since(start))
+	}
+	results := make([]outboxdb.Result, len(res.Claimed))
+	for i, row := range res.Claimed {
+		results[i] = outboxdb.Result{ID: row.ID, ClaimToken: row.ClaimToken, Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200}
+	}
+	start = time.Now()
+	if _, err := outboxdb.RecordResults(ctx, pool, results); err != nil {
+		return err
+	}
+	if records != nil {
+		*records = append(*records, time.Since(start))
+	}
+	return nil
+}
+
+var errNothingDue = errors.New("nothing was due")
+
+// scaleMeasure times the gauge refresh and the claims of a fresh backlog.
+func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix string, r *scaleResult) error {
+	if err := pool.QueryRow(ctx, `SELECT pg_total_relation_size('forward_records'), n_dead_tup
+		FROM pg_stat_user_tables WHERE relname = 'forward_records'`).Scan(&r.TableBytes, &r.DeadTuples); err != nil {
+		return err
+	}
+	logf("measuring %s (%s with indexes, %d dead row versions)", r.Label, mib(r.TableBytes), r.DeadTuples)
+
+	// The backlog the claims take, due now, as the outbox processor writes it.
+	backlog := make([]outboxdb.NewRecord, c.Backlog)
+	for i := range backlog {
+		backlog[i] = outboxdb.NewRecord{MessageKey: fmt.Sprintf("%s%d", prefix, i), APIType: "HEARTBEAT", KafkaTopic: "t",
+			KafkaOffset: int64(i), Payload: []byte(`{"deviceId":"CAM-0001"}`), Status: outboxdb.StatusPending}
+	}
+	for i := 0; i < len(backlog); i += 500 {
+		if _, err := outboxdb.InsertBatchCount(ctx, pool, backlog[i:min(i+500, len(backlog))]); err != nil {
+			return err
+		}
+	}
+
+	// Buffers of the claim's scan (the due CTE: index walk and row locks)
+	// and of the whole gauge statement, from one EXPLAIN each, rolled back.
+	var err error
+	if r.ClaimScanBufs, err = explainBuffers(ctx, pool, "due", outboxdb.ClaimSQL(), c.ClaimBatch, int64(60_000), "scale", 5); err != nil {
+		return fmt.Errorf("explaining the claim: %w", err)
+	}
+	if r.GaugesBuffers, err = explainBuffers(ctx, pool, "", outboxdb.RecordGaugesSQL()); err != nil {
+		return fmt.Errorf("explaining the gauges: %w", err)
+	}
+
+	var claims, records, gauges []time.Duration
+	for range 20 {
+		start := time.Now()
+		g, err := outboxdb.ReadRecordGauges(ctx, pool, outboxdb.GaugeOptions{})
+		if err != nil {
+			return err
+		}
+		gauges = append(gauges, time.Since(start))
+		r.GaugeSource = g.SuccessSource
+	}
+	for {
+		err := claimAndRecord(ctx, pool, c.ClaimBatch, &claims, &records)
+		if errors.Is(err, errNothingDue) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(claims) == 0 {
+		return errors.New("nothing was claimed")
+	}
+	r.ClaimP50, r.ClaimP95 = quantile(claims, 0.5), quantile(claims, 0.95)
+	r.RecordP50 = quantile(records, 0.5)
+	r.GaugesP50, r.GaugesP95 = quantile(gauges, 0.5), quantile(gauges, 0.95)
+
+	start := time.Now()
+	if _, err := outboxdb.ReadStats(ctx, pool, 10); err != nil {
+		return fmt.Errorf("outbox stats: %w", err)
+	}
+	r.StatsDuration = time.Since(start)
+	return nil
+}
+
+// explainBuffers runs EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of a statement
+// in a transaction it rolls back and returns the shared buffers (hit + read)
+// of the plan node that scans CTE cte, or of the whole plan when cte is "".
+func explainBuffers(ctx context.Context, pool *pgxpool.Pool, cte, sql string, args ...any) (int64, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx)
+	var plan []map[string]any
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
+		return 0, err
+	}
+	if len(plan) == 0 {
+		return 0, errors.New("empty plan")
+	}
+	top, _ := plan[0]["Plan"].(map[string]any)
+	node := top
+	if cte != "" {
+		node = findCTE(top, cte)
+		if node == nil {
+			return 0, fmt.Errorf("no CTE %s in the plan", cte)
+		}
+	}
+	num := func(k string) float64 { v, _ := node[k].(float64); return v }
+	return int64(num("Shared Hit Blocks") + num("Shared Read Blocks")), nil
+}
+
+// findCTE finds the plan of CTE name (the "CTE name" subplan).
+func findCTE(n map[string]any, name string) map[string]any {
+	if n["Subplan Name"] == "CTE "+name {
+		return n
+	}
+	kids, _ := n["Plans"].([]any)
+	for _, k := range kids {
+		if m, ok := k.(map[string]any); ok {
+			if f := findCTE(m, name); f != nil {
+				return f
+			}
+		}
+	}
+	return nil
+}
+
+func quantile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// finishedSource feeds COPY with finished rows: SUCCESS (a FAILED share
+// aside), created over the last 30 days, with realistic payloads.
+type finishedSource struct {
+	c        scaleConfig
+	next     *atomic.Int64
+	end      int64
+	payloads [][]byte
+	row      []any
+	now      time.Time
+	err      error
+	i        int64
+	chunk    int64
+	chunkEnd int64
+}
+
+var finishedColumns = []string{"message_key", "api_type", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_key",
+	"payload", "status", "attempt_count", "next_retry_at", "last_http_status", "last_error", "created_at", "updated_at", "succeeded_at"}
+
+func (s *finishedSource) Next() bool {
+	if s.i >= s.chunkEnd {
+		s.i = s.next.Add(s.chunk) - s.chunk
+		s.chunkEnd = min(s.i+s.chunk, s.end)
+		if s.i >= s.end {
+			return false
+		}
+	}
+	i := s.i
+	s.i++
+	created := s.now.Add(-time.Duration(s.end-i) * (30 * 24 * time.Hour) / time.Duration(s.end))
+	done := created.Add(40 * time.Millisecond)
+	status, lastErr, httpStatus, succeeded := "SUCCESS", any(nil), any(int32(200)), any(done)
+	if s.c.FailedShare > 0 && i%int64(1/s.c.FailedShare) == 0 {
+		status, lastErr, httpStatus, succeeded = "FAILED", "platform errcode 998: do not resend", int32(200), nil
+	}
+	api, topic := "VEHICLE_EVENT", "device-vehicle-event"
+	if i%5 == 4 {
+		api, topic = "HEARTBEAT", "device-heartbeat"
+	}
+	s.row = []any{
+		fmt.Sprintf("%08x-%04x-4%03x-8%03x-%012x", uint32(i>>16), uint16(i), uint16(i>>4)&0xfff, uint16(i)&0xfff, i),
+		api, topic, int32(i % 3), i / 3, []byte("CAM-0001"),
+		s.payloads[i%int64(len(s.payloads))], status, int32(1), nil, httpStatus, lastErr, created, done, succeeded,
+	}
+	return true
+}
+
+func (s *finishedSource) Values() ([]any, error) { return s.row, nil }
+func (s *finishedSource) Err() error             { return s.err }
+
+// copyFinished loads rows from..c.Rows with c.Workers concurrent COPYs.
+func copyFinished(ctx context.Context, pool *pgxpool.Pool, c scaleConfig, from int) (time.Duration, error) {
+	src, err := eventgen.NewSource(eventgen.SourceConfig{Seed: c.Seed})
+	if err != nil {
+		return 0, err
+	}
+	payloads := make([][]byte, 4096)
+	for i := range payloads {
+		payloads[i] = src.Next().Value
+	}
+	logf("loading %d finished rows with COPY (%d streams)", c.Rows-from, c.Workers)
+	var (
+		next     atomic.Int64
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+		copied   atomic.Int64
+	)
+	next.Store(int64(from))
+	start := time.Now()
+	stopProgress := make(chan struct{})
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopProgress:
+				return
+			case <-t.C:
+				n := next.Load() - int64(from)
+				logf("  ~%d rows handed to COPY (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
+			}
+		}
+	}()
+	now := time.Now()
+	for range c.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each COPY commits a slice of 1 M rows at most, so a failure
+			// late in the load keeps what was loaded (the load resumes
+			// from the row count next time).
+			for ctx.Err() == nil && next.Load() < int64(c.Rows) {
+				fs := &finishedSource{c: c, next: &next, end: int64(c.Rows), payloads: payloads, now: now, chunk: 10_000}
+				limited := &limitSource{src: fs, left: 1_000_000}
+				n, err := pool.CopyFrom(ctx, pgx.Identifier{"forward_records"}, finishedColumns, limited)
+				copied.Add(n)
+				if err != nil {
+					mu.Lock()
+					firstErr = cmpErr(firstErr, err)
+					mu.Unlock()
+					return
+				}
+				if n == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopProgress)
+	if firstErr != nil {
+		return 0, fmt.Errorf("copying rows: %w", firstErr)
+	}
+	d := time.Since(start)
+	logf("loaded %d rows in %s (%.0f rows/s)", copied.Load(), d.Round(time.Second), float64(copied.Load())/d.Seconds())
+	return d, nil
+}
+
+// limitSource ends a COPY after a number of rows, at a chunk boundary of
+// the finishedSource so that no row is skipped.
+type limitSource struct {
+	src  *finishedSource
+	left int
+}
+
+func (l *limitSource) Next() bool {
+	if l.left <= 0 && l.src.i >= l.src.chunkEnd {
+		return false
+	}
+	l.left--
+	return l.src.Next()
+}
+func (l *limitSource) Values() ([]any, error) { return l.src.Values() }
+func (l *limitSource) Err() error             { return l.src.Err() }
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func scaleMarkdown(c scaleConfig, rs []scaleResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Machine: %s. Load average (1 min) %.2f. Claims of %d rows out of a backlog of %d PENDING rows; gauge refresh = outboxdb.ReadRecordGauges.\n\n",
+		describeMachine(c.pgVersion), loadAvg(), c.ClaimBatch, c.Backlog)
+	b.WriteString("| finished rows | state | table + indexes | dead row versions | claim p50 / p95 | claim scan buffers | record p50 | gauge refresh p50 / p95 | gauge buffers | SUCCESS gauge | outbox stats |\n")
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "| %d | %s | %s | %d | %s / %s | %d | %s | %s / %s | %d | %s | %s |\n",
+			r.Finished, r.Label, mib(r.TableBytes), r.DeadTuples, ms(r.ClaimP50), ms(r.ClaimP95), r.ClaimScanBufs, ms(r.RecordP50),
+			ms(r.GaugesP50), ms(r.GaugesP95), r.GaugesBuffers, r.GaugeSource, ms(r.StatsDuration))
+	}
+	for _, r := range rs {
+		if r.LoadDuration > 0 {
+			fmt.Fprintf(&b, "\nCOPY of %d rows: %s (%.0f rows/s); VACUUM (ANALYZE) afterwards: %s.\n",
+				c.Rows, r.LoadDuration.Round(time.Second), float64(c.Rows)/r.LoadDuration.Seconds(), r.VacuumDuration.Round(time.Second))
+		}
+		if r.ChurnPerSec > 0 {
+			fmt.Fprintf(&b, "Churn before \"%s\": %.0f rows/s (insert 500, claim 500, record 500).\n", r.Label, r.ChurnPerSec)
+		}
+	}
+	return b.String()
+}
