@@ -93,9 +93,9 @@ For each message the output adds the credentials `+"`access_name`"+` and `+"`acc
 - `+"`no_retry`"+`: the row becomes FAILED.
 - `+"`retry`"+`: the row goes back to PENDING, due after the backoff of `+"`retry`"+`, or becomes FAILED once `+"`attempt`"+` has reached `+"`retry.max_attempts`"+`. A `+"`Retry-After`"+` header on a 429 or 503 reply replaces the computed delay (capped at `+"`retry.max`"+`).
 
-A message flagged with an error (a failed mapping) is never sent: its row becomes FAILED with `+"`last_error`"+` set to `+"`mapping: <error>`"+`. So is a body that is not a JSON object.
+A message flagged with an error (a failed mapping) is never sent: its row becomes FAILED with `+"`last_error`"+` set to `+"`mapping: <error>`"+`, and so does a message whose mapped body is not a JSON object.
 
-A message whose claim lease (`+"`lease_expires_at_ms`"+`) would end before its request could time out is not sent either: its row goes back to PENDING, due at once, so that no request outlives its claim.
+A message whose claim lease (`+"`lease_expires_at_ms`"+`) would end before its request could time out is not sent either: its claim is undone (the row goes back to PENDING, due at once, and the attempt is not counted), so that no request outlives its claim. So is a message still waiting for a request slot when the output stops.
 
 All outcomes of a batch are written in one statement: each row's status, `+"`next_retry_at`"+`, `+"`last_http_status`"+`, `+"`last_error`"+` (and `+"`succeeded_at`"+`), plus one `+"`forward_retry_logs`"+` row per attempt. The write is fenced by the claim token: a row that was claimed again by someone else after its lease ran out is left alone. A retryable platform failure is a recorded PENDING row, not an error: the batch is acknowledged once its outcomes are recorded, and fails only when the database write does.
 
