@@ -29,7 +29,7 @@ Durations: Go syntax plus days (7d, 36h, 0s).`,
 			&cli.BoolFlag{Name: "dry-run", Usage: "only print how many rows would be deleted"},
 		},
 		Action: func(c *cli.Context) error {
-			olderThan, err := ParseDuration(c.String("older-than"))
+			olderThan, err := outboxdb.ParseDuration(c.String("older-than"))
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("outbox purge: --older-than: %v", err), 2)
 			}

@@ -79,7 +79,7 @@ func requeueFilter(c *cli.Context) (outboxdb.RequeueFilter, error) {
 		f.Errcode = &e
 	}
 	if c.IsSet("since") {
-		d, err := ParseDuration(c.String("since"))
+		d, err := outboxdb.ParseDuration(c.String("since"))
 		if err != nil {
 			return f, fmt.Errorf("--since: %w", err)
 		}

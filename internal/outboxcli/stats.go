@@ -54,7 +54,7 @@ func writeStats(w io.Writer, st outboxdb.Stats) {
 	} else {
 		o := st.Oldest
 		fmt.Fprintf(w, "oldest undelivered row: %s old (id %d, key %s, %s, created %s)\n",
-			FormatDuration(o.Age), o.ID, o.MessageKey, o.Status, o.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"))
+			outboxdb.FormatDuration(o.Age), o.ID, o.MessageKey, o.Status, o.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"))
 	}
 	writeTop(w, "top failure reasons (FAILED rows, last_error)", st.FailureReasons)
 	writeTop(w, "top platform errcodes (FAILED rows, latest attempt)", st.FailureErrcodes)

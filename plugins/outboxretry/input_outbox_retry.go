@@ -26,6 +26,11 @@ const (
 	orFieldMaxUnacked   = "max_unacked"
 	orFieldMaxAttempts  = "max_attempts"
 	orFieldNackDelay    = "nack_delay"
+	orFieldRetention    = "retention"
+
+	orFieldRetentionOlderThan = "older_than"
+	orFieldRetentionInterval  = "interval"
+	orFieldRetentionBatchSize = "batch_size"
 )
 
 // Metadata keys set on every message (docs/components.md; the output reads
@@ -102,6 +107,19 @@ released the same way, so a graceful stop leaves nothing `+"`IN_PROGRESS`"+`.
 pipeline finishes them well within `+"`lease`"+`: a row still queued when its lease runs out may be
 claimed by another instance (its late result is then ignored, thanks to the fence).
 
+### Retention
+
+With `+"`retention.older_than`"+` set, the input also deletes `+"`SUCCESS`"+` rows delivered (`+"`succeeded_at`"+`) longer
+ago than that, with their attempt logs, once at start and then every `+"`retention.interval`"+`: what
+`+"`forwarder outbox purge --older-than`"+` does, in batches of one short transaction each, so it is safe
+while the service runs. `+"`PENDING`"+`, `+"`IN_PROGRESS`"+` and `+"`FAILED`"+` rows are never deleted. Of several
+instances configured alike, one purges at a time: each run first takes a PostgreSQL advisory lock
+(`+"`pg_try_advisory_lock`"+`) and skips its turn when another instance holds it. What a run deleted is
+logged at INFO level.
+
+A message that Kafka redelivers after its row was purged is persisted and sent again (the platform
+answers "duplicate"), so keep `+"`older_than`"+` longer than the topics' retention when that matters.
+
 ### Metrics
 
 `+"`forwarder_claimed_rows_total`"+` (counter) and `+"`forwarder_claim_batch_size`"+` (gauge, rows taken
@@ -135,6 +153,19 @@ by the last claim).`).
 				Description("How long a nacked row waits before it is due again. `0s`: at once.").
 				Default("0s").
 				Advanced(),
+			service.NewObjectField(orFieldRetention,
+				service.NewStringField(orFieldRetentionOlderThan).
+					Description("Deletes `SUCCESS` rows delivered longer ago than this, with their attempt logs. Go duration syntax plus days (`7d`, `36h`, `1d12h`). Empty: no periodic cleaning.").
+					Default("").
+					Examples("7d", "${OUTBOX_RETENTION:}"),
+				service.NewStringField(orFieldRetentionInterval).
+					Description("Time between two cleaning runs; the first runs when the input connects. Go duration syntax plus days.").
+					Default("1h"),
+				service.NewIntField(orFieldRetentionBatchSize).
+					Description("Rows deleted per transaction: small enough that each holds its locks briefly while the service runs.").
+					Default(outboxdb.DefaultAdminBatchSize),
+			).
+				Description("An optional periodic cleaner of delivered rows (see Retention above). Off unless `older_than` is set."),
 		).
 		Example("Dispatcher", "Claims due rows and hands them to the mapping and the HTTP output.", `
 input:
@@ -145,6 +176,16 @@ input:
     poll_interval: 5s
     max_unacked: 300
     max_attempts: ${FORWARD_MAX_ATTEMPTS:5}
+`).
+		Example("Dispatcher with retention", "Also deletes rows delivered more than a week ago, checking every hour; one instance purges at a time.", `
+input:
+  outbox_retry:
+    dsn: ${DATABASE_URL}
+    max_attempts: ${FORWARD_MAX_ATTEMPTS:5}
+    retention:
+      older_than: 7d
+      interval: 1h
+      batch_size: 5000
 `)
 }
 
@@ -165,6 +206,8 @@ type outboxRetry struct {
 	maxUnacked   int
 	maxAttempts  int
 	nackDelay    time.Duration
+	// retention is nil unless retention.older_than is set.
+	retention *retentionConfig
 
 	listenConf *outboxdb.ListenerConfig
 	log        *service.Logger
@@ -181,6 +224,7 @@ type outboxRetry struct {
 	mu       sync.Mutex
 	pool     *pgxpool.Pool
 	listener *outboxdb.Listener
+	cleaner  *retention
 	stopL    context.CancelFunc
 	lDone    chan struct{}
 	// held maps the id of every row claimed and not yet acknowledged to its
@@ -241,6 +285,9 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 	case in.nackDelay < 0:
 		return nil, fmt.Errorf("field %s: %v must not be negative", orFieldNackDelay, in.nackDelay)
 	}
+	if in.retention, err = parseRetention(conf.Namespace(orFieldRetention)); err != nil {
+		return nil, err
+	}
 	if in.instanceID == "" {
 		host, err := os.Hostname()
 		if err != nil || host == "" {
@@ -273,7 +320,11 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 		}
 		return nil
 	}
-	pool, err := outboxdb.Open(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: 4, ApplicationName: "forwarder outbox_retry"})
+	maxConns := int32(4)
+	if in.retention != nil {
+		maxConns++ // a purge holds one for its whole run
+	}
+	pool, err := outboxdb.Open(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: maxConns, ApplicationName: "forwarder outbox_retry"})
 	if err != nil {
 		return err
 	}
@@ -304,6 +355,10 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 		defer close(done)
 		listener.Run(lctx)
 	}()
+	if in.retention != nil {
+		in.cleaner = newRetention(*in.retention, pool, in.log)
+		in.cleaner.start()
+	}
 	return nil
 }
 
@@ -501,7 +556,7 @@ func (in *outboxRetry) Close(ctx context.Context) error {
 		return nil
 	}
 	in.closed = true
-	pool, stop, done := in.pool, in.stopL, in.lDone
+	pool, stop, done, cleaner := in.pool, in.stopL, in.lDone, in.cleaner
 	refs := make([]outboxdb.ClaimRef, 0, len(in.held))
 	for id, token := range in.held {
 		refs = append(refs, outboxdb.ClaimRef{ID: id, ClaimToken: token})
@@ -511,6 +566,9 @@ func (in *outboxRetry) Close(ctx context.Context) error {
 	if stop != nil {
 		stop()
 		<-done
+	}
+	if cleaner != nil {
+		cleaner.close()
 	}
 	if pool == nil {
 		return nil
@@ -569,4 +627,37 @@ func drain(c <-chan struct{}) {
 	case <-c:
 	default:
 	}
+}
+
+// parseRetention reads the retention block; nil when older_than is empty.
+func parseRetention(conf *service.ParsedConfig) (*retentionConfig, error) {
+	olderThan, err := conf.FieldString(orFieldRetentionOlderThan)
+	if err != nil {
+		return nil, err
+	}
+	if olderThan == "" {
+		return nil, nil
+	}
+	field := func(name string) string { return orFieldRetention + "." + name }
+	var rc retentionConfig
+	if rc.OlderThan, err = outboxdb.ParseDuration(olderThan); err != nil {
+		return nil, fmt.Errorf("field %s: %w", field(orFieldRetentionOlderThan), err)
+	}
+	interval, err := conf.FieldString(orFieldRetentionInterval)
+	if err != nil {
+		return nil, err
+	}
+	if rc.Interval, err = outboxdb.ParseDuration(interval); err != nil {
+		return nil, fmt.Errorf("field %s: %w", field(orFieldRetentionInterval), err)
+	}
+	if rc.Interval <= 0 {
+		return nil, fmt.Errorf("field %s: %q must be positive", field(orFieldRetentionInterval), interval)
+	}
+	if rc.BatchSize, err = conf.FieldInt(orFieldRetentionBatchSize); err != nil {
+		return nil, err
+	}
+	if rc.BatchSize < 1 {
+		return nil, fmt.Errorf("field %s: %d must be at least 1", field(orFieldRetentionBatchSize), rc.BatchSize)
+	}
+	return &rc, nil
 }

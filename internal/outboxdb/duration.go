@@ -1,4 +1,4 @@
-package outboxcli
+package outboxdb
 
 import (
 	"errors"
@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// ParseDuration parses the durations of the outbox commands: Go's syntax
+// ParseDuration parses the durations of the outbox commands and of the
+// pipeline settings that count in days (retention): Go's syntax
 // (time.ParseDuration: "36h", "90m", "1h30m", "0s") plus a day unit "d" of 24
 // hours, which may be combined and fractional like the others ("7d",
 // "1d12h", "1.5d"). A bare "0" is zero. Durations are never negative, so no

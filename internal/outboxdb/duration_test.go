@@ -1,4 +1,4 @@
-package outboxcli
+package outboxdb
 
 import (
 	"strings"

@@ -1,0 +1,54 @@
+package outboxdb
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// retentionLockKey is the pg_try_advisory_lock key of the periodic purge
+// ("forwpurg"), distinct from migrationLockKey: with several instances
+// configured to purge, the one that holds it purges and the others skip
+// their turn instead of all walking the same rows at once.
+const retentionLockKey int64 = 0x666f7277_70757267
+
+// unlockTimeout bounds the advisory unlock after a purge.
+const unlockTimeout = 5 * time.Second
+
+// TryPurge runs Purge on one connection of pool while holding the retention
+// advisory lock, so that of several instances purging on a schedule only one
+// works at a time. locked is false, and nothing is deleted, when another
+// session holds the lock. The lock belongs to the session and is held for
+// the whole run (every batch); it is released when Purge returns, and if the
+// unlock cannot be sent (ctx cancelled mid-statement, connection lost) the
+// connection is closed, which releases it too.
+//
+// The CLI's `outbox purge` does not take the lock: it may run beside a
+// scheduled purge (both skip rows the other holds).
+func TryPurge(ctx context.Context, pool *pgxpool.Pool, opts PurgeOptions) (res PurgeResult, locked bool, err error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return res, false, fmt.Errorf("acquiring a connection to purge: %w", err)
+	}
+	defer conn.Release()
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", retentionLockKey).Scan(&locked); err != nil {
+		return res, false, fmt.Errorf("taking the retention lock: %w", err)
+	}
+	if !locked {
+		return res, false, nil
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+		defer cancel()
+		var unlocked bool
+		if err := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", retentionLockKey).Scan(&unlocked); err != nil || !unlocked {
+			// A closed session holds no locks; the pool drops the
+			// connection on Release.
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+	res, err = Purge(ctx, conn, opts)
+	return res, true, err
+}
