@@ -4,6 +4,7 @@ package all
 
 import (
 	// Each import registers its components in init.
+	_ "github.com/forwarder/forwarder/plugins/deadletter"
 	_ "github.com/forwarder/forwarder/plugins/forwarder"
 	_ "github.com/forwarder/forwarder/plugins/kafka"
 	_ "github.com/forwarder/forwarder/plugins/mapping"

@@ -10,6 +10,10 @@
 -- is left alone. Clearing claim_token fences out the old holder of an expired
 -- lease: its late result write matches no row.
 --
+-- The row also leaves the dead-letter topic's bookkeeping (dead_lettered_at
+-- and its claim): a row that fails again is published again, and a dead-letter
+-- publish under way is fenced out.
+--
 -- The audit row's attempt_number is the number of attempts the row had made.
 -- last_error and last_http_status are kept: they describe the last attempt
 -- until the next one replaces them.
@@ -44,6 +48,9 @@ WITH picked AS (
         claimed_by    = NULL,
         claimed_at    = NULL,
         succeeded_at  = NULL,
+        dead_lettered_at        = NULL,
+        dead_letter_token       = NULL,
+        dead_letter_lease_until = NULL,
         updated_at    = now()
     FROM picked
     WHERE r.id = picked.id

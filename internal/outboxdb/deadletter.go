@@ -1,0 +1,126 @@
+package outboxdb
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// The dead-letter topic's queries: the outbox_dead_letter input publishes
+// each FAILED row once it is FAILED, at least once.
+var (
+	deadLetterClaimSQL   = mustSQL("deadletter_claim.sql")
+	deadLetterMarkSQL    = mustSQL("deadletter_mark.sql")
+	deadLetterReleaseSQL = mustSQL("deadletter_release.sql")
+)
+
+// DeadLetterRow is a FAILED row claimed for publishing to the dead-letter
+// topic.
+type DeadLetterRow struct {
+	ID             int64
+	MessageKey     string
+	APIType        string
+	KafkaTopic     string
+	KafkaPartition int32
+	KafkaOffset    int64
+	KafkaKey       []byte
+	// Payload is the message as received, byte for byte.
+	Payload      []byte
+	AttemptCount int
+	// LastHTTPStatus is the platform's last HTTP status; nil when there was
+	// no response (a mapping error, a timeout).
+	LastHTTPStatus *int
+	// LastError is why the row failed ("" when it says nothing).
+	LastError string
+	CreatedAt time.Time
+	// FailedAt is the row's updated_at: when it became FAILED.
+	FailedAt time.Time
+	// Token fences the mark and the release of this claim.
+	Token string
+}
+
+// Ref identifies this claim for MarkDeadLettered and ReleaseDeadLetters.
+func (r DeadLetterRow) Ref() DeadLetterRef { return DeadLetterRef{ID: r.ID, Token: r.Token} }
+
+// DeadLetterRef names one dead-letter claim of one row.
+type DeadLetterRef struct {
+	ID    int64
+	Token string
+}
+
+// ClaimDeadLetters takes up to limit FAILED rows not yet published to the
+// dead-letter topic, oldest id first, in one statement, leasing them for
+// lease: a row neither marked nor released by then may be claimed again.
+// With several publishers claiming at once no row is taken twice (FOR UPDATE
+// SKIP LOCKED). The rows come back sorted by id.
+func ClaimDeadLetters(ctx context.Context, q Querier, limit int, lease time.Duration) ([]DeadLetterRow, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, deadLetterClaimSQL, limit, lease.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("claiming failed rows to dead-letter: %w", err)
+	}
+	defer rows.Close()
+	var out []DeadLetterRow
+	for rows.Next() {
+		var (
+			r       DeadLetterRow
+			lastErr *string
+		)
+		if err := rows.Scan(&r.ID, &r.MessageKey, &r.APIType, &r.KafkaTopic, &r.KafkaPartition, &r.KafkaOffset,
+			&r.KafkaKey, &r.Payload, &r.AttemptCount, &r.LastHTTPStatus, &lastErr,
+			&r.CreatedAt, &r.FailedAt, &r.Token); err != nil {
+			return nil, fmt.Errorf("claiming failed rows to dead-letter: reading row: %w", err)
+		}
+		r.LastError = textOrEmpty(lastErr)
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claiming failed rows to dead-letter: %w", err)
+	}
+	slices.SortFunc(out, func(a, b DeadLetterRow) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// MarkDeadLettered records that the rows were published, so they are not
+// published again, in one statement. It is fenced by the claims: a row
+// requeued since (its claim cleared) or claimed by another publisher after
+// the lease ran out is left alone. It returns how many rows it marked.
+func MarkDeadLettered(ctx context.Context, q Querier, refs []DeadLetterRef) (int64, error) {
+	if len(refs) == 0 {
+		return 0, nil
+	}
+	ids, tokens := deadLetterArgs(refs)
+	tag, err := q.Exec(ctx, deadLetterMarkSQL, ids, tokens)
+	if err != nil {
+		return 0, fmt.Errorf("marking %d rows dead-lettered: %w", len(refs), err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// ReleaseDeadLetters gives claims back unpublished, fenced like
+// MarkDeadLettered: the rows may be claimed again after delay (0: at once).
+// It returns how many rows it released.
+func ReleaseDeadLetters(ctx context.Context, q Querier, refs []DeadLetterRef, delay time.Duration) (int64, error) {
+	if len(refs) == 0 {
+		return 0, nil
+	}
+	ids, tokens := deadLetterArgs(refs)
+	tag, err := q.Exec(ctx, deadLetterReleaseSQL, ids, tokens, max(delay, 0).Milliseconds())
+	if err != nil {
+		return 0, fmt.Errorf("releasing %d dead-letter claims: %w", len(refs), err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+func deadLetterArgs(refs []DeadLetterRef) ([]int64, []string) {
+	ids := make([]int64, len(refs))
+	tokens := make([]string, len(refs))
+	for i, r := range refs {
+		ids[i], tokens[i] = r.ID, r.Token
+	}
+	return ids, tokens
+}

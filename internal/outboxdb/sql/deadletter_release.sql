@@ -1,0 +1,14 @@
+-- Gives dead-letter claims back unpublished: on a nack, and at shutdown for
+-- rows claimed but not yet acknowledged. Fenced like deadletter_mark.sql. The
+-- rows may be claimed again after $3 milliseconds (0: at once), so that a
+-- topic that keeps refusing writes is retried at the poll interval rather
+-- than in a tight loop.
+--
+-- $1 ids, $2 dead-letter tokens (pairwise with $1), $3 delay in milliseconds.
+UPDATE forward_records AS r
+SET dead_letter_token       = NULL,
+    dead_letter_lease_until = now() + $3::bigint * interval '1 millisecond'
+FROM unnest($1::bigint[], $2::text[]) AS held (id, token)
+WHERE r.id = held.id
+  AND r.dead_letter_token::text = held.token
+  AND r.status = 'FAILED';
