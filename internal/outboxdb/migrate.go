@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -151,4 +152,28 @@ func SchemaVersion(ctx context.Context, q Querier) (int, error) {
 		return 0, fmt.Errorf("reading schema version: %w", err)
 	}
 	return v, nil
+}
+
+// ensured remembers the databases this process has already migrated, so that
+// every component can call EnsureSchema on connect and only the first one
+// pays for it.
+var ensured sync.Map // database identity -> struct{}
+
+// EnsureSchema migrates the database behind pool once per process: every
+// component that touches the outbox calls it when it connects (the schema is
+// created or upgraded on start, CONTRACT §3). Concurrent callers, here or in
+// other instances, serialise on Migrate's advisory lock. A failure is not
+// remembered, so the next Connect tries again; ErrSchemaTooNew keeps failing
+// until the binary is upgraded.
+func EnsureSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	cc := pool.Config().ConnConfig
+	id := Redact(cc.Host, cc.Port, cc.Database)
+	if _, ok := ensured.Load(id); ok {
+		return nil
+	}
+	if _, err := Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrating schema of %s: %w", id, err)
+	}
+	ensured.Store(id, struct{}{})
+	return nil
 }

@@ -216,3 +216,46 @@ func TestSchema(t *testing.T) {
 		}
 	})
 }
+
+func TestEnsureSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("MigratesAnEmptyDatabaseOnce", func(t *testing.T) {
+		t.Parallel()
+		pool := openEmpty(t)
+		if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		v, err := outboxdb.SchemaVersion(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != outboxdb.LatestVersion() {
+			t.Fatalf("schema version %d after EnsureSchema, want %d", v, outboxdb.LatestVersion())
+		}
+		// Remembered for the process: a second call does not run Migrate,
+		// so a newer version recorded meanwhile goes unnoticed here.
+		if _, err := pool.Exec(ctx, "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, 'x')"); err != nil {
+			t.Fatal(err)
+		}
+		if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+			t.Fatalf("second call: %v", err)
+		}
+	})
+
+	t.Run("RefusesNewerSchema", func(t *testing.T) {
+		t.Parallel()
+		pool := openEmpty(t)
+		if _, err := outboxdb.Migrate(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, 'x')"); err != nil {
+			t.Fatal(err)
+		}
+		err := outboxdb.EnsureSchema(ctx, pool)
+		if !errors.Is(err, outboxdb.ErrSchemaTooNew) {
+			t.Fatalf("err = %v, want ErrSchemaTooNew", err)
+		}
+	})
+}

@@ -183,6 +183,10 @@ func (in *deadLetter) Connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+		pool.Close()
+		return err
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.closed {

@@ -470,6 +470,10 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+		pool.Close()
+		return err
+	}
 	h.pool.Store(pool)
 	return nil
 }

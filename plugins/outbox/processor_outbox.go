@@ -450,7 +450,12 @@ func (p *outboxProcessor) persist(ctx context.Context, insert func(context.Conte
 	delay := p.retryInitial
 	for {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		err := insert(actx)
+		// The schema is created or upgraded on start: the first batch
+		// migrates (once per process), and an outage retries that too.
+		err := outboxdb.EnsureSchema(actx, p.pool)
+		if err == nil {
+			err = insert(actx)
+		}
 		cancel()
 		if err == nil {
 			p.recovered()

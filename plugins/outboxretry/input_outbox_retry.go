@@ -328,6 +328,10 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+		pool.Close()
+		return err
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.closed {
