@@ -13,12 +13,13 @@ import (
 )
 
 // TestPostgresRestart stops PostgreSQL ("fast": every connection dropped)
-// while the forwarder ingests and delivers, produces more messages while it
-// is down, and starts it again. The same process must recover on its own,
-// without a restart, and lose nothing.
+// while the forwarder ingests and delivers, with requests in flight at a
+// platform that takes its time, produces more messages while it is down,
+// and starts it again. The same process must recover on its own, without a
+// restart, and lose nothing.
 func TestPostgresRestart(t *testing.T) {
 	pg := pgtest.StartCluster(t)
-	s := newStack(t, stackOptions{cluster: pg})
+	s := newStack(t, stackOptions{cluster: pg, faults: mockplatform.Faults{Latency: 20 * time.Millisecond, LatencyJitter: 100 * time.Millisecond}})
 	n1, n2 := load(4_000, 1_500), load(2_000, 500)
 	src := s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01, MalformedRate: 0.01})
 	s.produce(src, n1)
@@ -26,7 +27,7 @@ func TestPostgresRestart(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= int64(n1/4) }); err != nil {
+	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= int64(n1/4) && st.InFlight >= 20 }); err != nil {
 		s.dumpLogs()
 		t.Fatal(err)
 	}
@@ -50,11 +51,17 @@ func TestPostgresRestart(t *testing.T) {
 	t.Logf("PostgreSQL stopped with rows %v and %d accepted, down for %s while %d more messages were produced",
 		counts, acceptedAtStop, upAt.Sub(downAt).Round(time.Millisecond), n2)
 
-	s.waitSettled(4 * time.Minute)
+	s.waitSettled(2 * time.Minute)
 	if !p.alive() || p.signalled.Load() != 0 {
 		t.Fatalf("the forwarder (pid %d) did not survive the database restart (%v):\n%s", p.pid(), p.waitErr, p.tail(6000))
 	}
 	r := s.verify()
+	// Benthos answers /ready with 200 only when every input and output is
+	// connected: the process is whole again, not just done with this load.
+	s.waitUntil("/ready after the database restart", time.Minute, func(ctx context.Context) (bool, string) {
+		code, body, err := p.get(ctx, "/ready")
+		return err == nil && code == 200, fmt.Sprintf("status %d, %v: %s", code, err, body)
+	})
 	t.Logf("recovered in the same process (pid %d), settled %s after PostgreSQL came back: %s",
 		p.pid(), time.Since(upAt).Round(time.Millisecond), r)
 }

@@ -344,8 +344,18 @@ func (s *stack) waitSettled(within time.Duration) {
 		if err != nil {
 			return false, "reading rows: " + err.Error()
 		}
+		done := total(c) >= want && c["PENDING"] == 0 && c["IN_PROGRESS"] == 0
 		state := fmt.Sprintf("rows %v (want %d), platform %+v", c, want, s.platform.Stats())
-		return total(c) >= want && c["PENDING"] == 0 && c["IN_PROGRESS"] == 0, state
+		if !done {
+			// Rows whose lease ran out well ago and that nobody claimed
+			// again: a dispatcher that stopped claiming.
+			var stale int
+			if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM forward_records
+				WHERE status IN ('PENDING', 'IN_PROGRESS') AND next_retry_at < now() - interval '10 seconds'`).Scan(&stale); err == nil {
+				state += fmt.Sprintf("; %d rows due for over 10 s and not claimed", stale)
+			}
+		}
+		return done, state
 	})
 }
 
