@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/forwarder/forwarder/internal/pgtest"
@@ -54,11 +55,14 @@ func setup() error {
 		}
 		return os.Chdir(repoRoot)
 	}
-	// go test runs the test binary from its work directory and removes that
-	// directory afterwards (pgtest.Main exits the process, so no deferred
-	// cleanup of our own would run): the forwarder is built next to it.
+	// go test runs the test binary from its temporary work directory and
+	// removes that directory afterwards (pgtest.Main exits the process, so no
+	// deferred cleanup of our own would run): the forwarder is built next to
+	// it. A test binary run by hand from elsewhere builds into a fresh
+	// temporary directory instead, left behind.
 	dir, err := filepath.Abs(filepath.Dir(os.Args[0]))
-	if err != nil || !writable(dir) {
+	tmp, _ := filepath.Abs(os.TempDir())
+	if err != nil || !strings.HasPrefix(dir, tmp+string(filepath.Separator)) || !writable(dir) {
 		if dir, err = os.MkdirTemp("", "forwarder-e2e-"); err != nil {
 			return err
 		}

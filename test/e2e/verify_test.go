@@ -285,7 +285,7 @@ func (s *stack) passwordInRows(ctx context.Context) []string {
 	return leaks
 }
 
-// deliveryTimes summarises durations for the reports: min, median, max.
+// summary describes durations for the reports: min, median, max.
 func summary(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "none"
