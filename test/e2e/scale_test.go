@@ -12,11 +12,12 @@ import (
 )
 
 // TestThreeInstances starts three forwarders at the same moment on one
-// fresh database (they race to migrate it) and one consumer group. Every
-// message is delivered exactly once: SKIP LOCKED claims and the leases keep
-// any two instances from sending the same row (CONTRACT §9.4).
+// empty database (they race to create the schema, CONTRACT §3) and one
+// consumer group. Every message is delivered exactly once: SKIP LOCKED
+// claims and the leases keep any two instances from sending the same row
+// (CONTRACT §9.4).
 func TestThreeInstances(t *testing.T) {
-	s := newStack(t, stackOptions{})
+	s := newStack(t, stackOptions{emptyDB: true})
 	n := load(9_000, 3_000)
 	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MalformedRate: 0.01, MissingIDRate: 0.01}), n)
 

@@ -40,6 +40,9 @@ const (
 type stackOptions struct {
 	// cluster is a private PostgreSQL server; nil uses the package's.
 	cluster *pgcluster.Cluster
+	// emptyDB leaves the database without the schema, for the forwarders to
+	// create when they start.
+	emptyDB bool
 	// env overrides the forwarders' environment.
 	env map[string]string
 	// faults are the mock platform's initial faults.
@@ -95,9 +98,12 @@ func newStack(t *testing.T, opts stackOptions) *stack {
 	s.rng = rand.New(rand.NewPCG(s.seed, s.seed^0x5bd1e995))
 	t.Logf("seed %d (E2E_SEED=%d reproduces the scenario's choices)", s.seed, baseSeed)
 
-	if opts.cluster != nil {
+	switch {
+	case opts.cluster != nil:
 		s.dsn = pgtest.NewDBOn(t, opts.cluster)
-	} else {
+	case opts.emptyDB:
+		s.dsn = pgtest.NewEmptyDB(t)
+	default:
 		s.dsn = pgtest.NewDB(t)
 	}
 	pool, err := pgxpool.New(context.Background(), s.dsn)
