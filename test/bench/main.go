@@ -253,5 +253,5 @@ func runBench(ctx context.Context, args []string) error {
 
 // logf reports progress on stderr, so that stdout holds only the results.
 func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	fmt.Fprintf(os.Stderr, "%s load %.2f  %s\n", time.Now().Format("15:04:05"), loadAvg(), fmt.Sprintf(format, args...))
 }

@@ -157,6 +157,7 @@ type meter struct {
 	pgStart    float64
 	selfStart  float64
 	consStart  float64
+	busyStart  float64
 
 	mu         sync.Mutex
 	pgPeakPSS  int64
@@ -174,6 +175,7 @@ func startMeter(postmaster int) (*meter, error) {
 	}
 	m.pgStart, m.pgPeakPSS = pg.CPU, pg.PSS
 	m.selfStart = selfCPU()
+	m.busyStart = machineBusy()
 	return m, nil
 }
 
@@ -211,8 +213,9 @@ func (m *meter) sample() {
 }
 
 // stop ends the measurement; call it while the consumer still runs. self
-// is the CPU of this process (the broker and the mock platform).
-func (m *meter) stop() (consumer, pg usage, self float64) {
+// is the CPU of this process (the broker and the mock platform), others the
+// CPU that every other process of the machine used meanwhile.
+func (m *meter) stop() (consumer, pg usage, self, others float64) {
 	close(m.stopSample)
 	<-m.sampled
 	if t, err := readProcTimes(m.consumer); err == nil {
@@ -228,7 +231,35 @@ func (m *meter) stop() (consumer, pg usage, self float64) {
 	m.mu.Lock()
 	pg.PeakRSS = m.pgPeakPSS
 	m.mu.Unlock()
-	return consumer, pg, selfCPU() - m.selfStart
+	self = selfCPU() - m.selfStart
+	others = max(0, machineBusy()-m.busyStart-consumer.CPU-pg.CPU-self)
+	return consumer, pg, self, others
+}
+
+// machineBusy is the CPU time, in seconds, the machine's CPUs have spent
+// running processes since boot (/proc/stat: user, nice, system, steal).
+// Interrupt and softirq time are left out: the loopback traffic of the
+// measured processes is handled there and is charged to no process.
+func machineBusy() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0
+	}
+	var busy float64
+	for i, v := range f[1:] {
+		// user nice system idle iowait irq softirq steal guest ...
+		if i == 3 || i == 4 || i == 5 || i == 6 || i >= 8 {
+			continue
+		}
+		n, _ := strconv.ParseFloat(v, 64)
+		busy += n
+	}
+	return busy / clockTicks
 }
 
 // selfCPU is this process's CPU time: the broker and the mock platform.

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,9 +35,14 @@ type throughputResult struct {
 	// (broker and mock platform), all over Wall.
 	Consumer, PG usage
 	Self         float64
-	Statements   []stmtStat
-	Requests     int64 // platform requests (more than Messages if any were retried)
-	StopErr      string
+	// Others is the CPU used by the rest of the machine meanwhile: the
+	// other work that disturbed the measurement.
+	Others     float64
+	Statements []stmtStat
+	Requests   int64 // platform requests (more than Messages if any were retried)
+	StopErr    string
+	// LoadStart and LoadEnd are the 1-minute load averages around the run.
+	LoadStart, LoadEnd float64
 }
 
 // latencyResult is one scenario at a steady rate.
@@ -48,11 +54,15 @@ type latencyResult struct {
 	// Cores is the consumer's CPU over the measured part divided by its
 	// length; PGCores the same for PostgreSQL.
 	Cores, PGCores float64
-	PeakRSS        int64
+	// OtherCores is what the rest of the machine used meanwhile.
+	OtherCores float64
+	PeakRSS    int64
 	// Messages is every message of the phase, warm-up included (the
 	// denominator of the statement counts).
 	Messages   int
 	Statements []stmtStat
+	// LoadStart and LoadEnd are the 1-minute load averages around the run.
+	LoadStart, LoadEnd float64
 }
 
 // stmtStat is one line of pg_stat_statements.
@@ -64,7 +74,8 @@ type stmtStat struct {
 }
 
 func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throughputResult, err error) {
-	res.Scenario = scenario
+	res.Scenario, res.LoadStart = scenario, loadAvg()
+	defer func() { res.LoadEnd = loadAvg() }()
 	run := "tp_" + scenario
 	dsn, pool, err := env.createDB(ctx, run)
 	if err != nil {
@@ -107,7 +118,7 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 		m.stop()
 		return res, err
 	}
-	res.Consumer, res.PG, res.Self = m.stop()
+	res.Consumer, res.PG, res.Self, res.Others = m.stop()
 	res.Wall = time.Since(start)
 	res.Requests = mp.Stats().Requests
 	if profile {
@@ -118,6 +129,10 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 			if err := c.fetchProfile(runCtx, env.cfg.PprofDir, p, ""); err != nil {
 				logf("forwarder %s profile: %v", p, err)
 			}
+		}
+		// The Go runtime's own figures (heap, GC) and the forwarder's metrics.
+		if err := c.fetch(runCtx, "/metrics", filepath.Join(env.cfg.PprofDir, "forwarder.metrics.txt")); err != nil {
+			logf("forwarder metrics: %v", err)
 		}
 	}
 	if err := c.stop(45 * time.Second); err != nil {
@@ -213,10 +228,16 @@ func (c *child) cpuProfile(ctx context.Context, dir string, seconds int) error {
 }
 
 func (c *child) fetchProfile(ctx context.Context, dir, name, query string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+	file := map[string]string{"profile": "cpu"}[name]
+	if file == "" {
+		file = name
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.httpAddr+"/debug/pprof/"+name+query, nil)
+	return c.fetch(ctx, "/debug/pprof/"+name+query, filepath.Join(dir, "forwarder."+file+".pprof"))
+}
+
+// fetch saves what the forwarder's HTTP server answers at path.
+func (c *child) fetch(ctx context.Context, path, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.httpAddr+path, nil)
 	if err != nil {
 		return err
 	}
@@ -226,14 +247,12 @@ func (c *child) fetchProfile(ctx context.Context, dir, name, query string) error
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET /debug/pprof/%s: %s (is http.debug_endpoints on?)", name, resp.Status)
+		return fmt.Errorf("GET %s: %s (is http.debug_endpoints on?)", path, resp.Status)
 	}
-	file := map[string]string{"profile": "cpu"}[name]
-	if file == "" {
-		file = name
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
 	}
-	path := filepath.Join(dir, "forwarder."+file+".pprof")
-	f, err := os.Create(path)
+	f, err := os.Create(file)
 	if err != nil {
 		return err
 	}
@@ -241,12 +260,13 @@ func (c *child) fetchProfile(ctx context.Context, dir, name, query string) error
 		f.Close()
 		return err
 	}
-	logf("wrote %s", path)
+	logf("wrote %s", file)
 	return f.Close()
 }
 
 func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyResult, err error) {
-	res.Scenario, res.Rate = scenario, env.cfg.Rate
+	res.Scenario, res.Rate, res.LoadStart = scenario, env.cfg.Rate, loadAvg()
+	defer func() { res.LoadEnd = loadAvg() }()
 	run := "lat_" + scenario
 	vehicle, heartbeat, err := env.createTopics(ctx, "lat-"+scenario)
 	if err != nil {
@@ -267,7 +287,8 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
 	defer cancel()
 	group := "bench-lat-" + scenario
-	c, err := env.startConsumer(runCtx, scenario, run, env.consumerEnv(dsn, mp.URL, group, vehicle, heartbeat), false)
+	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder
+	c, err := env.startConsumer(runCtx, scenario, run, env.consumerEnv(dsn, mp.URL, group, vehicle, heartbeat), profile)
 	if err != nil {
 		return res, err
 	}
@@ -298,6 +319,30 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		measStart time.Time
 	)
 	produceErr := make(chan error, 1)
+	// Where the messages are, every 2 s: produced, persisted (rows),
+	// unfinished rows, delivered. It tells ingest lag from dispatch lag.
+	var produced atomic.Int64
+	stopWatch := make(chan struct{})
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-t.C:
+			}
+			var rows, unfinished int64
+			_ = pool.QueryRow(runCtx, `SELECT count(*), count(*) FILTER (WHERE status <> 'SUCCESS') FROM forward_records`).Scan(&rows, &unfinished)
+			logf("%s: produced %d, persisted %d, unfinished %d, delivered %d", scenario, produced.Load(), rows, unfinished, mp.Stats().Accepted)
+		}
+	}()
+	defer func() {
+		close(stopWatch)
+		<-watchDone
+	}()
 	start := time.Now()
 	for i := 0; i < total; i++ {
 		if wait := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); wait > 0 {
@@ -309,11 +354,20 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 			}
 			m.attach(c.pid(), false)
 			measStart = time.Now()
+			if profile {
+				go func() {
+					path := filepath.Join(env.cfg.PprofDir, "forwarder.latency-cpu.pprof")
+					if err := c.fetch(runCtx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", env.cfg.PprofSeconds), path); err != nil {
+						logf("forwarder CPU profile at a steady rate: %v", err)
+					}
+				}()
+			}
 		}
 		msg := src.Next()
 		if i >= warmupN {
 			sentAt[msg.MessageID] = time.Now()
 		}
+		produced.Add(1)
 		cl.Produce(runCtx, &kgo.Record{Topic: msg.Topic, Key: msg.Key, Value: msg.Value}, func(_ *kgo.Record, err error) {
 			if err != nil {
 				select {
@@ -331,9 +385,10 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if m == nil { // no warm-up
 		return res, fmt.Errorf("latency phase produced no measured messages")
 	}
-	consumer, pg, _ := m.stop()
+	consumer, pg, _, others := m.stop()
 	measured := time.Since(measStart).Seconds()
 	res.Cores, res.PGCores, res.PeakRSS = consumer.CPU/measured, pg.CPU/measured, consumer.PeakRSS
+	res.OtherCores = others / measured
 	if err := cl.Flush(runCtx); err != nil {
 		return res, err
 	}

@@ -35,6 +35,7 @@ type scaleConfig struct {
 	Backlog     int
 	ClaimBatch  int
 	Churn       int
+	Drain       int
 	pgVersion   string
 	Logs        bool
 	Dir, DSN    string
@@ -61,6 +62,10 @@ type scaleResult struct {
 	LoadDuration   time.Duration
 	VacuumDuration time.Duration
 	ChurnPerSec    float64
+	// Drain is the claim time by tenth of a backlog drained in one go
+	// (first tenth first), and DrainPerSec its claim + record rate.
+	Drain       []time.Duration
+	DrainPerSec float64
 }
 
 func runScale(ctx context.Context, args []string) error {
@@ -71,6 +76,7 @@ func runScale(ctx context.Context, args []string) error {
 	fs.IntVar(&c.Backlog, "backlog", 10_000, "PENDING rows to claim during each measurement")
 	fs.IntVar(&c.ClaimBatch, "claim-batch", 100, "rows per claim (outbox_retry's default batch_size)")
 	fs.IntVar(&c.Churn, "churn", 200_000, "rows pushed through insert, claim and SUCCESS between the two measurements of each size, without VACUUM (the state between two autovacuums)")
+	fs.IntVar(&c.Drain, "drain", 200_000, "after the measurements of each size, a backlog of this many rows is drained by claims of 500 and the claim time followed (0: skip)")
 	fs.BoolVar(&c.Logs, "logs", false, "also write one forward_retry_logs row per finished row")
 	fs.StringVar(&c.Dir, "dir", "", "PostgreSQL cluster directory; an existing load in it is reused (default: a temporary directory)")
 	fs.StringVar(&c.DSN, "dsn", "", "use this database instead of a private cluster (its forward_records is loaded if smaller than -rows)")
@@ -210,6 +216,11 @@ func scaleSize(ctx context.Context, c *scaleConfig, dsn string, load bool) ([]sc
 	if err := scaleMeasure(ctx, *c, pool, "backlog-b-", &second); err != nil {
 		return nil, err
 	}
+	if c.Drain > 0 {
+		if second.Drain, second.DrainPerSec, err = drain(ctx, pool, c.Drain, 500); err != nil {
+			return nil, fmt.Errorf("draining: %w", err)
+		}
+	}
 	first.Finished, second.Finished = finished, finished+int64(c.Churn)
 	if !load {
 		first.Finished, second.Finished = 0, int64(c.Churn)
@@ -271,6 +282,44 @@ func claimAndRecord(ctx context.Context, pool *pgxpool.Pool, limit int, claims, 
 }
 
 var errNothingDue = errors.New("nothing was due")
+
+// drain inserts a backlog of n PENDING rows at once (a platform outage
+// ending) and claims and records it in batches, returning the median claim
+// time of each tenth of the drain.
+func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int) ([]time.Duration, float64, error) {
+	logf("draining a backlog of %d rows", n)
+	recs := make([]outboxdb.NewRecord, 1000)
+	for done := 0; done < n; done += len(recs) {
+		recs = recs[:min(len(recs), n-done)]
+		for i := range recs {
+			recs[i] = outboxdb.NewRecord{MessageKey: fmt.Sprintf("churn-drain-%d", done+i), APIType: "HEARTBEAT", KafkaTopic: "t",
+				KafkaOffset: int64(done + i), Payload: []byte(`{"deviceId":"CAM-0001"}`), Status: outboxdb.StatusPending}
+		}
+		if _, err := outboxdb.InsertBatchCount(ctx, pool, recs); err != nil {
+			return nil, 0, err
+		}
+	}
+	var claims []time.Duration
+	start := time.Now()
+	for {
+		err := claimAndRecord(ctx, pool, batch, &claims, nil)
+		if errors.Is(err, errNothingDue) {
+			break
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	tenths := make([]time.Duration, 0, 10)
+	for i := range 10 {
+		part := claims[i*len(claims)/10 : (i+1)*len(claims)/10]
+		if len(part) > 0 {
+			tenths = append(tenths, quantile(part, 0.5))
+		}
+	}
+	return tenths, rate, nil
+}
 
 // scaleMeasure times the gauge refresh and the claims of a fresh backlog.
 func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix string, r *scaleResult) error {
@@ -543,6 +592,14 @@ func scaleMarkdown(c scaleConfig, rs []scaleResult) string {
 		if r.LoadDuration > 0 {
 			fmt.Fprintf(&b, "\nCOPY of %d rows: %s (%.0f rows/s); VACUUM (ANALYZE) afterwards: %s.\n",
 				c.Rows, r.LoadDuration.Round(time.Second), float64(c.Rows)/r.LoadDuration.Seconds(), r.VacuumDuration.Round(time.Second))
+		}
+		if len(r.Drain) > 0 {
+			parts := make([]string, len(r.Drain))
+			for i, d := range r.Drain {
+				parts[i] = ms(d)
+			}
+			fmt.Fprintf(&b, "Drain of a %d-row backlog at %d finished rows, claims of 500: %.0f rows/s claimed and recorded; median claim by tenth of the drain: %s.\n",
+				c.Drain, r.Finished, r.DrainPerSec, strings.Join(parts, ", "))
 		}
 		if r.ChurnPerSec > 0 {
 			fmt.Fprintf(&b, "Churn before \"%s\": %.0f rows/s (insert 500, claim 500, record 500).\n", r.Label, r.ChurnPerSec)
