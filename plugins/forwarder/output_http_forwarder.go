@@ -67,10 +67,13 @@ const (
 	maxDrainBytes = 256 << 10
 	// maxSnippetBytes of a reply are quoted in last_error.
 	maxSnippetBytes = 512
-	// recordTimeout bounds the result write, which runs even when the batch's
-	// context is cancelled: the requests were made and must be recorded.
+	// recordTimeout bounds the retries of the result write, which stop
+	// earlier when a claim of the batch ends first (past it the write could
+	// no longer match). It runs even when the batch's context is cancelled:
+	// the requests were made and must be recorded, or they are sent again.
 	recordTimeout = 15 * time.Second
-	recordTries   = 3
+	// recordRetryMax caps the pause between two tries of the result write.
+	recordRetryMax = 2 * time.Second
 
 	defaultTimeout = "10s"
 )
@@ -765,19 +768,29 @@ func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, atts []*
 	// Requests were made: their outcomes are written even when the batch's
 	// context is cancelled. The write is fenced and idempotent, so retrying
 	// it after a connection error is safe.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	// Keep trying while the claims hold: a result given up on while the
+	// database is briefly away means the platform gets the message again.
+	deadline := time.Now().Add(recordTimeout)
+	for _, a := range atts {
+		if le := a.meta.leaseExpires; !le.IsZero() && le.After(time.Now()) && le.Before(deadline) {
+			deadline = le
+		}
+	}
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	var (
 		recorded []int64
 		err      error
 	)
 	for try := 1; ; try++ {
-		if recorded, err = outboxdb.RecordResults(rctx, pool, results); err == nil || try == recordTries {
+		if recorded, err = outboxdb.RecordResults(rctx, pool, results); err == nil {
 			break
 		}
-		h.log.Warnf("Recording %d forward results failed, retrying: %v", len(results), err)
+		if try == 1 {
+			h.log.Warnf("Recording %d forward results failed, retrying until their claims expire: %v", len(results), err)
+		}
 		select {
-		case <-time.After(time.Duration(try) * 200 * time.Millisecond):
+		case <-time.After(min(time.Duration(try)*200*time.Millisecond, recordRetryMax)):
 		case <-rctx.Done():
 		}
 		if rctx.Err() != nil {

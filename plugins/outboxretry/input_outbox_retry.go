@@ -506,11 +506,15 @@ func (in *outboxRetry) ackFunc(pool *pgxpool.Pool, refs []outboxdb.ClaimRef) ser
 		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 		defer cancel()
 		n, err := outboxdb.Release(rctx, pool, refs, in.nackDelay, "nacked: "+ackErr.Error())
-		if err != nil {
-			// Still held: Close retries, and the lease is the last resort.
-			return fmt.Errorf("releasing %d nacked rows: %w", len(refs), err)
-		}
+		// Forget the rows even when the release failed (the database is
+		// likely down): their lease brings them back and the claim token
+		// fences any late write, whereas keeping them counted against
+		// max_unacked would stop this input claiming for good once an
+		// outage had nacked max_unacked rows.
 		in.forget(refs)
+		if err != nil {
+			return fmt.Errorf("releasing %d nacked rows (they come back when their lease expires): %w", len(refs), err)
+		}
 		in.log.Debugf("Released %d of %d nacked rows: %v", n, len(refs), ackErr)
 		return nil
 	}
