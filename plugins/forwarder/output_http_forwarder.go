@@ -72,6 +72,11 @@ const (
 	// no longer match). It runs even when the batch's context is cancelled:
 	// the requests were made and must be recorded, or they are sent again.
 	recordTimeout = 15 * time.Second
+	// resultMargin is the lease kept, beyond the request timeout, for writing
+	// the result: a request is not started unless timeout + resultMargin of
+	// the claim remain, so a slow reply recorded late cannot lose its claim
+	// to another instance that would send the message again.
+	resultMargin = time.Second
 	// recordRetryMax caps the pause between two tries of the result write.
 	recordRetryMax = 2 * time.Second
 
@@ -622,8 +627,8 @@ func (h *httpForwarder) requestBody(mapped []byte) ([]byte, error) {
 
 // send makes one request, holding a slot, and turns its reply into a result.
 func (h *httpForwarder) send(ctx context.Context, a *attempt) {
-	if until := time.Until(a.meta.leaseExpires); !a.meta.leaseExpires.IsZero() && until < h.timeout {
-		h.undo(a, fmt.Sprintf("not sent: the claim lease ends in %v, before the %v request timeout could", until.Round(time.Millisecond), h.timeout))
+	if until := time.Until(a.meta.leaseExpires); !a.meta.leaseExpires.IsZero() && until < h.timeout+resultMargin {
+		h.undo(a, fmt.Sprintf("not sent: the claim lease ends in %v, before the %v request timeout and the result write could", until.Round(time.Millisecond), h.timeout))
 		return
 	}
 

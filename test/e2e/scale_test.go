@@ -17,7 +17,11 @@ import (
 // claims and the leases keep any two instances from sending the same row
 // (CONTRACT §9.4).
 func TestThreeInstances(t *testing.T) {
-	s := newStack(t, stackOptions{emptyDB: true})
+	// No instance dies here, so a long lease costs nothing; the stack's 3 s
+	// lease is for the crash scenarios, and three forwarders on two starved
+	// cores can let a claim outlive it, which is a slow instance, not two
+	// instances owning a row.
+	s := newStack(t, stackOptions{emptyDB: true, env: map[string]string{"CLAIM_LEASE": "20s"}})
 	n := load(9_000, 3_000)
 	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MalformedRate: 0.01, MissingIDRate: 0.01}), n)
 
