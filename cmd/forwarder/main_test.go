@@ -1,0 +1,123 @@
+package main_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pgtest"
+)
+
+var forwarderBin string
+
+func TestMain(m *testing.M) {
+	// $FORWARDER_BIN is the binary `make test` built; otherwise build one.
+	forwarderBin = os.Getenv("FORWARDER_BIN")
+	if forwarderBin == "" {
+		dir, err := os.MkdirTemp("", "forwarder-bin-")
+		if err != nil {
+			panic(err)
+		}
+		defer os.RemoveAll(dir)
+		forwarderBin = filepath.Join(dir, "forwarder")
+		if out, err := exec.Command("go", "build", "-o", forwarderBin, ".").CombinedOutput(); err != nil {
+			panic("building forwarder: " + err.Error() + "\n" + string(out))
+		}
+	}
+	pgtest.Main(m)
+}
+
+// run executes the binary with env added and returns its combined output.
+func run(t *testing.T, env []string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(forwarderBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func TestBinary(t *testing.T) {
+	t.Parallel()
+
+	t.Run("VersionAndList", func(t *testing.T) {
+		t.Parallel()
+		out, err := run(t, nil, "--version")
+		if err != nil || !strings.Contains(out, "Version:") {
+			t.Fatalf("--version: %v\n%s", err, out)
+		}
+		out, err = run(t, nil, "list")
+		if err != nil {
+			t.Fatalf("list: %v\n%s", err, out)
+		}
+		for _, name := range []string{"kafka_franz", "outbox", "outbox_retry", "outbox_dead_letter", "http_forwarder", "mapping_file", "prometheus"} {
+			if !strings.Contains(out, "- "+name+"\n") {
+				t.Errorf("forwarder list does not show %s", name)
+			}
+		}
+	})
+
+	t.Run("OutboxMigrate", func(t *testing.T) {
+		t.Parallel()
+		env := []string{"DATABASE_URL=" + pgtest.NewEmptyDB(t)}
+		out, err := run(t, env, "outbox", "migrate")
+		if err != nil || !strings.Contains(out, "schema migrated from version 0") {
+			t.Fatalf("first migrate: %v\n%s", err, out)
+		}
+		out, err = run(t, env, "outbox", "migrate")
+		if err != nil || !strings.Contains(out, "schema is up to date") {
+			t.Fatalf("second migrate changed something or failed: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("ConcurrentMigrations", func(t *testing.T) {
+		t.Parallel()
+		env := []string{"DATABASE_URL=" + pgtest.NewEmptyDB(t)}
+		var wg sync.WaitGroup
+		outs, errs := make([]string, 3), make([]error, 3)
+		for i := range outs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				outs[i], errs[i] = run(t, env, "outbox", "migrate")
+			}()
+		}
+		wg.Wait()
+		migrated := 0
+		for i := range outs {
+			if errs[i] != nil {
+				t.Fatalf("migrate %d: %v\n%s", i, errs[i], outs[i])
+			}
+			if strings.Contains(outs[i], "schema migrated") {
+				migrated++
+			}
+		}
+		if migrated != 1 {
+			t.Fatalf("%d of 3 concurrent runs migrated, want exactly 1:\n%s", migrated, strings.Join(outs, "\n"))
+		}
+	})
+
+	t.Run("NewerSchemaFails", func(t *testing.T) {
+		t.Parallel()
+		dsn := pgtest.NewDB(t)
+		pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if _, err := pool.Exec(context.Background(), "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, '9999_future')"); err != nil {
+			t.Fatal(err)
+		}
+		out, err := run(t, []string{"DATABASE_URL=" + dsn}, "outbox", "migrate")
+		if err == nil || !strings.Contains(out, "newer than this binary") {
+			t.Fatalf("migrate on a newer schema: err %v, want a failure saying the schema is newer:\n%s", err, out)
+		}
+		if strings.Contains(out, dsn) {
+			t.Fatalf("the error shows the database URL:\n%s", out)
+		}
+	})
+}
