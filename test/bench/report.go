@@ -92,10 +92,10 @@ func (r *report) markdown() string {
 	if len(r.latency) > 0 {
 		fmt.Fprintf(&b, "\n### Latency: produce → platform at a steady %.0f msgs/s (%s measured after %s of warm-up)\n\n",
 			r.cfg.Rate, r.cfg.LatencyDuration, r.cfg.LatencyWarmup)
-		b.WriteString("| | p50 | p90 | p99 | max | consumer CPU | PostgreSQL CPU | consumer peak RSS | other processes | load average |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| | p50 | p90 | p99 | max | consumer CPU | PostgreSQL CPU | consumer peak RSS | other processes | broker + mock + producer | load average |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, l := range r.latency {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f cores | %.2f cores | %s | %.2f cores | %.2f → %.2f |\n", r.title(l.Scenario),
-				ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), l.Cores, l.PGCores, mib(l.PeakRSS), l.OtherCores, l.LoadStart, l.LoadEnd)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f cores | %.2f cores | %s | %.2f cores | %.2f cores | %.2f → %.2f |\n", r.title(l.Scenario),
+				ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), l.Cores, l.PGCores, mib(l.PeakRSS), l.OtherCores, l.SelfCores, l.LoadStart, l.LoadEnd)
 		}
 	}
 

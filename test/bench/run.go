@@ -54,9 +54,10 @@ type latencyResult struct {
 	// Cores is the consumer's CPU over the measured part divided by its
 	// length; PGCores the same for PostgreSQL.
 	Cores, PGCores float64
-	// OtherCores is what the rest of the machine used meanwhile.
-	OtherCores float64
-	PeakRSS    int64
+	// SelfCores is this process (broker, mock platform, producer);
+	// OtherCores what the rest of the machine used meanwhile.
+	SelfCores, OtherCores float64
+	PeakRSS               int64
 	// Messages is every message of the phase, warm-up included (the
 	// denominator of the statement counts).
 	Messages   int
@@ -385,10 +386,10 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if m == nil { // no warm-up
 		return res, fmt.Errorf("latency phase produced no measured messages")
 	}
-	consumer, pg, _, others := m.stop()
+	consumer, pg, self, others := m.stop()
 	measured := time.Since(measStart).Seconds()
 	res.Cores, res.PGCores, res.PeakRSS = consumer.CPU/measured, pg.CPU/measured, consumer.PeakRSS
-	res.OtherCores = others / measured
+	res.SelfCores, res.OtherCores = self/measured, others/measured
 	if err := cl.Flush(runCtx); err != nil {
 		return res, err
 	}
