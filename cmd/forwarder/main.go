@@ -27,5 +27,6 @@ func main() {
 		service.CLIOptSetBinaryName("forwarder"),
 		service.CLIOptSetProductName("forwarder"),
 		service.CLIOptAddCommand(outboxcli.Command()),
+		service.CLIOptOnConfigParse(outboxcli.CheckSchemaOnStart),
 	)
 }

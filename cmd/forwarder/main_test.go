@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pgtest"
@@ -118,6 +119,32 @@ func TestBinary(t *testing.T) {
 		}
 		if strings.Contains(out, dsn) {
 			t.Fatalf("the error shows the database URL:\n%s", out)
+		}
+	})
+
+	t.Run("ServiceRefusesNewerSchema", func(t *testing.T) {
+		t.Parallel()
+		dsn := pgtest.NewDB(t)
+		pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if _, err := pool.Exec(context.Background(), "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, '9999_future')"); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, forwarderBin, "-c", "pipelines/forwarder.yaml")
+		cmd.Dir = filepath.Join("..", "..")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn, "KAFKA_BROKERS=127.0.0.1:1",
+			"PLATFORM_ACCESS_NAME=n", "PLATFORM_ACCESS_PWD=p", "HTTP_ADDR=127.0.0.1:0")
+		out, err := cmd.CombinedOutput()
+		if ctx.Err() != nil {
+			t.Fatalf("the service kept running on a database with a newer schema:\n%s", out)
+		}
+		if err == nil || !strings.Contains(string(out), "newer than this binary") {
+			t.Fatalf("start-up on a newer schema: err %v, want a failure saying so:\n%s", err, out)
 		}
 	})
 }
