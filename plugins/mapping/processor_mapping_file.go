@@ -1,6 +1,6 @@
 // Package mapping provides the mapping_file processor, which runs a Bloblang
 // mapping kept in a file and reloads it when the file changes, and the
-// Bloblang helpers the shipped mappings use (percent_round).
+// Bloblang helpers the shipped mappings use (percent_round, ts_format_platform).
 package mapping
 
 import (
