@@ -1,11 +1,13 @@
 package outboxdb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +17,7 @@ var (
 	insertSQL         = mustSQL("insert.sql")
 	insertCountSQL    = mustSQL("insert_count.sql")
 	insertExistingSQL = mustSQL("insert_existing.sql")
+	insertClaimSQL    = mustSQL("insert_claim.sql")
 )
 
 // InsertSQL is the batch insert statement, exported for plan tests and
@@ -155,6 +158,96 @@ func InsertBatchCount(ctx context.Context, q Querier, recs []NewRecord) (InsertC
 		return InsertCounts{}, fmt.Errorf("inserting outbox rows: %w", err)
 	}
 	return c, nil
+}
+
+// DirectClaim says which new rows InsertBatchClaim inserts already claimed,
+// and for whom.
+type DirectClaim struct {
+	// Limit caps the rows inserted claimed: the first Limit PENDING records
+	// of the batch, in batch order, duplicates left out. The rest are
+	// inserted PENDING, as by InsertBatchCount. A record whose key already
+	// has a row takes its slot without being inserted: which keys exist is
+	// known only once the statement ran.
+	Limit int
+	// Lease and Claimer as in ClaimParams.
+	Lease   time.Duration
+	Claimer string
+}
+
+// InsertBatchClaim is InsertBatchCount for a processor whose process runs a
+// dispatcher with room for c.Limit more rows (insert_claim.sql): up to
+// c.Limit of the new PENDING rows are inserted IN_PROGRESS, claimed for
+// c.Claimer with attempt_count 1, as ClaimDue would have left them, and come
+// back as ClaimedRows (sorted by id) for that dispatcher to send. Claimed
+// rows are not counted in the returned InsertCounts.Pending; records whose
+// key already had a row are neither counted nor returned.
+func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c DirectClaim) (InsertCounts, []ClaimedRow, error) {
+	if len(recs) == 0 {
+		return InsertCounts{}, nil, nil
+	}
+	first, unique, err := dedupe(recs)
+	if err != nil {
+		return InsertCounts{}, nil, err
+	}
+	args := insertArgs(recs, unique)
+	if c.Limit > 0 {
+		// unique is in key order (the lock order); claim in batch order.
+		pos := make(map[int]int, len(unique))
+		for j, i := range unique {
+			pos[i] = j
+		}
+		statuses, n := args[7].([]string), 0
+		for i := range recs {
+			j, ok := pos[i]
+			if !ok || n == c.Limit || statuses[j] != string(StatusPending) {
+				continue
+			}
+			statuses[j] = string(StatusInProgress)
+			n++
+		}
+	}
+	args = append(args, c.Lease.Milliseconds(), c.Claimer)
+	rows, err := q.Query(ctx, insertClaimSQL, args...)
+	if err != nil {
+		return InsertCounts{}, nil, fmt.Errorf("inserting outbox rows: %w", err)
+	}
+	var (
+		counts  InsertCounts
+		claimed []ClaimedRow
+		id      int64
+		key     string
+		status  string
+		token   *string
+		created time.Time
+		due     *time.Time
+		notify  int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &key, &status, &token, &created, &due, &notify}, func() error {
+		switch Status(status) {
+		case StatusPending:
+			counts.Pending++
+		case StatusFailed:
+			counts.Failed++
+		case StatusInProgress:
+			i, ok := first[key]
+			if !ok || token == nil || due == nil {
+				return fmt.Errorf("insert returned an unknown or unclaimed key %q", key)
+			}
+			r := &recs[i]
+			claimed = append(claimed, ClaimedRow{
+				ID: id, MessageKey: key, APIType: r.APIType, KafkaTopic: r.KafkaTopic,
+				KafkaPartition: r.KafkaPartition, KafkaOffset: r.KafkaOffset, KafkaKey: r.KafkaKey,
+				Payload: r.Payload, AttemptCount: 1, ClaimToken: *token,
+				CreatedAt: created, LeaseExpiresAt: *due,
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return InsertCounts{}, nil, fmt.Errorf("inserting outbox rows: %w", err)
+	}
+	slices.SortFunc(claimed, func(a, b ClaimedRow) int { return cmp.Compare(a.ID, b.ID) })
+	return counts, claimed, nil
 }
 
 // dedupe checks recs and returns the index of each key's first record and

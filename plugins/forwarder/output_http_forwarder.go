@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/handoff"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -810,6 +811,7 @@ func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, atts []*
 	for _, id := range recorded {
 		ok[id] = struct{}{}
 	}
+	h.announceRetries(atts, ok)
 	for _, a := range atts {
 		r := a.result
 		if _, done := ok[a.meta.id]; !done {
@@ -830,6 +832,27 @@ func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, atts []*
 		}
 	}
 	return nil
+}
+
+// announceRetries tells the dispatcher of this process (see handoff) when
+// the earliest retry just recorded is due, so that it claims it on time
+// without polling for it.
+func (h *httpForwarder) announceRetries(atts []*attempt, recorded map[int64]struct{}) {
+	var (
+		first time.Duration
+		found bool
+	)
+	for _, a := range atts {
+		if _, done := recorded[a.meta.id]; !done || a.result.Status != outboxdb.StatusPending {
+			continue
+		}
+		if !found || a.result.RetryIn < first {
+			first, found = a.result.RetryIn, true
+		}
+	}
+	if found {
+		handoff.NoteDue(h.dsn, time.Now().Add(first))
+	}
 }
 
 // Close closes the database pool and idle connections.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/handoff"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -28,6 +29,7 @@ const (
 	opFieldAPIType         = "api_type"
 	opFieldEmit            = "emit"
 	opFieldMaxPayloadBytes = "max_payload_bytes"
+	opFieldDirectDispatch  = "direct_dispatch"
 
 	emitNone = "none"
 	emitNew  = "new"
@@ -90,9 +92,21 @@ missing, null or empty, or the payload is not a JSON object, the key is
 missing id is logged as a warning and counted in ^forwarder_missing_message_id_total^. A key that
 PostgreSQL cannot index (over 1024 bytes, NUL characters) fails the message with the fallback key.
 
+### Direct dispatch
+
+When the same process runs an ^outbox_retry^ input on the same ^dsn^ (as ^pipelines/forwarder.yaml^
+does) and it has room under its ^max_unacked^, the processor inserts new rows already claimed for it
+(^IN_PROGRESS^, attempt 1, a claim token and a lease, exactly what a claim would have made of them)
+and hands them over in memory, in the same statement that persists them. A new row then costs one
+statement fewer and reaches the output without the notify-and-claim round trip. What the dispatcher
+has no room for is inserted ^PENDING^ and claimed from the database as usual, so ingestion never
+waits for the dispatcher, and a crash before a result is written is recovered by the lease like any
+other claim. Only with ^emit: none^; ^direct_dispatch: false^ turns it off.
+
 ### Metrics
 
-^forwarder_rows_persisted_total{status}^ counts new rows by status (PENDING, FAILED);
+^forwarder_rows_persisted_total{status}^ counts new rows by status (PENDING, FAILED; rows handed
+over directly count as PENDING);
 ^forwarder_missing_message_id_total^ counts messages stored under the fallback key.`)).
 		Fields(
 			service.NewStringField(opFieldDSN).
@@ -117,6 +131,10 @@ PostgreSQL cannot index (over 1024 bytes, NUL characters) fails the message with
 			}).
 				Description("What the processor returns after persisting.").
 				Default(emitNone),
+			service.NewBoolField(opFieldDirectDispatch).
+				Description("Hand new rows, inserted already claimed, to an `outbox_retry` input of the same process and `dsn` when it has room (see Direct dispatch). Only with `emit: none`.").
+				Default(true).
+				Advanced(),
 			service.NewIntField(opFieldMaxPayloadBytes).
 				Description("Payloads larger than this are stored FAILED instead of being parsed.").
 				Default(1<<20).
@@ -181,6 +199,8 @@ type outboxProcessor struct {
 	apiType    *service.InterpolatedString // nil: apiTypes
 	emitNew    bool
 	maxPayload int
+	// dsn finds the dispatcher of direct dispatch; "" when it is off.
+	dsn string
 
 	retryInitial, retryMax time.Duration
 	chunkBytes             int
@@ -243,6 +263,13 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		return nil, fmt.Errorf("field %s: %q is not %s or %s", opFieldEmit, emit, emitNone, emitNew)
 	}
 	p.emitNew = emit == emitNew
+	direct, err := conf.FieldBool(opFieldDirectDispatch)
+	if err != nil {
+		return nil, err
+	}
+	if direct && !p.emitNew {
+		p.dsn = dsn
+	}
 	if p.maxPayload, err = conf.FieldInt(opFieldMaxPayloadBytes); err != nil {
 		return nil, err
 	}
@@ -304,8 +331,9 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 		chunk := recs[start:end]
 		err := p.persist(ctx, func(ctx context.Context) error {
 			if !p.emitNew {
-				// Persist-only needs no per-row results: one aggregate row back.
-				c, err := outboxdb.InsertBatchCount(ctx, p.pool, chunk)
+				// Persist-only needs no per-row results: one aggregate row
+				// back, or the rows handed to the dispatcher.
+				c, err := p.insertChunk(ctx, chunk)
 				if err == nil {
 					counts.Pending += c.Pending
 					counts.Failed += c.Failed
@@ -353,6 +381,59 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 		}
 	}
 	return []service.MessageBatch{out}, nil
+}
+
+// insertChunk persists chunk for emit: none, handing as many new rows as the
+// process's dispatcher has room for to it (see Direct dispatch).
+func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewRecord) (outboxdb.InsertCounts, error) {
+	var d handoff.Dispatcher
+	if p.dsn != "" {
+		d = handoff.Lookup(p.dsn)
+	}
+	granted := 0
+	if d != nil {
+		granted = d.Reserve(countPending(chunk))
+	}
+	if granted == 0 {
+		return outboxdb.InsertBatchCount(ctx, p.pool, chunk)
+	}
+	claim := d.Claim()
+	claim.Limit = granted
+	c, rows, err := outboxdb.InsertBatchClaim(ctx, p.pool, chunk, claim)
+	if err != nil {
+		d.Deliver(granted, nil)
+		return c, err
+	}
+	c.Pending += len(rows)
+	if !d.Deliver(granted, rows) {
+		p.giveBack(ctx, rows)
+	}
+	return c, nil
+}
+
+// giveBack releases rows claimed for a dispatcher that closed before they
+// could be handed over, as if never claimed; failing that, their lease
+// brings them back.
+func (p *outboxProcessor) giveBack(ctx context.Context, rows []outboxdb.ClaimedRow) {
+	refs := make([]outboxdb.ClaimRef, len(rows))
+	for i, r := range rows {
+		refs[i] = r.Ref()
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attemptTimeout)
+	defer cancel()
+	if _, err := outboxdb.ReleaseUnsent(rctx, p.pool, refs); err != nil {
+		p.log.Warnf("Could not give back %d rows claimed for a dispatcher that stopped (they come back when their lease expires): %v", len(rows), err)
+	}
+}
+
+func countPending(recs []outboxdb.NewRecord) int {
+	n := 0
+	for i := range recs {
+		if recs[i].Status == outboxdb.StatusPending {
+			n++
+		}
+	}
+	return n
 }
 
 // record turns message i into its row: key, API type, Kafka coordinates,

@@ -9,11 +9,13 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/handoff"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -53,6 +55,7 @@ const (
 const (
 	metricClaimedRows    = "forwarder_claimed_rows_total"
 	metricClaimBatchSize = "forwarder_claim_batch_size"
+	metricDirectRows     = "forwarder_direct_rows_total"
 )
 
 const (
@@ -213,13 +216,27 @@ type outboxRetry struct {
 	log        *service.Logger
 	mClaimed   *service.MetricCounter
 	mBatchSize *service.MetricGauge
+	mDirect    *service.MetricCounter
 
 	// acked receives a value after every ack or nack: capacity may have come
-	// back, and the output may have scheduled a retry sooner than the sleep.
+	// back.
 	acked chan struct{}
-	// idleWait grows while rows are due but locked by someone else. Only
-	// ReadBatch uses it; the engine never calls ReadBatch concurrently.
+	// nudge receives a value when rows were handed over or a retry was
+	// scheduled (see handoff).
+	nudge chan struct{}
+	// claimNeeded is set while rows may be due in the database: at start, on
+	// a notification, when a claim filled its limit, when the next due time
+	// comes, after a nack. A claim that takes less than it asked for clears
+	// it: the input then waits instead of claiming again, so a steady flow of
+	// handed-over rows costs no claim statements.
+	claimNeeded atomic.Bool
+
+	// Only ReadBatch uses these; the engine never calls it concurrently.
+	// idleWait grows while rows are due but locked by someone else; dueAt is
+	// when the next row is due (from NextDue), valid while dueKnown.
 	idleWait time.Duration
+	dueAt    time.Time
+	dueKnown bool
 
 	mu       sync.Mutex
 	pool     *pgxpool.Pool
@@ -227,14 +244,23 @@ type outboxRetry struct {
 	cleaner  *retention
 	stopL    context.CancelFunc
 	lDone    chan struct{}
-	// held maps the id of every row claimed and not yet acknowledged to its
-	// claim token.
+	// held maps the id of every row claimed (or handed over) and not yet
+	// acknowledged to its claim token.
 	held   map[int64]string
 	closed bool
+	// Handed over by the outbox processor (see handoff): reserved slots not
+	// yet delivered, delivered rows not yet emitted (they are in held), and
+	// the earliest retry the output announced.
+	reserved    int
+	queue       []outboxdb.ClaimedRow
+	hintAt      time.Time
+	waitForRoom bool
+	unregister  func()
 
 	// Test hooks, set before Connect: onListen runs after every LISTEN,
-	// onIdle when ReadBatch starts waiting with nothing due.
-	onListen, onIdle func()
+	// onIdle when ReadBatch starts waiting with nothing due, onClaim before
+	// every claim statement.
+	onListen, onIdle, onClaim func()
 }
 
 func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources) (*outboxRetry, error) {
@@ -242,9 +268,12 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		log:        mgr.Logger(),
 		mClaimed:   mgr.Metrics().NewCounter(metricClaimedRows),
 		mBatchSize: mgr.Metrics().NewGauge(metricClaimBatchSize),
+		mDirect:    mgr.Metrics().NewCounter(metricDirectRows),
 		acked:      make(chan struct{}, 1),
+		nudge:      make(chan struct{}, 1),
 		held:       map[int64]string{},
 	}
+	in.claimNeeded.Store(true)
 	var err error
 	if in.dsn, err = conf.FieldString(orFieldDSN); err != nil {
 		return nil, err
@@ -363,6 +392,7 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 		in.cleaner = newRetention(*in.retention, pool, in.log)
 		in.cleaner.start()
 	}
+	in.unregister = handoff.Register(in.dsn, in)
 	return nil
 }
 
@@ -380,21 +410,36 @@ func (in *outboxRetry) ReadBatch(ctx context.Context) (service.MessageBatch, ser
 		return nil, nil, service.ErrNotConnected
 	}
 	for {
+		if rows := in.dequeue(); len(rows) > 0 {
+			return in.emit(ctx, pool, rows)
+		}
+		if !in.claimNeeded.Load() {
+			if err := in.waitForWork(ctx, pool, listener); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
 		room := in.room()
 		if room == 0 {
+			in.setWaitForRoom(true)
 			select {
 			case <-in.acked:
-				continue
+			case <-in.nudge:
 			case <-ctx.Done():
 				return nil, nil, ctx.Err()
 			}
+			continue
 		}
+		in.setWaitForRoom(false)
 		// Wake-ups that arrive from here on may concern rows this claim
-		// does not see: keep them for the wait below.
+		// does not see: they set claimNeeded again.
 		drain(listener.Wake())
+		in.claimNeeded.Store(false)
+		in.dueKnown = false
 
 		res, err := in.claim(ctx, pool, room)
 		if err != nil {
+			in.claimNeeded.Store(true)
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
 			}
@@ -404,18 +449,15 @@ func (in *outboxRetry) ReadBatch(ctx context.Context) (service.MessageBatch, ser
 			}
 			return nil, nil, err
 		}
+		if len(res.Claimed)+len(res.Exhausted) >= room {
+			in.claimNeeded.Store(true) // more may be due behind these
+		}
 		if len(res.Exhausted) > 0 {
 			in.logExhausted(res.Exhausted)
 		}
 		if len(res.Claimed) > 0 {
 			in.idleWait = 0
 			return in.emit(ctx, pool, res.Claimed)
-		}
-		if len(res.Exhausted) > 0 {
-			continue // more rows may be due behind the failed ones
-		}
-		if err := in.waitForWork(ctx, pool, listener); err != nil {
-			return nil, nil, err
 		}
 	}
 }
@@ -432,6 +474,9 @@ func (in *outboxRetry) claim(ctx context.Context, pool *pgxpool.Pool, limit int)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(claimGrace, cancel) })
 	defer stop()
+	if in.onClaim != nil {
+		in.onClaim()
+	}
 
 	res, err := outboxdb.ClaimDue(claimCtx, pool, outboxdb.ClaimParams{
 		Limit:       limit,
@@ -506,6 +551,11 @@ func (in *outboxRetry) ackFunc(pool *pgxpool.Pool, refs []outboxdb.ClaimRef) ser
 		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 		defer cancel()
 		n, err := outboxdb.Release(rctx, pool, refs, in.nackDelay, "nacked: "+ackErr.Error())
+		if in.nackDelay == 0 {
+			in.claimNeeded.Store(true)
+		} else {
+			in.DueAt(time.Now().Add(in.nackDelay))
+		}
 		// Forget the rows even when the release failed (the database is
 		// likely down): their lease brings them back and the claim token
 		// fences any late write, whereas keeping them counted against
@@ -520,32 +570,45 @@ func (in *outboxRetry) ackFunc(pool *pgxpool.Pool, refs []outboxdb.ClaimRef) ser
 	}
 }
 
-// waitForWork sleeps until something may have become due.
+// waitForWork sleeps until rows may be due in the database (a notification,
+// the next due time, the poll interval) or rows are handed over, and says
+// which by setting claimNeeded. The next due time is read once per idle
+// period, not per wake-up.
 func (in *outboxRetry) waitForWork(ctx context.Context, pool *pgxpool.Pool, listener *outboxdb.Listener) error {
-	wait := in.pollInterval
-	due, ok, err := outboxdb.NextDue(ctx, pool)
-	switch {
-	case ctx.Err() != nil:
-		return ctx.Err()
-	case err != nil:
-		in.log.Debugf("Could not read the next due time, polling: %v", err)
-	case ok && due <= 0:
-		// Due but locked by another claimer or a result being written.
-		in.idleWait = min(max(in.idleWait*2, minIdleWait), in.pollInterval)
-		wait = in.idleWait
-	case ok:
-		in.idleWait = 0
-		wait = min(due, in.pollInterval)
+	now := time.Now()
+	if !in.dueKnown {
+		in.dueKnown = true
+		in.dueAt = now.Add(in.pollInterval)
+		due, ok, err := outboxdb.NextDue(ctx, pool)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			in.log.Debugf("Could not read the next due time, polling: %v", err)
+		case ok && due <= 0:
+			// Due but locked by another claimer or a result being written.
+			in.idleWait = min(max(in.idleWait*2, minIdleWait), in.pollInterval)
+			in.dueAt = now.Add(in.idleWait)
+		case ok:
+			in.idleWait = 0
+			in.dueAt = now.Add(min(due, in.pollInterval))
+		}
 	}
-	t := time.NewTimer(wait)
+	if hint := in.takeHint(); !hint.IsZero() && hint.Before(in.dueAt) {
+		in.dueAt = hint
+	}
+	t := time.NewTimer(max(in.dueAt.Sub(now), 0))
 	defer t.Stop()
 	if in.onIdle != nil {
 		in.onIdle()
 	}
 	select {
 	case <-listener.Wake():
-	case <-in.acked:
+		in.claimNeeded.Store(true)
 	case <-t.C:
+		in.claimNeeded.Store(true)
+	case <-in.nudge:
+		// Rows handed over, or an earlier due time: the caller looks again.
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -564,7 +627,11 @@ func (in *outboxRetry) Close(ctx context.Context) error {
 		return nil
 	}
 	in.closed = true
+	in.queue = nil // still in held: released below
 	pool, stop, done, cleaner := in.pool, in.stopL, in.lDone, in.cleaner
+	if in.unregister != nil {
+		in.unregister()
+	}
 	refs := make([]outboxdb.ClaimRef, 0, len(in.held))
 	for id, token := range in.held {
 		refs = append(refs, outboxdb.ClaimRef{ID: id, ClaimToken: token})
@@ -600,7 +667,89 @@ func (in *outboxRetry) Close(ctx context.Context) error {
 func (in *outboxRetry) room() int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return max(min(in.batchSize, in.maxUnacked-len(in.held)), 0)
+	return max(min(in.batchSize, in.maxUnacked-len(in.held)-in.reserved), 0)
+}
+
+// setWaitForRoom says whether ReadBatch waits for room to claim due rows:
+// meanwhile the outbox processor gets no reservations, so that rows due in
+// the database (retries, released and expired claims) are not starved by a
+// steady flow of new ones.
+func (in *outboxRetry) setWaitForRoom(v bool) {
+	in.mu.Lock()
+	in.waitForRoom = v
+	in.mu.Unlock()
+}
+
+// dequeue takes up to batchSize handed-over rows.
+func (in *outboxRetry) dequeue() []outboxdb.ClaimedRow {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	n := min(len(in.queue), in.batchSize)
+	if n == 0 {
+		return nil
+	}
+	rows := in.queue[:n:n]
+	in.queue = in.queue[n:]
+	if len(in.queue) == 0 {
+		in.queue = nil
+	}
+	return rows
+}
+
+func (in *outboxRetry) takeHint() time.Time {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	t := in.hintAt
+	in.hintAt = time.Time{}
+	return t
+}
+
+// Claim implements handoff.Dispatcher.
+func (in *outboxRetry) Claim() outboxdb.DirectClaim {
+	return outboxdb.DirectClaim{Lease: in.lease, Claimer: in.instanceID}
+}
+
+// Reserve implements handoff.Dispatcher.
+func (in *outboxRetry) Reserve(n int) int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed || in.waitForRoom || n <= 0 {
+		return 0
+	}
+	g := max(min(n, in.maxUnacked-len(in.held)-in.reserved), 0)
+	in.reserved += g
+	return g
+}
+
+// Deliver implements handoff.Dispatcher: the rows join held at once, so
+// that Close releases them whether or not they were emitted.
+func (in *outboxRetry) Deliver(granted int, rows []outboxdb.ClaimedRow) bool {
+	in.mu.Lock()
+	in.reserved -= granted
+	if in.closed {
+		in.mu.Unlock()
+		return false
+	}
+	for _, r := range rows {
+		in.held[r.ID] = r.ClaimToken
+	}
+	in.queue = append(in.queue, rows...)
+	in.mu.Unlock()
+	if len(rows) > 0 {
+		in.mDirect.Incr(int64(len(rows)))
+	}
+	in.signal(in.nudge)
+	return true
+}
+
+// DueAt implements handoff.Dispatcher.
+func (in *outboxRetry) DueAt(t time.Time) {
+	in.mu.Lock()
+	if in.hintAt.IsZero() || t.Before(in.hintAt) {
+		in.hintAt = t
+	}
+	in.mu.Unlock()
+	in.signal(in.nudge)
 }
 
 func (in *outboxRetry) forget(refs []outboxdb.ClaimRef) {
@@ -613,9 +762,11 @@ func (in *outboxRetry) forget(refs []outboxdb.ClaimRef) {
 	}
 }
 
-func (in *outboxRetry) signalAcked() {
+func (in *outboxRetry) signalAcked() { in.signal(in.acked) }
+
+func (in *outboxRetry) signal(c chan struct{}) {
 	select {
-	case in.acked <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }

@@ -1,0 +1,44 @@
+-- insert_count.sql for an outbox processor whose own process runs a
+-- dispatcher with room to spare: the rows marked IN_PROGRESS in $8 are
+-- inserted already claimed by $12 for a lease of $11 milliseconds (attempt 1,
+-- a fresh claim_token), exactly as claim.sql would leave them, and handed to
+-- that dispatcher in memory. That saves the NOTIFY, the claim statement and a
+-- second version of every row; should the process die before a result is
+-- written, the lease brings the rows back like any other claim.
+--
+-- Rows inserted IN_PROGRESS come back with what the dispatcher needs; PENDING
+-- and FAILED rows come back with their status only, and PENDING ones notify
+-- the dispatchers as in insert.sql. A key that already had a row comes back
+-- not at all (ON CONFLICT DO NOTHING), whatever status was asked for it.
+--
+-- Keep the INSERT in step with insert.sql's; $1-$10 as there, $8 may also
+-- hold IN_PROGRESS.
+WITH ins AS (
+    INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
+                                 kafka_offset, kafka_key, payload, status,
+                                 attempt_count, next_retry_at, claim_token,
+                                 claimed_by, claimed_at, last_error)
+    SELECT u.message_key, u.api_type, u.kafka_topic, u.kafka_partition,
+           u.kafka_offset, u.kafka_key, u.payload, u.status,
+           CASE WHEN u.status = 'IN_PROGRESS' THEN 1 ELSE 0 END,
+           CASE u.status WHEN 'PENDING' THEN now()
+                         WHEN 'IN_PROGRESS' THEN now() + $11::bigint * interval '1 millisecond' END,
+           CASE WHEN u.status = 'IN_PROGRESS' THEN gen_random_uuid() END,
+           CASE WHEN u.status = 'IN_PROGRESS' THEN $12::text END,
+           CASE WHEN u.status = 'IN_PROGRESS' THEN now() END,
+           nullif(u.last_error, '')
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[],
+                $6::bytea[], $7::bytea[], $8::text[], $9::text[])
+         AS u(message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
+              kafka_key, payload, status, last_error)
+    ON CONFLICT (message_key) DO NOTHING
+    RETURNING id, message_key, status, claim_token, created_at, next_retry_at
+), notified AS (
+    SELECT pg_notify($10, '')
+    FROM ins
+    WHERE status = 'PENDING'
+    LIMIT 1
+)
+SELECT id, message_key, status, claim_token::text, created_at, next_retry_at,
+       (SELECT count(*) FROM notified) AS notified
+FROM ins;
