@@ -181,6 +181,9 @@ func (d decimal) percentRoundHalfUp() int64 {
 		}
 		return math.MaxInt64
 	}
+	if r, ok := d.percentRoundSmall(n, e); ok {
+		return r
+	}
 	// Here -1-n < e <= 20-n, so 10^|e| stays as small as the input is long.
 	num, _ := new(big.Int).SetString(d.digits, 10)
 	if d.neg {
@@ -204,6 +207,53 @@ func (d decimal) percentRoundHalfUp() int64 {
 		return math.MinInt64
 	default:
 		return math.MaxInt64
+	}
+}
+
+// pow10 holds 10^0 … 10^18, the powers of ten that fit in an int64.
+var pow10 = func() (p [19]int64) {
+	p[0] = 1
+	for i := 1; i < len(p); i++ {
+		p[i] = p[i-1] * 10
+	}
+	return p
+}()
+
+// percentRoundSmall is percentRoundHalfUp in int64 arithmetic, for the
+// usual inputs (at most 18 digits, d × 100 below 10^18); ok is false when
+// the value needs big numbers. n is len(d.digits), e is d.exp+2, so
+// d × 100 = ±digits × 10^e.
+func (d decimal) percentRoundSmall(n, e int64) (r int64, ok bool) {
+	if n > 18 || n+e > 18 || -e > 18 {
+		return 0, false
+	}
+	var digits int64
+	for i := 0; i < len(d.digits); i++ {
+		digits = digits*10 + int64(d.digits[i]-'0')
+	}
+	if e >= 0 {
+		// An integer: n+e <= 18 digits, so it fits.
+		r = digits * pow10[e]
+		if d.neg {
+			r = -r
+		}
+		return r, true
+	}
+	// d × 100 = ±(q + rem/den) with 0 <= rem < den <= 10^18.
+	den := pow10[-e]
+	q, rem := digits/den, digits%den
+	switch {
+	case !d.neg && 2*rem >= den:
+		// The fraction is at least a half: round up.
+		return q + 1, true
+	case !d.neg:
+		return q, true
+	case 2*rem > den:
+		// -q - rem/den + 1/2 lies in (-q-1, -q): its floor is -q-1.
+		return -q - 1, true
+	default:
+		// A fraction of at most a half: -q - rem/den + 1/2 >= -q.
+		return -q, true
 	}
 }
 

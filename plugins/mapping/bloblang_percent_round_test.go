@@ -51,6 +51,10 @@ func TestPercentRound(t *testing.T) {
 		{"JustInsideInt64", "92233720368547758.07", math.MaxInt64},
 		{"JustOutsideInt64", "92233720368547758.08", math.MaxInt64},
 		{"LargeInteger", json.Number("123456789012345678"), math.MaxInt64},
+		{"EighteenDigitsTie", "0.999999999999999995", 100},
+		{"EighteenDigitsNegativeTie", "-0.999999999999999995", -100},
+		{"EighteenDigitsIntegerResult", "9999999999999999.99", 999999999999999999},
+		{"NineteenDigitResultSaturates", "99999999999999999.9", math.MaxInt64},
 		{"Float32", float32(0.5), 50},
 		{"Uint64", uint64(2), 200},
 	}
@@ -135,6 +139,9 @@ func FuzzPercentRound(f *testing.F) {
 	for _, seed := range []string{
 		"0.575", "0.854", "0.995", "0.005", "0.0049", "1", "1.2", "-0.3", "0", "5.75e-1", "1e-400", "1e400",
 		".5", "5.", "-0.005", "92233720368547758.07", "0x10", "1/2", "NaN", "", "1e", "00.000000000000000001",
+		// Around the edges of the int64 fast path: 18 and 19 digits, 10^18.
+		"0.999999999999999995", "-0.999999999999999995", "9999999999999999.99", "99999999999999999.9",
+		"-0.0051", "1e16", "1e17", "0.5e-16", "-5e-3", "123456789012345678e-18",
 	} {
 		f.Add(seed)
 	}
