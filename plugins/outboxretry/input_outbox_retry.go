@@ -94,10 +94,21 @@ The message body is the stored payload, byte for byte. Metadata: `+"`outbox_id`"
 
 ### Wake-up
 
-The input LISTENs on the channel the `+"`outbox`"+` processor notifies when it commits new rows, so a new
-row is claimed within milliseconds. With nothing due it sleeps until the earliest `+"`next_retry_at`"+`
-(a retry or a lease deadline), an ack, a notification or `+"`poll_interval`"+`, whichever comes first.
-The listening connection is re-established, with backoff, whenever it is lost.
+The input LISTENs on the channel the `+"`outbox`"+` processor notifies when it commits new PENDING rows,
+so such a row is claimed within milliseconds. It claims only while rows may be due: at start, after a
+notification, after a claim that filled its batch, after a nack, and when the earliest `+"`next_retry_at`"+`
+(a retry or a lease deadline, read once per idle period) or `+"`poll_interval`"+` comes; an `+"`http_forwarder`"+`
+of the same process announces the retries it schedules. A claim that finds fewer rows than it asked for
+ends the claiming until one of these. The listening connection is re-established, with backoff, whenever
+it is lost.
+
+### Direct dispatch
+
+While connected, the input registers itself for its `+"`dsn`"+` in the process. An `+"`outbox`"+` processor of the
+same process and `+"`dsn`"+` then inserts new rows already claimed for it, as many as `+"`max_unacked`"+` leaves
+room for, and hands them over in memory: they are emitted like claimed rows (same metadata, attempt 1)
+without a claim statement, and counted in `+"`forwarder_direct_rows_total`"+`. While due rows of the database
+wait for room, no rows are handed over, so retries are not starved by new traffic.
 
 ### Acknowledgements
 
