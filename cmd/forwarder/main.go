@@ -12,6 +12,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxcli"
 	_ "github.com/forwarder/forwarder/plugins/all"
+	"github.com/forwarder/forwarder/plugins/mapping"
 )
 
 // Set at build time with -ldflags "-X main.version=... -X main.dateBuilt=...".
@@ -27,6 +28,17 @@ func main() {
 		service.CLIOptSetBinaryName("forwarder"),
 		service.CLIOptSetProductName("forwarder"),
 		service.CLIOptAddCommand(outboxcli.Command()),
-		service.CLIOptOnConfigParse(outboxcli.CheckSchemaOnStart),
+		service.CLIOptOnConfigParse(checkOnStart),
 	)
+}
+
+// checkOnStart refuses to start what could only fail every message: a
+// PLATFORM_TZ that is not a zone, or a database schema newer than this
+// binary. It runs once the config is parsed, before any component starts
+// (not for lint or test).
+func checkOnStart(conf *service.ParsedConfig) error {
+	if err := mapping.CheckPlatformTZ(); err != nil {
+		return err
+	}
+	return outboxcli.CheckSchemaOnStart(conf)
 }

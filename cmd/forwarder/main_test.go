@@ -147,4 +147,21 @@ func TestBinary(t *testing.T) {
 			t.Fatalf("start-up on a newer schema: err %v, want a failure saying so:\n%s", err, out)
 		}
 	})
+
+	t.Run("ServiceRefusesABadPlatformTZ", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, forwarderBin, "-c", "pipelines/forwarder.yaml")
+		cmd.Dir = filepath.Join("..", "..")
+		cmd.Env = append(os.Environ(), "PLATFORM_TZ=Mars/Olympus_Mons", "DATABASE_URL=postgres://127.0.0.1:1/none",
+			"KAFKA_BROKERS=127.0.0.1:1", "PLATFORM_ACCESS_NAME=n", "PLATFORM_ACCESS_PWD=p", "HTTP_ADDR=127.0.0.1:0")
+		out, err := cmd.CombinedOutput()
+		if ctx.Err() != nil {
+			t.Fatalf("the service kept running with a bad PLATFORM_TZ:\n%s", out)
+		}
+		if err == nil || !strings.Contains(string(out), `PLATFORM_TZ "Mars/Olympus_Mons"`) {
+			t.Fatalf("start-up with a bad PLATFORM_TZ: err %v, want a failure naming it:\n%s", err, out)
+		}
+	})
 }
