@@ -64,3 +64,6 @@ func cleanReason(s string) string {
 	}
 	return s[:n]
 }
+
+// ReleaseSQL is the release statement, exported for plan tests.
+func ReleaseSQL() string { return releaseSQL }

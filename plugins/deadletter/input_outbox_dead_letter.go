@@ -179,7 +179,7 @@ func (in *deadLetter) Connect(ctx context.Context) error {
 		}
 		return nil
 	}
-	pool, err := outboxdb.Open(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: 2, ApplicationName: "forwarder outbox_dead_letter"})
+	pool, err := outboxdb.Open(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: 2, ApplicationName: "forwarder outbox_dead_letter", NoSeqScan: true})
 	if err != nil {
 		return err
 	}

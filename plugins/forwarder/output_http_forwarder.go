@@ -475,7 +475,7 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 	if h.pool.Load() != nil {
 		return nil
 	}
-	pool, err := outboxdb.Open(ctx, h.dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-http-forwarder"})
+	pool, err := outboxdb.Open(ctx, h.dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-http-forwarder", NoSeqScan: true})
 	if err != nil {
 		return err
 	}

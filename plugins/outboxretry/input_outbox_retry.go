@@ -364,7 +364,7 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 	if in.retention != nil {
 		maxConns++ // a purge holds one for its whole run
 	}
-	pool, err := outboxdb.Open(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: maxConns, ApplicationName: "forwarder outbox_retry"})
+	pool, err := outboxdb.Open(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: maxConns, ApplicationName: "forwarder outbox_retry", NoSeqScan: true})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,90 @@
+package outboxdb_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pgtest"
+)
+
+// genericPlan prepares sql on one connection of a pool opened with cfg, while
+// forward_records is empty, and returns the generic plan PostgreSQL would
+// keep for it: what a pgx-prepared statement runs after its first
+// executions, however much the table grows before the next ANALYZE.
+func genericPlan(t *testing.T, dsn string, cfg outboxdb.PoolConfig, sql string, args ...any) string {
+	t.Helper()
+	ctx := context.Background()
+	cfg.MaxConns = 1
+	pool, err := outboxdb.Open(ctx, dsn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "PREPARE stmt AS "+sql); err != nil {
+		t.Fatal(err)
+	}
+	placeholders := make([]string, len(args))
+	for i := range args {
+		placeholders[i] = "$" + string(rune('1'+i))
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE stmt("+strings.Join(placeholders, ",")+")",
+		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestGenericPlansUseIndexes: the result write, the release and the claim
+// reach forward_records through an index in the plan PostgreSQL keeps for a
+// statement prepared on a small table (see PoolConfig.NoSeqScan).
+func TestGenericPlansUseIndexes(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	ids, tokens := []int64{1, 2}, []string{"a", "b"}
+	recordArgs := []any{ids, tokens, []string{"SUCCESS", "SUCCESS"}, []*int64{nil, nil}, []*int32{nil, nil},
+		[]*string{nil, nil}, []*string{nil, nil}, []*int32{nil, nil}, []bool{false, false}}
+	statements := []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"record", outboxdb.RecordSQL(), recordArgs},
+		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
+		{"claim", outboxdb.ClaimSQL(), []any{100, time.Minute.Milliseconds(), "me", 5}},
+	}
+	for _, st := range statements {
+		plan := genericPlan(t, dsn, outboxdb.PoolConfig{NoSeqScan: true}, st.sql, st.args...)
+		if strings.Contains(plan, "Seq Scan on forward_records") {
+			t.Errorf("%s: the generic plan scans forward_records sequentially:\n%s", st.name, plan)
+		}
+	}
+
+	// Why the setting exists: without it, the result write's generic plan
+	// made on a small table scans the whole table for every batch.
+	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{}, outboxdb.RecordSQL(), recordArgs...); !strings.Contains(plan, "Seq Scan on forward_records") {
+		t.Logf("note: without NoSeqScan this PostgreSQL plans the result write by index already:\n%s", plan)
+	}
+}
