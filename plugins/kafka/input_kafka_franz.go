@@ -39,9 +39,9 @@ Built on [franz-go](https://github.com/twmb/franz-go). The field names follow Re
 
 ### Delivery guarantees
 
-Delivery is at-least-once. Records are read per partition and handed to the pipeline in batches of consecutive records of one partition. An offset is committed only when the record at it and every earlier record of its partition have been acknowledged (delivered by the output, or filtered out by a processor); acknowledgements may arrive in any order and are tracked per partition. Offsets are committed every `+"`commit_period`"+`, when partitions are revoked in a rebalance, and on shutdown. After a crash, or a stop that does not drain, the records after the last commit are read again: duplicates are possible, losses are not.
+Delivery is at-least-once. Without a batching policy, a batch holds what has been read of every partition with room under `+"`checkpoint_limit`"+` (consecutive records of each partition, at most `+"`checkpoint_limit`"+` records in all); with one, a batch holds consecutive records of one partition. An offset is committed only when the record at it and every earlier record of its partition have been acknowledged (delivered by the output, or filtered out by a processor); acknowledgements may arrive in any order and are tracked per partition. Offsets are committed every `+"`commit_period`"+`, when partitions are revoked in a rebalance, and on shutdown. After a crash, or a stop that does not drain, the records after the last commit are read again: duplicates are possible, losses are not.
 
-A rejected (nacked) batch is never skipped: with `+"`auto_replay_nacks: true`"+` it is delivered again from memory with a backoff; with `+"`false`"+` the partition is rewound and the batch is fetched from Kafka again.
+A rejected (nacked) batch is never skipped: with `+"`auto_replay_nacks: true`"+` it is delivered again from memory with a backoff; with `+"`false`"+` each partition in it is rewound and its records are fetched from Kafka again.
 
 ### Back-pressure
 
@@ -111,7 +111,7 @@ A tombstone (null value) or an empty value is delivered as a message with an emp
 			tlsField(),
 			saslField(),
 			service.NewBatchPolicyField(kfiFieldBatching).
-				Description("Batches records per partition before they enter the pipeline. Without a policy, each fetch gives one batch per partition; `count: 1` gives one record per batch. A partial batch is flushed early when its partition reaches `checkpoint_limit`. Note that if batching processors fail, Benthos drops the batch; keep them simple."),
+				Description("Batches records per partition before they enter the pipeline. Without a policy, whatever has been read of every partition goes into one batch, up to `checkpoint_limit` records; `count: 1` gives one record per batch. A partial batch is flushed early when its partition reaches `checkpoint_limit`. Note that if batching processors fail, Benthos drops the batch; keep them simple."),
 			service.NewBoolField(kfiFieldAutoReplayNacks).
 				Description("Whether a rejected (nacked) batch is replayed from memory, with backoff, until it succeeds (true), or the partition is rewound so the batch and everything after it are fetched from Kafka again (false, which holds less memory). Either way nothing is skipped and no offset is committed past the rejected records.").
 				Default(true),
@@ -400,7 +400,8 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	return nil
 }
 
-// ReadBatch returns the next batch of consecutive records of one partition.
+// ReadBatch returns the next batch: runs of consecutive records, one run per
+// partition (see nextFetchBatch and nextPolicyBatch).
 func (f *franzInput) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
 	for {
 		f.mu.Lock()
@@ -489,21 +490,22 @@ func (f *franzInput) Close(ctx context.Context) error {
 	return nil
 }
 
-// recordsToBatch turns records of one partition into messages with the
-// metadata listed in docs/components.md. A tombstone becomes an empty body.
-func recordsToBatch(recs []*kgo.Record) service.MessageBatch {
+// appendMessages appends the messages of records of one partition to
+// batch, with the metadata listed in docs/components.md.
+func appendMessages(batch service.MessageBatch, recs []*kgo.Record) service.MessageBatch {
 	if len(recs) == 0 {
-		return nil
+		return batch
 	}
-	// Boxed once per batch rather than once per message.
+	// Boxed once per partition rather than once per message.
 	var topic, partition any = recs[0].Topic, int64(recs[0].Partition)
-	batch := make(service.MessageBatch, len(recs))
-	for i, r := range recs {
-		batch[i] = recordToMessage(r, topic, partition)
+	for _, r := range recs {
+		batch = append(batch, recordToMessage(r, topic, partition))
 	}
 	return batch
 }
 
+// recordToMessage builds the message of a record; a tombstone becomes an
+// empty body. topic and partition are the record's, boxed by the caller.
 func recordToMessage(r *kgo.Record, topic, partition any) *service.Message {
 	msg := service.NewMessage(r.Value)
 	for _, h := range r.Headers {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -26,41 +27,62 @@ type partBatcher struct {
 	n           int // records added to b
 }
 
-// nextFetchBatch, without a batching policy, hands out the pending records
-// of one partition (up to its room under checkpoint_limit) as a batch.
+// nextFetchBatch, without a batching policy, hands out in one batch the
+// pending records of every partition with room under checkpoint_limit, at
+// most maxFetchBatch records in all. Each partition's share is tracked as a
+// batch of its own, so its commit point moves only when the whole batch is
+// acked. The map's random order keeps one partition from always coming
+// first when the batch fills up.
 func (f *franzInput) nextFetchBatch() (service.MessageBatch, service.AckFunc) {
 	f.mu.Lock()
 	var (
-		ps   *partitionState
-		recs []*kgo.Record
-		tb   *trackedBatch
+		shares []share
+		n      int
 	)
-	for _, st := range f.parts {
-		if len(st.pending) == 0 || st.handed >= f.checkpointLimit {
+	for _, ps := range f.parts {
+		room := min(f.maxFetchBatch-n, f.checkpointLimit-ps.handed)
+		if len(ps.pending) == 0 || room <= 0 {
 			continue
 		}
-		ps = st
-		recs = st.take(min(f.maxFetchBatch, f.checkpointLimit-st.handed))
-		f.roomFreed()
+		recs := ps.take(room)
 		last := recs[len(recs)-1]
-		tb = st.track(recs[0].Offset, last.Offset, last.LeaderEpoch, len(recs))
-		break
+		shares = append(shares, share{
+			ps:   ps,
+			tb:   ps.track(recs[0].Offset, last.Offset, last.LeaderEpoch, len(recs)),
+			recs: recs,
+		})
+		if n += len(recs); n >= f.maxFetchBatch {
+			break
+		}
+	}
+	if len(shares) > 0 {
+		f.roomFreed()
 	}
 	f.mu.Unlock()
-	if ps == nil {
+	if len(shares) == 0 {
 		return nil, nil
 	}
-	return recordsToBatch(recs), f.ackFunc(&replay{ps: ps, tb: tb, recs: recs})
+	r := &replay{shares: shares}
+	return r.batch(), f.ackFunc(r)
 }
 
-// replay is a delivered batch as the input can deliver it again after a
-// nack: from its records (rebuilt as they were read) or, when batching
-// processors made it, from an untouched copy of the flushed messages.
-type replay struct {
+// share is the part of a delivered batch that comes from one partition.
+type share struct {
 	ps   *partitionState
 	tb   *trackedBatch
-	recs []*kgo.Record
-	msgs service.MessageBatch
+	recs []*kgo.Record // nil for a batch flushed by a batching policy
+}
+
+// live reports whether the share still counts: its partition is still
+// ours, it was not rewound away, and it is not acked yet.
+func (s share) live() bool { return !s.ps.dead && !s.tb.dropped && !s.tb.acked }
+
+// replay is a delivered batch as the input can deliver it again after a
+// nack: from its records (rebuilt as they were read) or, when a batching
+// policy made it, from an untouched copy of the flushed messages.
+type replay struct {
+	shares []share              // one per partition, in the order of the batch
+	msgs   service.MessageBatch // a policy's batch, of one partition
 
 	attempt int
 	due     time.Time
@@ -70,7 +92,22 @@ func (r *replay) batch() service.MessageBatch {
 	if r.msgs != nil {
 		return r.msgs.Copy()
 	}
-	return recordsToBatch(r.recs)
+	n := 0
+	for _, s := range r.shares {
+		n += len(s.recs)
+	}
+	batch := make(service.MessageBatch, 0, n)
+	for _, s := range r.shares {
+		batch = appendMessages(batch, s.recs)
+	}
+	return batch
+}
+
+// prune drops the shares that no longer count (their partition was
+// revoked, say) and reports whether any is left to deliver again.
+func (r *replay) prune() bool {
+	r.shares = slices.DeleteFunc(r.shares, func(s share) bool { return !s.live() })
+	return len(r.shares) > 0
 }
 
 // nextReplay returns a nacked batch whose backoff has passed, or how long
@@ -81,7 +118,7 @@ func (f *franzInput) nextReplay(now time.Time) (service.MessageBatch, service.Ac
 	wait := time.Duration(-1)
 	for i := 0; i < len(f.replays); i++ {
 		r := f.replays[i]
-		if r.ps.dead || r.tb.dropped || r.tb.acked {
+		if !r.prune() {
 			f.replays = slices.Delete(f.replays, i, i+1)
 			i--
 			continue
@@ -196,7 +233,7 @@ func (f *franzInput) nextPolicyBatch(ctx context.Context) (service.MessageBatch,
 		}
 		tb := ps.track(first, last, epoch, n)
 		f.mu.Unlock()
-		r := &replay{ps: ps, tb: tb, msgs: msgs}
+		r := &replay{shares: []share{{ps: ps, tb: tb}}, msgs: msgs}
 		ack := f.ackFunc(r)
 		if len(msgs) == 0 {
 			if ctx.Err() != nil {
@@ -220,36 +257,48 @@ func (f *franzInput) nextPolicyBatch(ctx context.Context) (service.MessageBatch,
 	return nil, nil, wait, nil
 }
 
-// ackFunc returns the acknowledgement of a delivered batch. An ack
-// releases the batch (see partitionState.ack); a nack either queues it to be
-// delivered again after a backoff (auto_replay_nacks) or rewinds the
-// partition to it. It is never skipped.
+// ackFunc returns the acknowledgement of a delivered batch, applied to
+// each partition's share of it. An ack releases every share (see
+// partitionState.ack); a nack either queues the batch to be delivered again
+// after a backoff (auto_replay_nacks) or rewinds each partition to its
+// share. Nothing is skipped. A share whose partition was revoked meanwhile
+// is left alone: whoever owns the partition now reads it again from the
+// last commit.
 func (f *franzInput) ackFunc(r *replay) service.AckFunc {
 	return func(_ context.Context, err error) error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		ps, tb := r.ps, r.tb
-		if ps.dead || tb.dropped || tb.acked {
+		if err == nil {
+			moved := false
+			for _, s := range r.shares {
+				moved = s.ps.ack(s.tb) || moved
+			}
+			if moved {
+				f.signal() // room in the pipeline for more of these partitions
+			}
 			return nil
 		}
-		if err == nil {
-			if ps.ack(tb) {
-				f.signal() // room in the pipeline for more of this partition
-			}
+		if !r.prune() {
 			return nil
 		}
 		if f.replayNacks {
 			r.attempt++
 			r.due = time.Now().Add(replayBackoff(r.attempt))
 			f.replays = append(f.replays, r)
-			f.log.Debugf("kafka_franz: batch %s/%d offsets %d-%d was rejected, delivering it again in %s: %v",
-				ps.tp.topic, ps.tp.partition, tb.first, tb.last, replayBackoff(r.attempt), err)
+			f.log.Debugf("kafka_franz: batch %s was rejected, delivering it again in %s: %v",
+				r, replayBackoff(r.attempt), err)
 			f.signal()
 			return nil
 		}
-		if ps.rewind(tb) {
-			f.log.Warnf("kafka_franz: batch %s/%d offsets %d-%d was rejected, reading the partition again from offset %d: %v",
-				ps.tp.topic, ps.tp.partition, tb.first, tb.last, tb.first, err)
+		rewound := false
+		for _, s := range r.shares {
+			if s.ps.rewind(s.tb) {
+				rewound = true
+				f.log.Warnf("kafka_franz: batch %s was rejected, reading the partition again from offset %d: %v",
+					s, s.tb.first, err)
+			}
+		}
+		if rewound {
 			f.seekWanted = true
 			if f.wakePoll != nil {
 				f.wakePoll()
@@ -258,4 +307,18 @@ func (f *franzInput) ackFunc(r *replay) service.AckFunc {
 		}
 		return nil
 	}
+}
+
+// String names the share's records, for logs: topic/partition offsets.
+func (s share) String() string {
+	return fmt.Sprintf("%s/%d offsets %d-%d", s.ps.tp.topic, s.ps.tp.partition, s.tb.first, s.tb.last)
+}
+
+// String names the batch's records, for logs.
+func (r *replay) String() string {
+	names := make([]string, len(r.shares))
+	for i, s := range r.shares {
+		names[i] = s.String()
+	}
+	return strings.Join(names, ", ")
 }

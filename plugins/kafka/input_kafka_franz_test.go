@@ -233,53 +233,123 @@ func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
 	}
 }
 
+// TestInputBatchSpansPartitions runs the per-fetch path against a broker:
+// records of several partitions that are read together go out in one
+// batch, whose ack commits every partition in it and whose nack delivers
+// every record in it again.
+func TestInputBatchSpansPartitions(t *testing.T) {
+	t.Parallel()
+	for _, replay := range []bool{true, false} {
+		t.Run(fmt.Sprintf("AutoReplayNacks%v", replay), func(t *testing.T) {
+			t.Parallel()
+			const topic, group, perPartition = "spans", "g-spans", 50
+			c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 3}})
+			c.ProduceN(t, topic, 3*perPartition, nil)
+
+			var (
+				mu       sync.Mutex
+				rejected []offsetKey // the first batch of several partitions, nacked once
+			)
+			s := newSink(t)
+			s.write = func(_ context.Context, _ service.MessageBatch, offs []offsetKey) error {
+				parts := map[int32]bool{}
+				for _, o := range offs {
+					parts[o.partition] = true
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if len(parts) > 1 && rejected == nil {
+					rejected = offs
+					return errors.New("rejected by test")
+				}
+				return nil
+			}
+			ts := startStream(t, s, 1, inputConf(c, topic, group, fmt.Sprintf("auto_replay_nacks: %v", replay)))
+
+			waitFor(t, "every record to be acked", func() bool { return s.ackedCount() == 3*perPartition })
+			waitFor(t, "commits at the end of every partition", func() bool {
+				committed := c.Committed(t, group)[topic]
+				return committed[0] == perPartition && committed[1] == perPartition && committed[2] == perPartition
+			})
+			ts.stop(10 * time.Second)
+
+			mu.Lock()
+			defer mu.Unlock()
+			if rejected == nil {
+				t.Fatal("no batch carried records of more than one partition")
+			}
+			for _, o := range rejected {
+				if n := s.deliveries(o); n < 2 {
+					t.Errorf("record %v of the rejected batch delivered %d times, want at least 2", o, n)
+				}
+			}
+		})
+	}
+}
+
 func TestInputGroupMemberLeaves(t *testing.T) {
 	t.Parallel()
-	const (
-		topic = "shared"
-		group = "g-shared"
-		total = 4000
-	)
-	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 4}})
-	c.ProduceN(t, topic, total, nil)
+	for name, tc := range map[string]struct {
+		batching string
+		delay    time.Duration // per batch, so member A cannot finish before B joins
+	}{
+		// Batches of one partition each, by policy.
+		"PolicyBatches": {"batching:\n  count: 10\n  period: 20ms", 2 * time.Millisecond},
+		// Batches of every partition with records read.
+		"FetchBatches": {"checkpoint_limit: 10", 5 * time.Millisecond},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			const (
+				topic = "shared"
+				group = "g-shared"
+				total = 4000
+			)
+			c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 4}})
+			c.ProduceN(t, topic, total, nil)
 
-	slow := func(ctx context.Context, _ service.MessageBatch, _ []offsetKey) error {
-		select {
-		case <-time.After(2 * time.Millisecond):
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	conf := inputConf(c, topic, group, "batching:\n  count: 10\n  period: 20ms")
-	a, b := newSink(t), newSink(t)
-	a.write, b.write = slow, slow
-
-	sa := startStream(t, a, 1, conf)
-	waitFor(t, "member A to make progress", func() bool { return a.ackedCount() >= 200 })
-	startStream(t, b, 1, conf)
-	waitFor(t, "member B to get partitions", func() bool { return b.ackedCount() > 0 })
-	if a.ackedCount() == total {
-		t.Fatal("member A consumed everything before B joined; the test proves nothing")
-	}
-
-	sa.stop(10 * time.Second)
-	waitFor(t, "every record to be acked by A or B", func() bool {
-		all := a.ackedSet()
-		for k := range b.ackedSet() {
-			all[k] = true
-		}
-		return len(all) == total
-	})
-	waitFor(t, "commits at the end of every partition", func() bool {
-		committed := c.Committed(t, group)[topic]
-		for p, end := range c.EndOffsets(t, topic) {
-			if committed[p] != end {
-				return false
+			slow := func(ctx context.Context, _ service.MessageBatch, _ []offsetKey) error {
+				select {
+				case <-time.After(tc.delay):
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
-		}
-		return true
-	})
+			conf := inputConf(c, topic, group, tc.batching)
+			a, b := newSink(t), newSink(t)
+			a.write, b.write = slow, slow
+
+			sa := startStream(t, a, 1, conf)
+			waitFor(t, "member A to make progress", func() bool { return a.ackedCount() >= 200 })
+			sb := startStream(t, b, 1, conf)
+			// franz-go hands out a fetch one partition after another,
+			// so the partitions B gets may be ones A has finished: B's
+			// join shows in its log, not necessarily in its acks.
+			waitFor(t, "member B to get partitions", func() bool { return sb.logs.count("assigned partitions") > 0 })
+			if a.ackedCount() == total {
+				t.Fatal("member A consumed everything before B joined; the test proves nothing")
+			}
+
+			sa.stop(10 * time.Second)
+			waitFor(t, "every record to be acked by A or B", func() bool {
+				all := a.ackedSet()
+				for k := range b.ackedSet() {
+					all[k] = true
+				}
+				return len(all) == total
+			})
+			waitFor(t, "commits at the end of every partition", func() bool {
+				committed := c.Committed(t, group)[topic]
+				for p, end := range c.EndOffsets(t, topic) {
+					if committed[p] != end {
+						return false
+					}
+				}
+				return true
+			})
+		})
+	}
 }
 
 func TestInputBrokerAbsentAtStart(t *testing.T) {

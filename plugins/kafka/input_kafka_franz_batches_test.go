@@ -1,0 +1,254 @@
+package kafka
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// The batches of the per-fetch path, driven without a broker: the test
+// plays the poll loop (adding records) and the rebalance callbacks.
+
+// fetchTestInput is a kafka_franz input that is never connected; extra
+// config lines are appended.
+func fetchTestInput(t *testing.T, extra string) *franzInput {
+	t.Helper()
+	conf, err := franzInputSpec().ParseYAML("seed_brokers: [ a:1 ]\ntopics: [ t ]\nconsumer_group: g\n"+extra, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := newFranzInputFromParsed(conf, service.MockResources())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// fetch plays the poll loop: partition p of topic t receives offsets
+// from..to, and its state is returned.
+func (f *franzInput) fetch(p int32, from, to int64) *partitionState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tp := topicPartition{"t", p}
+	ps := f.parts[tp]
+	if ps == nil {
+		ps = newPartitionState(tp)
+		f.parts[tp] = ps
+	}
+	var recs []*kgo.Record
+	for o := from; o <= to; o++ {
+		recs = append(recs, &kgo.Record{Topic: "t", Partition: p, Offset: o, Value: fmt.Appendf(nil, "%d/%d", p, o)})
+	}
+	ps.add(recs)
+	return ps
+}
+
+// revoke plays a rebalance that takes partition p away.
+func (f *franzInput) revoke(p int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dropLocked(map[string][]int32{"t": {p}})
+}
+
+// batchRecords lists the records of a batch, in order.
+func batchRecords(t *testing.T, b service.MessageBatch) []offsetKey {
+	t.Helper()
+	out := make([]offsetKey, len(b))
+	for i, m := range b {
+		out[i] = msgOffset(t, m)
+	}
+	return out
+}
+
+// span lists offsets from..to of partition p of topic t.
+func span(p int32, from, to int64) []offsetKey {
+	var out []offsetKey
+	for o := from; o <= to; o++ {
+		out = append(out, offsetKey{"t", p, o})
+	}
+	return out
+}
+
+// byPartition sorts records by partition, then offset: the order of the
+// partitions in a batch is the map's, which is random.
+func byPartition(recs []offsetKey) []offsetKey {
+	out := slices.Clone(recs)
+	slices.SortFunc(out, func(a, b offsetKey) int {
+		return cmp.Or(cmp.Compare(a.partition, b.partition), cmp.Compare(a.offset, b.offset))
+	})
+	return out
+}
+
+func TestFetchBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rejected := errors.New("rejected by test")
+
+	t.Run("OneBatchCarriesEveryPartitionAndItsAckCommitsEach", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "")
+		p0, p1, p2 := f.fetch(0, 0, 4), f.fetch(1, 0, 2), f.fetch(2, 10, 11)
+
+		batch, ack := f.nextFetchBatch()
+		got := byPartition(batchRecords(t, batch))
+		want := slices.Concat(span(0, 0, 4), span(1, 0, 2), span(2, 10, 11))
+		if !slices.Equal(got, want) {
+			t.Fatalf("batch holds %v, want %v", got, want)
+		}
+		if b, _ := f.nextFetchBatch(); b != nil {
+			t.Fatalf("a second batch of %d records; everything was in the first", len(b))
+		}
+		for _, ps := range []*partitionState{p0, p1, p2} {
+			wantCommit(t, ps, -1)
+		}
+
+		if err := ack(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		wantCommit(t, p0, 5)
+		wantCommit(t, p1, 3)
+		wantCommit(t, p2, 12)
+		for _, ps := range []*partitionState{p0, p1, p2} {
+			if n := ps.tracked(); n != 0 {
+				t.Errorf("partition %d still holds %d records after the ack", ps.tp.partition, n)
+			}
+		}
+	})
+
+	t.Run("BoundedByCheckpointLimit", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "checkpoint_limit: 4")
+		p0, p1 := f.fetch(0, 0, 5), f.fetch(1, 0, 1)
+
+		// Without acks: no batch above checkpoint_limit records, and no
+		// partition with more than checkpoint_limit records in flight.
+		var acks []service.AckFunc
+		for {
+			b, ack := f.nextFetchBatch()
+			if b == nil {
+				break
+			}
+			if len(b) > 4 {
+				t.Fatalf("batch of %d records, above checkpoint_limit 4", len(b))
+			}
+			acks = append(acks, ack)
+		}
+		if p0.handed != 4 || p1.handed != 2 {
+			t.Fatalf("in flight p0=%d p1=%d, want 4 (the limit) and 2 (all it has)", p0.handed, p1.handed)
+		}
+		for _, ack := range acks {
+			_ = ack(ctx, nil)
+		}
+		rest, ack := f.nextFetchBatch()
+		if got := batchRecords(t, rest); !slices.Equal(got, span(0, 4, 5)) {
+			t.Fatalf("after the acks the batch holds %v, want p0's last two", got)
+		}
+		_ = ack(ctx, nil)
+		wantCommit(t, p0, 6)
+		wantCommit(t, p1, 2)
+	})
+
+	t.Run("CountOneGivesOneRecordPerBatch", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "batching:\n  count: 1")
+		f.fetch(0, 0, 1)
+		f.fetch(1, 0, 1)
+		for range 4 {
+			b, ack := f.nextFetchBatch()
+			if len(b) != 1 {
+				t.Fatalf("batch of %d records with count: 1", len(b))
+			}
+			_ = ack(ctx, nil)
+		}
+	})
+
+	t.Run("NackReplaysEveryPartition", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "auto_replay_nacks: true")
+		p0, p1 := f.fetch(0, 0, 2), f.fetch(1, 5, 6)
+		batch, nack := f.nextFetchBatch()
+		first := batchRecords(t, batch)
+		// The pipeline changes what it was given; the replay must not
+		// see it.
+		batch[0].SetBytes([]byte("changed"))
+		if err := nack(ctx, rejected); err != nil {
+			t.Fatal(err)
+		}
+		wantCommit(t, p0, -1)
+		wantCommit(t, p1, -1)
+
+		again, ack, _ := f.nextReplay(time.Now().Add(time.Minute))
+		if got := batchRecords(t, again); !slices.Equal(got, first) {
+			t.Fatalf("replayed %v, want the whole batch %v", got, first)
+		}
+		for _, m := range again {
+			k := msgOffset(t, m)
+			if b, _ := m.AsBytes(); string(b) != fmt.Sprintf("%d/%d", k.partition, k.offset) {
+				t.Errorf("record %v replayed as %q", k, b)
+			}
+		}
+		_ = ack(ctx, nil)
+		wantCommit(t, p0, 3)
+		wantCommit(t, p1, 7)
+	})
+
+	t.Run("NackRewindsEveryPartition", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "auto_replay_nacks: false")
+		p0, p1 := f.fetch(0, 0, 2), f.fetch(1, 5, 6)
+		_, nack := f.nextFetchBatch()
+		if err := nack(ctx, rejected); err != nil {
+			t.Fatal(err)
+		}
+		if !f.seekWanted || p0.seekTo != 0 || p1.seekTo != 5 {
+			t.Fatalf("after the nack seekWanted=%v p0.seekTo=%d p1.seekTo=%d, want true, 0, 5", f.seekWanted, p0.seekTo, p1.seekTo)
+		}
+		if n := p0.tracked() + p1.tracked(); n != 0 {
+			t.Fatalf("%d records still held after the rewind", n)
+		}
+		wantCommit(t, p0, -1)
+		wantCommit(t, p1, -1)
+	})
+
+	t.Run("RevokedShareIsNeitherCommittedNorReplayed", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "auto_replay_nacks: true")
+		p0 := f.fetch(0, 0, 2)
+		f.fetch(1, 0, 2)
+		batch, nack := f.nextFetchBatch()
+		if len(batch) != 6 {
+			t.Fatalf("batch of %d records, want both partitions' 6", len(batch))
+		}
+
+		// p1 moves away and comes back while the batch is in flight:
+		// the new assignment starts again from the last commit (none).
+		f.revoke(1)
+		p1 := f.fetch(1, 0, 2)
+
+		_ = nack(ctx, rejected)
+		again, ack, _ := f.nextReplay(time.Now().Add(time.Minute))
+		if got := batchRecords(t, again); !slices.Equal(got, span(0, 0, 2)) {
+			t.Fatalf("replayed %v, want only p0's share", got)
+		}
+		_ = ack(ctx, nil)
+		wantCommit(t, p0, 3)
+		wantCommit(t, p1, -1)
+		if p1.tracked() != 3 {
+			t.Fatalf("the new assignment of p1 holds %d records, want its own 3", p1.tracked())
+		}
+		// p1's records are handed out again under the new assignment.
+		b, ack2 := f.nextFetchBatch()
+		if got := batchRecords(t, b); !slices.Equal(got, span(1, 0, 2)) {
+			t.Fatalf("next batch %v, want p1's records again", got)
+		}
+		_ = ack2(ctx, nil)
+		wantCommit(t, p1, 3)
+	})
+}
