@@ -22,7 +22,7 @@ import (
 // time per record (steadier than wall time on a shared machine). Compare
 // them with
 //
-//	go test ./plugins/kafka -run '^$' -bench 'KafkaFranzInput|BareFranzGo' -benchtime 5x
+//	go test ./plugins/kafka -run '^$' -bench 'BenchmarkKafkaFranzInput|BenchmarkBareFranzGo' -count 5
 const benchRecords = 100_000
 
 var benchPayload = []byte(`{"messageId":"8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11","deviceId":"CAM-0001","parkCode":"P1001","berthCode":"B-012","itemId":73421,"plateNo":"B12345","plateColor":1,"inoutType":1,"inoutTime":1779330600000,"plateCredible":0.854,"pictures":[{"picType":1,"picUrl":"jieshun/2026/05/21/P1001/a.jpg"}]}`)

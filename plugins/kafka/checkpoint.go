@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -8,6 +9,14 @@ import (
 type topicPartition struct {
 	topic     string
 	partition int32
+}
+
+// fetched is a record read from Kafka with its message, which the poll loop
+// builds as it reads so that building messages runs alongside the reader
+// rather than in its way (it is most of an input's work per record).
+type fetched struct {
+	rec *kgo.Record
+	msg *service.Message
 }
 
 // trackedBatch is a run of consecutive records of one partition that was
@@ -26,7 +35,7 @@ type trackedBatch struct {
 //
 // Records move through three stages:
 //
-//	pending  — fetched, not yet given to a batch;
+//	pending  — fetched (and their messages built), not yet given to a batch;
 //	handed   — in a batch being built or in flight (inflight holds the
 //	           in-flight batches, in offset order);
 //	released — acked, and so are all records before them: the commit point
@@ -41,7 +50,7 @@ type partitionState struct {
 	// records handed out under an older gen is void.
 	gen uint64
 
-	pending  []*kgo.Record
+	pending  []fetched
 	handed   int
 	inflight []*trackedBatch
 
@@ -69,27 +78,33 @@ func newPartitionState(tp topicPartition) *partitionState {
 // limit plus one poll, so memory stays bounded.
 func (p *partitionState) tracked() int { return len(p.pending) + p.handed }
 
-// add appends freshly fetched records, which franz-go returns in offset
-// order. While a rewind is waiting for its seek, fetched records are from
-// before the seek and are dropped: they will be fetched again.
-func (p *partitionState) add(recs []*kgo.Record) int {
+// add appends freshly fetched records of the partition, which franz-go
+// returns in offset order. Records before the next offset expected are
+// stale duplicates of records already held and are skipped. While a rewind
+// is waiting for its seek, fetched records are from before the seek and are
+// dropped: they will be fetched again. add keeps recs, which the caller must
+// not reuse, and returns how many it added.
+func (p *partitionState) add(recs []fetched) int {
 	if p.seekTo >= 0 || p.dead {
 		return 0
 	}
-	added := 0
-	for _, r := range recs {
-		if r.Offset < p.nextFetch {
-			continue
-		}
-		p.pending = append(p.pending, r)
-		p.nextFetch = r.Offset + 1
-		added++
+	for len(recs) > 0 && recs[0].rec.Offset < p.nextFetch {
+		recs = recs[1:]
 	}
-	return added
+	if len(recs) == 0 {
+		return 0
+	}
+	if p.pending == nil {
+		p.pending = recs
+	} else {
+		p.pending = append(p.pending, recs...)
+	}
+	p.nextFetch = recs[len(recs)-1].rec.Offset + 1
+	return len(recs)
 }
 
 // take hands out up to max pending records, in offset order.
-func (p *partitionState) take(maxRecords int) []*kgo.Record {
+func (p *partitionState) take(maxRecords int) []fetched {
 	k := min(maxRecords, len(p.pending))
 	if k <= 0 {
 		return nil

@@ -6,12 +6,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-func records(from, to int64) []*kgo.Record {
-	var out []*kgo.Record
+// records returns fetched records of partition t/0, offsets from..to, with
+// their messages.
+func records(from, to int64) []fetched {
+	var recs []*kgo.Record
 	for o := from; o <= to; o++ {
-		out = append(out, &kgo.Record{Topic: "t", Offset: o, LeaderEpoch: 1})
+		recs = append(recs, &kgo.Record{Topic: "t", Offset: o, LeaderEpoch: 1})
 	}
-	return out
+	return buildMessages(recs)
 }
 
 // handOut takes n pending records and tracks them as one batch.
@@ -21,7 +23,8 @@ func handOut(t *testing.T, ps *partitionState, n int) *trackedBatch {
 	if len(recs) != n {
 		t.Fatalf("take(%d) returned %d records", n, len(recs))
 	}
-	return ps.track(recs[0].Offset, recs[len(recs)-1].Offset, recs[len(recs)-1].LeaderEpoch, n)
+	first, last := recs[0].rec, recs[len(recs)-1].rec
+	return ps.track(first.Offset, last.Offset, last.LeaderEpoch, n)
 }
 
 func wantCommit(t *testing.T, ps *partitionState, want int64) {
@@ -78,7 +81,7 @@ func TestPartitionState(t *testing.T) {
 		t.Parallel()
 		ps := newPartitionState(topicPartition{"t", 0})
 		recs := records(0, 1)
-		recs[1].LeaderEpoch = 7
+		recs[1].rec.LeaderEpoch = 7
 		ps.add(recs)
 		ps.ack(handOut(t, ps, 2))
 		eo, _ := ps.committable()

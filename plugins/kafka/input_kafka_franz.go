@@ -490,18 +490,16 @@ func (f *franzInput) Close(ctx context.Context) error {
 	return nil
 }
 
-// appendMessages appends the messages of records of one partition to
-// batch, with the metadata listed in docs/components.md.
-func appendMessages(batch service.MessageBatch, recs []*kgo.Record) service.MessageBatch {
-	if len(recs) == 0 {
-		return batch
-	}
-	// Boxed once per partition rather than once per message.
+// buildMessages builds the messages of records of one partition, with the
+// metadata listed in docs/components.md.
+func buildMessages(recs []*kgo.Record) []fetched {
+	out := make([]fetched, len(recs))
+	// Boxed once per call rather than once per message.
 	var topic, partition any = recs[0].Topic, int64(recs[0].Partition)
-	for _, r := range recs {
-		batch = append(batch, recordToMessage(r, topic, partition))
+	for i, r := range recs {
+		out[i] = fetched{rec: r, msg: recordToMessage(r, topic, partition)}
 	}
-	return batch
+	return out
 }
 
 // recordToMessage builds the message of a record; a tombstone becomes an

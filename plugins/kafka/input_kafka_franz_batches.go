@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // partBatcher builds the next batch of one partition under a batching
@@ -20,7 +19,7 @@ type partBatcher struct {
 	ps    *partitionState
 	gen   uint64
 	b     *service.Batcher
-	queue []*kgo.Record // handed out, not yet added to b
+	queue []fetched // handed out, not yet added to b
 
 	first, last int64
 	epoch       int32
@@ -45,10 +44,10 @@ func (f *franzInput) nextFetchBatch() (service.MessageBatch, service.AckFunc) {
 			continue
 		}
 		recs := ps.take(room)
-		last := recs[len(recs)-1]
+		first, last := recs[0].rec, recs[len(recs)-1].rec
 		shares = append(shares, share{
 			ps:   ps,
-			tb:   ps.track(recs[0].Offset, last.Offset, last.LeaderEpoch, len(recs)),
+			tb:   ps.track(first.Offset, last.Offset, last.LeaderEpoch, len(recs)),
 			recs: recs,
 		})
 		if n += len(recs); n >= f.maxFetchBatch {
@@ -62,15 +61,20 @@ func (f *franzInput) nextFetchBatch() (service.MessageBatch, service.AckFunc) {
 	if len(shares) == 0 {
 		return nil, nil
 	}
-	r := &replay{shares: shares}
-	return r.batch(), f.ackFunc(r)
+	batch := make(service.MessageBatch, 0, n)
+	for _, s := range shares {
+		for _, fr := range s.recs {
+			batch = append(batch, fr.msg)
+		}
+	}
+	return batch, f.ackFunc(&replay{shares: shares})
 }
 
 // share is the part of a delivered batch that comes from one partition.
 type share struct {
 	ps   *partitionState
 	tb   *trackedBatch
-	recs []*kgo.Record // nil for a batch flushed by a batching policy
+	recs []fetched // nil for a batch flushed by a batching policy
 }
 
 // live reports whether the share still counts: its partition is still
@@ -78,7 +82,8 @@ type share struct {
 func (s share) live() bool { return !s.ps.dead && !s.tb.dropped && !s.tb.acked }
 
 // replay is a delivered batch as the input can deliver it again after a
-// nack: from its records (rebuilt as they were read) or, when a batching
+// nack: from its records (messages rebuilt as they were read, since the
+// pipeline may have changed the ones it was given) or, when a batching
 // policy made it, from an untouched copy of the flushed messages.
 type replay struct {
 	shares []share              // one per partition, in the order of the batch
@@ -98,7 +103,10 @@ func (r *replay) batch() service.MessageBatch {
 	}
 	batch := make(service.MessageBatch, 0, n)
 	for _, s := range r.shares {
-		batch = appendMessages(batch, s.recs)
+		var topic, partition any = s.ps.tp.topic, int64(s.ps.tp.partition)
+		for _, fr := range s.recs {
+			batch = append(batch, recordToMessage(fr.rec, topic, partition))
+		}
 	}
 	return batch
 }
@@ -194,15 +202,15 @@ func (f *franzInput) nextPolicyBatch(ctx context.Context) (service.MessageBatch,
 		}
 		full := false
 		for len(pb.queue) > 0 && !full {
-			r := pb.queue[0]
-			pb.queue[0] = nil
+			fr := pb.queue[0]
+			pb.queue[0] = fetched{}
 			pb.queue = pb.queue[1:]
 			if pb.n == 0 {
-				pb.first = r.Offset
+				pb.first = fr.rec.Offset
 			}
-			pb.last, pb.epoch = r.Offset, r.LeaderEpoch
+			pb.last, pb.epoch = fr.rec.Offset, fr.rec.LeaderEpoch
 			pb.n++
-			full = pb.b.Add(recordToMessage(r, r.Topic, int64(r.Partition)))
+			full = pb.b.Add(fr.msg)
 		}
 		if pb.n == 0 {
 			continue

@@ -43,21 +43,30 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 			return
 		}
 
+		// Messages are built before taking the lock, so the reader
+		// can hand out batches meanwhile.
+		type polledPartition struct {
+			tp   topicPartition
+			recs []fetched
+		}
+		var polled []polledPartition
+		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if len(fp.Records) > 0 {
+				polled = append(polled, polledPartition{topicPartition{fp.Topic, fp.Partition}, buildMessages(fp.Records)})
+			}
+		})
+
 		got := 0
 		var seeks map[string]map[int32]kgo.EpochOffset
 		f.mu.Lock()
-		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if len(fp.Records) == 0 {
-				return
-			}
-			tp := topicPartition{fp.Topic, fp.Partition}
-			ps := f.parts[tp]
+		for _, pr := range polled {
+			ps := f.parts[pr.tp]
 			if ps == nil {
-				ps = newPartitionState(tp)
-				f.parts[tp] = ps
+				ps = newPartitionState(pr.tp)
+				f.parts[pr.tp] = ps
 			}
-			got += ps.add(fp.Records)
-		})
+			got += ps.add(pr.recs)
+		}
 		if f.seekWanted {
 			f.seekWanted = false
 			seeks = make(map[string]map[int32]kgo.EpochOffset)
