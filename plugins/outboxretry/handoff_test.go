@@ -46,6 +46,27 @@ func (b *testBundle) handOver(t testing.TB, d handoff.Dispatcher, n int) []outbo
 	return rows
 }
 
+type readResult struct {
+	batch service.MessageBatch
+	err   error
+}
+
+// readAsync reads one batch in the background (the engine's only reader
+// meanwhile) and acks it.
+func readAsync(b *testBundle, in *outboxRetry) <-chan readResult {
+	got := make(chan readResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+		defer cancel()
+		batch, ack, err := in.ReadBatch(ctx)
+		if err == nil {
+			_ = ack(b.ctx, nil)
+		}
+		got <- readResult{batch, err}
+	}()
+	return got
+}
+
 func TestHandoff(t *testing.T) {
 	t.Parallel()
 
@@ -168,20 +189,7 @@ func TestHandoff(t *testing.T) {
 		in := b.input(t, "batch_size: 2\nmax_unacked: 2")
 		b.insertDue(t, 4)
 		_, ack := read(t, in) // a full claim: more may be due
-		type result struct {
-			batch service.MessageBatch
-			err   error
-		}
-		got := make(chan result, 1)
-		go func() {
-			ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
-			defer cancel()
-			batch, ack2, err := in.ReadBatch(ctx)
-			if err == nil {
-				_ = ack2(b.ctx, nil)
-			}
-			got <- result{batch, err}
-		}()
+		got := readAsync(b, in)
 		// While the input waits for room to claim, new rows are not handed
 		// to it: they would take the room the due rows are waiting for.
 		deadline := time.Now().Add(30 * time.Second)
@@ -219,17 +227,7 @@ func TestHandoff(t *testing.T) {
 		if err := in.Connect(b.ctx); err != nil {
 			t.Fatal(err)
 		}
-		type result struct {
-			batch service.MessageBatch
-			err   error
-		}
-		got := make(chan result, 1)
-		go func() {
-			ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
-			defer cancel()
-			batch, _, err := in.ReadBatch(ctx)
-			got <- result{batch, err}
-		}()
+		got := readAsync(b, in)
 		<-idle // nothing due: asleep until the poll
 		id := b.insertDue(t, 1)[0]
 		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() + interval '200 milliseconds' WHERE id = $1`, id); err != nil {
