@@ -87,7 +87,18 @@ func TestKillNineUnderLoad(t *testing.T) {
 	t.Logf("kill -9 x%d under %d messages: %s; settled %s after the first message; "+
 		"time from each start to the instance holding every partition: %s",
 		kills, n, r, time.Since(start).Round(time.Millisecond), summary(resumes))
+	// CONTRACT §11: a restarted instance resumes consuming within 15 s (the
+	// pipeline's 10 s session timeout expires the killed member).
+	for i, d := range resumes {
+		if d > resumeBound {
+			t.Errorf("instance %d held every partition %s after it started, want within %s", i+1, d.Round(time.Millisecond), resumeBound)
+		}
+	}
 }
+
+// resumeBound is CONTRACT §11's bound on how soon a restarted instance
+// consumes again.
+const resumeBound = 15 * time.Second
 
 // waitSoleMember waits until the consumer group is Stable with a single
 // member that is not one of dead (earlier members, by member id): the
