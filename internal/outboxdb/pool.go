@@ -47,6 +47,21 @@ func Open(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, error
 	return pool, nil
 }
 
+// OpenMigrated is Open followed by EnsureSchema: the pool of a component that
+// reads or writes the outbox, which creates or upgrades the schema on start.
+// The pool is closed again when the schema cannot be ensured.
+func OpenMigrated(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, error) {
+	pool, err := Open(ctx, dsn, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := EnsureSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
 // ParsePoolConfig parses dsn without touching the network, so that a
 // constructor can validate it at config time.
 func ParsePoolConfig(dsn string, cfg PoolConfig) (*pgxpool.Config, error) {

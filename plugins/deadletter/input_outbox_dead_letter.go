@@ -179,12 +179,8 @@ func (in *deadLetter) Connect(ctx context.Context) error {
 		}
 		return nil
 	}
-	pool, err := outboxdb.Open(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: 2, ApplicationName: "forwarder outbox_dead_letter", NoSeqScan: true})
+	pool, err := outboxdb.OpenMigrated(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: 2, ApplicationName: "forwarder outbox_dead_letter", NoSeqScan: true})
 	if err != nil {
-		return err
-	}
-	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
-		pool.Close()
 		return err
 	}
 	in.mu.Lock()

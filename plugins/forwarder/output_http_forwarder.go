@@ -475,12 +475,8 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 	if h.pool.Load() != nil {
 		return nil
 	}
-	pool, err := outboxdb.Open(ctx, h.dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-http-forwarder", NoSeqScan: true})
+	pool, err := outboxdb.OpenMigrated(ctx, h.dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-http-forwarder", NoSeqScan: true})
 	if err != nil {
-		return err
-	}
-	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
-		pool.Close()
 		return err
 	}
 	h.pool.Store(pool)

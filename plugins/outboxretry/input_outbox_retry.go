@@ -364,12 +364,8 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 	if in.retention != nil {
 		maxConns++ // a purge holds one for its whole run
 	}
-	pool, err := outboxdb.Open(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: maxConns, ApplicationName: "forwarder outbox_retry", NoSeqScan: true})
+	pool, err := outboxdb.OpenMigrated(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: maxConns, ApplicationName: "forwarder outbox_retry", NoSeqScan: true})
 	if err != nil {
-		return err
-	}
-	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
-		pool.Close()
 		return err
 	}
 	in.mu.Lock()
