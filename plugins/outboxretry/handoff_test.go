@@ -239,4 +239,35 @@ func TestHandoff(t *testing.T) {
 			t.Fatalf("got %d messages (%v), want the announced retry %d", len(r.batch), r.err, id)
 		}
 	})
+
+	t.Run("CloseGivesBackHandedRowsNeverSent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		in := b.input(t, "batch_size: 2")
+		sent := b.handOver(t, in, 2)
+		batch, _ := read(t, in) // emitted, never acked: may have reached the platform
+		if len(batch) != 2 {
+			t.Fatalf("read %d messages, want the 2 first handed over", len(batch))
+		}
+		unsent := b.handOver(t, in, 2) // still queued at Close
+		if err := in.Close(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range unsent {
+			if s := b.row(t, r.ID); s.Status != "PENDING" || s.AttemptCount != 0 || !s.Due {
+				t.Errorf("never sent row %d: %+v, want PENDING, due, as if never claimed", r.ID, s)
+			}
+			if logs := b.logStatuses(t, r.ID); len(logs) != 0 {
+				t.Errorf("never sent row %d logged %v, want no attempt", r.ID, logs)
+			}
+		}
+		for _, r := range sent {
+			if s := b.row(t, r.ID); s.Status != "PENDING" || s.AttemptCount != 1 {
+				t.Errorf("sent row %d: %+v, want PENDING with its attempt counted", r.ID, s)
+			}
+			if logs := b.logStatuses(t, r.ID); len(logs) != 1 || logs[0] != "PENDING" {
+				t.Errorf("sent row %d logged %v, want the released attempt", r.ID, logs)
+			}
+		}
+	})
 }

@@ -5,6 +5,7 @@ package outboxretry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -634,14 +635,24 @@ func (in *outboxRetry) Close(ctx context.Context) error {
 		return nil
 	}
 	in.closed = true
-	in.queue = nil // still in held: released below
 	pool, stop, done, cleaner := in.pool, in.stopL, in.lDone, in.cleaner
 	if in.unregister != nil {
 		in.unregister()
 	}
+	// Rows handed over but never emitted go back as if never claimed; the
+	// rest may have reached the platform, so their attempt stands.
+	unsent := make([]outboxdb.ClaimRef, 0, len(in.queue))
+	queued := make(map[int64]bool, len(in.queue))
+	for _, r := range in.queue {
+		unsent = append(unsent, r.Ref())
+		queued[r.ID] = true
+	}
+	in.queue = nil
 	refs := make([]outboxdb.ClaimRef, 0, len(in.held))
 	for id, token := range in.held {
-		refs = append(refs, outboxdb.ClaimRef{ID: id, ClaimToken: token})
+		if !queued[id] {
+			refs = append(refs, outboxdb.ClaimRef{ID: id, ClaimToken: token})
+		}
 	}
 	in.mu.Unlock()
 
@@ -656,17 +667,30 @@ func (in *outboxRetry) Close(ctx context.Context) error {
 		return nil
 	}
 	defer pool.Close()
-	if len(refs) == 0 {
+	if len(refs)+len(unsent) == 0 {
 		return nil
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	n, err := outboxdb.Release(rctx, pool, refs, 0, "released at shutdown without a result")
-	if err != nil {
-		return fmt.Errorf("releasing %d claimed rows at shutdown (they come back when their lease expires): %w", len(refs), err)
+	var errs []error
+	if len(unsent) > 0 {
+		if _, err := outboxdb.ReleaseUnsent(rctx, pool, unsent); err != nil {
+			errs = append(errs, fmt.Errorf("giving back %d rows handed over but never sent: %w", len(unsent), err))
+		} else {
+			in.forget(unsent)
+		}
 	}
-	in.forget(refs)
-	in.log.Infof("Released %d claimed rows at shutdown", n)
+	if len(refs) > 0 {
+		if n, err := outboxdb.Release(rctx, pool, refs, 0, "released at shutdown without a result"); err != nil {
+			errs = append(errs, fmt.Errorf("releasing %d claimed rows: %w", len(refs), err))
+		} else {
+			in.forget(refs)
+			in.log.Infof("Released %d claimed rows at shutdown", n)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("at shutdown (the rows come back when their lease expires): %w", err)
+	}
 	return nil
 }
 
