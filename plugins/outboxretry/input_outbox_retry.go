@@ -404,9 +404,11 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 	return nil
 }
 
-// ReadBatch claims due rows and returns them as one batch. With nothing due
-// it waits for a notification, an ack, the next due time or the poll
-// interval, and returns when ctx is cancelled.
+// ReadBatch returns the rows handed over by the outbox processor, or else
+// claims due rows, as one batch. With nothing to emit it waits for rows to
+// be handed over, a notification, the next due time or the poll interval
+// (see waitForWork), and for room when max_unacked rows are held; it returns
+// when ctx is cancelled.
 func (in *outboxRetry) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
 	in.mu.Lock()
 	pool, listener, closed := in.pool, in.listener, in.closed
