@@ -104,15 +104,7 @@ func TestBinary(t *testing.T) {
 
 	t.Run("NewerSchemaFails", func(t *testing.T) {
 		t.Parallel()
-		dsn := pgtest.NewDB(t)
-		pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		if _, err := pool.Exec(context.Background(), "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, '9999_future')"); err != nil {
-			t.Fatal(err)
-		}
+		dsn := newerSchemaDB(t)
 		out, err := run(t, []string{"DATABASE_URL=" + dsn}, "outbox", "migrate")
 		if err == nil || !strings.Contains(out, "newer than this binary") {
 			t.Fatalf("migrate on a newer schema: err %v, want a failure saying the schema is newer:\n%s", err, out)
@@ -124,44 +116,54 @@ func TestBinary(t *testing.T) {
 
 	t.Run("ServiceRefusesNewerSchema", func(t *testing.T) {
 		t.Parallel()
-		dsn := pgtest.NewDB(t)
-		pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		if _, err := pool.Exec(context.Background(), "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, '9999_future')"); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, forwarderBin, "-c", "pipelines/forwarder.yaml")
-		cmd.Dir = filepath.Join("..", "..")
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn, "KAFKA_BROKERS=127.0.0.1:1",
-			"PLATFORM_ACCESS_NAME=n", "PLATFORM_ACCESS_PWD=p", "HTTP_ADDR=127.0.0.1:0")
-		out, err := cmd.CombinedOutput()
-		if ctx.Err() != nil {
-			t.Fatalf("the service kept running on a database with a newer schema:\n%s", out)
-		}
-		if err == nil || !strings.Contains(string(out), "newer than this binary") {
+		dsn := newerSchemaDB(t)
+		out, err := runServiceExpectingExit(t, "a database with a newer schema", "DATABASE_URL="+dsn)
+		if err == nil || !strings.Contains(out, "newer than this binary") {
 			t.Fatalf("start-up on a newer schema: err %v, want a failure saying so:\n%s", err, out)
 		}
 	})
 
 	t.Run("ServiceRefusesABadPlatformTZ", func(t *testing.T) {
 		t.Parallel()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, forwarderBin, "-c", "pipelines/forwarder.yaml")
-		cmd.Dir = filepath.Join("..", "..")
-		cmd.Env = append(os.Environ(), "PLATFORM_TZ=Mars/Olympus_Mons", "DATABASE_URL=postgres://127.0.0.1:1/none",
-			"KAFKA_BROKERS=127.0.0.1:1", "PLATFORM_ACCESS_NAME=n", "PLATFORM_ACCESS_PWD=p", "HTTP_ADDR=127.0.0.1:0")
-		out, err := cmd.CombinedOutput()
-		if ctx.Err() != nil {
-			t.Fatalf("the service kept running with a bad PLATFORM_TZ:\n%s", out)
-		}
-		if err == nil || !strings.Contains(string(out), `PLATFORM_TZ "Mars/Olympus_Mons"`) {
+		out, err := runServiceExpectingExit(t, "a bad PLATFORM_TZ",
+			"PLATFORM_TZ=Mars/Olympus_Mons", "DATABASE_URL=postgres://127.0.0.1:1/none")
+		if err == nil || !strings.Contains(out, `PLATFORM_TZ "Mars/Olympus_Mons"`) {
 			t.Fatalf("start-up with a bad PLATFORM_TZ: err %v, want a failure naming it:\n%s", err, out)
 		}
 	})
+}
+
+// newerSchemaDB is a fresh database whose schema claims a version this
+// binary does not know.
+func newerSchemaDB(t *testing.T) string {
+	t.Helper()
+	dsn := pgtest.NewDB(t)
+	pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, '9999_future')"); err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+// runServiceExpectingExit starts the service on pipelines/forwarder.yaml
+// with env added (Kafka and the platform unreachable, credentials set) and
+// returns its output once it exits; it fails the test if the service is
+// still running after a minute, because of what (e.g. "a bad PLATFORM_TZ").
+func runServiceExpectingExit(t *testing.T, what string, env ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, forwarderBin, "-c", "pipelines/forwarder.yaml")
+	cmd.Dir = filepath.Join("..", "..")
+	cmd.Env = append(append(os.Environ(), "KAFKA_BROKERS=127.0.0.1:1",
+		"PLATFORM_ACCESS_NAME=n", "PLATFORM_ACCESS_PWD=p", "HTTP_ADDR=127.0.0.1:0"), env...)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("the service kept running with %s:\n%s", what, out)
+	}
+	return string(out), err
 }
