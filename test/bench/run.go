@@ -74,21 +74,35 @@ type stmtStat struct {
 	Query   string
 }
 
+// prepareRun gives one phase of a scenario a fresh database (and a pool on
+// it) and a fresh mock platform; done removes them.
+func (env *benchEnv) prepareRun(ctx context.Context, run string) (dsn string, pool *pgxpool.Pool, mp *mockplatform.Server, done func(), err error) {
+	dsn, pool, err = env.createDB(ctx, run)
+	if err != nil {
+		return "", nil, nil, nil, err
+	}
+	mp, err = mockplatform.Start(mockplatform.Config{AccessName: accessName, AccessPwd: env.accessPwd})
+	if err != nil {
+		pool.Close()
+		env.dropDB(context.WithoutCancel(ctx), run)
+		return "", nil, nil, nil, err
+	}
+	return dsn, pool, mp, func() {
+		mp.Close()
+		pool.Close()
+		env.dropDB(context.WithoutCancel(ctx), run)
+	}, nil
+}
+
 func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throughputResult, err error) {
 	res.Scenario, res.LoadStart = scenario, loadAvg()
 	defer func() { res.LoadEnd = loadAvg() }()
 	run := "tp_" + scenario
-	dsn, pool, err := env.createDB(ctx, run)
+	dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
 	}
-	defer env.dropDB(context.WithoutCancel(ctx), run)
-	defer pool.Close()
-	mp, err := mockplatform.Start(mockplatform.Config{AccessName: accessName, AccessPwd: env.accessPwd})
-	if err != nil {
-		return res, err
-	}
-	defer mp.Close()
+	defer done()
 
 	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
 	defer cancel()
@@ -273,17 +287,11 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err != nil {
 		return res, err
 	}
-	dsn, pool, err := env.createDB(ctx, run)
+	dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
 	}
-	defer env.dropDB(context.WithoutCancel(ctx), run)
-	defer pool.Close()
-	mp, err := mockplatform.Start(mockplatform.Config{AccessName: accessName, AccessPwd: env.accessPwd})
-	if err != nil {
-		return res, err
-	}
-	defer mp.Close()
+	defer done()
 
 	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
 	defer cancel()
