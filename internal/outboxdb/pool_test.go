@@ -2,6 +2,7 @@ package outboxdb_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +44,7 @@ func genericPlan(t *testing.T, dsn string, cfg outboxdb.PoolConfig, sql string, 
 	}
 	placeholders := make([]string, len(args))
 	for i := range args {
-		placeholders[i] = "$" + string(rune('1'+i))
+		placeholders[i] = "$" + strconv.Itoa(i+1)
 	}
 	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE stmt("+strings.Join(placeholders, ",")+")",
 		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
