@@ -385,7 +385,9 @@ func compileMappingFile(files fileReader, path string) (*compiledMapping, map[st
 // structuralPrefix matches the context Bloblang adds around an error raised
 // inside a mapping; the reason itself (a throw() message, or a field's type
 // error such as "field `this.x`: ...") is what remains.
-var structuralPrefix = regexp.MustCompile(`^(?:failed assignment \(line \d+\): |failed to process element \d+: |map [\w-]+: |(?:if|match) expression: )`)
+// An object literal adds "failed to resolve 'key' value: " (Benthos
+// query/literals.go); keys are mapping fields, so they hold no quote.
+var structuralPrefix = regexp.MustCompile(`^(?:failed assignment \(line \d+\): |failed to process element \d+: |map [\w-]+: |(?:if|match) expression: |failed to resolve '[^']*' value: )`)
 
 // mappingErrorReason returns the reason of a mapping error without its
 // structural prefixes.

@@ -351,11 +351,15 @@ map pic {
 }
 root.enter_state = {"field": "inoutType", "value": this.inoutType}.apply("enter_state")
 root.pictures = this.pictures.enumerated().map_each(p -> p.apply("pic"))
+# An error leaving an object literal of the main mapping (mappings/README.md
+# advises against it) still records only the thrown reason.
+root.extra = {"state": {"field": "extraType", "value": this.extraType.or(1)}.apply("enter_state")}
 `)
 		for in, want := range map[string]string{
-			`{"inoutType":7,"pictures":[]}`:  "inoutType 7 is not 0 or 1",
-			`{"inoutType":1,"pictures":[5]}`: "pictures[0].picType 5 is not 0 or 1",
-			`{"inoutType":1,"pictures":{}}`:  "expected array value, got object",
+			`{"inoutType":7,"pictures":[]}`:               "inoutType 7 is not 0 or 1",
+			`{"inoutType":1,"pictures":[5]}`:              "pictures[0].picType 5 is not 0 or 1",
+			`{"inoutType":1,"pictures":{}}`:               "expected array value, got object",
+			`{"inoutType":1,"pictures":[],"extraType":3}`: "extraType 3 is not 0 or 1",
 		} {
 			msg := tb.mapOne(in)
 			err := msg.GetError()
@@ -407,6 +411,7 @@ func TestMappingErrorReason(t *testing.T) {
 		"failed assignment (line 23): failed to process element 1: map picture: failed assignment (line 4): picType 5 is bad": "picType 5 is bad",
 		"failed assignment (line 1): if expression: match expression: x":                                                      "x",
 		"failed assignment (line 2): field `this.x`: expected number value, got string (\"a\")":                               "field `this.x`: expected number value, got string (\"a\")",
+		"failed assignment (line 9): failed to resolve 'pic_type' value: picType 5 is not 1-4":                                "picType 5 is not 1-4",
 		"failed assignment (line 2): ": "failed assignment (line 2): ",
 		"plain":                        "plain",
 	} {
