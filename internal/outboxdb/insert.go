@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -172,6 +173,24 @@ type DirectClaim struct {
 	// Lease and Claimer as in ClaimParams.
 	Lease   time.Duration
 	Claimer string
+	// Tokens are the claim tokens of the rows claimed, in claim order, at
+	// least Limit of them (NewClaimTokens); nil draws fresh ones. A caller
+	// that retries after an error whose outcome it cannot know (the reply
+	// was lost, the insert may have committed) passes the same records with
+	// the same Limit and Tokens again: the rows the lost call claimed come
+	// back claimed, as if its reply had arrived, instead of waiting out
+	// their lease.
+	Tokens []string
+}
+
+// NewClaimTokens returns n fresh claim tokens (random UUIDs) for
+// DirectClaim.Tokens.
+func NewClaimTokens(n int) []string {
+	tokens := make([]string, n)
+	for i := range tokens {
+		tokens[i] = uuid.NewString()
+	}
+	return tokens
 }
 
 // InsertBatchClaim is InsertBatchCount for a processor whose process runs a
@@ -180,7 +199,9 @@ type DirectClaim struct {
 // c.Claimer with attempt_count 1, as ClaimDue would have left them, and come
 // back as ClaimedRows (sorted by id) for that dispatcher to send. Claimed
 // rows are not counted in the returned InsertCounts.Pending; records whose
-// key already had a row are neither counted nor returned.
+// key already had a row are neither counted nor returned, except a row still
+// IN_PROGRESS under the claim token c.Tokens gives it now (a retry of a call
+// whose reply was lost), which comes back claimed.
 func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c DirectClaim) (InsertCounts, []ClaimedRow, error) {
 	if len(recs) == 0 {
 		return InsertCounts{}, nil, nil
@@ -190,7 +211,14 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 		return InsertCounts{}, nil, err
 	}
 	args := insertArgs(recs, unique)
+	tokens := make([]string, len(unique)) // "" for rows not claimed
 	if c.Limit > 0 {
+		if c.Tokens == nil {
+			c.Tokens = NewClaimTokens(c.Limit)
+		}
+		if len(c.Tokens) < c.Limit {
+			return InsertCounts{}, nil, fmt.Errorf("inserting outbox rows: %d claim tokens for a limit of %d", len(c.Tokens), c.Limit)
+		}
 		// unique is in key order (the lock order); claim in batch order.
 		pos := make(map[int]int, len(unique))
 		for j, i := range unique {
@@ -203,10 +231,11 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 				continue
 			}
 			statuses[j] = string(StatusInProgress)
+			tokens[j] = c.Tokens[n]
 			n++
 		}
 	}
-	args = append(args, c.Lease.Milliseconds(), c.Claimer)
+	args = append(args, c.Lease.Milliseconds(), c.Claimer, tokens)
 	rows, err := q.Query(ctx, insertClaimSQL, args...)
 	if err != nil {
 		return InsertCounts{}, nil, fmt.Errorf("inserting outbox rows: %w", err)

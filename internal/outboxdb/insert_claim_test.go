@@ -98,6 +98,52 @@ func TestInsertBatchClaim(t *testing.T) {
 		}
 	})
 
+	t.Run("RetryWithTheSameTokensGetsTheLostClaimsBack", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		if _, err := outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{pendingRec("other", 1)}); err != nil {
+			t.Fatal(err)
+		}
+		recs := []outboxdb.NewRecord{pendingRec("k1", 2), pendingRec("other", 3), pendingRec("k2", 4), pendingRec("k3", 5)}
+		c := outboxdb.DirectClaim{Limit: 3, Lease: time.Minute, Claimer: "me", Tokens: outboxdb.NewClaimTokens(3)}
+		// The first call commits, but say its reply never arrived.
+		if _, first, err := outboxdb.InsertBatchClaim(ctx, pool, recs, c); err != nil || len(first) != 2 {
+			t.Fatalf("first call: %d claimed, %v", len(first), err)
+		}
+		counts, again, err := outboxdb.InsertBatchClaim(ctx, pool, recs, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if counts.Pending != 0 || len(again) != 2 || again[0].MessageKey != "k1" || again[1].MessageKey != "k2" {
+			t.Fatalf("retry: counts %+v, claimed %+v; want k1 and k2 again and nothing new", counts, again)
+		}
+		// "other" took the second slot (and token) without being claimed.
+		want := map[string]string{"k1": c.Tokens[0], "k2": c.Tokens[2]}
+		for _, r := range again {
+			if r.ClaimToken != want[r.MessageKey] || r.AttemptCount != 1 {
+				t.Errorf("retry: %s token %s attempt %d, want token %s at attempt 1", r.MessageKey, r.ClaimToken, r.AttemptCount, want[r.MessageKey])
+			}
+		}
+		stored := readRows(t, pool)
+		if s := stored["k3"]; s.Status != "PENDING" {
+			t.Errorf("k3 %+v, want PENDING beyond the limit", s)
+		}
+		if s := stored["other"]; s.Status != "PENDING" || s.KafkaOffset != 1 {
+			t.Errorf("other %+v, want the first copy untouched", s)
+		}
+
+		// Other tokens, or a claim since given up, match nothing.
+		if _, none, err := outboxdb.InsertBatchClaim(ctx, pool, recs, outboxdb.DirectClaim{Limit: 3, Lease: time.Minute, Claimer: "me"}); err != nil || len(none) != 0 {
+			t.Fatalf("fresh tokens: claimed %+v, %v; want none", none, err)
+		}
+		if n, err := outboxdb.ReleaseUnsent(ctx, pool, []outboxdb.ClaimRef{again[0].Ref()}); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		if _, left, err := outboxdb.InsertBatchClaim(ctx, pool, recs, c); err != nil || len(left) != 1 || left[0].MessageKey != "k2" {
+			t.Fatalf("after releasing k1: claimed %+v, %v; want k2 only", left, err)
+		}
+	})
+
 	t.Run("ExpiredLeaseIsClaimedAgain", func(t *testing.T) {
 		t.Parallel()
 		pool := pgtest.NewPool(t)

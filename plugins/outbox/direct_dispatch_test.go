@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -99,6 +101,39 @@ func TestDirectDispatch(t *testing.T) {
 		}
 		if d.room != 10 || d.reserved != 0 {
 			t.Errorf("room %d reserved %d, want every slot back", d.room, d.reserved)
+		}
+	})
+
+	t.Run("RetryAfterALostReplyHandsOverTheCommittedClaims", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		d := &fakeDispatcher{room: 10}
+		t.Cleanup(handoff.Register(b.dsn, d))
+		p := b.processor(t, defaultYAML)
+		p.retryInitial, p.retryMax = time.Millisecond, 5*time.Millisecond
+		lost := 0
+		p.afterInsertClaim = func() error {
+			if lost++; lost == 1 {
+				return errors.New("connection reset after the commit")
+			}
+			return nil
+		}
+		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h1")))
+		if lost != 2 {
+			t.Fatalf("%d inserts, want the lost one and its retry", lost)
+		}
+		rows := b.rows(t)
+		if len(d.got) != 2 || d.reserved != 0 || d.room != 8 {
+			t.Fatalf("dispatcher got %d rows (reserved %d, room %d), want both rows and one reservation", len(d.got), d.reserved, d.room)
+		}
+		for _, c := range d.got {
+			if r := rows[c.MessageKey]; r.Status != "IN_PROGRESS" || r.AttemptCount != 1 || r.ID != c.ID {
+				t.Errorf("row %s = %+v, want it handed over at attempt 1", c.MessageKey, r)
+			}
+		}
+		var logs int
+		if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM forward_retry_logs").Scan(&logs); err != nil || logs != 0 {
+			t.Errorf("%d attempt logs (%v), want none: nothing was attempted", logs, err)
 		}
 	})
 

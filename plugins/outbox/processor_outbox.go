@@ -211,6 +211,11 @@ type outboxProcessor struct {
 	outageMu    sync.Mutex
 	outageSince time.Time // zero while the database is reachable
 	outageTries int
+
+	// afterInsertClaim, when set by a test, runs after a successful
+	// InsertBatchClaim; an error it returns stands for a reply lost after
+	// the commit.
+	afterInsertClaim func() error
 }
 
 func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resources) (*outboxProcessor, error) {
@@ -329,11 +334,12 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 			end++
 		}
 		chunk := recs[start:end]
+		var hand handover
 		err := p.persist(ctx, func(ctx context.Context) error {
 			if !p.emitNew {
 				// Persist-only needs no per-row results: one aggregate row
 				// back, or the rows handed to the dispatcher.
-				c, err := p.insertChunk(ctx, chunk)
+				c, err := p.insertChunk(ctx, chunk, &hand)
 				if err == nil {
 					counts.Pending += c.Pending
 					counts.Failed += c.Failed
@@ -356,6 +362,7 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 			return err
 		})
 		if err != nil {
+			hand.abandon()
 			return nil, err
 		}
 		start = end
@@ -383,29 +390,53 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 	return []service.MessageBatch{out}, nil
 }
 
+// handover is what a chunk reserved of its process's dispatcher (direct
+// dispatch), kept across the chunk's attempts: a retry after an error asks
+// for the same rows under the same claim tokens, so that rows a lost attempt
+// may have committed claimed come back to be handed over, instead of waiting
+// out their lease and leaving an attempt that was never made in the log.
+type handover struct {
+	d       handoff.Dispatcher
+	granted int
+	tokens  []string
+}
+
+// abandon returns the reservation when the chunk gives up (the stream is
+// stopping). Rows an attempt may have committed claimed come back when their
+// lease expires.
+func (h *handover) abandon() {
+	if h.granted > 0 {
+		h.d.Deliver(h.granted, nil)
+		h.granted = 0
+	}
+}
+
 // insertChunk persists chunk for emit: none, handing as many new rows as the
-// process's dispatcher has room for to it (see Direct dispatch).
-func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewRecord) (outboxdb.InsertCounts, error) {
-	var d handoff.Dispatcher
-	if p.dsn != "" {
-		d = handoff.Lookup(p.dsn)
+// process's dispatcher has room for to it (see Direct dispatch). On an error
+// the reservation stays in h for the next attempt.
+func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewRecord, h *handover) (outboxdb.InsertCounts, error) {
+	if h.granted == 0 && p.dsn != "" {
+		if h.d = handoff.Lookup(p.dsn); h.d != nil {
+			h.granted = h.d.Reserve(countPending(chunk))
+			h.tokens = outboxdb.NewClaimTokens(h.granted)
+		}
 	}
-	granted := 0
-	if d != nil {
-		granted = d.Reserve(countPending(chunk))
-	}
-	if granted == 0 {
+	if h.granted == 0 {
 		return outboxdb.InsertBatchCount(ctx, p.pool, chunk)
 	}
-	claim := d.Claim()
-	claim.Limit = granted
+	claim := h.d.Claim()
+	claim.Limit, claim.Tokens = h.granted, h.tokens
 	c, rows, err := outboxdb.InsertBatchClaim(ctx, p.pool, chunk, claim)
+	if err == nil && p.afterInsertClaim != nil {
+		err = p.afterInsertClaim()
+	}
 	if err != nil {
-		d.Deliver(granted, nil)
 		return c, err
 	}
+	granted := h.granted
+	h.granted = 0
 	c.Pending += len(rows)
-	if !d.Deliver(granted, rows) {
+	if !h.d.Deliver(granted, rows) {
 		p.giveBack(ctx, rows)
 	}
 	return c, nil

@@ -9,10 +9,16 @@
 -- Rows inserted IN_PROGRESS come back with what the dispatcher needs; PENDING
 -- and FAILED rows come back with their status only, and PENDING ones notify
 -- the dispatchers as in insert.sql. A key that already had a row comes back
--- not at all (ON CONFLICT DO NOTHING), whatever status was asked for it.
+-- not at all, whatever status was asked for it, with one exception: a row
+-- still IN_PROGRESS under the very claim token asked for it now. The claim
+-- tokens ($13) come from the caller, so that a caller whose reply was lost
+-- (the statement may have committed) can run it again with the same tokens
+-- and get back the rows it claimed; the no-op update only makes them
+-- RETURNed. Nobody else holds a token, so no other row can match.
 --
 -- Keep the INSERT in step with insert.sql's; $1-$10 as there, $8 may also
--- hold IN_PROGRESS.
+-- hold IN_PROGRESS, $13 holds the claim token of each IN_PROGRESS row ('' for
+-- the others).
 WITH ins AS (
     INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
                                  kafka_offset, kafka_key, payload, status,
@@ -23,15 +29,18 @@ WITH ins AS (
            CASE WHEN u.status = 'IN_PROGRESS' THEN 1 ELSE 0 END,
            CASE u.status WHEN 'PENDING' THEN now()
                          WHEN 'IN_PROGRESS' THEN now() + $11::bigint * interval '1 millisecond' END,
-           CASE WHEN u.status = 'IN_PROGRESS' THEN gen_random_uuid() END,
+           CASE WHEN u.status = 'IN_PROGRESS' THEN u.claim_token::uuid END,
            CASE WHEN u.status = 'IN_PROGRESS' THEN $12::text END,
            CASE WHEN u.status = 'IN_PROGRESS' THEN now() END,
            nullif(u.last_error, '')
     FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[],
-                $6::bytea[], $7::bytea[], $8::text[], $9::text[])
+                $6::bytea[], $7::bytea[], $8::text[], $9::text[], $13::text[])
          AS u(message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
-              kafka_key, payload, status, last_error)
-    ON CONFLICT (message_key) DO NOTHING
+              kafka_key, payload, status, last_error, claim_token)
+    ON CONFLICT (message_key) DO UPDATE
+        SET claimed_at = forward_records.claimed_at
+        WHERE forward_records.status = 'IN_PROGRESS'
+          AND forward_records.claim_token = excluded.claim_token
     RETURNING id, message_key, status, claim_token, created_at, next_retry_at
 ), notified AS (
     SELECT pg_notify($10, '')
