@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/forwarder/forwarder/internal/childproc"
 	"github.com/forwarder/forwarder/internal/eventgen"
 	"github.com/forwarder/forwarder/internal/mockplatform"
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -240,7 +241,7 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 		}
 		cfg.Logf("starting %s -c %s (log: %s)", cfg.Forwarder, cfg.Pipeline, s.LogPath)
 		if s.Forwarder, err = s.StartForwarder(ctx, ForwarderOptions{HTTPAddr: addr}); err != nil {
-			return s, fmt.Errorf("%w\nlast lines of %s:\n%s", err, s.LogPath, tailFile(s.LogPath, 3000))
+			return s, fmt.Errorf("%w\nlast lines of %s:\n%s", err, s.LogPath, childproc.TailFile(s.LogPath, 3000))
 		}
 	}
 

@@ -5,15 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/childproc"
 )
 
 // ForwarderOptions start one forwarder process.
@@ -32,66 +32,38 @@ type Forwarder struct {
 	// HTTPAddr is its Benthos HTTP server address.
 	HTTPAddr string
 
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	proc *childproc.Process
 }
 
 // MetricsURL is where its /metrics is served.
 func (f *Forwarder) MetricsURL() string { return "http://" + f.HTTPAddr + "/metrics" }
 
 // Done is closed when the process has exited.
-func (f *Forwarder) Done() <-chan struct{} { return f.done }
+func (f *Forwarder) Done() <-chan struct{} { return f.proc.Done() }
 
 // Err is the process's exit error (nil for exit status 0), once Done.
-func (f *Forwarder) Err() error {
-	select {
-	case <-f.done:
-		return f.err
-	default:
-		return nil
-	}
-}
+func (f *Forwarder) Err() error { return f.proc.Err() }
 
 // Pid is the process id.
-func (f *Forwarder) Pid() int { return f.cmd.Process.Pid }
+func (f *Forwarder) Pid() int { return f.proc.Pid() }
 
 // Stop sends SIGTERM and waits up to timeout for the process to exit, then
 // kills it. It returns an error unless the process exited with status 0
 // within the timeout.
 func (f *Forwarder) Stop(timeout time.Duration) error {
-	select {
-	case <-f.done:
-		return f.exitError()
+	err := f.proc.Stop(timeout)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, childproc.ErrKilled):
+		return fmt.Errorf("the forwarder (pid %d) %w", f.Pid(), err)
 	default:
-	}
-	if err := f.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("sending SIGTERM to the forwarder (pid %d): %w", f.Pid(), err)
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-f.done:
-		return f.exitError()
-	case <-t.C:
-		_ = f.cmd.Process.Kill()
-		<-f.done
-		return fmt.Errorf("the forwarder (pid %d) did not exit within %s of SIGTERM and was killed", f.Pid(), timeout)
+		return fmt.Errorf("the forwarder (pid %d) exited: %w", f.Pid(), err)
 	}
 }
 
 // Kill ends the process with SIGKILL, like a crash, and waits for it.
-func (f *Forwarder) Kill() {
-	_ = f.cmd.Process.Kill()
-	<-f.done
-}
-
-func (f *Forwarder) exitError() error {
-	if f.err != nil {
-		return fmt.Errorf("the forwarder (pid %d) exited: %w", f.Pid(), f.err)
-	}
-	return nil
-}
+func (f *Forwarder) Kill() { f.proc.Kill() }
 
 // startForwarder runs bin/forwarder -c pipeline in workDir with env and
 // waits until its HTTP server answers /ping.
@@ -99,75 +71,34 @@ func startForwarder(ctx context.Context, bin, pipeline, workDir string, env map[
 	addr := opts.HTTPAddr
 	if addr == "" || strings.HasSuffix(addr, ":0") {
 		var err error
-		if addr, err = freeAddr(); err != nil {
+		if addr, err = childproc.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}
-	all := map[string]string{}
-	for k, v := range env {
-		all[k] = v
+	all := maps.Clone(env)
+	if all == nil {
+		all = map[string]string{}
 	}
-	for k, v := range opts.Env {
-		all[k] = v
-	}
+	maps.Copy(all, opts.Env)
 	all["HTTP_ADDR"] = addr
 
-	cmd := exec.Command(bin, "-c", pipeline)
-	cmd.Dir = workDir
-	cmd.Env = os.Environ()
-	keys := make([]string, 0, len(all))
-	for k := range all {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		cmd.Env = append(cmd.Env, k+"="+all[k]) // later entries win
-	}
-	cmd.Stdout, cmd.Stderr = opts.Log, opts.Log
 	// Its own process group: a Ctrl-C in the terminal reaches the dev stack
-	// only, which then stops the forwarder in order. Pdeathsig: should the
-	// dev stack die without stopping it, the forwarder is told to stop too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
-	}
-	f := &Forwarder{HTTPAddr: addr, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		f.err = cmd.Wait()
-		close(f.done)
-	}()
-
-	// Up once /ping answers; a config the forwarder rejects ends the process.
-	client := &http.Client{Timeout: time.Second}
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-f.done:
-			return nil, fmt.Errorf("the forwarder exited during start-up: %v", f.err)
-		case <-ctx.Done():
-			_ = f.Stop(5 * time.Second)
-			return nil, fmt.Errorf("waiting for the forwarder's /ping on %s: %w", addr, ctx.Err())
-		case <-tick.C:
-		}
-		resp, err := client.Get("http://" + addr + "/ping")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return f, nil
-			}
-		}
-	}
-}
-
-// freeAddr is a loopback address with a port free right now.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// only, which then stops the forwarder in order. Should the dev stack
+	// die without stopping it, the forwarder is told to stop too.
+	proc, err := childproc.Start(childproc.Spec{
+		Path: bin, Args: []string{"-c", pipeline}, Dir: workDir,
+		Environ: os.Environ(), Env: all, Output: opts.Log, ParentDeath: syscall.SIGTERM,
+	})
 	if err != nil {
-		return "", fmt.Errorf("finding a free port: %w", err)
+		return nil, err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	f := &Forwarder{HTTPAddr: addr, proc: proc}
+	// Up once /ping answers; a config the forwarder rejects ends the process.
+	if err := proc.WaitPing(ctx, addr); err != nil {
+		_ = proc.Stop(5 * time.Second)
+		return nil, fmt.Errorf("the forwarder %w", err)
+	}
+	return f, nil
 }
 
 // addrFree reports whether addr can be listened on now.
@@ -178,20 +109,6 @@ func addrFree(addr string) bool {
 	}
 	l.Close()
 	return true
-}
-
-// tailFile returns the last n bytes of a file, for error messages.
-func tailFile(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > n {
-		_, _ = f.Seek(-n, io.SeekEnd)
-	}
-	b, _ := io.ReadAll(f)
-	return strings.TrimSpace(string(b))
 }
 
 // resolve makes p absolute against dir unless it already is.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/forwarder/forwarder/internal/childproc"
 	"github.com/forwarder/forwarder/internal/eventgen"
 	"github.com/forwarder/forwarder/internal/mockplatform"
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -61,7 +62,7 @@ func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 			return nil
 		case <-fwdDone:
 			return fmt.Errorf("the forwarder stopped on its own (%v); last lines of %s:\n%s",
-				s.Forwarder.Err(), s.LogPath, tailFile(s.LogPath, 3000))
+				s.Forwarder.Err(), s.LogPath, childproc.TailFile(s.LogPath, 3000))
 		case now := <-tick.C:
 			qctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
 			p, err := s.Progress(qctx)

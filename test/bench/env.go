@@ -4,15 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
+	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/forwarder/forwarder/internal/childproc"
 	"github.com/forwarder/forwarder/internal/eventgen"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pgcluster"
@@ -275,12 +271,10 @@ func (env *benchEnv) consumerEnv(dsn, platformURL, group, vehicle, heartbeat str
 
 // child is a consumer process: bin/forwarder or a baseline.
 type child struct {
+	*childproc.Process
 	name     string
-	cmd      *exec.Cmd
 	httpAddr string // the forwarder's HTTP server
 	logPath  string
-	done     chan struct{}
-	err      error
 }
 
 // startConsumer starts the consumer of scenario in its own process.
@@ -291,14 +285,16 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 		return nil, err
 	}
 	defer logFile.Close()
-	c := &child{name: scenario, logPath: logPath, done: make(chan struct{})}
-	all := map[string]string{}
-	for k, v := range vars {
-		all[k] = v
+	c := &child{name: scenario, logPath: logPath}
+	all := maps.Clone(vars)
+	if all == nil {
+		all = map[string]string{}
 	}
+	var path string
+	var args []string
 	switch scenario {
 	case scenarioForwarder:
-		if c.httpAddr, err = freeAddr(); err != nil {
+		if c.httpAddr, err = childproc.FreeAddr(); err != nil {
 			return nil, err
 		}
 		all["HTTP_ADDR"] = c.httpAddr
@@ -306,7 +302,7 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 			k, v, _ := strings.Cut(kv, "=")
 			all[k] = v
 		}
-		args := []string{"-c", env.cfg.Pipeline}
+		args = []string{"-c", env.cfg.Pipeline}
 		sets := append([]string(nil), env.cfg.Sets...)
 		if pprof {
 			sets = append(sets, "http.debug_endpoints=true")
@@ -314,110 +310,49 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 		for _, s := range sets {
 			args = append(args, "--set", s)
 		}
-		c.cmd = exec.Command(resolve(env.cfg.Root, env.cfg.Forwarder), args...)
+		path = resolve(env.cfg.Root, env.cfg.Forwarder)
 	default:
-		self, err := os.Executable()
-		if err != nil {
+		if path, err = os.Executable(); err != nil {
 			return nil, err
 		}
-		c.cmd = exec.Command(self, "baseline", "-mode", scenario,
+		args = []string{"baseline", "-mode", scenario,
 			"-workers", fmt.Sprint(env.cfg.NaiveWorkers),
 			"-batch-size", fmt.Sprint(env.cfg.BatchSize),
-			"-posts", fmt.Sprint(env.cfg.BatchPosts))
+			"-posts", fmt.Sprint(env.cfg.BatchPosts)}
 	}
-	c.cmd.Dir = env.cfg.Root
-	c.cmd.Env = os.Environ()
-	keys := make([]string, 0, len(all))
-	for k := range all {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		c.cmd.Env = append(c.cmd.Env, k+"="+all[k])
-	}
-	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	// Should the bench die, its consumer dies with it.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", c.cmd.Path, err)
+	c.Process, err = childproc.Start(childproc.Spec{
+		Path: path, Args: args, Dir: env.cfg.Root,
+		Environ: os.Environ(), Env: all, Output: logFile, ParentDeath: syscall.SIGKILL,
+	})
+	if err != nil {
+		return nil, err
 	}
-	go func() {
-		c.err = c.cmd.Wait()
-		close(c.done)
-	}()
 	if c.httpAddr != "" {
-		if err := c.waitPing(ctx); err != nil {
-			c.kill()
-			return nil, fmt.Errorf("%w\n%s", err, tailFile(logPath, 3000))
+		pctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if err := c.WaitPing(pctx, c.httpAddr); err != nil {
+			c.Kill()
+			return nil, fmt.Errorf("the forwarder %w\n%s", err, childproc.TailFile(logPath, 3000))
 		}
 	}
 	return c, nil
 }
 
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
-func (c *child) waitPing(ctx context.Context) error {
-	client := &http.Client{Timeout: time.Second}
-	deadline := time.After(60 * time.Second)
-	for {
-		select {
-		case <-c.done:
-			return fmt.Errorf("the forwarder exited during start-up: %v", c.err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline:
-			return errors.New("the forwarder did not answer /ping within 60s")
-		case <-time.After(20 * time.Millisecond):
-		}
-		resp, err := client.Get("http://" + c.httpAddr + "/ping")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-	}
-}
-
 // exited returns an error when the process has ended.
 func (c *child) exited() error {
-	select {
-	case <-c.done:
-		return fmt.Errorf("%s exited early: %v\n%s", c.name, c.err, tailFile(c.logPath, 3000))
-	default:
+	if !c.Exited() {
 		return nil
 	}
+	return fmt.Errorf("%s exited early: %v\n%s", c.name, c.Err(), childproc.TailFile(c.logPath, 3000))
 }
 
 // stop sends SIGTERM and waits, then kills.
 func (c *child) stop(timeout time.Duration) error {
-	select {
-	case <-c.done:
-		return c.err
-	default:
+	if err := c.Stop(timeout); err != nil {
+		return fmt.Errorf("%s: %w", c.name, err)
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-		return c.err
-	case <-time.After(timeout):
-		c.kill()
-		return fmt.Errorf("%s did not stop within %s of SIGTERM", c.name, timeout)
-	}
-}
-
-func (c *child) kill() {
-	_ = c.cmd.Process.Kill()
-	<-c.done
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return nil
 }
 
 func resolve(dir, p string) string {
@@ -425,19 +360,6 @@ func resolve(dir, p string) string {
 		return p
 	}
 	return filepath.Join(dir, p)
-}
-
-func tailFile(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > n {
-		_, _ = f.Seek(-n, io.SeekEnd)
-	}
-	b, _ := io.ReadAll(f)
-	return strings.TrimSpace(string(b))
 }
 
 func randomHex(n int) (string, error) {

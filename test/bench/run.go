@@ -120,8 +120,8 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 	if err != nil {
 		return res, err
 	}
-	defer c.kill()
-	m.attach(c.pid(), true)
+	defer c.Kill()
+	m.attach(c.Pid(), true)
 
 	var profDone chan error
 	if profile {
@@ -301,7 +301,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err != nil {
 		return res, err
 	}
-	defer c.kill()
+	defer c.Kill()
 	if err := env.waitGroupStable(runCtx, group, c); err != nil {
 		return res, err
 	}
@@ -364,7 +364,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 			if m, err = startMeter(env.pgPID); err != nil {
 				return res, err
 			}
-			m.attach(c.pid(), false)
+			m.attach(c.Pid(), false)
 			measStart = time.Now()
 			if profile {
 				go func() {

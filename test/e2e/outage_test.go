@@ -42,7 +42,7 @@ func TestPostgresRestart(t *testing.T) {
 	// notice and start retrying.
 	time.Sleep(4 * time.Second)
 	if !p.alive() {
-		t.Fatalf("the forwarder exited while PostgreSQL was down (%v):\n%s", p.waitErr, p.tail(6000))
+		t.Fatalf("the forwarder exited while PostgreSQL was down (%v):\n%s", p.Err(), p.tail(6000))
 	}
 	if err := pg.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -53,7 +53,7 @@ func TestPostgresRestart(t *testing.T) {
 
 	s.waitSettled(2 * time.Minute)
 	if !p.alive() || p.signalled.Load() != 0 {
-		t.Fatalf("the forwarder (pid %d) did not survive the database restart (%v):\n%s", p.pid(), p.waitErr, p.tail(6000))
+		t.Fatalf("the forwarder (pid %d) did not survive the database restart (%v):\n%s", p.pid(), p.Err(), p.tail(6000))
 	}
 	r := s.verify()
 	// Benthos answers /ready with 200 only when every input and output is

@@ -1,34 +1,29 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
+	"maps"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/childproc"
 )
 
 // proc is one bin/forwarder child process. Its stdout and stderr go to a
 // file, kept for the test's log checks and shown when something fails.
 type proc struct {
+	*childproc.Process
 	name     string
 	httpAddr string
 	logPath  string
-	cmd      *exec.Cmd
-	done     chan struct{}
-	state    *os.ProcessState // once done
-	waitErr  error            // once done
 	// signalled records the signal we sent it, 0 when none: a process that
 	// exits without one exited by itself.
 	signalled atomic.Int32
@@ -50,12 +45,11 @@ func startProc(t *testing.T, name string, env map[string]string) *proc {
 			t.Fatal(err)
 		}
 	}
-	p := &proc{
-		name:     name,
-		httpAddr: freeAddr(t),
-		logPath:  filepath.Join(logDir, name+".log"),
-		done:     make(chan struct{}),
+	addr, err := childproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
 	}
+	p := &proc{name: name, httpAddr: addr, logPath: filepath.Join(logDir, name+".log")}
 	logFile, err := os.Create(p.logPath)
 	if err != nil {
 		t.Fatalf("creating %s: %v", p.logPath, err)
@@ -63,68 +57,44 @@ func startProc(t *testing.T, name string, env map[string]string) *proc {
 	defer logFile.Close() // the child has its own descriptor
 
 	all := map[string]string{"PATH": os.Getenv("PATH"), "HOME": os.Getenv("HOME"), "TMPDIR": os.TempDir()}
-	for k, v := range env {
-		all[k] = v
-	}
+	maps.Copy(all, env)
 	all["HTTP_ADDR"] = p.httpAddr
-	keys := make([]string, 0, len(all))
-	for k := range all {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	cmd := exec.Command(forwarderBin, "-c", "pipelines/forwarder.yaml")
-	cmd.Dir = repoRoot
-	for _, k := range keys {
-		cmd.Env = append(cmd.Env, k+"="+all[k])
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so a Ctrl-C on `go test` reaches the test, which
-	// then kills it; Pdeathsig kills it should the test binary die first.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", forwarderBin, err)
+	// then kills it; it is killed too should the test binary die first.
+	p.Process, err = childproc.Start(childproc.Spec{
+		Path: forwarderBin, Args: []string{"-c", "pipelines/forwarder.yaml"}, Dir: repoRoot,
+		Env: all, Output: logFile, ParentDeath: syscall.SIGKILL,
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	p.cmd = cmd
-	go func() {
-		p.waitErr = cmd.Wait()
-		p.state = cmd.ProcessState
-		close(p.done)
-	}()
 	t.Cleanup(func() {
+		if p.Exited() {
+			return
+		}
+		if err := p.signal(syscall.SIGKILL); err != nil {
+			t.Error(err)
+		}
 		select {
-		case <-p.done:
-		default:
-			if err := p.signal(syscall.SIGKILL); err != nil {
-				t.Error(err)
-			}
-			select {
-			case <-p.done:
-			case <-time.After(30 * time.Second):
-				t.Errorf("%s (pid %d) did not die after SIGKILL", p.name, p.pid())
-			}
+		case <-p.Done():
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s (pid %d) did not die after SIGKILL", p.name, p.pid())
 		}
 	})
 	t.Logf("%s started: pid %d, http %s, log %s", name, p.pid(), p.httpAddr, p.logPath)
 	return p
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
+func (p *proc) pid() int { return p.Pid() }
 
-func (p *proc) alive() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
+func (p *proc) alive() bool { return !p.Exited() }
 
-// signal sends sig to the process, by its PID only. A process that is
-// already gone is not an error.
+// signal sends sig to the process, by its PID only, and records it. A
+// process that is already gone is not an error.
 func (p *proc) signal(sig syscall.Signal) error {
 	p.signalled.Store(int32(sig))
-	if err := syscall.Kill(p.pid(), sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("sending %v to %s (pid %d): %w", sig, p.name, p.pid(), err)
+	if err := p.Signal(sig); err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
 	}
 	return nil
 }
@@ -136,7 +106,7 @@ func (p *proc) kill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s (pid %d) still running 30 s after SIGKILL", p.name, p.pid())
 	}
@@ -154,8 +124,8 @@ func (p *proc) term(t *testing.T) {
 // its exit code; exited is false when it was still running at the limit.
 func (p *proc) waitExit(limit time.Duration) (code int, exited bool) {
 	select {
-	case <-p.done:
-		return p.state.ExitCode(), true
+	case <-p.Done():
+		return p.ExitCode(), true
 	case <-time.After(limit):
 		return -1, false
 	}
@@ -165,23 +135,10 @@ func (p *proc) waitExit(limit time.Duration) (code int, exited bool) {
 // exits first or does not answer before the deadline.
 func (p *proc) waitUp(t *testing.T, within time.Duration) {
 	t.Helper()
-	client := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(within)
-	for {
-		if !p.alive() {
-			t.Fatalf("%s exited during start-up (%v):\n%s", p.name, p.waitErr, p.tail(4000))
-		}
-		resp, err := client.Get("http://" + p.httpAddr + "/ping")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not answer /ping on %s after %s:\n%s", p.name, p.httpAddr, within, p.tail(4000))
-		}
-		time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := p.WaitPing(ctx, p.httpAddr); err != nil {
+		t.Fatalf("%s %v:\n%s", p.name, err, p.tail(4000))
 	}
 }
 
@@ -207,16 +164,7 @@ func (p *proc) logBytes() []byte {
 }
 
 // tail is the end of the process's log, for failure messages.
-func (p *proc) tail(n int) string {
-	b := p.logBytes()
-	if len(b) > n {
-		b = b[len(b)-n:]
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			b = b[i+1:]
-		}
-	}
-	return strings.TrimSpace(string(b))
-}
+func (p *proc) tail(n int) string { return childproc.TailFile(p.logPath, int64(n)) }
 
 // countLines counts the log lines containing every one of substrs.
 func (p *proc) countLines(substrs ...string) int {
@@ -234,15 +182,4 @@ func (p *proc) countLines(substrs ...string) int {
 		}
 	}
 	return n
-}
-
-// freeAddr is a loopback address with a port nothing listens on right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("finding a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

@@ -202,7 +202,7 @@ func (s *stack) assertNoUnexpectedExit() {
 	s.mu.Unlock()
 	for _, p := range procs {
 		if !p.alive() && p.signalled.Load() == 0 && !p.mayExit {
-			s.t.Fatalf("%s (pid %d) exited by itself (%v):\n%s", p.name, p.pid(), p.waitErr, p.tail(6000))
+			s.t.Fatalf("%s (pid %d) exited by itself (%v):\n%s", p.name, p.pid(), p.Err(), p.tail(6000))
 		}
 	}
 }

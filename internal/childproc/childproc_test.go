@@ -1,0 +1,170 @@
+package childproc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// syncBuffer is an Output the test can read while the child writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func sh(t *testing.T, script string, env map[string]string, environ []string) (*Process, *syncBuffer) {
+	t.Helper()
+	out := &syncBuffer{}
+	p, err := Start(Spec{Path: "/bin/sh", Args: []string{"-c", script}, Dir: t.TempDir(),
+		Environ: environ, Env: env, Output: out, ParentDeath: syscall.SIGKILL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	return p, out
+}
+
+// Not parallel: it sets an environment variable of the test process.
+func TestEnvWinsOverEnvironAndNothingElseLeaksIn(t *testing.T) {
+	t.Setenv("CHILDPROC_PARENT_ONLY", "leaked") // not in Environ: must not reach the child
+	p, out := sh(t, `echo "A=$A B=$B P=$CHILDPROC_PARENT_ONLY"`,
+		map[string]string{"A": "env"}, []string{"A=environ", "B=environ"})
+	<-p.Done()
+	if got := strings.TrimSpace(out.String()); got != "A=env B=environ P=" {
+		t.Errorf("child saw %q, want Env over Environ and nothing from the parent", got)
+	}
+	if p.Err() != nil || p.ExitCode() != 0 {
+		t.Errorf("exit %d, %v; want 0", p.ExitCode(), p.Err())
+	}
+}
+
+func TestProcess(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ExitStatusIsReported", func(t *testing.T) {
+		t.Parallel()
+		p, _ := sh(t, "exit 3", nil, nil)
+		<-p.Done()
+		if p.ExitCode() != 3 || p.Err() == nil {
+			t.Errorf("exit %d, %v; want 3 and an error", p.ExitCode(), p.Err())
+		}
+	})
+
+	t.Run("StopSendsSIGTERMAndWaits", func(t *testing.T) {
+		t.Parallel()
+		p, out := sh(t, `trap 'echo stopping; exit 0' TERM; echo ready; while :; do sleep 0.05; done`, nil, nil)
+		waitFor(t, func() bool { return strings.Contains(out.String(), "ready") })
+		if p.ExitCode() != -1 || p.Err() != nil {
+			t.Fatalf("a running child reports exit %d, %v", p.ExitCode(), p.Err())
+		}
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if !strings.Contains(out.String(), "stopping") {
+			t.Errorf("the child did not see SIGTERM; output %q", out.String())
+		}
+		if err := p.Signal(syscall.SIGTERM); err != nil {
+			t.Errorf("signalling an exited child: %v, want nil", err)
+		}
+	})
+
+	t.Run("StopKillsAChildThatIgnoresSIGTERM", func(t *testing.T) {
+		t.Parallel()
+		p, out := sh(t, `trap '' TERM; echo ready; while :; do sleep 0.05; done`, nil, nil)
+		waitFor(t, func() bool { return strings.Contains(out.String(), "ready") })
+		if err := p.Stop(200 * time.Millisecond); !errors.Is(err, ErrKilled) {
+			t.Fatalf("stop: %v, want it killed", err)
+		}
+		if !p.Exited() {
+			t.Error("the child is still running after Stop")
+		}
+	})
+
+	t.Run("WaitPing", func(t *testing.T) {
+		t.Parallel()
+		p, _ := sh(t, "exec sleep 30", nil, nil)
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		up := make(chan struct{})
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-up:
+			default:
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+		})}
+		go func() { _ = srv.Serve(l) }()
+		t.Cleanup(func() { srv.Close() })
+
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if err := p.WaitPing(ctx, l.Addr().String()); err == nil {
+			t.Fatal("WaitPing returned before /ping answered 200")
+		}
+		close(up)
+		if err := p.WaitPing(context.Background(), l.Addr().String()); err != nil {
+			t.Fatalf("WaitPing: %v", err)
+		}
+
+		// A child that exits first ends the wait with its exit.
+		gone, _ := sh(t, "exit 7", nil, nil)
+		addr, err := FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gone.WaitPing(context.Background(), addr); err == nil || !strings.Contains(err.Error(), "exited during start-up") {
+			t.Fatalf("WaitPing on an exited child: %v", err)
+		}
+	})
+}
+
+func TestTailFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "log")
+	if err := os.WriteFile(path, []byte("first line\nsecond line\nthird\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := TailFile(path, 15); got != "third" {
+		t.Errorf("TailFile(15) = %q, want the whole lines within the last 15 bytes", got)
+	}
+	if got := TailFile(path, 1000); got != "first line\nsecond line\nthird" {
+		t.Errorf("TailFile(1000) = %q, want the whole file", got)
+	}
+	if got := TailFile(filepath.Join(t.TempDir(), "none"), 10); got != "" {
+		t.Errorf("TailFile of a missing file = %q", got)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
