@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pgtest"
 )
 
@@ -137,12 +136,7 @@ func TestBinary(t *testing.T) {
 // binary does not know.
 func newerSchemaDB(t *testing.T) string {
 	t.Helper()
-	dsn := pgtest.NewDB(t)
-	pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	dsn, pool := pgtest.NewDBPool(t)
 	if _, err := pool.Exec(context.Background(), "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, '9999_future')"); err != nil {
 		t.Fatal(err)
 	}

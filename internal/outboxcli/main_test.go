@@ -24,12 +24,7 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	dsn := pgtest.NewDB(t)
-	pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	dsn, pool := pgtest.NewDBPool(t)
 	return &testBundle{dsn: dsn, pool: pool}
 }
 

@@ -198,12 +198,7 @@ func TestInsertBatch(t *testing.T) {
 	for name, insert := range inserters {
 		t.Run("NotifiesOnlyWhenAPendingRowIsInserted/"+name, func(t *testing.T) {
 			t.Parallel()
-			dsn := pgtest.NewDB(t)
-			pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
+			dsn, pool := pgtest.NewDBPool(t)
 			listener, err := pgx.Connect(ctx, dsn)
 			if err != nil {
 				t.Fatal(err)

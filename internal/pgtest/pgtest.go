@@ -101,7 +101,16 @@ func NewDB(t testing.TB) string {
 // NewPool is NewDB plus a pool on it, closed at the end of the test.
 func NewPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	return openPool(t, NewDB(t))
+	_, pool := NewDBPool(t)
+	return pool
+}
+
+// NewDBPool is NewPool for tests that also hand the database's URL to a
+// component (which opens its own pool).
+func NewDBPool(t testing.TB) (dsn string, pool *pgxpool.Pool) {
+	t.Helper()
+	dsn = NewDB(t)
+	return dsn, openPool(t, dsn)
 }
 
 // StartCluster starts a private server for one test (for tests that stop or

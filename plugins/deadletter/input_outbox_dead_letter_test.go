@@ -14,7 +14,6 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
-	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pgtest"
 )
 
@@ -29,12 +28,7 @@ type testBundle struct {
 
 func setup(t testing.TB) *testBundle {
 	t.Helper()
-	dsn := pgtest.NewDB(t)
-	pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	dsn, pool := pgtest.NewDBPool(t)
 	return &testBundle{ctx: context.Background(), dsn: dsn, pool: pool}
 }
 

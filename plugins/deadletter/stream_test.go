@@ -20,6 +20,7 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pgtest"
 	_ "github.com/forwarder/forwarder/plugins/deadletter"
+
 	// The shipped example's output; a test may import a sibling plugin.
 	_ "github.com/forwarder/forwarder/plugins/kafka"
 )
@@ -84,12 +85,7 @@ func TestExamplePipeline(t *testing.T) {
 	ctx := context.Background()
 	const topic = "dead-letter"
 	kafka := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
-	dsn := pgtest.NewDB(t)
-	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	dsn, pool := pgtest.NewDBPool(t)
 
 	insert := func(key, status, reason string, payload []byte) {
 		t.Helper()

@@ -28,14 +28,8 @@ func TestStream(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn := pgtest.NewDB(t)
-	b := &testBundle{ctx: ctx, dsn: dsn}
-	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	b.pool = pool
+	dsn, pool := pgtest.NewDBPool(t)
+	b := &testBundle{ctx: ctx, dsn: dsn, pool: pool}
 
 	rows := b.claim(t, 5, outboxdb.APITypeVehicleEvent)
 	replies := map[string]func(http.ResponseWriter){

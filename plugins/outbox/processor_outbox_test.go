@@ -17,7 +17,6 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
-	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pgtest"
 )
 
@@ -89,12 +88,7 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	dsn := pgtest.NewDB(t)
-	pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	dsn, pool := pgtest.NewDBPool(t)
 	return &testBundle{pool: pool, dsn: dsn, logs: &logRecorder{}}
 }
 

@@ -32,12 +32,7 @@ type testBundle struct {
 
 func setup(t testing.TB) *testBundle {
 	t.Helper()
-	dsn := pgtest.NewDB(t)
-	pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	dsn, pool := pgtest.NewDBPool(t)
 	return &testBundle{ctx: context.Background(), dsn: dsn, pool: pool}
 }
 

@@ -15,7 +15,6 @@ import (
 	// generate and drop, for the test streams.
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 
-	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pgtest"
 )
 
@@ -71,12 +70,7 @@ func TestStreamScrape(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 
-	dsn := pgtest.NewDB(t)
-	pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	dsn, pool := pgtest.NewDBPool(t)
 	insertRows(t, pool, "p", "PENDING", 5, -time.Minute)
 	insertRows(t, pool, "i", "IN_PROGRESS", 2, time.Minute)
 	insertRows(t, pool, "s", "SUCCESS", 40, 0)
