@@ -25,6 +25,9 @@ var (
 // benchmarks.
 func InsertSQL() string { return insertSQL }
 
+// InsertClaimSQL is the insert of direct dispatch, exported for plan tests.
+func InsertClaimSQL() string { return insertClaimSQL }
+
 // NewRecord is one message to persist with InsertBatch.
 type NewRecord struct {
 	// MessageKey is the idempotency key (message_key): a second record with
@@ -174,13 +177,13 @@ type DirectClaim struct {
 	Lease   time.Duration
 	Claimer string
 	// Tokens are the claim tokens of the rows claimed, in claim order, at
-	// least Limit of them (NewClaimTokens); nil draws fresh ones. A caller
-	// that retries after an error whose outcome it cannot know (the reply
-	// was lost, the insert may have committed) passes the same records with
-	// the same Limit and Tokens again: the rows the lost call claimed come
-	// back claimed, as if its reply had arrived, instead of waiting out
-	// their lease.
+	// least Limit of them (NewClaimTokens); nil draws fresh ones.
 	Tokens []string
+	// Retry marks a repeat of a call whose outcome is unknown (its reply was
+	// lost; it may have committed), with the same records, Limit and Tokens:
+	// the rows that call claimed come back claimed too, as if its reply had
+	// arrived, instead of waiting out their lease.
+	Retry bool
 }
 
 // NewClaimTokens returns n fresh claim tokens (random UUIDs) for
@@ -199,9 +202,9 @@ func NewClaimTokens(n int) []string {
 // c.Claimer with attempt_count 1, as ClaimDue would have left them, and come
 // back as ClaimedRows (sorted by id) for that dispatcher to send. Claimed
 // rows are not counted in the returned InsertCounts.Pending; records whose
-// key already had a row are neither counted nor returned, except a row still
-// IN_PROGRESS under the claim token c.Tokens gives it now (a retry of a call
-// whose reply was lost), which comes back claimed.
+// key already had a row are neither counted nor returned, except, with
+// c.Retry, a row still IN_PROGRESS under the claim token c.Tokens gives it,
+// which comes back claimed.
 func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c DirectClaim) (InsertCounts, []ClaimedRow, error) {
 	if len(recs) == 0 {
 		return InsertCounts{}, nil, nil
@@ -235,7 +238,7 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 			n++
 		}
 	}
-	args = append(args, c.Lease.Milliseconds(), c.Claimer, tokens)
+	args = append(args, c.Lease.Milliseconds(), c.Claimer, tokens, c.Retry)
 	rows, err := q.Query(ctx, insertClaimSQL, args...)
 	if err != nil {
 		return InsertCounts{}, nil, fmt.Errorf("inserting outbox rows: %w", err)

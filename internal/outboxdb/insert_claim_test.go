@@ -110,6 +110,7 @@ func TestInsertBatchClaim(t *testing.T) {
 		if _, first, err := outboxdb.InsertBatchClaim(ctx, pool, recs, c); err != nil || len(first) != 2 {
 			t.Fatalf("first call: %d claimed, %v", len(first), err)
 		}
+		c.Retry = true
 		counts, again, err := outboxdb.InsertBatchClaim(ctx, pool, recs, c)
 		if err != nil {
 			t.Fatal(err)
@@ -132,9 +133,15 @@ func TestInsertBatchClaim(t *testing.T) {
 			t.Errorf("other %+v, want the first copy untouched", s)
 		}
 
-		// Other tokens, or a claim since given up, match nothing.
-		if _, none, err := outboxdb.InsertBatchClaim(ctx, pool, recs, outboxdb.DirectClaim{Limit: 3, Lease: time.Minute, Claimer: "me"}); err != nil || len(none) != 0 {
+		// Other tokens, a call that is not a retry, or a claim since given
+		// up match nothing.
+		if _, none, err := outboxdb.InsertBatchClaim(ctx, pool, recs, outboxdb.DirectClaim{Limit: 3, Lease: time.Minute, Claimer: "me", Retry: true}); err != nil || len(none) != 0 {
 			t.Fatalf("fresh tokens: claimed %+v, %v; want none", none, err)
+		}
+		noRetry := c
+		noRetry.Retry = false
+		if _, none, err := outboxdb.InsertBatchClaim(ctx, pool, recs, noRetry); err != nil || len(none) != 0 {
+			t.Fatalf("same tokens, not a retry: claimed %+v, %v; want none", none, err)
 		}
 		if n, err := outboxdb.ReleaseUnsent(ctx, pool, []outboxdb.ClaimRef{again[0].Ref()}); err != nil || n != 1 {
 			t.Fatalf("release: %d %v", n, err)

@@ -83,6 +83,15 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 		}
 	}
 
+	// The outbox processor's pool runs without the setting: a retried direct
+	// insert still finds its claims by key, one index probe each.
+	insertClaimArgs := []any{[]string{"k1"}, []string{"VEHICLE_EVENT"}, []string{"t"}, []int32{0}, []int64{1},
+		[][]byte{nil}, [][]byte{[]byte("{}")}, []string{"IN_PROGRESS"}, []string{""}, outboxdb.NotifyChannel,
+		time.Minute.Milliseconds(), "me", []string{"00000000-0000-4000-8000-000000000001"}, true}
+	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{}, outboxdb.InsertClaimSQL(), insertClaimArgs...); strings.Contains(plan, "Seq Scan on forward_records") {
+		t.Errorf("insert_claim: the generic plan scans forward_records sequentially:\n%s", plan)
+	}
+
 	// Why the setting exists: without it, the result write's generic plan
 	// made on a small table scans the whole table for every batch.
 	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{}, outboxdb.RecordSQL(), recordArgs...); !strings.Contains(plan, "Seq Scan on forward_records") {

@@ -399,6 +399,7 @@ type handover struct {
 	d       handoff.Dispatcher
 	granted int
 	tokens  []string
+	tried   bool // an attempt with these tokens failed
 }
 
 // abandon returns the reservation when the chunk gives up (the stream is
@@ -418,19 +419,20 @@ func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewR
 	if h.granted == 0 && p.dsn != "" {
 		if h.d = handoff.Lookup(p.dsn); h.d != nil {
 			h.granted = h.d.Reserve(countPending(chunk))
-			h.tokens = outboxdb.NewClaimTokens(h.granted)
+			h.tokens, h.tried = outboxdb.NewClaimTokens(h.granted), false
 		}
 	}
 	if h.granted == 0 {
 		return outboxdb.InsertBatchCount(ctx, p.pool, chunk)
 	}
 	claim := h.d.Claim()
-	claim.Limit, claim.Tokens = h.granted, h.tokens
+	claim.Limit, claim.Tokens, claim.Retry = h.granted, h.tokens, h.tried
 	c, rows, err := outboxdb.InsertBatchClaim(ctx, p.pool, chunk, claim)
 	if err == nil && p.afterInsertClaim != nil {
 		err = p.afterInsertClaim()
 	}
 	if err != nil {
+		h.tried = true
 		return c, err
 	}
 	granted := h.granted
