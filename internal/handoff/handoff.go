@@ -32,10 +32,13 @@ type Dispatcher interface {
 	// room to claim rows that are due in the database, or is closing.
 	// Every grant must be ended by one Deliver.
 	Reserve(n int) int
-	// Deliver hands over rows inserted claimed (len(rows) <= granted) and
-	// ends the reservation of granted slots; rows may be nil when the
-	// insert failed. It returns false, taking nothing, when the dispatcher
-	// has closed meanwhile: the caller must then release the rows.
+	// Deliver hands over rows inserted claimed and ends the reservation of
+	// granted slots; rows may be nil when the insert failed. Rows are at
+	// most granted, except rows a retried insert recovered from an attempt
+	// whose reply was lost (see outboxdb.DirectClaim.Retry): those are
+	// taken even beyond the dispatcher's room. It returns false, taking
+	// nothing, when the dispatcher has closed meanwhile: the caller must
+	// then release the rows.
 	Deliver(granted int, rows []outboxdb.ClaimedRow) bool
 	// DueAt says a row will be due at t (a retry just scheduled).
 	DueAt(t time.Time)

@@ -176,13 +176,15 @@ type DirectClaim struct {
 	// Lease and Claimer as in ClaimParams.
 	Lease   time.Duration
 	Claimer string
-	// Tokens are the claim tokens of the rows claimed, in claim order, at
-	// least Limit of them (NewClaimTokens); nil draws fresh ones.
+	// Tokens are claim tokens (NewClaimTokens) for the records that may be
+	// claimed, in claim order: the first Limit are claimed now, so there
+	// must be at least Limit of them; nil draws fresh ones.
 	Tokens []string
 	// Retry marks a repeat of a call whose outcome is unknown (its reply was
-	// lost; it may have committed), with the same records, Limit and Tokens:
-	// the rows that call claimed come back claimed too, as if its reply had
-	// arrived, instead of waiting out their lease.
+	// lost; it may have committed) with the same records: given the Tokens
+	// of that call (extended if need be), the rows it claimed come back
+	// claimed too, as if its reply had arrived, instead of waiting out their
+	// lease. They may be more than Limit.
 	Retry bool
 }
 
@@ -203,8 +205,8 @@ func NewClaimTokens(n int) []string {
 // back as ClaimedRows (sorted by id) for that dispatcher to send. Claimed
 // rows are not counted in the returned InsertCounts.Pending; records whose
 // key already had a row are neither counted nor returned, except, with
-// c.Retry, a row still IN_PROGRESS under the claim token c.Tokens gives it,
-// which comes back claimed.
+// c.Retry, a row still IN_PROGRESS under the claim token c.Tokens gives its
+// record, which comes back claimed.
 func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c DirectClaim) (InsertCounts, []ClaimedRow, error) {
 	if len(recs) == 0 {
 		return InsertCounts{}, nil, nil
@@ -214,8 +216,8 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 		return InsertCounts{}, nil, err
 	}
 	args := insertArgs(recs, unique)
-	tokens := make([]string, len(unique)) // "" for rows not claimed
-	if c.Limit > 0 {
+	tokens := make([]string, len(unique)) // "" for records without one
+	if c.Limit > 0 || c.Retry {
 		if c.Tokens == nil {
 			c.Tokens = NewClaimTokens(c.Limit)
 		}
@@ -230,10 +232,12 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 		statuses, n := args[7].([]string), 0
 		for i := range recs {
 			j, ok := pos[i]
-			if !ok || n == c.Limit || statuses[j] != string(StatusPending) {
+			if !ok || n == len(c.Tokens) || statuses[j] != string(StatusPending) {
 				continue
 			}
-			statuses[j] = string(StatusInProgress)
+			if n < c.Limit {
+				statuses[j] = string(StatusInProgress)
+			}
 			tokens[j] = c.Tokens[n]
 			n++
 		}

@@ -125,6 +125,12 @@ func TestInsertBatchClaim(t *testing.T) {
 				t.Errorf("retry: %s token %s attempt %d, want token %s at attempt 1", r.MessageKey, r.ClaimToken, r.AttemptCount, want[r.MessageKey])
 			}
 		}
+		// A retry granted no room claims nothing new but still gets them.
+		noRoom := c
+		noRoom.Limit = 0
+		if _, back, err := outboxdb.InsertBatchClaim(ctx, pool, recs, noRoom); err != nil || len(back) != 2 {
+			t.Fatalf("retry without room: claimed %+v, %v; want k1 and k2 again", back, err)
+		}
 		stored := readRows(t, pool)
 		if s := stored["k3"]; s.Status != "PENDING" {
 			t.Errorf("k3 %+v, want PENDING beyond the limit", s)

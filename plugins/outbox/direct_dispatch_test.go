@@ -137,6 +137,41 @@ func TestDirectDispatch(t *testing.T) {
 		}
 	})
 
+	t.Run("ReservationIsGivenBackAndRecoveredRowsGoOverAnyway", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		d := &fakeDispatcher{room: 2}
+		t.Cleanup(handoff.Register(b.dsn, d))
+		p := b.processor(t, defaultYAML)
+		p.retryInitial, p.retryMax = time.Millisecond, 5*time.Millisecond
+		lost := 0
+		p.afterInsertClaim = func() error {
+			if lost++; lost > 1 {
+				return nil
+			}
+			// The dispatcher fills up while the processor waits to retry:
+			// the two slots given back on the failure are taken at once.
+			d.mu.Lock()
+			d.room -= 2
+			d.mu.Unlock()
+			return errors.New("connection reset after the commit")
+		}
+		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h1")))
+		if d.reserved != 0 || d.room != -2 {
+			t.Errorf("reserved %d, room %d: want the failed attempt's slots given back and the retry granted none", d.reserved, d.room)
+		}
+		// Both were claimed by the lost attempt: handed over all the same,
+		// rather than left to their lease.
+		if len(d.got) != 2 {
+			t.Fatalf("dispatcher got %d rows, want the 2 recovered ones", len(d.got))
+		}
+		for key, r := range b.rows(t) {
+			if r.Status != "IN_PROGRESS" || r.AttemptCount != 1 {
+				t.Errorf("row %s = %s at attempt %d, want handed over at attempt 1", key, r.Status, r.AttemptCount)
+			}
+		}
+	})
+
 	t.Run("OffByConfig", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

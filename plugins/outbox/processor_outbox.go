@@ -362,7 +362,6 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 			return err
 		})
 		if err != nil {
-			hand.abandon()
 			return nil, err
 		}
 		start = end
@@ -390,63 +389,65 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 	return []service.MessageBatch{out}, nil
 }
 
-// handover is what a chunk reserved of its process's dispatcher (direct
-// dispatch), kept across the chunk's attempts: a retry after an error asks
-// for the same rows under the same claim tokens, so that rows a lost attempt
-// may have committed claimed come back to be handed over, instead of waiting
-// out their lease and leaving an attempt that was never made in the log.
+// handover is what a chunk's attempts at direct dispatch share: the claim
+// tokens drawn for its records, and whether an attempt that used them
+// failed. Its outcome is then unknown (the reply may have been lost after
+// the commit), so the next attempt asks for the rows claimed under those
+// tokens too: they are handed over as if the reply had arrived, instead of
+// waiting out their lease and leaving an attempt that was never made in the
+// log.
 type handover struct {
-	d       handoff.Dispatcher
-	granted int
-	tokens  []string
-	tried   bool // an attempt with these tokens failed
-}
-
-// abandon returns the reservation when the chunk gives up (the stream is
-// stopping). Rows an attempt may have committed claimed come back when their
-// lease expires.
-func (h *handover) abandon() {
-	if h.granted > 0 {
-		h.d.Deliver(h.granted, nil)
-		h.granted = 0
-	}
+	tokens []string
+	tried  bool
 }
 
 // insertChunk persists chunk for emit: none, handing as many new rows as the
-// process's dispatcher has room for to it (see Direct dispatch). On an error
-// the reservation stays in h for the next attempt.
+// process's dispatcher has room for to it (see Direct dispatch). The
+// reservation is given back when the insert fails, so that a chunk that
+// keeps failing does not starve the dispatcher; rows recovered by a retry
+// are handed over even beyond the room the retry reserved (at most a
+// chunk's worth, once).
 func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewRecord, h *handover) (outboxdb.InsertCounts, error) {
-	if h.granted == 0 && p.dsn != "" {
-		if h.d = handoff.Lookup(p.dsn); h.d != nil {
-			h.granted = h.d.Reserve(countPending(chunk))
-			h.tokens, h.tried = outboxdb.NewClaimTokens(h.granted), false
-		}
+	var d handoff.Dispatcher
+	if p.dsn != "" {
+		d = handoff.Lookup(p.dsn)
 	}
-	if h.granted == 0 {
+	granted := 0
+	if d != nil {
+		granted = d.Reserve(countPending(chunk))
+	}
+	if granted == 0 && !h.tried {
 		return outboxdb.InsertBatchCount(ctx, p.pool, chunk)
 	}
-	claim := h.d.Claim()
-	claim.Limit, claim.Tokens, claim.Retry = h.granted, h.tokens, h.tried
+	if n := granted - len(h.tokens); n > 0 {
+		h.tokens = append(h.tokens, outboxdb.NewClaimTokens(n)...)
+	}
+	claim := outboxdb.DirectClaim{}
+	if d != nil {
+		claim = d.Claim()
+	}
+	claim.Limit, claim.Tokens, claim.Retry = granted, h.tokens, h.tried
 	c, rows, err := outboxdb.InsertBatchClaim(ctx, p.pool, chunk, claim)
 	if err == nil && p.afterInsertClaim != nil {
 		err = p.afterInsertClaim()
 	}
 	if err != nil {
-		h.tried = true
+		if d != nil {
+			d.Deliver(granted, nil)
+		}
+		h.tried = len(h.tokens) > 0
 		return c, err
 	}
-	granted := h.granted
-	h.granted = 0
 	c.Pending += len(rows)
-	if !h.d.Deliver(granted, rows) {
+	if (d == nil || !d.Deliver(granted, rows)) && len(rows) > 0 {
 		p.giveBack(ctx, rows)
 	}
 	return c, nil
 }
 
-// giveBack releases rows claimed for a dispatcher that closed before they
-// could be handed over, as if never claimed; failing that, their lease
-// brings them back.
+// giveBack releases rows claimed for a dispatcher that closed (or is gone)
+// before they could be handed over, as if never claimed; failing that, their
+// lease brings them back.
 func (p *outboxProcessor) giveBack(ctx context.Context, rows []outboxdb.ClaimedRow) {
 	refs := make([]outboxdb.ClaimRef, len(rows))
 	for i, r := range rows {

@@ -22,7 +22,8 @@
 -- not run at all (a one-time filter).
 --
 -- Keep the INSERT in step with insert.sql's; $1-$10 as there, $8 may also
--- hold IN_PROGRESS, $13 holds the claim token of each IN_PROGRESS row ('' for
+-- hold IN_PROGRESS, $13 holds the claim token of each IN_PROGRESS row, and
+-- on a retry the token an earlier call gave a row that is PENDING now ('' for
 -- the others), $14 says this is a retry.
 WITH ins AS (
     INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
