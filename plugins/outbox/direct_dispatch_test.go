@@ -110,17 +110,10 @@ func TestDirectDispatch(t *testing.T) {
 		d := &fakeDispatcher{room: 10}
 		t.Cleanup(handoff.Register(b.dsn, d))
 		p := b.processor(t, defaultYAML)
-		p.retryInitial, p.retryMax = time.Millisecond, 5*time.Millisecond
-		lost := 0
-		p.afterInsertClaim = func() error {
-			if lost++; lost == 1 {
-				return errors.New("connection reset after the commit")
-			}
-			return nil
-		}
+		inserts := loseFirstReply(p, nil)
 		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h1")))
-		if lost != 2 {
-			t.Fatalf("%d inserts, want the lost one and its retry", lost)
+		if *inserts != 2 {
+			t.Fatalf("%d inserts, want the lost one and its retry", *inserts)
 		}
 		rows := b.rows(t)
 		if len(d.got) != 2 || d.reserved != 0 || d.room != 8 {
@@ -143,19 +136,13 @@ func TestDirectDispatch(t *testing.T) {
 		d := &fakeDispatcher{room: 2}
 		t.Cleanup(handoff.Register(b.dsn, d))
 		p := b.processor(t, defaultYAML)
-		p.retryInitial, p.retryMax = time.Millisecond, 5*time.Millisecond
-		lost := 0
-		p.afterInsertClaim = func() error {
-			if lost++; lost > 1 {
-				return nil
-			}
+		loseFirstReply(p, func() {
 			// The dispatcher fills up while the processor waits to retry:
 			// the two slots given back on the failure are taken at once.
 			d.mu.Lock()
 			d.room -= 2
 			d.mu.Unlock()
-			return errors.New("connection reset after the commit")
-		}
+		})
 		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h1")))
 		if d.reserved != 0 || d.room != -2 {
 			t.Errorf("reserved %d, room %d: want the failed attempt's slots given back and the retry granted none", d.reserved, d.room)
@@ -183,4 +170,23 @@ func TestDirectDispatch(t *testing.T) {
 			t.Errorf("row %s, %d handed over: want PENDING and nothing handed over", r.Status, len(d.got))
 		}
 	})
+}
+
+// loseFirstReply makes p's first direct insert commit and then fail, as when
+// the connection drops before the reply arrives; meanwhile (if not nil) runs
+// before the failure is reported. Retries come within milliseconds. It
+// returns the count of direct inserts made.
+func loseFirstReply(p *outboxProcessor, meanwhile func()) *int {
+	p.retryInitial, p.retryMax = time.Millisecond, 5*time.Millisecond
+	inserts := new(int)
+	p.afterInsertClaim = func() error {
+		if *inserts++; *inserts > 1 {
+			return nil
+		}
+		if meanwhile != nil {
+			meanwhile()
+		}
+		return errors.New("connection reset after the commit")
+	}
+	return inserts
 }

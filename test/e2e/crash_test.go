@@ -147,7 +147,7 @@ func TestOrphanedClaimsReclaimed(t *testing.T) {
 	killedAt := time.Now()
 
 	host, _ := os.Hostname()
-	holder := host + "-" + strconv.Itoa(a.pid())
+	holder := host + "-" + strconv.Itoa(a.Pid())
 	type orphan struct {
 		id    int64
 		key   string
@@ -211,8 +211,8 @@ func TestOrphanedClaimsReclaimed(t *testing.T) {
 			reclaims = append(reclaims, reclaimedAt.Sub(killedAt))
 		}
 		// The claimer id is <hostname>-<pid> (outbox_retry's default instance_id).
-		if status == "SUCCESS" && !strings.HasSuffix(claimedBy, "-"+strconv.Itoa(b.pid())) {
-			t.Errorf("orphaned row %s was last claimed by %q, want the other instance (pid %d)", o.key, claimedBy, b.pid())
+		if status == "SUCCESS" && !strings.HasSuffix(claimedBy, "-"+strconv.Itoa(b.Pid())) {
+			t.Errorf("orphaned row %s was last claimed by %q, want the other instance (pid %d)", o.key, claimedBy, b.Pid())
 		}
 	}
 	t.Logf("%d orphaned rows reclaimed by the other instance; reclaim time after the crash (lease %s): %s",
@@ -248,7 +248,7 @@ func TestSigtermUnderLoad(t *testing.T) {
 		t.Errorf("the forwarder exited with status %d after SIGTERM, want 0:\n%s", code, a.tail(6000))
 	}
 	host, _ := os.Hostname()
-	holder := host + "-" + strconv.Itoa(a.pid())
+	holder := host + "-" + strconv.Itoa(a.Pid())
 	var held, inProgress int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE claimed_by = $1), count(*)
 		FROM forward_records WHERE status = 'IN_PROGRESS'`, holder).Scan(&held, &inProgress); err != nil {

@@ -118,7 +118,7 @@ func TestMalformedInput(t *testing.T) {
 	p := s.start("forwarder", nil)
 	s.waitSettled(2 * time.Minute)
 	r := s.verify()
-	if !p.alive() {
+	if p.Exited() {
 		t.Errorf("the forwarder stopped after the malformed messages")
 	}
 

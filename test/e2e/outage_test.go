@@ -41,7 +41,7 @@ func TestPostgresRestart(t *testing.T) {
 	// An outage long enough for every connection, LISTEN and claim loop to
 	// notice and start retrying.
 	time.Sleep(4 * time.Second)
-	if !p.alive() {
+	if p.Exited() {
 		t.Fatalf("the forwarder exited while PostgreSQL was down (%v):\n%s", p.Err(), p.tail(6000))
 	}
 	if err := pg.Start(ctx); err != nil {
@@ -52,8 +52,8 @@ func TestPostgresRestart(t *testing.T) {
 		counts, acceptedAtStop, upAt.Sub(downAt).Round(time.Millisecond), n2)
 
 	s.waitSettled(2 * time.Minute)
-	if !p.alive() || p.signalled.Load() != 0 {
-		t.Fatalf("the forwarder (pid %d) did not survive the database restart (%v):\n%s", p.pid(), p.Err(), p.tail(6000))
+	if p.Exited() || p.signalled.Load() != 0 {
+		t.Fatalf("the forwarder (pid %d) did not survive the database restart (%v):\n%s", p.Pid(), p.Err(), p.tail(6000))
 	}
 	r := s.verify()
 	// Benthos answers /ready with 200 only when every input and output is
@@ -63,7 +63,7 @@ func TestPostgresRestart(t *testing.T) {
 		return err == nil && code == 200, fmt.Sprintf("status %d, %v: %s", code, err, body)
 	})
 	t.Logf("recovered in the same process (pid %d), settled %s after PostgreSQL came back: %s",
-		p.pid(), time.Since(upAt).Round(time.Millisecond), r)
+		p.Pid(), time.Since(upAt).Round(time.Millisecond), r)
 }
 
 // TestPlatformOutage keeps the platform down (HTTP 503) for 30 s, then

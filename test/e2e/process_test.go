@@ -78,16 +78,12 @@ func startProc(t *testing.T, name string, env map[string]string) *proc {
 		select {
 		case <-p.Done():
 		case <-time.After(30 * time.Second):
-			t.Errorf("%s (pid %d) did not die after SIGKILL", p.name, p.pid())
+			t.Errorf("%s (pid %d) did not die after SIGKILL", p.name, p.Pid())
 		}
 	})
-	t.Logf("%s started: pid %d, http %s, log %s", name, p.pid(), p.httpAddr, p.logPath)
+	t.Logf("%s started: pid %d, http %s, log %s", name, p.Pid(), p.httpAddr, p.logPath)
 	return p
 }
-
-func (p *proc) pid() int { return p.Pid() }
-
-func (p *proc) alive() bool { return !p.Exited() }
 
 // signal sends sig to the process, by its PID only, and records it. A
 // process that is already gone is not an error.
@@ -108,7 +104,7 @@ func (p *proc) kill9(t *testing.T) {
 	select {
 	case <-p.Done():
 	case <-time.After(30 * time.Second):
-		t.Fatalf("%s (pid %d) still running 30 s after SIGKILL", p.name, p.pid())
+		t.Fatalf("%s (pid %d) still running 30 s after SIGKILL", p.name, p.Pid())
 	}
 }
 

@@ -201,8 +201,8 @@ func (s *stack) assertNoUnexpectedExit() {
 	procs := append([]*proc(nil), s.procs...)
 	s.mu.Unlock()
 	for _, p := range procs {
-		if !p.alive() && p.signalled.Load() == 0 && !p.mayExit {
-			s.t.Fatalf("%s (pid %d) exited by itself (%v):\n%s", p.name, p.pid(), p.Err(), p.tail(6000))
+		if p.Exited() && p.signalled.Load() == 0 && !p.mayExit {
+			s.t.Fatalf("%s (pid %d) exited by itself (%v):\n%s", p.name, p.Pid(), p.Err(), p.tail(6000))
 		}
 	}
 }
@@ -212,7 +212,7 @@ func (s *stack) dumpLogs() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range s.procs {
-		s.t.Logf("--- %s (pid %d) log tail:\n%s", p.name, p.pid(), p.tail(4000))
+		s.t.Logf("--- %s (pid %d) log tail:\n%s", p.name, p.Pid(), p.tail(4000))
 	}
 }
 
