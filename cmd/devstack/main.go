@@ -16,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/devstack"
-	"github.com/forwarder/forwarder/internal/mockplatform"
+	"github.com/forwarder/forwarder/internal/dev/devstack"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 )
 
 type envFlags map[string]string

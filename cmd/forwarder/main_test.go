@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 var forwarderBin string

@@ -11,7 +11,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxcli"
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

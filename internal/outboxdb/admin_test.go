@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 // The stats, requeue and purge queries are tested through their commands in

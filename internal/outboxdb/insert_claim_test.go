@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 func TestInsertBatchClaim(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 var listenerSeq atomic.Int64

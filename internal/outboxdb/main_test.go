@@ -3,7 +3,7 @@ package outboxdb_test
 import (
 	"testing"
 
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -14,7 +14,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

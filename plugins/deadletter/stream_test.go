@@ -16,9 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/forwarder/forwarder/internal/kafkatest"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 	_ "github.com/forwarder/forwarder/plugins/deadletter"
 
 	// The shipped example's output; a test may import a sibling plugin.

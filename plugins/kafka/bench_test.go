@@ -13,7 +13,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/forwarder/forwarder/internal/kafkatest"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 )
 
 // The two benchmarks consume the same data (benchRecords camera-sized JSON

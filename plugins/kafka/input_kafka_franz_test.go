@@ -16,7 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/forwarder/forwarder/internal/kafkatest"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 )
 
 // inputConf is the kafka_franz config the tests share; extra lines are

@@ -13,7 +13,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/forwarder/forwarder/internal/kafkatest"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 )
 
 // startOutput runs a stream from a producer function into kafka_franz

@@ -17,7 +17,7 @@ import (
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 // fakeKafka is a batch input that behaves like a partition of a Kafka topic

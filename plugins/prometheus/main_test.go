@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 // insertRows adds n rows in status through SQL; unfinished rows are due

@@ -15,7 +15,7 @@ import (
 	// generate and drop, for the test streams.
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 // registerFakeForwarder adds a processor that publishes metrics the way the

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/mockplatform"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 

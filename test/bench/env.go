@@ -18,10 +18,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/forwarder/forwarder/internal/childproc"
-	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/childproc"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgcluster"
+	"github.com/forwarder/forwarder/internal/dev/pgcluster"
 )
 
 // Scenario names.

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/forwarder/forwarder/internal/mockplatform"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 )
 
 // throughputResult is one scenario's run on the Kafka backlog.

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/pgcluster"
+	"github.com/forwarder/forwarder/internal/dev/pgcluster"
 )
 
 // The scale check: bulk-load millions of finished rows with COPY and

@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/forwarder/forwarder/internal/eventgen"
-	"github.com/forwarder/forwarder/internal/mockplatform"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 )
 
 // load is a scenario's message count: full normally, small with -short.

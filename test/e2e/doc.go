@@ -1,8 +1,8 @@
 // Package e2e holds the end-to-end reliability suite of the forwarder
 // (CONTRACT §9): the real bin/forwarder -c pipelines/forwarder.yaml run as
-// child processes against a real PostgreSQL (internal/pgtest), an in-process
+// child processes against a real PostgreSQL (internal/testsupport/pgtest), an in-process
 // Kafka broker (kfake, living in the test process so it outlives the
-// forwarders it serves) and the mock platform (internal/mockplatform). The
+// forwarders it serves) and the mock platform (internal/dev/mockplatform). The
 // scenarios crash, restart, stop and overload those processes and then check,
 // from outside, that nothing was lost: every good message delivered, every bad
 // one FAILED with its reason, no row left PENDING or IN_PROGRESS.

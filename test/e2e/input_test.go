@@ -10,7 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
 )
 
 // vehicleJSON is a valid vehicle event (CONTRACT §4) with edit applied.

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 
 	// The suite runs bin/forwarder as a child process, so go test cannot see
 	// that its result depends on the plugins' sources. Linking them in makes

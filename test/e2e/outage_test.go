@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/eventgen"
-	"github.com/forwarder/forwarder/internal/mockplatform"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 // TestPostgresRestart stops PostgreSQL ("fast": every connection dropped)

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/childproc"
+	"github.com/forwarder/forwarder/internal/dev/childproc"
 )
 
 // proc is one bin/forwarder child process. Its stdout and stderr go to a

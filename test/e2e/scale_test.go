@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
 )
 
 // TestThreeInstances starts three forwarders at the same moment on one

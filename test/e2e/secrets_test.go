@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/eventgen"
-	"github.com/forwarder/forwarder/internal/mockplatform"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 )
 
 // TestPasswordNeverLeaks provokes every path that might print or store the

@@ -15,11 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/forwarder/forwarder/internal/eventgen"
-	"github.com/forwarder/forwarder/internal/kafkatest"
-	"github.com/forwarder/forwarder/internal/mockplatform"
-	"github.com/forwarder/forwarder/internal/pgcluster"
-	"github.com/forwarder/forwarder/internal/pgtest"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/dev/pgcluster"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 const (

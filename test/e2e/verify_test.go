@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/forwarder/forwarder/internal/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
 )
 
 // coord is a Kafka record's place.

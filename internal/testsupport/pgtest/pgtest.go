@@ -1,0 +1,194 @@
+// Package pgtest gives each test its own fresh database on a real PostgreSQL.
+//
+// When TEST_DATABASE_URL is set (a superuser URL of a running server) the
+// databases are created there; otherwise Main starts a throwaway cluster for
+// the package's tests in a temporary directory and removes it afterwards, so
+// `go test ./...` works on a machine with nothing running.
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+//	func TestX(t *testing.T) {
+//		pool := pgtest.NewPool(t) // migrated, private database
+//	}
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/dev/pgcluster"
+)
+
+var (
+	adminURL string
+	cluster  *pgcluster.Cluster
+	dbSeq    atomic.Int64
+)
+
+// Main runs the package's tests with a PostgreSQL server available and exits.
+func Main(m *testing.M) {
+	code, err := run(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	adminURL = os.Getenv("TEST_DATABASE_URL")
+	if adminURL == "" {
+		dir, err := os.MkdirTemp("", "forwarder-pgtest-")
+		if err != nil {
+			return 0, err
+		}
+		defer os.RemoveAll(dir)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cluster, err = pgcluster.Start(ctx, pgcluster.Config{Dir: dir + "/data"})
+		if err != nil {
+			return 0, err
+		}
+		defer func() { _ = cluster.Remove() }()
+		adminURL = cluster.DSN("postgres")
+	}
+	return m.Run(), nil
+}
+
+// Cluster is the package's private server, or nil when TEST_DATABASE_URL
+// points at an external one. Tests that stop the server must start their own
+// with StartCluster instead.
+func Cluster() *pgcluster.Cluster { return cluster }
+
+// AdminURL is a superuser URL for the server's postgres database.
+func AdminURL(t testing.TB) string {
+	t.Helper()
+	if adminURL == "" {
+		t.Fatal("pgtest: call pgtest.Main from TestMain")
+	}
+	return adminURL
+}
+
+// NewEmptyDB creates a fresh, empty database dropped at the end of the test
+// and returns its URL.
+func NewEmptyDB(t testing.TB) string {
+	t.Helper()
+	return newDBOn(t, AdminURL(t))
+}
+
+// NewDB creates a fresh database with the forwarder schema migrated and
+// returns its URL.
+func NewDB(t testing.TB) string {
+	t.Helper()
+	dsn := NewEmptyDB(t)
+	pool := openPool(t, dsn)
+	if _, err := outboxdb.Migrate(context.Background(), pool); err != nil {
+		t.Fatalf("pgtest: migrating: %v", err)
+	}
+	return dsn
+}
+
+// NewPool is NewDB plus a pool on it, closed at the end of the test.
+func NewPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	_, pool := NewDBPool(t)
+	return pool
+}
+
+// NewDBPool is NewPool for tests that also hand the database's URL to a
+// component (which opens its own pool).
+func NewDBPool(t testing.TB) (dsn string, pool *pgxpool.Pool) {
+	t.Helper()
+	dsn = NewDB(t)
+	return dsn, openPool(t, dsn)
+}
+
+// StartCluster starts a private server for one test (for tests that stop or
+// restart PostgreSQL) and removes it at the end of the test.
+func StartCluster(t testing.TB) *pgcluster.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Config{Dir: t.TempDir() + "/data"})
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Remove() })
+	return c
+}
+
+// NewDBOn creates a fresh migrated database on cluster c.
+func NewDBOn(t testing.TB, c *pgcluster.Cluster) string {
+	t.Helper()
+	dsn := newDBOn(t, c.DSN("postgres"))
+	pool := openPool(t, dsn)
+	if _, err := outboxdb.Migrate(context.Background(), pool); err != nil {
+		t.Fatalf("pgtest: migrating: %v", err)
+	}
+	pool.Close()
+	return dsn
+}
+
+func newDBOn(t testing.TB, admin string) string {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("t_%d_%d_%s", os.Getpid(), dbSeq.Add(1), sanitize(t.Name()))
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatalf("pgtest: connecting to server: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("pgtest: creating database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			return // the server may be gone already
+		}
+		defer conn.Close(ctx)
+		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	})
+	u, err := url.Parse(admin)
+	if err != nil {
+		// key=value form
+		return admin + " dbname=" + name
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func openPool(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := outboxdb.Open(context.Background(), dsn, outboxdb.PoolConfig{})
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
