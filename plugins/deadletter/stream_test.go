@@ -16,8 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 	_ "github.com/forwarder/forwarder/plugins/deadletter"
 

@@ -20,8 +20,8 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dev/childproc"
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
-	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/dev/pgcluster"
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 // Scenario names.

@@ -16,9 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
-	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/dev/pgcluster"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 

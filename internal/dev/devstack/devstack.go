@@ -32,8 +32,8 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/childproc"
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
-	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/dev/pgcluster"
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 // Defaults of Config.
