@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -173,7 +174,10 @@ func TestSchema(t *testing.T) {
 		}
 		for name, fragment := range map[string]string{
 			"forward_records_message_key_key":       "UNIQUE INDEX forward_records_message_key_key ON public.forward_records USING btree (message_key)",
-			"forward_records_due_idx":               "(next_retry_at, id) WHERE (status = ANY (ARRAY['PENDING'::text, 'IN_PROGRESS'::text]))",
+			"forward_records_due_idx":               "(next_retry_at, id) WHERE ((status = ANY (ARRAY['PENDING'::text, 'IN_PROGRESS'::text])) AND (NOT order_held))",
+			"forward_records_order_head_key":        "UNIQUE INDEX forward_records_order_head_key ON public.forward_records USING btree (ordering_key) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'IN_PROGRESS'::text])) AND (NOT order_held))",
+			"forward_records_plate_idx":             "(plate_no, id) WHERE (plate_no IS NOT NULL)",
+			"forward_records_park_idx":              "(park_code, berth_code, id) WHERE (park_code IS NOT NULL)",
 			"forward_records_unfinished_status_idx": "WHERE (status <> 'SUCCESS'::text)",
 			"forward_records_created_at_idx":        "(created_at)",
 			"forward_retry_logs_record_id_idx":      "(record_id)",
@@ -258,4 +262,63 @@ func TestEnsureSchema(t *testing.T) {
 			t.Fatalf("err = %v, want ErrSchemaTooNew", err)
 		}
 	})
+}
+
+// TestUpgradeClassifiesFailedRows migrates a database left at version 2 with
+// FAILED rows of every kind: each must get the failure class that decides
+// whether compensation and requeue may send it again.
+func TestUpgradeClassifiesFailedRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := openEmpty(t)
+	ms, err := outboxdb.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE forwarder_schema_migrations (
+		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:2] {
+		if _, err := pool.Exec(ctx, m.SQL); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := pool.Exec(ctx, "INSERT INTO forwarder_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failed := func(key string, attempts int, lastError, errcode string) {
+		t.Helper()
+		var id int64
+		if err := pool.QueryRow(ctx, `INSERT INTO forward_records
+			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count, next_retry_at, last_error)
+			VALUES ($1, 'VEHICLE_EVENT', 't', 0, 0, '\x7b7d', 'FAILED', $2, NULL, $3) RETURNING id`, key, attempts, lastError).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if errcode != "" {
+			if _, err := pool.Exec(ctx, `INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, platform_errcode)
+				VALUES ($1, $2, 'FAILED', $3)`, id, attempts, errcode); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	failed("bad-json", 0, "payload is not valid JSON", "")
+	failed("mapping", 1, "mapping: inoutType 7 is not 0 or 1", "")
+	failed("rejected", 1, "not retried (rules[1] no_retry): http 200", "998")
+	failed("exhausted", 5, "giving up after 5 attempts: http 503", "")
+
+	if _, err := outboxdb.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"bad-json": "INVALID", "mapping": "INVALID", "rejected": "REJECTED", "exhausted": "TRANSIENT"}
+	for key, class := range want {
+		var got *string
+		var failedAt *time.Time
+		if err := pool.QueryRow(ctx, `SELECT failure_class, failed_at FROM forward_records WHERE message_key = $1`, key).Scan(&got, &failedAt); err != nil {
+			t.Fatal(err)
+		}
+		if got == nil || *got != class || failedAt == nil {
+			t.Errorf("%s: failure_class %v, failed_at %v; want %s and a time", key, got, failedAt, class)
+		}
+	}
 }

@@ -4,6 +4,6 @@
 -- flicker. The scan reads forward_records_unfinished_status_idx only.
 SELECT id, message_key, status, created_at, now() AS db_now
 FROM forward_records
-WHERE status IN ('PENDING', 'IN_PROGRESS')
+WHERE status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
 ORDER BY created_at, id
 LIMIT 1;

@@ -27,7 +27,7 @@ WITH due AS (
            claimed_by    AS prev_holder,
            ($4::integer > 0 AND attempt_count >= $4::integer) AS exhausted
     FROM forward_records
-    WHERE status IN ('PENDING', 'IN_PROGRESS')
+    WHERE status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
       AND next_retry_at <= now()
     ORDER BY next_retry_at, id
     LIMIT $1

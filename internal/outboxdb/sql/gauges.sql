@@ -19,7 +19,7 @@ SELECT u.pending,
        coalesce(greatest(extract(epoch FROM now() - (
            SELECT next_retry_at
            FROM forward_records
-           WHERE status IN ('PENDING', 'IN_PROGRESS')
+           WHERE status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
            ORDER BY next_retry_at
            LIMIT 1)), 0), 0)::float8                            AS oldest_due_age_seconds,
        pg_stat_get_live_tuples(c.oid)                           AS live_tuples,

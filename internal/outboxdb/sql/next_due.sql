@@ -4,6 +4,6 @@
 -- claim can be rescued. Reads the first entry of forward_records_due_idx.
 SELECT floor(extract(epoch FROM (next_retry_at - now())) * 1000)::bigint AS due_in_ms
 FROM forward_records
-WHERE status IN ('PENDING', 'IN_PROGRESS')
+WHERE status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
 ORDER BY next_retry_at, id
 LIMIT 1;
