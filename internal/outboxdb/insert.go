@@ -16,17 +16,12 @@ import (
 
 var (
 	insertSQL         = mustSQL("insert.sql")
-	insertCountSQL    = mustSQL("insert_count.sql")
 	insertExistingSQL = mustSQL("insert_existing.sql")
-	insertClaimSQL    = mustSQL("insert_claim.sql")
 )
 
-// InsertSQL is the batch insert statement, exported for plan tests and
-// benchmarks.
+// InsertSQL is the batch insert statement (also the insert of direct
+// dispatch), exported for plan tests and benchmarks.
 func InsertSQL() string { return insertSQL }
-
-// InsertClaimSQL is the insert of direct dispatch, exported for plan tests.
-func InsertClaimSQL() string { return insertClaimSQL }
 
 // NewRecord is one message to persist with InsertBatch.
 type NewRecord struct {
@@ -50,6 +45,9 @@ type NewRecord struct {
 	Status Status
 	// LastError says why a FAILED row failed; empty for a PENDING row.
 	LastError string
+	// PlateNo, ParkCode, BerthCode and DeviceID are copied from the payload
+	// for lookups (outbox find, the console); empty when absent.
+	PlateNo, ParkCode, BerthCode, DeviceID string
 }
 
 // InsertResult is what InsertBatch did for one input record.
@@ -144,24 +142,11 @@ type InsertCounts struct {
 
 // InsertBatchCount is InsertBatch for callers that need no per-record
 // results: the same deduplication, insert and notification, returning only
-// how many rows were created (insert_count.sql). Records whose key already
-// had a row are simply not counted.
+// how many rows were created. Records whose key already had a row are simply
+// not counted.
 func InsertBatchCount(ctx context.Context, q Querier, recs []NewRecord) (InsertCounts, error) {
-	if len(recs) == 0 {
-		return InsertCounts{}, nil
-	}
-	_, unique, err := dedupe(recs)
-	if err != nil {
-		return InsertCounts{}, err
-	}
-	var (
-		c        InsertCounts
-		notified int64
-	)
-	if err := q.QueryRow(ctx, insertCountSQL, insertArgs(recs, unique)...).Scan(&c.Pending, &c.Failed, &notified); err != nil {
-		return InsertCounts{}, fmt.Errorf("inserting outbox rows: %w", err)
-	}
-	return c, nil
+	c, _, err := InsertBatchClaim(ctx, q, recs, DirectClaim{})
+	return c, err
 }
 
 // DirectClaim says which new rows InsertBatchClaim inserts already claimed,
@@ -199,14 +184,14 @@ func NewClaimTokens(n int) []string {
 }
 
 // InsertBatchClaim is InsertBatchCount for a processor whose process runs a
-// dispatcher with room for c.Limit more rows (insert_claim.sql): up to
-// c.Limit of the new PENDING rows are inserted IN_PROGRESS, claimed for
-// c.Claimer with attempt_count 1, as ClaimDue would have left them, and come
-// back as ClaimedRows (sorted by id) for that dispatcher to send. Claimed
-// rows are not counted in the returned InsertCounts.Pending; records whose
-// key already had a row are neither counted nor returned, except, with
-// c.Retry, a row still IN_PROGRESS under the claim token c.Tokens gives its
-// record, which comes back claimed.
+// dispatcher with room for c.Limit more rows: up to c.Limit of the new
+// PENDING rows are inserted IN_PROGRESS, claimed for c.Claimer with
+// attempt_count 1, as ClaimDue would have left them, and come back as
+// ClaimedRows (sorted by id) for that dispatcher to send. Claimed rows are
+// not counted in the returned InsertCounts.Pending; records whose key
+// already had a row are neither counted nor returned, except, with c.Retry,
+// a row still IN_PROGRESS under the claim token c.Tokens gives its record,
+// which comes back claimed.
 func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c DirectClaim) (InsertCounts, []ClaimedRow, error) {
 	if len(recs) == 0 {
 		return InsertCounts{}, nil, nil
@@ -216,7 +201,6 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 		return InsertCounts{}, nil, err
 	}
 	args := insertArgs(recs, unique)
-	tokens := make([]string, len(unique)) // "" for records without one
 	if c.Limit > 0 || c.Retry {
 		if c.Tokens == nil {
 			c.Tokens = NewClaimTokens(c.Limit)
@@ -229,7 +213,7 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 		for j, i := range unique {
 			pos[i] = j
 		}
-		statuses, n := args[7].([]string), 0
+		statuses, tokens, n := args[argStatus].([]string), args[argToken].([]string), 0
 		for i := range recs {
 			j, ok := pos[i]
 			if !ok || n == len(c.Tokens) || statuses[j] != string(StatusPending) {
@@ -242,48 +226,78 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 			n++
 		}
 	}
-	args = append(args, c.Lease.Milliseconds(), c.Claimer, tokens, c.Retry)
-	rows, err := q.Query(ctx, insertClaimSQL, args...)
-	if err != nil {
-		return InsertCounts{}, nil, fmt.Errorf("inserting outbox rows: %w", err)
-	}
 	var (
 		counts  InsertCounts
 		claimed []ClaimedRow
-		id      int64
-		key     string
-		status  string
-		token   *string
-		created time.Time
-		due     *time.Time
-		notify  int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &key, &status, &token, &created, &due, &notify}, func() error {
-		switch Status(status) {
-		case StatusPending:
-			counts.Pending++
-		case StatusFailed:
-			counts.Failed++
-		case StatusInProgress:
-			i, ok := first[key]
-			if !ok || token == nil || due == nil {
-				return fmt.Errorf("insert returned an unknown or unclaimed key %q", key)
-			}
-			r := &recs[i]
-			claimed = append(claimed, ClaimedRow{
-				ID: id, MessageKey: key, APIType: r.APIType, KafkaTopic: r.KafkaTopic,
-				KafkaPartition: r.KafkaPartition, KafkaOffset: r.KafkaOffset, KafkaKey: r.KafkaKey,
-				Payload: r.Payload, AttemptCount: 1, ClaimToken: *token,
-				CreatedAt: created, LeaseExpiresAt: *due,
-			})
+	err = runInsert(ctx, q, args, c, false, func(r insertedRow) error {
+		if r.Status != StatusInProgress {
+			return nil
 		}
+		i, ok := first[r.Key]
+		if !ok || r.Token == nil || r.Due == nil {
+			return fmt.Errorf("insert returned an unknown or unclaimed key %q", r.Key)
+		}
+		rec := &recs[i]
+		claimed = append(claimed, ClaimedRow{
+			ID: r.ID, MessageKey: r.Key, APIType: rec.APIType, KafkaTopic: rec.KafkaTopic,
+			KafkaPartition: rec.KafkaPartition, KafkaOffset: rec.KafkaOffset, KafkaKey: rec.KafkaKey,
+			Payload: rec.Payload, AttemptCount: 1, ClaimToken: *r.Token,
+			CreatedAt: r.Created, LeaseExpiresAt: *r.Due,
+		})
 		return nil
-	})
+	}, &counts)
 	if err != nil {
-		return InsertCounts{}, nil, fmt.Errorf("inserting outbox rows: %w", err)
+		return InsertCounts{}, nil, err
 	}
 	slices.SortFunc(claimed, func(a, b ClaimedRow) int { return cmp.Compare(a.ID, b.ID) })
 	return counts, claimed, nil
+}
+
+// insertedRow is one row insert.sql sent back.
+type insertedRow struct {
+	ID      int64
+	Key     string
+	Status  Status
+	Token   *string
+	Created time.Time
+	Due     *time.Time
+}
+
+// runInsert runs insert.sql with args (insertArgs) and the claim c, calls
+// each for every row it sends back (every inserted one when all is true,
+// else the claimed ones) and adds the inserted PENDING and FAILED rows to
+// counts.
+func runInsert(ctx context.Context, q Querier, args []any, c DirectClaim, all bool, each func(insertedRow) error, counts *InsertCounts) error {
+	args = append(args, NotifyChannel, c.Lease.Milliseconds(), c.Claimer, c.Retry, all)
+	rows, err := q.Query(ctx, insertSQL, args...)
+	if err != nil {
+		return fmt.Errorf("inserting outbox rows: %w", err)
+	}
+	var (
+		id             *int64
+		key            *string
+		status         string
+		r              insertedRow
+		created        *time.Time
+		pending, faild *int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &key, &status, &r.Token, &created, &r.Due, &pending, &faild}, func() error {
+		if status == "" { // the summary
+			counts.Pending += int(*pending)
+			counts.Failed += int(*faild)
+			return nil
+		}
+		if id == nil || key == nil || created == nil {
+			return errors.New("insert returned a row without id, key or creation time")
+		}
+		r.ID, r.Key, r.Status, r.Created = *id, *key, Status(status), *created
+		return each(r)
+	})
+	if err != nil {
+		return fmt.Errorf("inserting outbox rows: %w", err)
+	}
+	return nil
 }
 
 // dedupe checks recs and returns the index of each key's first record and
@@ -308,7 +322,14 @@ func dedupe(recs []NewRecord) (first map[string]int, unique []int, err error) {
 	return first, unique, nil
 }
 
-// insertArgs lays recs[idx...] out as the parallel arrays of insert.sql.
+// Positions of insertArgs's arrays in insert.sql's parameters.
+const (
+	argStatus = 7
+	argToken  = 9
+)
+
+// insertArgs lays recs[idx...] out as the parallel arrays $1-$15 of
+// insert.sql; no row is claimed yet (no tokens).
 func insertArgs(recs []NewRecord, idx []int) []any {
 	n := len(idx)
 	var (
@@ -321,6 +342,12 @@ func insertArgs(recs []NewRecord, idx []int) []any {
 		payloads   = make([][]byte, n)
 		statuses   = make([]string, n)
 		lastErrors = make([]string, n)
+		tokens     = make([]string, n)
+		plates     = make([]string, n)
+		parks      = make([]string, n)
+		berths     = make([]string, n)
+		devices    = make([]string, n)
+		orderKeys  = make([]string, n)
 	)
 	for j, i := range idx {
 		r := &recs[i]
@@ -336,35 +363,24 @@ func insertArgs(recs []NewRecord, idx []int) []any {
 		}
 		statuses[j] = string(r.Status)
 		lastErrors[j] = r.LastError
+		plates[j], parks[j], berths[j], devices[j] = r.PlateNo, r.ParkCode, r.BerthCode, r.DeviceID
 	}
-	return []any{keys, apiTypes, topics, partitions, offsets, kafkaKeys, payloads, statuses, lastErrors, NotifyChannel}
+	return []any{keys, apiTypes, topics, partitions, offsets, kafkaKeys, payloads, statuses, lastErrors,
+		tokens, plates, parks, berths, devices, orderKeys}
 }
 
 // insertRows runs insert.sql for recs[idx...] and fills results for the rows
 // it inserted.
 func insertRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, first map[string]int, results []InsertResult) error {
-	rows, err := q.Query(ctx, insertSQL, insertArgs(recs, idx)...)
-	if err != nil {
-		return fmt.Errorf("inserting outbox rows: %w", err)
-	}
-	var (
-		id       int64
-		key      string
-		status   string
-		notified int64
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &key, &status, &notified}, func() error {
-		i, ok := first[key]
+	var counts InsertCounts
+	return runInsert(ctx, q, insertArgs(recs, idx), DirectClaim{}, true, func(r insertedRow) error {
+		i, ok := first[r.Key]
 		if !ok {
-			return fmt.Errorf("insert returned unknown key %q", key)
+			return fmt.Errorf("insert returned unknown key %q", r.Key)
 		}
-		results[i] = InsertResult{ID: id, Inserted: true, Status: Status(status)}
+		results[i] = InsertResult{ID: r.ID, Inserted: true, Status: r.Status}
 		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("inserting outbox rows: %w", err)
-	}
-	return nil
+	}, &counts)
 }
 
 // lookupRows fills results for keys whose rows already existed.

@@ -85,10 +85,12 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 
 	// The outbox processor's pool runs without the setting: a retried direct
 	// insert still finds its claims by key, one index probe each.
+	one := []string{""}
 	insertClaimArgs := []any{[]string{"k1"}, []string{"VEHICLE_EVENT"}, []string{"t"}, []int32{0}, []int64{1},
-		[][]byte{nil}, [][]byte{[]byte("{}")}, []string{"IN_PROGRESS"}, []string{""}, outboxdb.NotifyChannel,
-		time.Minute.Milliseconds(), "me", []string{"00000000-0000-4000-8000-000000000001"}, true}
-	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{}, outboxdb.InsertClaimSQL(), insertClaimArgs...); strings.Contains(plan, "Seq Scan on forward_records") {
+		[][]byte{nil}, [][]byte{[]byte("{}")}, []string{"IN_PROGRESS"}, one,
+		[]string{"00000000-0000-4000-8000-000000000001"}, one, one, one, one, one,
+		outboxdb.NotifyChannel, time.Minute.Milliseconds(), "me", true, false}
+	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{}, outboxdb.InsertSQL(), insertClaimArgs...); strings.Contains(plan, "Seq Scan on forward_records") {
 		t.Errorf("insert_claim: the generic plan scans forward_records sequentially:\n%s", plan)
 	}
 

@@ -188,7 +188,7 @@ func BenchmarkMessageID(b *testing.B) {
 		b.ReportAllocs()
 		for range b.N {
 			why, id := inspectPayload(payload, 1<<20)
-			if _, ok, _ := id.key(); why != "" || !ok {
+			if _, ok, _ := id[memberMessageID].key(); why != "" || !ok {
 				b.Fatal("invalid")
 			}
 		}

@@ -5,72 +5,97 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
+// member names a top-level payload member that ingest reads.
+type member int
+
+const (
+	memberMessageID member = iota
+	memberPlateNo
+	memberParkCode
+	memberBerthCode
+	memberDeviceID
+	memberCount
+)
+
+// memberNames are the payload members ingest reads: the idempotency key, and
+// what operators look rows up by (docs/operations.md, outbox find) and what
+// orders vehicle events per berth.
+var memberNames = [memberCount]string{"messageId", "plateNo", "parkCode", "berthCode", "deviceId"}
+
+// members holds the raw JSON values of the top-level members of a payload
+// that ingest reads.
+type members [memberCount]rawValue
+
+// rawValue is the raw JSON value of one member; found is false when the
+// payload has no such member.
+type rawValue struct {
+	raw   []byte
+	found bool
+}
+
 // inspectPayload says why raw cannot be forwarded (reason, "" when it can)
-// and finds its top-level messageId. raw must be a non-empty JSON object of
-// valid UTF-8, no larger than maxBytes; the checks run cheapest first, so an
-// oversized payload is never parsed.
+// and finds its top-level members of interest. raw must be a non-empty JSON
+// object of valid UTF-8, no larger than maxBytes; the checks run cheapest
+// first, so an oversized payload is never parsed.
 //
-// Validation and the messageId search are one pass of a small scanner
+// Validation and the member search are one pass of a small scanner
 // (scanJSON) rather than json.Valid plus a decode: this runs for every
 // message on the ingest path, and json.Valid alone used to cost more than
 // everything else the processor does per message. The scanner accepts
 // exactly what json.Valid accepts (FuzzScanJSON checks that), so what is
 // stored PENDING is what the mappings can parse.
-func inspectPayload(raw []byte, maxBytes int) (reason string, id idValue) {
+func inspectPayload(raw []byte, maxBytes int) (reason string, m members) {
 	switch {
 	case len(raw) == 0:
-		return "payload is empty", id
+		return "payload is empty", m
 	case len(raw) > maxBytes:
-		return fmt.Sprintf("payload is %d bytes, larger than max_payload_bytes (%d)", len(raw), maxBytes), id
+		return fmt.Sprintf("payload is %d bytes, larger than max_payload_bytes (%d)", len(raw), maxBytes), m
 	case !utf8.Valid(raw):
-		return fmt.Sprintf("payload is not valid UTF-8 (first bad byte at offset %d)", firstInvalidUTF8(raw)), id
+		return fmt.Sprintf("payload is not valid UTF-8 (first bad byte at offset %d)", firstInvalidUTF8(raw)), m
 	}
-	s := scanner{b: raw, name: "messageId"}
+	s := scanner{b: raw}
 	if !s.scan() {
 		// The scanner says no more than that; encoding/json names the problem.
 		var v json.RawMessage
 		err := json.Unmarshal(raw, &v)
 		if err != nil {
-			return fmt.Sprintf("payload is not valid JSON: %v", err), id
+			return fmt.Sprintf("payload is not valid JSON: %v", err), m
 		}
 		// Unreachable while the scanner matches json.Valid; if it ever does
 		// not, trust encoding/json rather than fail a good message.
-		var o struct {
-			MessageID json.RawMessage `json:"messageId"`
-		}
+		var o map[string]json.RawMessage
 		if json.Unmarshal(raw, &o) != nil {
-			return fmt.Sprintf("payload is a JSON %s, not an object", jsonKind(raw[skipSpace(raw, 0)])), id
+			return fmt.Sprintf("payload is a JSON %s, not an object", jsonKind(raw[skipSpace(raw, 0)])), m
 		}
-		return "", idValue{raw: o.MessageID, found: o.MessageID != nil}
+		for i, name := range memberNames {
+			if v, ok := o[name]; ok {
+				m[i] = rawValue{raw: v, found: true}
+			}
+		}
+		return "", m
 	}
 	if s.topKind != '{' {
-		return fmt.Sprintf("payload is a JSON %s, not an object", jsonKind(s.topKind)), id
+		return fmt.Sprintf("payload is a JSON %s, not an object", jsonKind(s.topKind)), m
 	}
-	return "", idValue{raw: s.val, found: s.found}
-}
-
-// idValue is the raw JSON value of a payload's messageId member.
-type idValue struct {
-	raw   []byte
-	found bool
+	return "", s.members
 }
 
 // key returns the messageId as a key: a string's value or a number's text.
 // ok is false when it is missing, null or an empty string; why then says
 // what was found.
-func (v idValue) key() (key string, ok bool, why string) {
+func (v rawValue) key() (key string, ok bool, why string) {
 	if !v.found {
 		return "", false, "no messageId"
 	}
 	switch kind := jsonKind(v.raw[0]); kind {
 	case "string":
-		s := string(v.raw[1 : len(v.raw)-1])
-		if bytes.IndexByte(v.raw, '\\') >= 0 {
-			if err := json.Unmarshal(v.raw, &s); err != nil {
-				return "", false, "messageId is not a readable string"
-			}
+		s, ok := v.text()
+		if !ok {
+			return "", false, "messageId is not a readable string"
 		}
 		if s == "" {
 			return "", false, "messageId is empty"
@@ -85,23 +110,59 @@ func (v idValue) key() (key string, ok bool, why string) {
 	}
 }
 
+// text returns a string member's value, or a number's text; ok is false for
+// any other kind of value and for a missing member.
+func (v rawValue) text() (string, bool) {
+	if !v.found || len(v.raw) == 0 {
+		return "", false
+	}
+	switch jsonKind(v.raw[0]) {
+	case "number":
+		return string(v.raw), true
+	case "string":
+	default:
+		return "", false
+	}
+	if bytes.IndexByte(v.raw, '\\') < 0 {
+		return string(v.raw[1 : len(v.raw)-1]), true
+	}
+	var s string
+	if err := json.Unmarshal(v.raw, &s); err != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// maxLookupBytes caps a looked-up member's value (plate, park, berth,
+// device) as stored for lookups: a longer value is a broken producer, and
+// it would only bloat the lookup indexes.
+const maxLookupBytes = 128
+
+// lookup returns a member's value for a lookup column: its text, cleaned
+// for a text column and capped; "" when it is absent or not text.
+func (v rawValue) lookup() string {
+	s, ok := v.text()
+	if !ok || s == "" {
+		return ""
+	}
+	return outboxdb.CleanText(s, maxLookupBytes)
+}
+
 // maxDepth is encoding/json's nesting limit, kept so that both accept the
 // same documents.
 const maxDepth = 10000
 
 // scanner validates one JSON document and, when it is an object, keeps the
-// raw value of its last top-level member called name (Bloblang, which the
-// mappings use, also lets the last of repeated names win, and matches names
-// exactly, where encoding/json would accept "messageid").
+// raw values of its last top-level members named in memberNames (Bloblang,
+// which the mappings use, also lets the last of repeated names win, and
+// matches names exactly, where encoding/json would accept "messageid").
 type scanner struct {
-	b    []byte
-	i    int
-	name string
+	b []byte
+	i int
 
 	depth   int
 	topKind byte
-	val     []byte
-	found   bool
+	members members
 }
 
 func (s *scanner) scan() bool {
@@ -183,8 +244,13 @@ func (s *scanner) object() bool {
 		if !s.value() {
 			return false
 		}
-		if top && keyIs(key, s.name) {
-			s.val, s.found = s.b[vStart:s.i], true
+		if top {
+			for m, name := range memberNames {
+				if keyIs(key, name) {
+					s.members[m] = rawValue{raw: s.b[vStart:s.i], found: true}
+					break
+				}
+			}
 		}
 		s.ws()
 		if s.i == len(s.b) {

@@ -58,7 +58,7 @@ func TestInspectPayload(t *testing.T) {
 		if reason != "" {
 			continue
 		}
-		key, ok, _ := id.key()
+		key, ok, _ := id[memberMessageID].key()
 		if key != tc.key || ok != (tc.key != "") {
 			t.Errorf("%q: key %q (%v), want %q", name, key, ok, tc.key)
 		}
@@ -83,7 +83,7 @@ func FuzzScanJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		s := scanner{b: b, name: "messageId"}
+		s := scanner{b: b}
 		got, want := s.scan(), json.Valid(b)
 		if got != want {
 			t.Fatalf("scanner says valid=%v, json.Valid says %v for %q", got, want, b)
@@ -95,9 +95,12 @@ func FuzzScanJSON(f *testing.F) {
 		if err := json.Unmarshal(b, &m); err != nil {
 			t.Fatalf("valid object does not decode: %v", err)
 		}
-		v, found := m["messageId"]
-		if found != s.found || (found && !bytes.Equal(v, s.val)) {
-			t.Fatalf("messageId: scanner %q (%v), encoding/json %q (%v) in %q", s.val, s.found, v, found, b)
+		for i, name := range memberNames {
+			v, found := m[name]
+			got := s.members[i]
+			if found != got.found || (found && !bytes.Equal(v, got.raw)) {
+				t.Fatalf("%s: scanner %q (%v), encoding/json %q (%v) in %q", name, got.raw, got.found, v, found, b)
+			}
 		}
 	})
 }

@@ -489,13 +489,17 @@ func (p *outboxProcessor) record(i int, msg *service.Message, keyExec, typeExec 
 		Status:         outboxdb.StatusPending,
 	}
 	payloadOK := err == nil
-	var id idValue
+	var m members
 	if payloadOK {
 		var why string
-		if why, id = inspectPayload(payload, p.maxPayload); why != "" {
+		if why, m = inspectPayload(payload, p.maxPayload); why != "" {
 			reasons, payloadOK = append(reasons, why), false
 		}
 	}
+	rec.PlateNo = m[memberPlateNo].lookup()
+	rec.ParkCode = m[memberParkCode].lookup()
+	rec.BerthCode = m[memberBerthCode].lookup()
+	rec.DeviceID = m[memberDeviceID].lookup()
 
 	// The key.
 	var key, missing string
@@ -510,7 +514,7 @@ func (p *outboxProcessor) record(i int, msg *service.Message, keyExec, typeExec 
 			key = k
 		}
 	} else if payloadOK {
-		if k, ok, why := id.key(); ok {
+		if k, ok, why := m[memberMessageID].key(); ok {
 			key = k
 		} else {
 			missing = why

@@ -213,6 +213,36 @@ func TestOutboxProcessor(t *testing.T) {
 		}
 	})
 
+	t.Run("LookupColumnsComeFromTheTopLevelOfThePayload", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p := b.processor(t, defaultYAML)
+		process(t, p,
+			kmsg(topicVehicle, 0, 1, vehicle("full")),
+			kmsg(topicVehicle, 0, 2, []byte(`{"messageId":"nested","deviceId":7,"info":{"plateNo":"X1"},"parkCode":"P\u0031","berthCode":null}`)),
+			kmsg(topicVehicle, 0, 3, []byte(`not json`)))
+		type lookup struct{ Plate, Park, Berth, Device *string }
+		read := func(key string) lookup {
+			var l lookup
+			if err := b.pool.QueryRow(context.Background(), `SELECT plate_no, park_code, berth_code, device_id
+				FROM forward_records WHERE message_key = $1`, key).Scan(&l.Plate, &l.Park, &l.Berth, &l.Device); err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}
+		if l := read("full"); str(l.Plate) != "粤B12345" || str(l.Park) != "P1001" || str(l.Berth) != "B-012" || str(l.Device) != "CAM-0001" {
+			t.Errorf("full vehicle event: %s %s %s %s", str(l.Plate), str(l.Park), str(l.Berth), str(l.Device))
+		}
+		// Only top-level members count; escapes are decoded, numbers kept as
+		// written, null and absent members stay NULL.
+		if l := read("nested"); l.Plate != nil || str(l.Park) != "P1" || l.Berth != nil || str(l.Device) != "7" {
+			t.Errorf("nested: plate %v park %q berth %v device %q", l.Plate, str(l.Park), l.Berth, str(l.Device))
+		}
+		if l := read(topicVehicle + "-0-3"); l.Plate != nil || l.Park != nil || l.Berth != nil || l.Device != nil {
+			t.Errorf("a payload that is not JSON has lookup values: %+v", l)
+		}
+	})
+
 	t.Run("SameKeyInABatchAndAcrossBatchesMakesOneRow", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -578,4 +608,11 @@ func deref(s *string) string {
 		return "<nil>"
 	}
 	return *s
+}
+
+func str(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return *p
 }

@@ -8,41 +8,102 @@
 -- concurrent inserters meet overlapping keys in the same order and cannot
 -- deadlock on each other's speculative insertions.
 --
--- A PENDING row is due at once (next_retry_at = now()); a FAILED row is
--- finished (next_retry_at NULL), as forward_records_due_check requires.
+-- A row asked for as PENDING is due at once (next_retry_at = now()); a FAILED
+-- one is finished (next_retry_at NULL, failure class INVALID: it is never
+-- sent). A row asked for as IN_PROGRESS is inserted already claimed by $18
+-- for a lease of $17 milliseconds, with attempt 1 and the claim token given
+-- in $10, exactly as claim.sql would leave it: direct dispatch hands it to
+-- the dispatcher of the inserting process in memory, which saves the NOTIFY,
+-- the claim statement and a second version of the row. Should the process
+-- die before a result is written, the lease brings the row back like any
+-- other claim.
 --
--- The NOTIFY runs in the same statement, hence the same (implicit)
--- transaction: it is delivered when the rows are committed and never for rows
--- that were not, and only when a row is PENDING, so duplicates and bad messages
--- do not wake the dispatchers. pg_notify is volatile, so the "notified" CTE is
--- not inlined; the scalar subquery in the final SELECT makes sure it runs once.
+-- The NOTIFY runs in the same statement, hence the same transaction: it is
+-- delivered when the rows are committed and never for rows that were not,
+-- and only when a row is PENDING, so duplicates and bad messages do not wake
+-- the dispatchers. pg_notify is volatile, so the "notified" CTE is not
+-- inlined; the summary row makes sure it runs once.
 --
--- Rows whose key already existed are not returned: RETURNING only sees the
--- rows this statement inserted.
+-- The claim tokens come from the caller, so that a caller whose reply was
+-- lost (the statement may have committed) can run it again with the same
+-- tokens and $19 true: the rows still IN_PROGRESS under a token asked for now
+-- come back too ("recovered"), as if the lost reply had arrived. They are
+-- read, not locked: DO UPDATE would lock every conflicting row, in key order,
+-- against result writes that lock in id order. Nobody else holds a token, so
+-- no other row can match; rows this statement inserts are not in its
+-- snapshot, so none comes back twice. With $19 false the recovery is not run
+-- at all (a one-time filter).
+--
+-- What comes back: the claimed rows (inserted or recovered), every inserted
+-- row when $20 is true, and last one summary row (status '') counting the
+-- PENDING and FAILED rows inserted. Rows whose key already existed do not
+-- come back: RETURNING sees only the rows this statement inserted.
 --
 -- $1 message_key, $2 api_type, $3 kafka_topic, $4 kafka_partition,
 -- $5 kafka_offset, $6 kafka_key (NULL elements for no key), $7 payload,
--- $8 status (PENDING or FAILED), $9 last_error ('' for none),
--- $10 the notification channel.
+-- $8 status (PENDING, FAILED or IN_PROGRESS), $9 last_error ('' for none),
+-- $10 claim token of an IN_PROGRESS row, or on a retry the token an earlier
+-- call gave a row that is PENDING now ('' for the others), $11 plate_no,
+-- $12 park_code, $13 berth_code, $14 device_id ('' for none), $15 ordering
+-- key ('' for none), $16 the notification channel, $17 lease in
+-- milliseconds, $18 claimer, $19 this is a retry, $20 return every inserted
+-- row.
 WITH ins AS (
     INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
                                  kafka_offset, kafka_key, payload, status,
-                                 next_retry_at, last_error)
+                                 attempt_count, next_retry_at, claim_token,
+                                 claimed_by, claimed_at, last_error, failure_class, failed_at,
+                                 plate_no, park_code, berth_code, device_id)
     SELECT u.message_key, u.api_type, u.kafka_topic, u.kafka_partition,
            u.kafka_offset, u.kafka_key, u.payload, u.status,
-           CASE WHEN u.status = 'PENDING' THEN now() END,
-           nullif(u.last_error, '')
+           CASE WHEN u.status = 'IN_PROGRESS' THEN 1 ELSE 0 END,
+           CASE u.status WHEN 'PENDING' THEN now()
+                         WHEN 'IN_PROGRESS' THEN now() + $17::bigint * interval '1 millisecond' END,
+           CASE WHEN u.status = 'IN_PROGRESS' THEN u.claim_token::uuid END,
+           CASE WHEN u.status = 'IN_PROGRESS' THEN $18::text END,
+           CASE WHEN u.status = 'IN_PROGRESS' THEN now() END,
+           nullif(u.last_error, ''),
+           CASE WHEN u.status = 'FAILED' THEN 'INVALID' END,
+           CASE WHEN u.status = 'FAILED' THEN now() END,
+           nullif(u.plate_no, ''), nullif(u.park_code, ''), nullif(u.berth_code, ''),
+           nullif(u.device_id, '')
     FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[],
-                $6::bytea[], $7::bytea[], $8::text[], $9::text[])
+                $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
+                $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
          AS u(message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
-              kafka_key, payload, status, last_error)
+              kafka_key, payload, status, last_error, claim_token,
+              plate_no, park_code, berth_code, device_id, ordering_key)
     ON CONFLICT (message_key) DO NOTHING
-    RETURNING id, message_key, status
+    RETURNING id, message_key, status, claim_token, created_at, next_retry_at
+), recovered AS (
+    SELECT r.id, r.message_key, r.status, r.claim_token, r.created_at, r.next_retry_at
+    FROM unnest($1::text[], $10::text[]) AS k(message_key, claim_token)
+    -- LATERAL: one probe of the message_key index per claimed key, never a
+    -- scan of the table, whatever plan a small table's statistics suggest.
+    CROSS JOIN LATERAL (
+        SELECT f.id, f.message_key, f.status, f.claim_token, f.created_at, f.next_retry_at
+        FROM forward_records f
+        WHERE f.message_key = k.message_key
+    ) r
+    WHERE $19::boolean
+      AND k.claim_token <> ''
+      AND r.status = 'IN_PROGRESS'
+      AND r.claim_token::text = k.claim_token
 ), notified AS (
-    SELECT pg_notify($10, '')
+    SELECT pg_notify($16, '')
     FROM ins
     WHERE status = 'PENDING'
     LIMIT 1
 )
-SELECT id, message_key, status, (SELECT count(*) FROM notified) AS notified
-FROM ins;
+SELECT id, message_key, status, claim_token::text, created_at, next_retry_at,
+       NULL::bigint AS pending, NULL::bigint AS failed
+FROM ins
+WHERE $20::boolean OR status = 'IN_PROGRESS'
+UNION ALL
+SELECT id, message_key, status, claim_token::text, created_at, next_retry_at, NULL, NULL
+FROM recovered
+UNION ALL
+SELECT NULL, NULL, '', NULL, NULL, NULL,
+       (SELECT count(*) FROM ins WHERE status = 'PENDING'),
+       (SELECT count(*) FROM ins WHERE status = 'FAILED')
+FROM (SELECT count(*) FROM notified) AS n;
