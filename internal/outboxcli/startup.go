@@ -3,11 +3,13 @@ package outboxcli
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"gopkg.in/yaml.v3"
 
+	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -61,6 +63,23 @@ func checkSchema(dsn string) error {
 	return nil
 }
 
+// componentDSN is the connection string of a component config: its dsn, else
+// the environment variable its dsn_env names (DATABASE_URL by default), else
+// the default, as the components themselves resolve it.
+func componentDSN(conf map[string]any) string {
+	if dsn, ok := conf[dispatch.FieldDSN].(string); ok && dsn != "" {
+		return dsn
+	}
+	name, ok := conf[dispatch.FieldDSNEnv].(string)
+	if !ok || name == "" {
+		name = dispatch.DefaultDSNEnv
+	}
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return dispatch.DefaultDSN
+}
+
 // collectDSNs finds the dsn of every outbox component in a parsed config tree.
 // Component configs are kept as YAML nodes (environment already
 // interpolated), so they are decoded on the way.
@@ -75,9 +94,7 @@ func collectDSNs(node any, into map[string]struct{}) {
 		for k, v := range n {
 			if outboxComponents[k] {
 				if m, ok := v.(map[string]any); ok {
-					if dsn, ok := m["dsn"].(string); ok && dsn != "" {
-						into[dsn] = struct{}{}
-					}
+					into[componentDSN(m)] = struct{}{}
 				}
 			}
 			collectDSNs(v, into)

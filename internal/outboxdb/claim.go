@@ -44,21 +44,29 @@ type ClaimRef struct {
 	ClaimToken string
 }
 
-// ExhaustedRow is a due row that a claim failed instead of handing out,
-// because it had already used its attempts.
+// ExhaustedRow is a due row that had already used its attempts: the claim
+// took it without counting an attempt, and the claimer must record it
+// FAILED (FailExhausted) instead of sending it.
 type ExhaustedRow struct {
 	ID           int64
 	MessageKey   string
 	AttemptCount int
+	ClaimToken   string
 	// LastError is what the row now says (it names the expired lease or the
 	// exhausted attempts).
 	LastError string
 }
 
+// Ref identifies this claim for a fenced write.
+func (r ExhaustedRow) Ref() ClaimRef { return ClaimRef{ID: r.ID, ClaimToken: r.ClaimToken} }
+
 // ClaimParams says what to claim.
 type ClaimParams struct {
 	// Limit caps the rows taken by one claim (exhausted ones included).
 	Limit int
+	// MaxBytes caps the payload bytes of the rows taken, except that the
+	// first row is always taken; zero or less: no cap.
+	MaxBytes int64
 	// Lease is how long the claimed rows stay owned without a result; after it
 	// they are due again for any dispatcher.
 	Lease time.Duration
@@ -73,26 +81,34 @@ type ClaimParams struct {
 type ClaimResult struct {
 	// Claimed rows are IN_PROGRESS, leased to the claimer.
 	Claimed []ClaimedRow
-	// Exhausted rows were due but out of attempts: they are FAILED now.
+	// Exhausted rows were due but out of attempts: they are claimed, and
+	// must be recorded FAILED (FailExhausted).
 	Exhausted []ExhaustedRow
 }
 
 // ClaimSQL is the claim statement, exported for plan tests. Its parameters:
 // $1 limit, $2 lease in milliseconds, $3 claimer, $4 max attempts (<= 0: no
-// limit).
+// limit), $5 byte budget (< 0: none).
 func ClaimSQL() string { return claimSQL }
 
 // ClaimDue takes up to p.Limit due rows (new, retries and rows whose lease
-// expired), oldest due first, in one statement; they come back sorted by id. Claimed rows come back IN_PROGRESS with a fresh
-// claim token and attempt_count already counting this attempt; a row whose
-// lease expired leaves a LEASE_EXPIRED attempt log. Due rows out of attempts
-// are failed in the same statement and reported in Exhausted. With several
-// dispatchers claiming at once no row is taken twice (FOR UPDATE SKIP LOCKED).
+// expired), oldest due first, in one statement; they come back sorted by id.
+// Claimed rows come back IN_PROGRESS with a fresh claim token and
+// attempt_count already counting this attempt; a row whose lease expired
+// leaves a LEASE_EXPIRED attempt log. Due rows out of attempts are claimed
+// without counting one and reported in Exhausted, for the caller to record
+// them FAILED (FailExhausted). With several dispatchers claiming at once no
+// row is taken twice (FOR UPDATE SKIP LOCKED). The claim commits without
+// waiting for the WAL flush (see claim.sql).
 func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error) {
 	if p.Limit <= 0 {
 		return ClaimResult{}, nil
 	}
-	rows, err := q.Query(ctx, claimSQL, p.Limit, p.Lease.Milliseconds(), p.Claimer, max(p.MaxAttempts, 0))
+	maxBytes := p.MaxBytes
+	if maxBytes <= 0 {
+		maxBytes = -1
+	}
+	rows, err := q.Query(ctx, claimSQL, p.Limit, p.Lease.Milliseconds(), p.Claimer, max(p.MaxAttempts, 0), maxBytes)
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claiming due rows: %w", err)
 	}
@@ -101,22 +117,21 @@ func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error
 	for rows.Next() {
 		var (
 			r         ClaimedRow
-			status    string
-			token     *string
-			lease     *time.Time
 			lastError *string
+			exhausted bool
 		)
-		if err := rows.Scan(&r.ID, &status, &r.MessageKey, &r.APIType, &r.KafkaTopic, &r.KafkaPartition,
-			&r.KafkaOffset, &r.KafkaKey, &r.Payload, &r.AttemptCount, &token, &r.CreatedAt, &lease, &lastError); err != nil {
+		if err := rows.Scan(&r.ID, &r.MessageKey, &r.APIType, &r.KafkaTopic, &r.KafkaPartition,
+			&r.KafkaOffset, &r.KafkaKey, &r.Payload, &r.AttemptCount, &r.ClaimToken, &r.CreatedAt,
+			&r.LeaseExpiresAt, &lastError, &exhausted); err != nil {
 			return ClaimResult{}, fmt.Errorf("claiming due rows: reading row: %w", err)
 		}
-		if Status(status) != StatusInProgress || token == nil || lease == nil {
+		if exhausted {
 			res.Exhausted = append(res.Exhausted, ExhaustedRow{
-				ID: r.ID, MessageKey: r.MessageKey, AttemptCount: r.AttemptCount, LastError: textOrEmpty(lastError),
+				ID: r.ID, MessageKey: r.MessageKey, AttemptCount: r.AttemptCount,
+				ClaimToken: r.ClaimToken, LastError: textOrEmpty(lastError),
 			})
 			continue
 		}
-		r.ClaimToken, r.LeaseExpiresAt = *token, *lease
 		res.Claimed = append(res.Claimed, r)
 	}
 	if err := rows.Err(); err != nil {
@@ -125,6 +140,17 @@ func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error
 	// RETURNING has no order; ids give a stable one (roughly arrival order).
 	slices.SortFunc(res.Claimed, func(a, b ClaimedRow) int { return cmp.Compare(a.ID, b.ID) })
 	return res, nil
+}
+
+// FailExhausted records the exhausted rows of a claim FAILED (class
+// TRANSIENT: automatic compensation may requeue them), each with the reason
+// the claim gave it, through the result write, and returns the ids written.
+func FailExhausted(ctx context.Context, q Querier, rows []ExhaustedRow) ([]int64, error) {
+	results := make([]Result, len(rows))
+	for i, r := range rows {
+		results[i] = Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: StatusFailed, Class: ClassTransient, Error: r.LastError}
+	}
+	return RecordResults(ctx, q, results)
 }
 
 // Claim takes up to limit due rows for claimer, leasing them for lease, with

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 )
 
 // BenchmarkClaim measures one claim statement with 0 and 1 M finished
@@ -19,7 +20,7 @@ func BenchmarkClaim(b *testing.B) {
 	for _, finished := range []int{0, 1_000_000} {
 		tb := setupClaimTest(b)
 		if finished > 0 {
-			insertFinished(b, tb.pool, finished)
+			fixture.New(b, tb.Pool).InsertFinished(finished)
 		}
 		var keys int
 		for _, batch := range []int{100, 500} {
@@ -27,15 +28,15 @@ func BenchmarkClaim(b *testing.B) {
 				// A due backlog big enough for every iteration, fresh
 				// statistics, and no dead rows left by the previous run.
 				keys++
-				tb.insertDue(b, fmt.Sprintf("bench-%d-%d", batch, keys), b.N*batch)
-				if _, err := tb.pool.Exec(tb.ctx, "VACUUM (ANALYZE) forward_records"); err != nil {
+				tb.InsertDue(fmt.Sprintf("bench-%d-%d", batch, keys), b.N*batch)
+				if _, err := tb.Pool.Exec(tb.Ctx, "VACUUM (ANALYZE) forward_records"); err != nil {
 					b.Fatal(err)
 				}
 				p := outboxdb.ClaimParams{Limit: batch, Lease: time.Minute, Claimer: "bench", MaxAttempts: 5}
 				claimed := 0
 				b.ResetTimer()
 				for range b.N {
-					res, err := outboxdb.ClaimDue(tb.ctx, tb.pool, p)
+					res, err := outboxdb.ClaimDue(tb.Ctx, tb.Pool, p)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -47,7 +48,7 @@ func BenchmarkClaim(b *testing.B) {
 				}
 				b.ReportMetric(float64(claimed)/b.Elapsed().Seconds(), "claims/s")
 				// Finish what was claimed, as the output would.
-				if _, err := tb.pool.Exec(tb.ctx, `UPDATE forward_records
+				if _, err := tb.Pool.Exec(tb.Ctx, `UPDATE forward_records
 					SET status = 'SUCCESS', next_retry_at = NULL, succeeded_at = now()
 					WHERE status = 'IN_PROGRESS'`); err != nil {
 					b.Fatal(err)

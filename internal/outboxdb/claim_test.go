@@ -12,119 +12,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
-type claimTestBundle struct {
-	ctx  context.Context
-	pool *pgxpool.Pool
-}
-
-func setupClaimTest(t testing.TB) *claimTestBundle {
+func setupClaimTest(t testing.TB) *fixture.DB {
 	t.Helper()
-	return &claimTestBundle{ctx: context.Background(), pool: pgtest.NewPool(t)}
-}
-
-// insertDue inserts n PENDING rows due now, keys prefix-1..prefix-n, and
-// returns their ids in insertion order.
-func (b *claimTestBundle) insertDue(t testing.TB, prefix string, n int) []int64 {
-	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload)
-		SELECT $1 || '-' || g, 'VEHICLE_EVENT', 'device-vehicle-event', 3, g, convert_to('k' || g, 'UTF8'),
-		       convert_to('{"n":' || g || '}', 'UTF8')
-		FROM generate_series(1, $2::integer) g
-		ORDER BY g
-		RETURNING id`, prefix, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.Sort(ids)
-	return ids
-}
-
-// expireLeases makes every IN_PROGRESS row's lease run out, as if its holder
-// had vanished long ago.
-func (b *claimTestBundle) expireLeases(t testing.TB) {
-	t.Helper()
-	if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records
-		SET next_retry_at = now() - interval '1 second' WHERE status = 'IN_PROGRESS'`); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (b *claimTestBundle) claim(t testing.TB, p outboxdb.ClaimParams) outboxdb.ClaimResult {
-	t.Helper()
-	res, err := outboxdb.ClaimDue(b.ctx, b.pool, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res
-}
-
-type claimRowState struct {
-	Status       string
-	AttemptCount int
-	ClaimToken   *string
-	ClaimedBy    *string
-	DueInMs      *int64 // next_retry_at - now()
-	LastError    *string
-}
-
-func (b *claimTestBundle) row(t testing.TB, id int64) claimRowState {
-	t.Helper()
-	var s claimRowState
-	if err := b.pool.QueryRow(b.ctx, `SELECT status, attempt_count, claim_token::text, claimed_by,
-			floor(extract(epoch FROM next_retry_at - now()) * 1000)::bigint, last_error
-		FROM forward_records WHERE id = $1`, id).
-		Scan(&s.Status, &s.AttemptCount, &s.ClaimToken, &s.ClaimedBy, &s.DueInMs, &s.LastError); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-type claimLog struct {
-	Attempt int
-	Status  string
-	Error   *string
-}
-
-func (b *claimTestBundle) logs(t testing.TB, id int64) []claimLog {
-	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT attempt_number, result_status, error_message
-		FROM forward_retry_logs WHERE record_id = $1 ORDER BY id`, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []claimLog
-	for rows.Next() {
-		var l claimLog
-		if err := rows.Scan(&l.Attempt, &l.Status, &l.Error); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, l)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func (b *claimTestBundle) count(t testing.TB, where string) int {
-	t.Helper()
-	var n int
-	if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM forward_records WHERE "+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return fixture.New(t, pgtest.NewPool(t))
 }
 
 func TestClaimDue(t *testing.T) {
@@ -133,9 +30,9 @@ func TestClaimDue(t *testing.T) {
 	t.Run("ClaimsDueRowsOldestFirst", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		ids := b.insertDue(t, "due", 3)
+		ids := b.InsertDue("due", 3)
 		// Not due yet, finished, and leased to someone else: none is claimed.
-		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
+		if _, err := b.Pool.Exec(b.Ctx, `INSERT INTO forward_records
 			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at, claim_token, claimed_by)
 			VALUES ('later', 'HEARTBEAT', 't', 0, 1, '\x00ff', 'PENDING', now() + interval '1 hour', NULL, NULL),
 			       ('done', 'HEARTBEAT', 't', 0, 2, '\x00ff', 'SUCCESS', NULL, NULL, NULL),
@@ -144,11 +41,11 @@ func TestClaimDue(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Non-UTF-8 payload bytes survive.
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET payload = '\xff00fe' WHERE id = $1`, ids[1]); err != nil {
+		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_records SET payload = '\xff00fe' WHERE id = $1`, ids[1]); err != nil {
 			t.Fatal(err)
 		}
 
-		res := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "claimer-a", MaxAttempts: 5})
+		res := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "claimer-a", MaxAttempts: 5})
 		if len(res.Exhausted) != 0 {
 			t.Fatalf("exhausted %v, want none", res.Exhausted)
 		}
@@ -164,7 +61,7 @@ func TestClaimDue(t *testing.T) {
 			if r.LeaseExpiresAt.Before(r.CreatedAt.Add(59 * time.Second)) {
 				t.Errorf("row %d: lease ends %v, want about a minute after %v", r.ID, r.LeaseExpiresAt, r.CreatedAt)
 			}
-			s := b.row(t, r.ID)
+			s := b.State(r.ID)
 			if s.Status != "IN_PROGRESS" || s.AttemptCount != 1 || s.ClaimToken == nil || *s.ClaimToken != r.ClaimToken ||
 				s.ClaimedBy == nil || *s.ClaimedBy != "claimer-a" || s.DueInMs == nil || *s.DueInMs < 50_000 {
 				t.Errorf("row %d after claim: %+v", r.ID, s)
@@ -182,10 +79,10 @@ func TestClaimDue(t *testing.T) {
 		if k := res.Claimed[0].KafkaKey; string(k) != "k1" {
 			t.Errorf("kafka key %q, want k1", k)
 		}
-		if n := b.count(t, "message_key IN ('later', 'done', 'gave-up', 'held') AND attempt_count > 0"); n != 0 {
+		if n := b.Count("message_key IN ('later', 'done', 'gave-up', 'held') AND attempt_count > 0"); n != 0 {
 			t.Errorf("%d rows that were not due were claimed", n)
 		}
-		if again := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "claimer-b", MaxAttempts: 5}); len(again.Claimed) != 0 {
+		if again := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "claimer-b", MaxAttempts: 5}); len(again.Claimed) != 0 {
 			t.Errorf("second claim took %d rows still leased", len(again.Claimed))
 		}
 	})
@@ -193,10 +90,10 @@ func TestClaimDue(t *testing.T) {
 	t.Run("LimitIsHonoured", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		ids := b.insertDue(t, "due", 25)
-		first := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
-		second := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
-		third := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
+		ids := b.InsertDue("due", 25)
+		first := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
+		second := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
+		third := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a"})
 		if len(first.Claimed) != 10 || len(second.Claimed) != 10 || len(third.Claimed) != 5 {
 			t.Fatalf("claimed %d, %d, %d rows, want 10, 10, 5", len(first.Claimed), len(second.Claimed), len(third.Claimed))
 		}
@@ -209,7 +106,7 @@ func TestClaimDue(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
 		const rows = 10_000
-		b.insertDue(t, "due", rows)
+		b.InsertDue("due", rows)
 		var (
 			mu   sync.Mutex
 			seen = map[int64]int{}
@@ -219,7 +116,7 @@ func TestClaimDue(t *testing.T) {
 		for c := range 3 {
 			wg.Go(func() {
 				for {
-					res, err := outboxdb.ClaimDue(b.ctx, b.pool, outboxdb.ClaimParams{
+					res, err := outboxdb.ClaimDue(b.Ctx, b.Pool, outboxdb.ClaimParams{
 						Limit: 100, Lease: time.Minute, Claimer: fmt.Sprintf("claimer-%d", c), MaxAttempts: 5,
 					})
 					if err != nil {
@@ -250,7 +147,7 @@ func TestClaimDue(t *testing.T) {
 				t.Fatalf("row %d claimed %d times while its lease held", id, n)
 			}
 		}
-		if n := b.count(t, "status = 'IN_PROGRESS' AND attempt_count = 1"); n != rows {
+		if n := b.Count("status = 'IN_PROGRESS' AND attempt_count = 1"); n != rows {
 			t.Fatalf("%d rows IN_PROGRESS with one attempt, want %d", n, rows)
 		}
 	})
@@ -258,11 +155,11 @@ func TestClaimDue(t *testing.T) {
 	t.Run("ExpiredLeaseIsClaimedAgain", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		id := b.insertDue(t, "due", 1)[0]
-		stale := b.claim(t, outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "vanished", MaxAttempts: 5}).Claimed[0]
+		id := b.InsertDue("due", 1)[0]
+		stale := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "vanished", MaxAttempts: 5}).Claimed[0]
 
-		b.expireLeases(t)
-		res := b.claim(t, outboxdb.ClaimParams{Limit: 5, Lease: time.Minute, Claimer: "rescuer", MaxAttempts: 5})
+		b.ExpireLeases()
+		res := b.Claim(outboxdb.ClaimParams{Limit: 5, Lease: time.Minute, Claimer: "rescuer", MaxAttempts: 5})
 		if len(res.Claimed) != 1 || res.Claimed[0].ID != id {
 			t.Fatalf("claimed %+v, want row %d again", res.Claimed, id)
 		}
@@ -270,26 +167,26 @@ func TestClaimDue(t *testing.T) {
 		if fresh.AttemptCount != 2 || fresh.ClaimToken == stale.ClaimToken {
 			t.Fatalf("rescued claim %+v, want attempt 2 and a new token", fresh)
 		}
-		logs := b.logs(t, id)
+		logs := b.Logs(id)
 		if len(logs) != 1 || logs[0].Status != "LEASE_EXPIRED" || logs[0].Attempt != 1 ||
 			logs[0].Error == nil || !strings.Contains(*logs[0].Error, "vanished") {
 			t.Fatalf("attempt logs %+v, want one LEASE_EXPIRED for attempt 1 naming the vanished holder", logs)
 		}
 
 		// The stale holder's fenced write changes nothing.
-		n, err := outboxdb.Release(b.ctx, b.pool, []outboxdb.ClaimRef{stale.Ref()}, 0, "late nack")
+		n, err := outboxdb.Release(b.Ctx, b.Pool, []outboxdb.ClaimRef{stale.Ref()}, 0, "late nack")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n != 0 {
 			t.Fatalf("stale release changed %d rows, want 0", n)
 		}
-		s := b.row(t, id)
+		s := b.State(id)
 		if s.Status != "IN_PROGRESS" || s.AttemptCount != 2 || s.ClaimToken == nil || *s.ClaimToken != fresh.ClaimToken ||
 			*s.ClaimedBy != "rescuer" || s.LastError != nil {
 			t.Fatalf("row after the stale write: %+v, want the rescuer's claim untouched", s)
 		}
-		if logs := b.logs(t, id); len(logs) != 1 {
+		if logs := b.Logs(id); len(logs) != 1 {
 			t.Fatalf("stale write logged an attempt: %+v", logs)
 		}
 	})
@@ -297,38 +194,47 @@ func TestClaimDue(t *testing.T) {
 	t.Run("CrashingMessageEndsFailed", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		id := b.insertDue(t, "poison", 1)[0]
+		id := b.InsertDue("poison", 1)[0]
 		const maxAttempts = 3
 		// Every holder crashes: its lease runs out each time.
 		for attempt := 1; attempt <= maxAttempts; attempt++ {
-			res := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: fmt.Sprintf("crash-%d", attempt), MaxAttempts: maxAttempts})
+			res := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: fmt.Sprintf("crash-%d", attempt), MaxAttempts: maxAttempts})
 			if len(res.Claimed) != 1 || res.Claimed[0].AttemptCount != attempt {
 				t.Fatalf("claim %d: %+v", attempt, res)
 			}
-			b.expireLeases(t)
+			b.ExpireLeases()
 		}
-		res := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "next", MaxAttempts: maxAttempts})
+		res := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "next", MaxAttempts: maxAttempts})
 		if len(res.Claimed) != 0 || len(res.Exhausted) != 1 || res.Exhausted[0].ID != id {
-			t.Fatalf("claim after the last attempt: %+v, want the row failed, not sent", res)
+			t.Fatalf("claim after the last attempt: %+v, want the row reported exhausted, not sent", res)
 		}
-		s := b.row(t, id)
-		if s.Status != "FAILED" || s.AttemptCount != maxAttempts || s.ClaimToken != nil || s.DueInMs != nil ||
+		if recorded, err := outboxdb.FailExhausted(b.Ctx, b.Pool, res.Exhausted); err != nil || len(recorded) != 1 {
+			t.Fatalf("FailExhausted: %v, %v", recorded, err)
+		}
+		s := b.State(id)
+		if s.Status != "FAILED" || s.AttemptCount != maxAttempts || s.DueInMs != nil ||
 			s.LastError == nil || !strings.Contains(*s.LastError, "lease expired") || !strings.Contains(*s.LastError, "crash-3") {
 			t.Fatalf("row %+v, want FAILED naming the expired lease", s)
 		}
 		if res.Exhausted[0].LastError != *s.LastError {
 			t.Errorf("reported %q, row says %q", res.Exhausted[0].LastError, *s.LastError)
 		}
-		logs := b.logs(t, id)
-		if len(logs) != maxAttempts {
-			t.Fatalf("logs %+v, want %d LEASE_EXPIRED", logs, maxAttempts)
+		if class := fixture.Str(b.State(id).FailureClass); class != "TRANSIENT" {
+			t.Errorf("failure class %q, want TRANSIENT (compensation may requeue it)", class)
 		}
-		for i, l := range logs {
+		logs := b.Logs(id)
+		if len(logs) != maxAttempts+1 {
+			t.Fatalf("logs %+v, want %d LEASE_EXPIRED and the FAILED result", logs, maxAttempts)
+		}
+		for i, l := range logs[:maxAttempts] {
 			if l.Status != "LEASE_EXPIRED" || l.Attempt != i+1 {
 				t.Errorf("log %d: %+v", i, l)
 			}
 		}
-		if again := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "x", MaxAttempts: maxAttempts}); len(again.Claimed)+len(again.Exhausted) != 0 {
+		if last := logs[maxAttempts]; last.Status != "FAILED" || last.Attempt != maxAttempts {
+			t.Errorf("last log %+v, want FAILED at attempt %d", last, maxAttempts)
+		}
+		if again := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "x", MaxAttempts: maxAttempts}); len(again.Claimed)+len(again.Exhausted) != 0 {
 			t.Errorf("a FAILED row was claimed again: %+v", again)
 		}
 	})
@@ -336,20 +242,26 @@ func TestClaimDue(t *testing.T) {
 	t.Run("PendingRowOutOfAttemptsEndsFailed", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		ids := b.insertDue(t, "nacked", 2)
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET attempt_count = 5, last_error = 'nacked: db down' WHERE id = $1`, ids[0]); err != nil {
+		ids := b.InsertDue("nacked", 2)
+		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_records SET attempt_count = 5, last_error = 'nacked: db down' WHERE id = $1`, ids[0]); err != nil {
 			t.Fatal(err)
 		}
-		res := b.claim(t, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a", MaxAttempts: 5})
+		res := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a", MaxAttempts: 5})
 		if len(res.Claimed) != 1 || res.Claimed[0].ID != ids[1] || len(res.Exhausted) != 1 || res.Exhausted[0].ID != ids[0] {
 			t.Fatalf("claim: %+v", res)
 		}
-		s := b.row(t, ids[0])
+		if s := b.State(ids[0]); s.AttemptCount != 5 {
+			t.Fatalf("the exhausted row's claim counted an attempt: %+v", s)
+		}
+		if _, err := outboxdb.FailExhausted(b.Ctx, b.Pool, res.Exhausted); err != nil {
+			t.Fatal(err)
+		}
+		s := b.State(ids[0])
 		if s.Status != "FAILED" || s.LastError == nil || !strings.Contains(*s.LastError, "attempts exhausted") ||
 			!strings.Contains(*s.LastError, "nacked: db down") {
 			t.Fatalf("row %+v", s)
 		}
-		if logs := b.logs(t, ids[0]); len(logs) != 1 || logs[0].Status != "FAILED" || logs[0].Attempt != 5 {
+		if logs := b.Logs(ids[0]); len(logs) != 1 || logs[0].Status != "FAILED" || logs[0].Attempt != 5 {
 			t.Fatalf("logs %+v", logs)
 		}
 	})
@@ -357,11 +269,11 @@ func TestClaimDue(t *testing.T) {
 	t.Run("NoAttemptLimitWhenZero", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		id := b.insertDue(t, "many", 1)[0]
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET attempt_count = 1000 WHERE id = $1`, id); err != nil {
+		id := b.InsertDue("many", 1)[0]
+		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_records SET attempt_count = 1000 WHERE id = $1`, id); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := outboxdb.Claim(b.ctx, b.pool, 1, time.Minute, "a")
+		rows, err := outboxdb.Claim(b.Ctx, b.Pool, 1, time.Minute, "a")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -373,21 +285,21 @@ func TestClaimDue(t *testing.T) {
 	t.Run("NextDue", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		if _, ok, err := outboxdb.NextDue(b.ctx, b.pool); err != nil || ok {
+		if _, ok, err := outboxdb.NextDue(b.Ctx, b.Pool); err != nil || ok {
 			t.Fatalf("empty table: ok %v err %v, want nothing due", ok, err)
 		}
-		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
+		if _, err := b.Pool.Exec(b.Ctx, `INSERT INTO forward_records
 			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, next_retry_at)
 			VALUES ('a', 'HEARTBEAT', 't', 0, 1, '', now() + interval '1 hour'),
 			       ('b', 'HEARTBEAT', 't', 0, 2, '', now() + interval '10 minutes')`); err != nil {
 			t.Fatal(err)
 		}
-		d, ok, err := outboxdb.NextDue(b.ctx, b.pool)
+		d, ok, err := outboxdb.NextDue(b.Ctx, b.Pool)
 		if err != nil || !ok || d <= 9*time.Minute || d > 10*time.Minute {
 			t.Fatalf("next due in %v (ok %v, err %v), want about 10 minutes", d, ok, err)
 		}
-		b.insertDue(t, "now", 1)
-		if d, ok, err := outboxdb.NextDue(b.ctx, b.pool); err != nil || !ok || d > 0 {
+		b.InsertDue("now", 1)
+		if d, ok, err := outboxdb.NextDue(b.Ctx, b.Pool); err != nil || !ok || d > 0 {
 			t.Fatalf("next due in %v (ok %v, err %v), want due already", d, ok, err)
 		}
 	})
@@ -400,9 +312,9 @@ func TestClaimDue(t *testing.T) {
 func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 	t.Parallel()
 	b := setupClaimTest(t)
-	insertFinished(t, b.pool, 1_000_000)
-	b.insertDue(t, "due", 1000)
-	if _, err := b.pool.Exec(b.ctx, "ANALYZE forward_records"); err != nil {
+	fixture.New(t, b.Pool).InsertFinished(1_000_000)
+	b.InsertDue("due", 1000)
+	if _, err := b.Pool.Exec(b.Ctx, "ANALYZE forward_records"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -412,11 +324,12 @@ func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 		args  []any
 		limit bool
 	}{
-		{"Claim", outboxdb.ClaimSQL(), []any{500, int64(60_000), "plan", 5}, true},
+		{"Claim", outboxdb.ClaimSQL(), []any{500, int64(60_000), "plan", 5, int64(-1)}, true},
+		{"ClaimWithByteBudget", outboxdb.ClaimSQL(), []any{500, int64(60_000), "plan", 5, int64(64 << 20)}, true},
 		{"NextDue", mustReadSQL(t, "next_due.sql"), nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			plan := explainPlan(t, b.pool, c.sql, c.args...)
+			plan := explainPlan(t, b.Pool, c.sql, c.args...)
 			limit := plan.find(func(n explainNode) bool { return n.NodeType == "Limit" })
 			if limit == nil {
 				t.Fatalf("no Limit node:\n%s", plan)
@@ -426,7 +339,12 @@ func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 			}); scan == nil {
 				t.Fatalf("no scan of forward_records_due_idx under the Limit:\n%s", plan)
 			}
-			if n := plan.find(func(n explainNode) bool { return strings.Contains(n.NodeType, "Sort") }); n != nil {
+			// The byte budget's running total sorts the rows already locked
+			// (at most one claim's worth, read from the CTE), never the table.
+			if n := plan.find(func(n explainNode) bool {
+				return strings.Contains(n.NodeType, "Sort") &&
+					(len(n.Plans) != 1 || n.Plans[0].NodeType != "CTE Scan")
+			}); n != nil {
 				t.Fatalf("plan sorts (%s):\n%s", n.NodeType, plan)
 			}
 			if n := plan.find(func(n explainNode) bool {
@@ -436,19 +354,6 @@ func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 			}
 			t.Logf("plan:\n%s", plan)
 		})
-	}
-}
-
-// insertFinished bulk-loads n SUCCESS rows in one statement.
-func insertFinished(t testing.TB, pool *pgxpool.Pool, n int) {
-	t.Helper()
-	if _, err := pool.Exec(context.Background(), `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload,
-		 status, attempt_count, next_retry_at, succeeded_at)
-		SELECT 'done-' || g, 'VEHICLE_EVENT', 'device-vehicle-event', 0, g, '\x7b7d',
-		       'SUCCESS', 1, NULL, now()
-		FROM generate_series(1, $1::integer) g`, n); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 )
 
 // BenchmarkRowLifecycle measures PostgreSQL's share of one delivered message
@@ -29,17 +30,17 @@ func BenchmarkRowLifecycle(b *testing.B) {
 	paths := []struct {
 		name string
 		// deliver inserts recs and returns their claims.
-		deliver func(ctx context.Context, tb *claimTestBundle, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error)
+		deliver func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error)
 	}{
-		{"backlog", func(ctx context.Context, tb *claimTestBundle, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error) {
-			if _, err := outboxdb.InsertBatchCount(ctx, tb.pool, recs); err != nil {
+		{"backlog", func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error) {
+			if _, err := outboxdb.InsertBatchCount(ctx, tb.Pool, recs); err != nil {
 				return nil, err
 			}
-			res, err := outboxdb.ClaimDue(ctx, tb.pool, claim)
+			res, err := outboxdb.ClaimDue(ctx, tb.Pool, claim)
 			return res.Claimed, err
 		}},
-		{"direct", func(ctx context.Context, tb *claimTestBundle, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error) {
-			_, claimed, err := outboxdb.InsertBatchClaim(ctx, tb.pool, recs, lease)
+		{"direct", func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error) {
+			_, claimed, err := outboxdb.InsertBatchClaim(ctx, tb.Pool, recs, lease)
 			return claimed, err
 		}},
 	}
@@ -53,7 +54,7 @@ func BenchmarkRowLifecycle(b *testing.B) {
 				for j := range recs {
 					recs[j] = lifecycleRecord(i*batch + j)
 				}
-				claimed, err := p.deliver(tb.ctx, tb, recs)
+				claimed, err := p.deliver(tb.Ctx, tb, recs)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -65,7 +66,7 @@ func BenchmarkRowLifecycle(b *testing.B) {
 					results = append(results, outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken,
 						Status: outboxdb.StatusSuccess, Sent: true, Duration: time.Millisecond, HTTPStatus: 200})
 				}
-				recorded, err := outboxdb.RecordResults(tb.ctx, tb.pool, results)
+				recorded, err := outboxdb.RecordResults(tb.Ctx, tb.Pool, results)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -66,7 +66,8 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	dsn := pgtest.NewDB(t)
 	ids, tokens := []int64{1, 2}, []string{"a", "b"}
 	recordArgs := []any{ids, tokens, []string{"SUCCESS", "SUCCESS"}, []*int64{nil, nil}, []*int32{nil, nil},
-		[]*string{nil, nil}, []*string{nil, nil}, []*int32{nil, nil}, []bool{false, false}}
+		[]*string{nil, nil}, []*string{nil, nil}, []*int32{nil, nil}, []bool{false, false},
+		[]*string{nil, nil}, []bool{false, false}, outboxdb.MaxLeaseReturns}
 	statements := []struct {
 		name string
 		sql  string
@@ -74,7 +75,8 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	}{
 		{"record", outboxdb.RecordSQL(), recordArgs},
 		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
-		{"claim", outboxdb.ClaimSQL(), []any{100, time.Minute.Milliseconds(), "me", 5}},
+		{"claim", outboxdb.ClaimSQL(), []any{100, time.Minute.Milliseconds(), "me", 5, int64(-1)}},
+		{"renew", outboxdb.RenewSQL(), []any{ids, tokens, time.Minute.Milliseconds()}},
 	}
 	for _, st := range statements {
 		plan := genericPlan(t, dsn, outboxdb.PoolConfig{NoSeqScan: true}, st.sql, st.args...)

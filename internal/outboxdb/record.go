@@ -1,6 +1,7 @@
 package outboxdb
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -39,12 +40,37 @@ type Result struct {
 	// Error explains a non-success, "" when none. It is stored truncated to
 	// MaxErrorLen and must not hold secrets.
 	Error string
+	// Class says why a FAILED row failed (ClassTransient when empty).
+	Class FailureClass
 	// Undo marks a claim that was never sent (a lease too short for a
-	// request, or an output stopping): the row goes back to PENDING with
-	// attempt_count back down, last_error and last_http_status kept, and no
-	// attempt logged. Status must be StatusPending.
+	// request, the platform known to be down, an output stopping): the row
+	// goes back to PENDING with attempt_count back down, last_error and
+	// last_http_status kept, and no attempt logged. Status must be
+	// StatusPending.
 	Undo bool
+	// ForLease marks an Undo for lack of lease: bounded, after
+	// MaxLeaseReturns of them in a row the attempt counts (see record.sql).
+	ForLease bool
 }
+
+// FailureClass says why a row is FAILED, which decides whether it may be
+// sent again without an operator.
+type FailureClass string
+
+const (
+	// ClassTransient: out of attempts on retryable or unavailable replies,
+	// or lost claims. Automatic compensation may requeue it.
+	ClassTransient FailureClass = "TRANSIENT"
+	// ClassRejected: the platform refused it for good (errcode 998, a
+	// no_retry rule). Never requeued automatically.
+	ClassRejected FailureClass = "REJECTED"
+	// ClassInvalid: bad input or a mapping error; it cannot be sent as is.
+	ClassInvalid FailureClass = "INVALID"
+)
+
+// MaxLeaseReturns is how many times in a row a claim may be given back
+// unsent for lack of lease before the next give-back counts as an attempt.
+const MaxLeaseReturns = 3
 
 // RecordSQL is the result statement, exported for plan tests.
 func RecordSQL() string { return recordSQL }
@@ -57,7 +83,9 @@ func RecordSQL() string { return recordSQL }
 // PENDING. Rows whose claim was lost are left untouched.
 //
 // It returns the ids that were written. Calling it again with the same
-// results records nothing more, so a caller may retry after an error.
+// results records nothing more, so a caller may retry after an error. The
+// write commits without waiting for the WAL flush (see record.sql): inside a
+// transaction, that transaction does too.
 func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, error) {
 	if len(results) == 0 {
 		return nil, nil
@@ -73,6 +101,8 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		errcodes   = make([]*string, n)
 		durations  = make([]*int32, n)
 		undo       = make([]bool, n)
+		classes    = make([]*string, n)
+		forLease   = make([]bool, n)
 		seen       = make(map[int64]struct{}, n)
 	)
 	for i, r := range results {
@@ -91,7 +121,11 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		if r.Undo && r.Status != StatusPending {
 			return nil, fmt.Errorf("recording results: row %d: an undone claim must go back to PENDING, not %s", r.ID, r.Status)
 		}
-		undo[i] = r.Undo
+		undo[i], forLease[i] = r.Undo, r.Undo && r.ForLease
+		if r.Status == StatusFailed {
+			c := string(cmp.Or(r.Class, ClassTransient))
+			classes[i] = &c
+		}
 		ids[i] = r.ID
 		tokens[i] = r.ClaimToken
 		statuses[i] = string(r.Status)
@@ -112,7 +146,8 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 			durations[i] = &d
 		}
 	}
-	rows, err := q.Query(ctx, recordSQL, ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations, undo)
+	rows, err := q.Query(ctx, recordSQL, ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations, undo,
+		classes, forLease, MaxLeaseReturns)
 	if err != nil {
 		return nil, fmt.Errorf("recording results: %w", err)
 	}

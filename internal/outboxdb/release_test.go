@@ -11,16 +11,17 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 )
 
 func TestRelease(t *testing.T) {
 	t.Parallel()
 
 	var seq atomic.Int64
-	claimOne := func(t *testing.T, b *claimTestBundle) outboxdb.ClaimedRow {
+	claimOne := func(t *testing.T, b *fixture.DB) outboxdb.ClaimedRow {
 		t.Helper()
-		b.insertDue(t, fmt.Sprintf("due-%d", seq.Add(1)), 1)
-		res := b.claim(t, outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "holder", MaxAttempts: 5})
+		b.InsertDue(fmt.Sprintf("due-%d", seq.Add(1)), 1)
+		res := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "holder", MaxAttempts: 5})
 		if len(res.Claimed) != 1 {
 			t.Fatalf("claimed %d rows, want 1", len(res.Claimed))
 		}
@@ -31,19 +32,19 @@ func TestRelease(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
 		r := claimOne(t, b)
-		n, err := outboxdb.Release(b.ctx, b.pool, []outboxdb.ClaimRef{r.Ref()}, 0, "nacked: output failed")
+		n, err := outboxdb.Release(b.Ctx, b.Pool, []outboxdb.ClaimRef{r.Ref()}, 0, "nacked: output failed")
 		if err != nil || n != 1 {
 			t.Fatalf("released %d rows, err %v; want 1", n, err)
 		}
-		s := b.row(t, r.ID)
+		s := b.State(r.ID)
 		if s.Status != "PENDING" || s.ClaimToken != nil || s.ClaimedBy != nil || s.DueInMs == nil || *s.DueInMs > 0 ||
 			s.AttemptCount != 1 || s.LastError == nil || *s.LastError != "nacked: output failed" {
 			t.Fatalf("row after release: %+v, want PENDING, due now, claim cleared, attempt still counted", s)
 		}
-		if logs := b.logs(t, r.ID); len(logs) != 1 || logs[0].Status != "PENDING" || logs[0].Attempt != 1 {
+		if logs := b.Logs(r.ID); len(logs) != 1 || logs[0].Status != "PENDING" || logs[0].Attempt != 1 {
 			t.Fatalf("logs %+v, want the released attempt", logs)
 		}
-		again := b.claim(t, outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "next", MaxAttempts: 5})
+		again := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "next", MaxAttempts: 5})
 		if len(again.Claimed) != 1 || again.Claimed[0].ID != r.ID || again.Claimed[0].AttemptCount != 2 {
 			t.Fatalf("claim after release: %+v, want the row at attempt 2", again)
 		}
@@ -53,13 +54,13 @@ func TestRelease(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
 		r := claimOne(t, b)
-		if _, err := outboxdb.Release(b.ctx, b.pool, []outboxdb.ClaimRef{r.Ref()}, time.Hour, "nacked"); err != nil {
+		if _, err := outboxdb.Release(b.Ctx, b.Pool, []outboxdb.ClaimRef{r.Ref()}, time.Hour, "nacked"); err != nil {
 			t.Fatal(err)
 		}
-		if s := b.row(t, r.ID); s.Status != "PENDING" || s.DueInMs == nil || *s.DueInMs < 59*60*1000 {
+		if s := b.State(r.ID); s.Status != "PENDING" || s.DueInMs == nil || *s.DueInMs < 59*60*1000 {
 			t.Fatalf("row %+v, want PENDING due in an hour", s)
 		}
-		if again := b.claim(t, outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "next"}); len(again.Claimed) != 0 {
+		if again := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "next"}); len(again.Claimed) != 0 {
 			t.Fatalf("claimed a row released with a delay")
 		}
 	})
@@ -68,14 +69,14 @@ func TestRelease(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
 		r := claimOne(t, b)
-		n, err := outboxdb.ReleaseUnsent(b.ctx, b.pool, []outboxdb.ClaimRef{r.Ref()})
+		n, err := outboxdb.ReleaseUnsent(b.Ctx, b.Pool, []outboxdb.ClaimRef{r.Ref()})
 		if err != nil || n != 1 {
 			t.Fatalf("released %d rows, err %v; want 1", n, err)
 		}
-		if s := b.row(t, r.ID); s.Status != "PENDING" || s.AttemptCount != 0 || s.ClaimToken != nil || s.LastError != nil || *s.DueInMs > 0 {
+		if s := b.State(r.ID); s.Status != "PENDING" || s.AttemptCount != 0 || s.ClaimToken != nil || s.LastError != nil || *s.DueInMs > 0 {
 			t.Fatalf("row %+v, want PENDING at attempt 0, due now", s)
 		}
-		if logs := b.logs(t, r.ID); len(logs) != 0 {
+		if logs := b.Logs(r.ID); len(logs) != 0 {
 			t.Fatalf("logs %+v, want none for an attempt never made", logs)
 		}
 	})
@@ -90,19 +91,19 @@ func TestRelease(t *testing.T) {
 			{ID: r.ID, ClaimToken: "not-a-uuid"},     // garbage matches nothing, fails nothing
 			{ID: r.ID + 1000, ClaimToken: r.ClaimToken},
 		} {
-			if n, err := outboxdb.Release(b.ctx, b.pool, []outboxdb.ClaimRef{ref}, 0, "x"); err != nil || n != 0 {
+			if n, err := outboxdb.Release(b.Ctx, b.Pool, []outboxdb.ClaimRef{ref}, 0, "x"); err != nil || n != 0 {
 				t.Fatalf("release %+v: %d rows, err %v; want nothing changed", ref, n, err)
 			}
 		}
 		// A result already written (the token stays) is not undone.
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET status = 'SUCCESS', next_retry_at = NULL,
+		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_records SET status = 'SUCCESS', next_retry_at = NULL,
 			succeeded_at = now() WHERE id = $1`, r.ID); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := outboxdb.Release(b.ctx, b.pool, []outboxdb.ClaimRef{r.Ref(), other.Ref()}, 0, "late nack"); err != nil || n != 1 {
+		if n, err := outboxdb.Release(b.Ctx, b.Pool, []outboxdb.ClaimRef{r.Ref(), other.Ref()}, 0, "late nack"); err != nil || n != 1 {
 			t.Fatalf("released %d rows, err %v; want only the unfinished one", n, err)
 		}
-		if s := b.row(t, r.ID); s.Status != "SUCCESS" {
+		if s := b.State(r.ID); s.Status != "SUCCESS" {
 			t.Fatalf("finished row became %s", s.Status)
 		}
 	})
@@ -110,30 +111,30 @@ func TestRelease(t *testing.T) {
 	t.Run("BatchReleaseNotifies", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		b.insertDue(t, "due", 500)
-		res := b.claim(t, outboxdb.ClaimParams{Limit: 500, Lease: time.Minute, Claimer: "holder"})
+		b.InsertDue("due", 500)
+		res := b.Claim(outboxdb.ClaimParams{Limit: 500, Lease: time.Minute, Claimer: "holder"})
 		refs := make([]outboxdb.ClaimRef, len(res.Claimed))
 		for i, r := range res.Claimed {
 			refs[i] = r.Ref()
 		}
 
-		conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+		conn, err := pgx.ConnectConfig(b.Ctx, b.Pool.Config().ConnConfig.Copy())
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Close(b.ctx)
-		if _, err := conn.Exec(b.ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
+		defer conn.Close(b.Ctx)
+		if _, err := conn.Exec(b.Ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
 			t.Fatal(err)
 		}
 
-		n, err := outboxdb.Release(b.ctx, b.pool, refs, 0, strings.Repeat("é", 2000)+"\x00\xff")
+		n, err := outboxdb.Release(b.Ctx, b.Pool, refs, 0, strings.Repeat("é", 2000)+"\x00\xff")
 		if err != nil || n != 500 {
 			t.Fatalf("released %d rows, err %v; want 500", n, err)
 		}
-		if got := b.count(t, "status = 'PENDING' AND claim_token IS NULL AND next_retry_at <= now()"); got != 500 {
+		if got := b.Count("status = 'PENDING' AND claim_token IS NULL AND next_retry_at <= now()"); got != 500 {
 			t.Fatalf("%d rows due again, want 500", got)
 		}
-		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+		ctx, cancel := context.WithTimeout(b.Ctx, 30*time.Second)
 		defer cancel()
 		note, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -147,7 +148,7 @@ func TestRelease(t *testing.T) {
 	t.Run("NothingToRelease", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
-		if n, err := outboxdb.Release(b.ctx, b.pool, nil, 0, "x"); err != nil || n != 0 {
+		if n, err := outboxdb.Release(b.Ctx, b.Pool, nil, 0, "x"); err != nil || n != 0 {
 			t.Fatalf("%d, %v", n, err)
 		}
 	})

@@ -13,30 +13,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 const (
-	dlFieldDSN          = "dsn"
 	dlFieldBatchSize    = "batch_size"
 	dlFieldPollInterval = "poll_interval"
 	dlFieldLease        = "lease"
-)
-
-// Metadata keys set on every message.
-const (
-	metaOutboxID       = "outbox_id"
-	metaMessageKey     = "message_key"
-	metaAPIType        = "api_type"
-	metaLastError      = "last_error"
-	metaLastHTTPStatus = "last_http_status"
-	metaAttemptCount   = "attempt_count"
-	metaKafkaTopic     = "kafka_topic"
-	metaKafkaPartition = "kafka_partition"
-	metaKafkaOffset    = "kafka_offset"
-	metaKafkaKey       = "kafka_key"
-	metaCreatedAtMs    = "outbox_created_at_ms"
-	metaFailedAtMs     = "failed_at_ms"
 )
 
 // writeTimeout bounds a mark or a release, which run after the engine's
@@ -68,11 +53,8 @@ message was consumed from), `+"`outbox_created_at_ms`"+` and `+"`failed_at_ms`"+
 Rows becoming `+"`FAILED`"+` are not announced, so the input finds them by polling every `+"`poll_interval`"+`;
 it claims again as soon as a batch is handed on and sleeps only when none is waiting. Rows that were
 already `+"`FAILED`"+` when the input first ran are published too.`).
+		Fields(dispatch.DSNFields()...).
 		Fields(
-			service.NewStringField(dlFieldDSN).
-				Description("PostgreSQL connection string, a libpq URL or key=value string. Never logged.").
-				Example("${DATABASE_URL}").
-				Secret(),
 			service.NewIntField(dlFieldBatchSize).
 				Description("Most rows claimed by one statement and emitted as one batch.").
 				Default(100),
@@ -87,7 +69,6 @@ already `+"`FAILED`"+` when the input first ran are published too.`).
 		Example("Dead-letter topic", "Publishes every failed message to a Kafka topic, keyed by its message key, with the reason as a header.", `
 input:
   outbox_dead_letter:
-    dsn: ${DATABASE_URL}
     batch_size: 100
     poll_interval: 5s
 pipeline:
@@ -113,7 +94,7 @@ func init() {
 
 // deadLetter is the outbox_dead_letter input.
 type deadLetter struct {
-	dsn          string
+	hub          *dispatch.Hub
 	batchSize    int
 	pollInterval time.Duration
 	lease        time.Duration
@@ -137,9 +118,6 @@ func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources)
 		closing: make(chan struct{}),
 	}
 	var err error
-	if in.dsn, err = conf.FieldString(dlFieldDSN); err != nil {
-		return nil, err
-	}
 	if in.batchSize, err = conf.FieldInt(dlFieldBatchSize); err != nil {
 		return nil, err
 	}
@@ -157,9 +135,9 @@ func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources)
 	case in.lease < time.Second:
 		return nil, fmt.Errorf("field %s: %v must be at least 1s", dlFieldLease, in.lease)
 	}
-	// Parse now so that a bad DSN fails at config time, without network.
-	if _, err := outboxdb.ParsePoolConfig(in.dsn, outboxdb.PoolConfig{}); err != nil {
-		return nil, fmt.Errorf("field %s: %w", dlFieldDSN, err)
+	// Parsed now so that a bad DSN fails at config time, without network.
+	if in.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
+		return nil, err
 	}
 	return in, nil
 }
@@ -179,14 +157,18 @@ func (in *deadLetter) Connect(ctx context.Context) error {
 		}
 		return nil
 	}
-	pool, err := outboxdb.OpenMigrated(ctx, in.dsn, outboxdb.PoolConfig{MaxConns: 2, ApplicationName: "forwarder outbox_dead_letter", NoSeqScan: true})
+	pool, err := in.hub.Retain()
 	if err != nil {
+		return err
+	}
+	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+		in.hub.Release()
 		return err
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.closed {
-		pool.Close()
+		in.hub.Release()
 		return service.ErrEndOfInput
 	}
 	in.pool = pool
@@ -257,20 +239,18 @@ func (in *deadLetter) emit(ctx context.Context, pool *pgxpool.Pool, rows []outbo
 
 func newMessage(r outboxdb.DeadLetterRow) *service.Message {
 	msg := service.NewMessage(r.Payload)
-	msg.MetaSetMut(metaOutboxID, r.ID)
-	msg.MetaSetMut(metaMessageKey, r.MessageKey)
-	msg.MetaSetMut(metaAPIType, r.APIType)
-	msg.MetaSetMut(metaLastError, r.LastError)
-	if r.LastHTTPStatus != nil {
-		msg.MetaSetMut(metaLastHTTPStatus, int64(*r.LastHTTPStatus))
+	f := msgmeta.Failed{
+		Claim: msgmeta.Claim{
+			ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType,
+			Kafka:     msgmeta.Kafka{Topic: r.KafkaTopic, Partition: r.KafkaPartition, Offset: r.KafkaOffset, Key: r.KafkaKey},
+			CreatedAt: r.CreatedAt,
+		},
+		LastError: r.LastError, AttemptCount: r.AttemptCount, FailedAt: r.FailedAt,
 	}
-	msg.MetaSetMut(metaAttemptCount, int64(r.AttemptCount))
-	msg.MetaSetMut(metaKafkaTopic, r.KafkaTopic)
-	msg.MetaSetMut(metaKafkaPartition, int64(r.KafkaPartition))
-	msg.MetaSetMut(metaKafkaOffset, r.KafkaOffset)
-	msg.MetaSetMut(metaKafkaKey, string(r.KafkaKey))
-	msg.MetaSetMut(metaCreatedAtMs, r.CreatedAt.UnixMilli())
-	msg.MetaSetMut(metaFailedAtMs, r.FailedAt.UnixMilli())
+	if r.LastHTTPStatus != nil {
+		f.LastHTTPStatus = *r.LastHTTPStatus
+	}
+	msgmeta.SetFailed(msg, f)
 	return msg
 }
 
@@ -368,7 +348,7 @@ func (in *deadLetter) Close(ctx context.Context) error {
 	if pool == nil {
 		return nil
 	}
-	defer pool.Close()
+	defer in.hub.Release()
 	if len(refs) > 0 {
 		in.release(ctx, pool, refs, 0, "not acknowledged at shutdown")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -97,7 +98,7 @@ func read(t testing.TB, in *deadLetter) (service.MessageBatch, service.AckFunc) 
 
 func outboxID(t testing.TB, m *service.Message) int64 {
 	t.Helper()
-	v, ok := m.MetaGetMut(metaOutboxID)
+	v, ok := m.MetaGetMut(msgmeta.OutboxID)
 	if !ok {
 		t.Fatal("no outbox_id")
 	}
@@ -136,21 +137,21 @@ func TestDeadLetterInput(t *testing.T) {
 			t.Errorf("body %q, want the stored bytes", body)
 		}
 		want := map[string]string{
-			metaMessageKey: "msg-1", metaAPIType: "HEARTBEAT", metaLastError: "reason 1", metaLastHTTPStatus: "503",
-			metaAttemptCount: "3", metaKafkaTopic: "device-heartbeat", metaKafkaPartition: "1", metaKafkaOffset: "1",
-			metaKafkaKey: "kk", metaOutboxID: fmt.Sprint(withStatus),
+			msgmeta.MessageKey: "msg-1", msgmeta.APIType: "HEARTBEAT", msgmeta.LastError: "reason 1", msgmeta.LastHTTPStatus: "503",
+			msgmeta.AttemptCount: "3", msgmeta.KafkaTopic: "device-heartbeat", msgmeta.KafkaPartition: "1", msgmeta.KafkaOffset: "1",
+			msgmeta.KafkaKey: "kk", msgmeta.OutboxID: fmt.Sprint(withStatus),
 		}
 		for k, v := range want {
 			if got, _ := m.MetaGet(k); got != v {
 				t.Errorf("metadata %s = %q, want %q", k, got, v)
 			}
 		}
-		for _, k := range []string{metaCreatedAtMs, metaFailedAtMs} {
+		for _, k := range []string{msgmeta.CreatedAtMs, msgmeta.FailedAtMs} {
 			if v, ok := m.MetaGetMut(k); !ok || v.(int64) < time.Now().Add(-time.Hour).UnixMilli() {
 				t.Errorf("metadata %s = %v", k, v)
 			}
 		}
-		if _, ok := batch[1].MetaGet(metaLastHTTPStatus); ok {
+		if _, ok := batch[1].MetaGet(msgmeta.LastHTTPStatus); ok {
 			t.Error("last_http_status set for a row the platform never answered")
 		}
 		if s := b.state(t, withStatus); !s.Claimed || s.Published {
@@ -360,7 +361,7 @@ func TestConfig(t *testing.T) {
 		}
 	}
 	if _, err := parse(`dsn: "postgres://user:s3cret@host:notaport/db"`); err == nil ||
-		!strings.Contains(err.Error(), dlFieldDSN) || strings.Contains(err.Error(), "s3cret") {
+		!strings.Contains(err.Error(), "field dsn") || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("bad dsn: error %v, want one naming the field without the password", err)
 	}
 }

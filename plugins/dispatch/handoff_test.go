@@ -9,17 +9,19 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
-	"github.com/forwarder/forwarder/internal/handoff"
+	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 // handOver does what the outbox processor does for a dispatcher with room:
 // reserve, insert n new rows claimed for it, deliver.
-func (b *testBundle) handOver(t testing.TB, d handoff.Dispatcher, n int) []outboxdb.ClaimedRow {
+func (b *testBundle) handOver(t testing.TB, in *outboxRetry, n int) []outboxdb.ClaimedRow {
 	t.Helper()
-	granted := d.Reserve(n)
-	if granted != n {
-		t.Fatalf("reserved %d of %d slots", granted, n)
+	d := in.d
+	granted := d.Reserve(make([]int, n))
+	if granted.Rows != n {
+		t.Fatalf("reserved %d of %d slots", granted.Rows, n)
 	}
 	first := b.keys.Add(int64(n)) - int64(n)
 	recs := make([]outboxdb.NewRecord, n)
@@ -30,8 +32,8 @@ func (b *testBundle) handOver(t testing.TB, d handoff.Dispatcher, n int) []outbo
 			Payload: []byte(`{}`), Status: outboxdb.StatusPending,
 		}
 	}
-	claim := d.Claim()
-	claim.Limit = granted
+	claim := d.DirectClaim()
+	claim.Limit = granted.Rows
 	_, rows, err := outboxdb.InsertBatchClaim(b.ctx, b.pool, recs, claim)
 	if err != nil {
 		d.Deliver(granted, nil)
@@ -70,30 +72,47 @@ func readAsync(b *testBundle, in *outboxRetry) <-chan readResult {
 func TestHandoff(t *testing.T) {
 	t.Parallel()
 
-	t.Run("RegisteredWhileConnected", func(t *testing.T) {
+	t.Run("RegisteredInItsStreamUntilClosed", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		in := b.newInput(t, "")
-		if handoff.Lookup(b.dsn) != nil {
-			t.Fatal("registered before Connect")
+		hub, err := dispatch.HubFor(b.res, b.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hub.Dispatcher() != in.d {
+			t.Fatal("the input is not the dispatcher of its stream and database")
+		}
+		if other, _ := dispatch.HubFor(service.MockResources(), b.dsn); other.Dispatcher() != nil {
+			t.Fatal("another stream on the same database sees the input")
 		}
 		if err := in.Connect(b.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if handoff.Lookup(b.dsn) != in {
-			t.Fatal("not registered for its DSN after Connect")
-		}
 		if err := in.Close(b.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if handoff.Lookup(b.dsn) != nil {
+		if hub.Dispatcher() != nil {
 			t.Fatal("still registered after Close")
 		}
-		if in.Reserve(1) != 0 {
+		if g := in.d.Reserve([]int{1}); g.Rows != 0 {
 			t.Error("a closed input granted a reservation")
 		}
-		if in.Deliver(0, []outboxdb.ClaimedRow{{ID: 1, ClaimToken: "x"}}) {
+		if in.d.Deliver(dispatch.Grant{}, []outboxdb.ClaimedRow{{ID: 1, ClaimToken: "x"}}) {
 			t.Error("a closed input took rows")
+		}
+	})
+
+	t.Run("SecondInputOnTheSameDatabaseIsRefused", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.newInput(t, "")
+		conf, err := outboxRetrySpec().ParseYAML(fmt.Sprintf("dsn: %q", b.dsn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := newOutboxRetryFromParsed(conf, b.res); err == nil {
+			t.Fatal("a second outbox_retry input on the same database in one stream was accepted")
 		}
 	})
 
@@ -102,15 +121,15 @@ func TestHandoff(t *testing.T) {
 		b := setup(t)
 		var claims atomic.Int64
 		in := b.newInput(t, "poll_interval: 1h")
-		in.onClaim = func() { claims.Add(1) }
+		in.d.OnClaim = func() { claims.Add(1) }
 		var stopIdle atomic.Pointer[context.CancelFunc]
-		in.onIdle = func() {
+		in.d.OnIdle = func() {
 			if c := stopIdle.Load(); c != nil {
 				(*c)()
 			}
 		}
 		listening := make(chan struct{}, 8)
-		in.onListen = func() { listening <- struct{}{} }
+		in.d.OnListen = func() { listening <- struct{}{} }
 		if err := in.Connect(b.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -138,8 +157,8 @@ func TestHandoff(t *testing.T) {
 				t.Fatalf("round %d: got %d messages, want the 3 handed over", i, len(batch))
 			}
 			for j, m := range batch {
-				if metaInt(t, m, metaOutboxID) != rows[j].ID || meta(t, m, metaClaimToken) != rows[j].ClaimToken ||
-					metaInt(t, m, metaAttempt) != 1 || meta(t, m, metaAPIType) != outboxdb.APITypeHeartbeat {
+				if metaInt(t, m, msgmeta.OutboxID) != rows[j].ID || meta(t, m, msgmeta.ClaimToken) != rows[j].ClaimToken ||
+					metaInt(t, m, msgmeta.Attempt) != 1 || meta(t, m, msgmeta.APIType) != outboxdb.APITypeHeartbeat {
 					t.Fatalf("round %d: message %d does not carry row %+v", i, j, rows[j])
 				}
 			}
@@ -153,8 +172,8 @@ func TestHandoff(t *testing.T) {
 		if n := claims.Load(); n != 1 {
 			t.Errorf("%d claim statements for %d handed-over batches, want only the first", n, rounds)
 		}
-		if in.room() != in.batchSize {
-			t.Errorf("room %d after every ack, want %d", in.room(), in.batchSize)
+		if rows, _ := in.d.Ledger().Room(); rows != in.d.Config().MaxUnacked {
+			t.Errorf("room %d after every ack, want %d", rows, in.d.Config().MaxUnacked)
 		}
 	})
 
@@ -162,24 +181,27 @@ func TestHandoff(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		in := b.input(t, "batch_size: 5\nmax_unacked: 5")
-		if g := in.Reserve(10); g != 5 {
-			t.Fatalf("granted %d of max_unacked 5", g)
+		d := in.d
+		g := d.Reserve(make([]int, 10))
+		if g.Rows != 5 {
+			t.Fatalf("granted %d of max_unacked 5", g.Rows)
 		}
-		if g := in.Reserve(1); g != 0 {
-			t.Fatalf("granted %d beyond max_unacked", g)
+		if g := d.Reserve([]int{1}); g.Rows != 0 {
+			t.Fatalf("granted %d beyond max_unacked", g.Rows)
 		}
-		if in.room() != 0 {
-			t.Fatalf("claim room %d while every slot is reserved", in.room())
+		if rows, _ := d.Ledger().Room(); rows != 0 {
+			t.Fatalf("claim room %d while every slot is reserved", rows)
 		}
 		// The insert found 2 of the 5 keys stored already: 3 handed over,
 		// the other 2 slots come back.
-		in.Deliver(5, []outboxdb.ClaimedRow{{ID: 1, ClaimToken: "a"}, {ID: 2, ClaimToken: "b"}, {ID: 3, ClaimToken: "c"}})
-		if g := in.Reserve(10); g != 2 {
-			t.Fatalf("granted %d with 3 of 5 held, want 2", g)
+		d.Deliver(g, []outboxdb.ClaimedRow{{ID: 1, ClaimToken: "a"}, {ID: 2, ClaimToken: "b"}, {ID: 3, ClaimToken: "c"}})
+		g = d.Reserve(make([]int, 10))
+		if g.Rows != 2 {
+			t.Fatalf("granted %d with 3 of 5 held, want 2", g.Rows)
 		}
-		in.Deliver(2, nil) // the insert failed
-		if in.room() != 2 {
-			t.Fatalf("claim room %d with 3 held, want 2", in.room())
+		d.Deliver(g, nil) // the insert failed
+		if rows, _ := d.Ledger().Room(); rows != 2 {
+			t.Fatalf("claim room %d with 3 held, want 2", rows)
 		}
 	})
 
@@ -194,10 +216,7 @@ func TestHandoff(t *testing.T) {
 		// to it: they would take the room the due rows are waiting for.
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			in.mu.Lock()
-			waiting := in.waitForRoom
-			in.mu.Unlock()
-			if waiting {
+			if in.d.Ledger().WaitingForRoom() {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -205,8 +224,8 @@ func TestHandoff(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		if g := in.Reserve(1); g != 0 {
-			t.Fatalf("granted %d while due rows wait for room", g)
+		if g := in.d.Reserve([]int{1}); g.Rows != 0 {
+			t.Fatalf("granted %d while due rows wait for room", g.Rows)
 		}
 		if err := ack(b.ctx, nil); err != nil {
 			t.Fatal(err)
@@ -223,7 +242,7 @@ func TestHandoff(t *testing.T) {
 		idle := make(chan struct{}, 64)
 		// Only the announcement can wake it: no notification, polls an hour apart.
 		in := b.newInput(t, "poll_interval: 1h")
-		in.onIdle = func() { idle <- struct{}{} }
+		in.d.OnIdle = func() { idle <- struct{}{} }
 		if err := in.Connect(b.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -233,9 +252,9 @@ func TestHandoff(t *testing.T) {
 		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() + interval '200 milliseconds' WHERE id = $1`, id); err != nil {
 			t.Fatal(err)
 		}
-		handoff.NoteDue(b.dsn, time.Now().Add(200*time.Millisecond))
+		in.d.DueAt(time.Now().Add(200 * time.Millisecond))
 		r := <-got
-		if r.err != nil || len(r.batch) != 1 || metaInt(t, r.batch[0], metaOutboxID) != id {
+		if r.err != nil || len(r.batch) != 1 || metaInt(t, r.batch[0], msgmeta.OutboxID) != id {
 			t.Fatalf("got %d messages (%v), want the announced retry %d", len(r.batch), r.err, id)
 		}
 	})

@@ -17,6 +17,8 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
+	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
@@ -28,12 +30,15 @@ type testBundle struct {
 	dsn  string
 	pool *pgxpool.Pool
 	keys atomic.Int64
+	// res are the resources of the bundle's stream: inputs made by newInput
+	// belong to it.
+	res *service.Resources
 }
 
 func setup(t testing.TB) *testBundle {
 	t.Helper()
 	dsn, pool := pgtest.NewDBPool(t)
-	return &testBundle{ctx: context.Background(), dsn: dsn, pool: pool}
+	return &testBundle{ctx: context.Background(), dsn: dsn, pool: pool, res: service.MockResources()}
 }
 
 // input builds, connects and (at the end of the test) closes an outbox_retry
@@ -53,7 +58,13 @@ func (b *testBundle) newInput(t testing.TB, extra string) *outboxRetry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := newOutboxRetryFromParsed(conf, service.MockResources())
+	// Each input is the dispatcher of a stream of its own, unless the test
+	// builds another component on b.res itself.
+	res := b.res
+	if hub, _ := dispatch.HubFor(res, b.dsn); hub.Dispatcher() != nil {
+		res = service.MockResources()
+	}
+	in, err := newOutboxRetryFromParsed(conf, res)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,29 +189,29 @@ func TestOutboxRetry(t *testing.T) {
 		}
 		for i, m := range batch {
 			s := b.row(t, ids[i])
-			if got := metaInt(t, m, metaOutboxID); got != ids[i] {
+			if got := metaInt(t, m, msgmeta.OutboxID); got != ids[i] {
 				t.Errorf("message %d: outbox_id %d, want %d", i, got, ids[i])
 			}
-			if s.Status != "IN_PROGRESS" || s.ClaimToken == nil || meta(t, m, metaClaimToken) != *s.ClaimToken ||
+			if s.Status != "IN_PROGRESS" || s.ClaimToken == nil || meta(t, m, msgmeta.ClaimToken) != *s.ClaimToken ||
 				s.ClaimedBy == nil || *s.ClaimedBy != "dispatcher-1" {
-				t.Errorf("message %d: row %+v, claim_token %q", i, s, meta(t, m, metaClaimToken))
+				t.Errorf("message %d: row %+v, claim_token %q", i, s, meta(t, m, msgmeta.ClaimToken))
 			}
-			if metaInt(t, m, metaAttempt) != 1 || meta(t, m, metaAttempt) != "1" {
-				t.Errorf("message %d: attempt %v", i, meta(t, m, metaAttempt))
+			if metaInt(t, m, msgmeta.Attempt) != 1 || meta(t, m, msgmeta.Attempt) != "1" {
+				t.Errorf("message %d: attempt %v", i, meta(t, m, msgmeta.Attempt))
 			}
-			if meta(t, m, metaMessageKey) == "" || meta(t, m, metaAPIType) != "VEHICLE_EVENT" ||
-				meta(t, m, metaKafkaTopic) != "device-vehicle-event" || metaInt(t, m, metaKafkaPartition) != 2 {
+			if meta(t, m, msgmeta.MessageKey) == "" || meta(t, m, msgmeta.APIType) != "VEHICLE_EVENT" ||
+				meta(t, m, msgmeta.KafkaTopic) != "device-vehicle-event" || metaInt(t, m, msgmeta.KafkaPartition) != 2 {
 				t.Errorf("message %d: metadata", i)
 			}
-			createdMs, leaseMs := metaInt(t, m, metaCreatedAtMs), metaInt(t, m, metaLeaseExpiresAtMs)
+			createdMs, leaseMs := metaInt(t, m, msgmeta.CreatedAtMs), metaInt(t, m, msgmeta.LeaseExpiresAtMs)
 			if createdMs != created.UnixMilli() || leaseMs < createdMs+89_000 {
 				t.Errorf("message %d: created %d (want %d), lease ends %d", i, createdMs, created.UnixMilli(), leaseMs)
 			}
 		}
-		if k := meta(t, batch[0], metaKafkaKey); k != "key-1" {
+		if k := meta(t, batch[0], msgmeta.KafkaKey); k != "key-1" {
 			t.Errorf("kafka_key %q", k)
 		}
-		if k := meta(t, batch[2], metaKafkaKey); k != "" {
+		if k := meta(t, batch[2], msgmeta.KafkaKey); k != "" {
 			t.Errorf("kafka_key of a keyless record %q, want empty", k)
 		}
 		if p, _ := batch[2].AsBytes(); string(p) != "\xff\x00\xc3" {
@@ -209,8 +220,8 @@ func TestOutboxRetry(t *testing.T) {
 		if err := ack(b.ctx, nil); err != nil {
 			t.Fatal(err)
 		}
-		if len(in.held) != 0 {
-			t.Errorf("%d rows still held after the ack", len(in.held))
+		if n := in.d.Ledger().Held(); n != 0 {
+			t.Errorf("%d rows still held after the ack", n)
 		}
 	})
 
@@ -245,9 +256,9 @@ func TestOutboxRetry(t *testing.T) {
 					}
 					mu.Lock()
 					for _, m := range batch {
-						id := metaInt(t, m, metaOutboxID)
+						id := metaInt(t, m, msgmeta.OutboxID)
 						seen[id] = append(seen[id], name)
-						tokens[id] = meta(t, m, metaClaimToken)
+						tokens[id] = meta(t, m, msgmeta.ClaimToken)
 					}
 					perPeer[name] += len(batch)
 					mu.Unlock()
@@ -297,7 +308,7 @@ func TestOutboxRetry(t *testing.T) {
 		rescuer := b.input(t, "instance_id: rescuer")
 
 		staleBatch, staleAck := read(t, vanished)
-		if len(staleBatch) != 1 || metaInt(t, staleBatch[0], metaAttempt) != 1 {
+		if len(staleBatch) != 1 || metaInt(t, staleBatch[0], msgmeta.Attempt) != 1 {
 			t.Fatalf("first claim: %d messages", len(staleBatch))
 		}
 		// The holder hangs past its lease.
@@ -305,14 +316,14 @@ func TestOutboxRetry(t *testing.T) {
 			t.Fatal(err)
 		}
 		batch, ack := read(t, rescuer)
-		if len(batch) != 1 || metaInt(t, batch[0], metaOutboxID) != id {
+		if len(batch) != 1 || metaInt(t, batch[0], msgmeta.OutboxID) != id {
 			t.Fatalf("rescuer got %d messages, want row %d", len(batch), id)
 		}
-		if a := metaInt(t, batch[0], metaAttempt); a != 2 {
+		if a := metaInt(t, batch[0], msgmeta.Attempt); a != 2 {
 			t.Fatalf("rescued attempt %d, want 2", a)
 		}
-		newToken := meta(t, batch[0], metaClaimToken)
-		if newToken == meta(t, staleBatch[0], metaClaimToken) {
+		newToken := meta(t, batch[0], msgmeta.ClaimToken)
+		if newToken == meta(t, staleBatch[0], msgmeta.ClaimToken) {
 			t.Fatal("rescue kept the stale claim token")
 		}
 		if logs := b.logStatuses(t, id); !slices.Equal(logs, []string{"LEASE_EXPIRED"}) {
@@ -346,7 +357,7 @@ func TestOutboxRetry(t *testing.T) {
 		}
 		in := b.input(t, "max_attempts: 2")
 		batch, _ := read(t, in)
-		if len(batch) != 1 || metaInt(t, batch[0], metaOutboxID) != ids[1] {
+		if len(batch) != 1 || metaInt(t, batch[0], msgmeta.OutboxID) != ids[1] {
 			t.Fatalf("got %d messages, want only row %d", len(batch), ids[1])
 		}
 		if s := b.row(t, ids[0]); s.Status != "FAILED" || s.AttemptCount != 2 {
@@ -361,8 +372,8 @@ func TestOutboxRetry(t *testing.T) {
 		idle := make(chan struct{}, 64)
 		// Only a notification can wake it: nothing is due and the poll is an hour.
 		in := b.newInput(t, "poll_interval: 1h")
-		in.onListen = func() { listening <- struct{}{} }
-		in.onIdle = func() { idle <- struct{}{} }
+		in.d.OnListen = func() { listening <- struct{}{} }
+		in.d.OnIdle = func() { idle <- struct{}{} }
 		if err := in.Connect(b.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -376,7 +387,6 @@ func TestOutboxRetry(t *testing.T) {
 				ack   service.AckFunc
 				err   error
 			}
-			drain(in.acked)
 			drainAll(idle)
 			got := make(chan result, 1)
 			ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
@@ -410,7 +420,7 @@ func TestOutboxRetry(t *testing.T) {
 			if r.err != nil {
 				t.Fatalf("round %d: the notification did not wake the input: %v", i, r.err)
 			}
-			if len(r.batch) != 1 || metaInt(t, r.batch[0], metaOutboxID) != id {
+			if len(r.batch) != 1 || metaInt(t, r.batch[0], msgmeta.OutboxID) != id {
 				t.Fatalf("round %d: got %d messages, want row %d", i, len(r.batch), id)
 			}
 			if err := r.ack(b.ctx, nil); err != nil {
@@ -439,8 +449,8 @@ func TestOutboxRetry(t *testing.T) {
 			t.Fatalf("logs %v, want the nacked attempt", logs)
 		}
 		again, ack2 := read(t, in)
-		if len(again) != 1 || metaInt(t, again[0], metaOutboxID) != id || metaInt(t, again[0], metaAttempt) != 2 ||
-			meta(t, again[0], metaClaimToken) == meta(t, batch[0], metaClaimToken) {
+		if len(again) != 1 || metaInt(t, again[0], msgmeta.OutboxID) != id || metaInt(t, again[0], msgmeta.Attempt) != 2 ||
+			meta(t, again[0], msgmeta.ClaimToken) == meta(t, batch[0], msgmeta.ClaimToken) {
 			t.Fatalf("after the nack got %d messages, want row %d at attempt 2 with a new token", len(again), id)
 		}
 		if err := ack2(b.ctx, nil); err != nil {
@@ -517,30 +527,6 @@ func TestOutboxRetry(t *testing.T) {
 		}
 	})
 
-	t.Run("ClaimRacingShutdownIsUndone", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		ids := b.insertDue(t, 5)
-		in := b.input(t, "")
-		res, err := in.claim(b.ctx, in.pool, 5)
-		if err != nil || len(res.Claimed) != 5 {
-			t.Fatalf("claim: %d rows, %v", len(res.Claimed), err)
-		}
-		ctx, cancel := context.WithCancel(b.ctx)
-		cancel() // shutdown began while the claim ran
-		if _, _, err := in.emit(ctx, in.pool, res.Claimed); !errors.Is(err, context.Canceled) {
-			t.Fatalf("emit after shutdown: %v, want context.Canceled", err)
-		}
-		for _, id := range ids {
-			if s := b.row(t, id); s.Status != "PENDING" || s.AttemptCount != 0 || !s.Due {
-				t.Fatalf("row %d: %+v, want PENDING at attempt 0: it was never sent", id, s)
-			}
-		}
-		if len(in.held) != 0 {
-			t.Fatalf("%d rows still held", len(in.held))
-		}
-	})
-
 	t.Run("ShutdownLeavesNothingInProgress", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -575,8 +561,8 @@ outbox_retry:
 				return errors.New("platform unreachable")
 			}
 			for _, m := range batch {
-				id, _ := m.MetaGetMut(metaOutboxID)
-				token, _ := m.MetaGet(metaClaimToken)
+				id, _ := m.MetaGetMut(msgmeta.OutboxID)
+				token, _ := m.MetaGet(msgmeta.ClaimToken)
 				if _, err := b.pool.Exec(ctx, `UPDATE forward_records
 					SET status = 'SUCCESS', next_retry_at = NULL, succeeded_at = now()
 					WHERE id = $1 AND claim_token::text = $2 AND status = 'IN_PROGRESS'`, id, token); err != nil {
@@ -643,12 +629,13 @@ func TestConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if in.batchSize != 100 || in.lease != time.Minute || in.pollInterval != 5*time.Second ||
-			in.maxUnacked != 300 || in.maxAttempts != 5 || in.nackDelay != 0 {
-			t.Fatalf("defaults %+v", in)
+		c := in.d.Config()
+		if c.BatchSize != 100 || c.Lease != time.Minute || c.PollInterval != 5*time.Second ||
+			c.MaxUnacked != 300 || c.MaxUnackedBytes != 64<<20 || c.MaxAttempts != 0 || in.d.MaxAttempts() != 5 || c.NackDelay != 0 {
+			t.Fatalf("defaults %+v (max attempts %d)", c, in.d.MaxAttempts())
 		}
-		if !strings.Contains(in.instanceID, "-") {
-			t.Fatalf("instance id %q, want host-pid", in.instanceID)
+		if !strings.Contains(c.Claimer, "-") {
+			t.Fatalf("instance id %q, want host-pid", c.Claimer)
 		}
 	})
 
@@ -661,6 +648,7 @@ func TestConfig(t *testing.T) {
 		{"MaxUnacked", "max_unacked: 0", "max_unacked"},
 		{"MaxAttempts", "max_attempts: 0", "max_attempts"},
 		{"NackDelay", "nack_delay: -1s", "nack_delay"},
+		{"MaxUnackedBytes", "max_unacked_bytes: lots", "max_unacked_bytes"},
 	} {
 		t.Run("Rejects"+c.name, func(t *testing.T) {
 			t.Parallel()
@@ -690,6 +678,7 @@ outbox_retry:
   poll_interval: 5s
   instance_id: a
   max_unacked: 2000
+  max_unacked_bytes: 16MiB
   max_attempts: 5
 `); err != nil {
 			t.Fatal(err)
@@ -763,11 +752,11 @@ func holdersOf(seen map[int64][]string) []string {
 func TestSurvivesDatabaseRestart(t *testing.T) {
 	t.Parallel()
 	c := pgtest.StartCluster(t)
-	b := &testBundle{ctx: context.Background(), dsn: pgtest.NewDBOn(t, c)}
+	b := &testBundle{ctx: context.Background(), dsn: pgtest.NewDBOn(t, c), res: service.MockResources()}
 
 	listens := make(chan struct{}, 16)
 	in := b.newInput(t, "poll_interval: 1h")
-	in.onListen = func() { listens <- struct{}{} }
+	in.d.OnListen = func() { listens <- struct{}{} }
 	if err := in.Connect(b.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -834,7 +823,7 @@ func TestSurvivesDatabaseRestart(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("no row claimed after the restart: %v", r.err)
 	}
-	if len(r.batch) != 1 || metaInt(t, r.batch[0], metaOutboxID) != id {
+	if len(r.batch) != 1 || metaInt(t, r.batch[0], msgmeta.OutboxID) != id {
 		t.Fatalf("got %d messages, want row %d", len(r.batch), id)
 	}
 }

@@ -36,12 +36,12 @@ func TestStartupChecks(t *testing.T) {
 		{
 			name: "EmptyAccessName",
 			yaml: "dsn: " + testDSN + "\nurl: " + testURL + "\naccess_name: ''\naccess_pwd: x",
-			want: "access_name is empty: set PLATFORM_ACCESS_NAME",
+			want: "access_name is not set: set the environment variable PLATFORM_ACCESS_NAME",
 		},
 		{
 			name: "MissingAccessPwd",
 			yaml: "dsn: " + testDSN + "\nurl: " + testURL + "\naccess_name: x",
-			want: "access_pwd is empty: set PLATFORM_ACCESS_PWD",
+			want: "access_pwd is not set: set the environment variable PLATFORM_ACCESS_PWD",
 		},
 		{
 			name: "TimeoutNotBelowLease",

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
@@ -199,13 +200,13 @@ func (b *testBundle) makeDue(t testing.TB, id int64) {
 // message is what outbox_retry plus the mapping would hand the output.
 func message(r outboxdb.ClaimedRow, body string) *service.Message {
 	msg := service.NewMessage([]byte(body))
-	msg.MetaSetMut(metaOutboxID, r.ID)
-	msg.MetaSetMut(metaClaimToken, r.ClaimToken)
-	msg.MetaSetMut(metaAttempt, int64(r.AttemptCount))
-	msg.MetaSetMut(metaAPIType, r.APIType)
-	msg.MetaSetMut(metaMessageKey, r.MessageKey)
-	msg.MetaSetMut(metaCreatedAtMs, r.CreatedAt.UnixMilli())
-	msg.MetaSetMut(metaLeaseExpiresAtMs, r.LeaseExpiresAt.UnixMilli())
+	msg.MetaSetMut(msgmeta.OutboxID, r.ID)
+	msg.MetaSetMut(msgmeta.ClaimToken, r.ClaimToken)
+	msg.MetaSetMut(msgmeta.Attempt, int64(r.AttemptCount))
+	msg.MetaSetMut(msgmeta.APIType, r.APIType)
+	msg.MetaSetMut(msgmeta.MessageKey, r.MessageKey)
+	msg.MetaSetMut(msgmeta.CreatedAtMs, r.CreatedAt.UnixMilli())
+	msg.MetaSetMut(msgmeta.LeaseExpiresAtMs, r.LeaseExpiresAt.UnixMilli())
 	msg.MetaSetMut("kafka_topic", r.KafkaTopic)
 	msg.MetaSetMut("kafka_partition", strconv.Itoa(int(r.KafkaPartition)))
 	msg.MetaSetMut("kafka_offset", r.KafkaOffset)

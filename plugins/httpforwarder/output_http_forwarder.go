@@ -1,19 +1,20 @@
-// Package httpforwarder holds the http_forwarder output: it POSTs claimed outbox
-// rows to the parking platform, classifies each reply with expr rules and
-// records every outcome in PostgreSQL, fenced by the row's claim.
+// Package httpforwarder holds the http_forwarder output: it POSTs claimed
+// outbox rows to the parking platform, classifies each reply with expr rules
+// and records every outcome in PostgreSQL, fenced by the row's claim.
+//
+// The output is an adapter: transport.go makes the requests (credentials,
+// timeouts, reading and redacting replies), outcome.go decides what a reply
+// means for its row (pure), and the stream's dispatch engine
+// (internal/dispatch) knows the leases and takes the results.
 package httpforwarder
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"strconv"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,19 +23,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
-	"github.com/forwarder/forwarder/internal/handoff"
+	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/lograte"
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 const (
-	hfFieldDSN              = "dsn"
 	hfFieldURL              = "url"
 	hfFieldHeaders          = "headers"
 	hfFieldTimeout          = "timeout"
 	hfFieldMaxInFlight      = "max_in_flight"
 	hfFieldTLS              = "tls"
 	hfFieldAccessName       = "access_name"
+	hfFieldAccessNameEnv    = "access_name_env"
 	hfFieldAccessPwd        = "access_pwd"
+	hfFieldAccessPwdEnv     = "access_pwd_env"
 	hfFieldRules            = "rules"
 	hfFieldRuleWhen         = "when"
 	hfFieldRuleOutcome      = "outcome"
@@ -48,40 +52,31 @@ const (
 	hfFieldBatching         = "batching"
 )
 
-// Metadata read from each message, as set by the outbox_retry input.
 const (
-	metaOutboxID         = "outbox_id"
-	metaClaimToken       = "claim_token"
-	metaAttempt          = "attempt"
-	metaAPIType          = "api_type"
-	metaMessageKey       = "message_key"
-	metaCreatedAtMs      = "outbox_created_at_ms"
-	metaLeaseExpiresAtMs = "lease_expires_at_ms"
-)
-
-const (
-	// maxResponseBytes of a reply are read and classified; a longer reply is
-	// not parsed (body is nil).
-	maxResponseBytes = 64 << 10
-	// maxDrainBytes more are read and discarded so the connection can be
-	// reused; past that it is closed.
-	maxDrainBytes = 256 << 10
-	// maxSnippetBytes of a reply are quoted in last_error.
-	maxSnippetBytes = 512
 	// recordTimeout bounds the retries of the result write, which stop
 	// earlier when a claim of the batch ends first (past it the write could
 	// no longer match). It runs even when the batch's context is cancelled:
 	// the requests were made and must be recorded, or they are sent again.
 	recordTimeout = 15 * time.Second
-	// resultMargin is the lease kept, beyond the request timeout, for writing
-	// the result: a request is not started unless timeout + resultMargin of
-	// the claim remain, so a slow reply recorded late cannot lose its claim
-	// to another instance that would send the message again.
+	// resultMargin is the lease kept, beyond a request, for writing its
+	// result when leases are not being renewed: a request is cut to the
+	// lease left minus this, so that a slow reply recorded late does not
+	// lose its claim to another instance that would send the message again.
 	resultMargin = time.Second
+	// minRequest is the shortest request worth making: with less lease left
+	// than this plus resultMargin, the claim is given back unsent.
+	minRequest = 100 * time.Millisecond
 	// recordRetryMax caps the pause between two tries of the result write.
 	recordRetryMax = 2 * time.Second
 
 	defaultTimeout = "10s"
+)
+
+// Reasons a claim goes back unsent, as counted.
+const (
+	returnedLease    = "lease"
+	returnedStopping = "stopping"
+	returnedLost     = "lost"
 )
 
 func httpForwarderSpec() *service.ConfigSpec {
@@ -104,7 +99,7 @@ For each message the output adds the credentials `+"`access_name`"+` and `+"`acc
 
 A message flagged with an error (a failed mapping) is never sent: its row becomes FAILED with `+"`last_error`"+` set to `+"`mapping: <error>`"+`, and so does a message whose mapped body is not a JSON object.
 
-A message whose claim lease (`+"`lease_expires_at_ms`"+`) would end before its request could time out is not sent either: its claim is undone (the row goes back to PENDING, due at once, and the attempt is not counted), so that no request outlives its claim. So is a message still waiting for a request slot when the output stops.
+The claim of each message must hold until its result is written. The stream's `+"`outbox_retry`"+` input renews the leases of the rows it holds, so a request may take its whole `+"`timeout`"+`; a row whose claim that input found lost (another instance took it) is not sent. When leases cannot be renewed (the database is unreachable) a request is cut to the lease left, and a message with too little lease left is given back unsent: the row goes back to PENDING, due at once, without spending an attempt — at most three times in a row, after which the give-back counts as an attempt, so that no row is returned forever. So is a message still waiting for a request slot when the output stops (that give-back never counts). Give-backs are counted in `+"`forwarder_claims_returned_total{reason}`"+` and logged once per burst.
 
 All outcomes of a batch are written in one statement: each row's status, `+"`next_retry_at`"+`, `+"`last_http_status`"+`, `+"`last_error`"+` (and `+"`succeeded_at`"+`), plus one `+"`forward_retry_logs`"+` row per attempt. The write is fenced by the claim token: a row that was claimed again by someone else after its lease ran out is left alone. A retryable platform failure is a recorded PENDING row, not an error: the batch is acknowledged once its outcomes are recorded, and fails only when the database write does.
 
@@ -117,6 +112,7 @@ All writes of this output share one pool of `+"`max_in_flight`"+` request slots,
 - `+"`forwarder_end_to_end_latency_seconds{api_type}`"+`: from row creation to its recorded SUCCESS.
 - `+"`forwarder_mapping_errors_total{api_type}`"+`: messages not sent because their mapping failed.
 - `+"`forwarder_semaphore_available_permits`"+`: free request slots.
+- `+"`forwarder_claims_returned_total{reason}`"+`: claims given back unsent (`+"`lease`"+`, `+"`stopping`"+`) or not sent because they were lost (`+"`lost`"+`).
 
 == Rule expressions
 
@@ -128,11 +124,8 @@ Rules are https://expr-lang.org[expr^] expressions, compiled at start-up (and by
 - `+"`error`"+` (string): the transport error (timeout, refused connection), empty when a reply came.
 
 Setting `+"`rules`"+` replaces the defaults, which implement the platform's contract: errcode "4" (string or number) is a duplicate, errcode "998" must not be resent, result 0 is a success, everything else is retried.`).
+		Fields(dispatch.DSNFields()...).
 		Fields(
-			service.NewStringField(hfFieldDSN).
-				Description("PostgreSQL connection string (libpq URL or key=value) of the outbox, where outcomes are recorded.").
-				Example("postgres://forwarder@localhost:5432/forwarder?sslmode=disable").
-				Secret(),
 			service.NewInterpolatedStringField(hfFieldURL).
 				Description("The URL to POST each message to, interpolated per message.").
 				Example(`${PLATFORM_URL}${! if meta("api_type") == "HEARTBEAT" { "/mch/heartbeat" } else { "/mch/business" } }`),
@@ -142,20 +135,28 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				Default(map[string]any{}).
 				Advanced(),
 			service.NewDurationField(hfFieldTimeout).
-				Description("Limit on one request, from connecting to the last byte of the reply (`FORWARD_TIMEOUT`). Must be less than `lease`.").
+				Description("Limit on one request, from connecting to the last byte of the reply (`FORWARD_TIMEOUT`). Must be less than the `lease` of the stream's `outbox_retry` input (`CLAIM_LEASE`).").
 				Default(defaultTimeout),
 			service.NewIntField(hfFieldMaxInFlight).
 				Description("Requests in flight at once, over all batches of this output (`FORWARD_MAX_IN_FLIGHT`). Also the number of concurrent batches and of idle keep-alive connections kept.").
 				Default(100),
 			service.NewTLSToggledField(hfFieldTLS),
 			service.NewStringField(hfFieldAccessName).
-				Description("The platform's `access_name`, added to every request body (`PLATFORM_ACCESS_NAME`). Required at start-up; `forwarder lint` passes without it.").
-				Default("").
-				Secret(),
+				Description("The platform's `access_name`, added to every request body. Leave it unset to read it from the environment variable named by `access_name_env`: a value pasted into the config by `${...}` interpolation is parsed as YAML, which breaks or cuts values holding characters such as `#`, `*`, `!` or `: `. Required at start-up; `forwarder lint` passes without it.").
+				Secret().
+				Optional(),
+			service.NewStringField(hfFieldAccessNameEnv).
+				Description("The environment variable holding `access_name`, read as is (any byte works) when `access_name` is not set.").
+				Default("PLATFORM_ACCESS_NAME").
+				Advanced(),
 			service.NewStringField(hfFieldAccessPwd).
-				Description("The platform's `access_pwd`, added to every request body (`PLATFORM_ACCESS_PWD`). Required at start-up; `forwarder lint` passes without it.").
-				Default("").
-				Secret(),
+				Description("The platform's `access_pwd`, added to every request body. Leave it unset to read it from the environment variable named by `access_pwd_env` (see `access_name`). Required at start-up; `forwarder lint` passes without it.").
+				Secret().
+				Optional(),
+			service.NewStringField(hfFieldAccessPwdEnv).
+				Description("The environment variable holding `access_pwd`, read as is (any byte works) when `access_pwd` is not set.").
+				Default("PLATFORM_ACCESS_PWD").
+				Advanced(),
 			service.NewObjectListField(hfFieldRules,
 				service.NewStringField(hfFieldRuleWhen).
 					Description("An expr expression over `status`, `headers`, `body` and `error` that must give a boolean.").
@@ -184,26 +185,23 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 					Default(5),
 			).Description("The retry schedule of rows whose reply is retryable."),
 			service.NewStringField(hfFieldLease).
-				Description("The claim lease of the feeding `outbox_retry` input (`CLAIM_LEASE`). When set, start-up fails unless `timeout` is less than it, so that a request never outlives its claim. Empty means unchecked.").
+				Description("The claim lease of the feeding `outbox_retry` input, for an output whose input is in another stream. When set, start-up fails unless `timeout` is less than it. An `outbox_retry` input in the same stream is checked against without it.").
 				Example("60s").
-				Default(""),
+				Default("").
+				Advanced(),
 			service.NewBatchPolicyField(hfFieldBatching),
 		).
 		LintRule(leaseLintRule).
-		Example("Forward to the platform", "The output of `pipelines/forwarder.yaml`: every tunable from the environment.", exampleForwardYAML).
+		Example("Forward to the platform", "The output of `pipelines/forwarder.yaml`: every tunable from the environment; the database and the credentials are read from `DATABASE_URL`, `PLATFORM_ACCESS_NAME` and `PLATFORM_ACCESS_PWD` directly.", exampleForwardYAML).
 		Example("Custom rules", "A platform that answers `{\"code\": \"OK\"}`, reports duplicates with a 409 and rejects with a 400 or 422.", exampleRulesYAML)
 }
 
 const exampleForwardYAML = `
 output:
   http_forwarder:
-    dsn: ${DATABASE_URL:postgres://localhost:5432/forwarder}
     url: '${PLATFORM_URL:http://localhost:8080}${! if meta("api_type") == "HEARTBEAT" { "/mch/heartbeat" } else { "/mch/business" } }'
     timeout: ${FORWARD_TIMEOUT:10s}
     max_in_flight: ${FORWARD_MAX_IN_FLIGHT:100}
-    access_name: ${PLATFORM_ACCESS_NAME:}
-    access_pwd: ${PLATFORM_ACCESS_PWD:}
-    lease: ${CLAIM_LEASE:60s}
     retry:
       initial: ${FORWARD_RETRY_INITIAL:5s}
       max: ${FORWARD_RETRY_MAX:300s}
@@ -213,10 +211,7 @@ output:
 const exampleRulesYAML = `
 output:
   http_forwarder:
-    dsn: ${DATABASE_URL:postgres://localhost:5432/forwarder}
     url: ${PLATFORM_URL:http://localhost:8080}/events
-    access_name: ${PLATFORM_ACCESS_NAME:}
-    access_pwd: ${PLATFORM_ACCESS_PWD:}
     rules:
       - when: 'status == 200 && body?.code == "OK"'
         outcome: success
@@ -252,25 +247,21 @@ func init() {
 // httpForwarder is the http_forwarder output.
 type httpForwarder struct {
 	log *service.Logger
+	hub *dispatch.Hub
 
-	dsn     string
 	url     *service.InterpolatedString
 	headers map[string]*service.InterpolatedString
 	// staticHeader is shared by every request when no header is
 	// interpolated (the client never changes a request's headers).
 	staticHeader http.Header
 	timeout      time.Duration
-	rules        ruleSet
-	backoff      backoff
-	maxAttempts  int
-	rnd          func() float64
+	// lease, when set, is the claim lease of an input in another stream.
+	lease time.Duration
 
-	transport *http.Transport
-	client    *http.Client
+	policy    policy
+	transport *transport
 	sem       *semaphore
-	// credPrefix opens every request body: `{"access_name":…,"access_pwd":…`.
-	credPrefix []byte
-	scrubber   *strings.Replacer
+	returns   *lograte.Burst
 
 	connMu sync.Mutex
 	pool   atomic.Pointer[pgxpool.Pool]
@@ -279,18 +270,12 @@ type httpForwarder struct {
 	mLatency       *service.MetricTimer
 	mEndToEnd      *service.MetricTimer
 	mMappingErrors *service.MetricCounter
+	mReturned      *service.MetricCounter
 }
 
 func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resources) (*httpForwarder, error) {
-	h := &httpForwarder{log: mgr.Logger(), rnd: rand.Float64}
+	h := &httpForwarder{log: mgr.Logger()}
 	var err error
-
-	if h.dsn, err = conf.FieldString(hfFieldDSN); err != nil {
-		return nil, err
-	}
-	if _, err := outboxdb.ParsePoolConfig(h.dsn, outboxdb.PoolConfig{}); err != nil {
-		return nil, fmt.Errorf("field %s: %w", hfFieldDSN, err)
-	}
 	if h.url, err = conf.FieldInterpolatedString(hfFieldURL); err != nil {
 		return nil, err
 	}
@@ -312,8 +297,13 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	if h.timeout <= 0 {
 		return nil, fmt.Errorf("field %s: must be positive, got %v", hfFieldTimeout, h.timeout)
 	}
-	if err := checkLease(conf, h.timeout); err != nil {
+	if h.lease, err = parseLease(conf); err != nil {
 		return nil, err
+	}
+	if h.lease > 0 {
+		if err := leaseError(h.timeout, h.lease); err != nil {
+			return nil, err
+		}
 	}
 	maxInFlight, err := conf.FieldInt(hfFieldMaxInFlight)
 	if err != nil {
@@ -322,57 +312,36 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	if maxInFlight < 1 {
 		return nil, fmt.Errorf("field %s: must be at least 1, got %d", hfFieldMaxInFlight, maxInFlight)
 	}
-
-	name, err := conf.FieldString(hfFieldAccessName)
+	name, err := secretField(conf, hfFieldAccessName, hfFieldAccessNameEnv)
 	if err != nil {
 		return nil, err
 	}
-	pwd, err := conf.FieldString(hfFieldAccessPwd)
+	pwd, err := secretField(conf, hfFieldAccessPwd, hfFieldAccessPwdEnv)
 	if err != nil {
 		return nil, err
 	}
-	if name == "" {
-		return nil, errors.New("access_name is empty: set PLATFORM_ACCESS_NAME")
-	}
-	if pwd == "" {
-		return nil, errors.New("access_pwd is empty: set PLATFORM_ACCESS_PWD")
-	}
-	h.credPrefix, h.scrubber = credentials(name, pwd)
-
-	if h.rules, err = parseRules(conf); err != nil {
+	if h.policy.rules, err = parseRules(conf); err != nil {
 		return nil, err
 	}
-	if h.backoff, h.maxAttempts, err = parseRetry(conf); err != nil {
+	if h.policy.backoff, h.policy.maxAttempts, err = parseRetry(conf); err != nil {
 		return nil, err
 	}
-
+	h.policy.rnd = rand.Float64
 	tlsConf, tlsEnabled, err := conf.FieldTLSToggled(hfFieldTLS)
 	if err != nil {
 		return nil, err
 	}
-	// HTTP/1.1 with keep-alive and as many idle connections as slots: Go's
-	// default of 2 idle connections per host cost 15-20 % at 64 in flight,
-	// and cleartext HTTP/2 was 35-50 % slower than HTTP/1.1 on loopback.
-	protocols := new(http.Protocols)
-	protocols.SetHTTP1(true)
-	h.transport = &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: h.timeout, KeepAlive: 30 * time.Second}).DialContext,
-		Protocols:             protocols,
-		MaxIdleConns:          maxInFlight,
-		MaxIdleConnsPerHost:   maxInFlight,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   h.timeout,
-		ExpectContinueTimeout: time.Second,
+	if !tlsEnabled {
+		tlsConf = nil
 	}
-	if tlsEnabled {
-		h.transport.TLSClientConfig = tlsConf
+	h.transport = newTransport(h.timeout, maxInFlight, tlsConf, name, pwd)
+	h.transport.copyHeaders = h.policy.rules.usesHeaders
+
+	if h.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
+		return nil, err
 	}
-	h.client = &http.Client{
-		Transport: h.transport,
-		// A redirect is classified like any reply, never followed: following
-		// it would send the credentials in the body to another address.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	if err := h.hub.SetOutput(dispatch.OutputInfo{Timeout: h.timeout, MaxAttempts: h.policy.maxAttempts}); err != nil {
+		return nil, err
 	}
 
 	m := mgr.Metrics()
@@ -380,21 +349,45 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	h.mLatency = m.NewTimer("forwarder_forward_latency_seconds", "api_type")
 	h.mEndToEnd = m.NewTimer("forwarder_end_to_end_latency_seconds", "api_type")
 	h.mMappingErrors = m.NewCounter("forwarder_mapping_errors_total", "api_type")
+	h.mReturned = m.NewCounter("forwarder_claims_returned_total", "reason")
 	h.sem = newSemaphore(maxInFlight, m.NewGauge("forwarder_semaphore_available_permits"))
+	h.returns = lograte.New(h.log, 10*time.Second)
 	return h, nil
 }
 
-// checkLease enforces CONTRACT §3: CLAIM_LEASE must exceed FORWARD_TIMEOUT.
-func checkLease(conf *service.ParsedConfig, timeout time.Duration) error {
+// secretField reads a credential: the field when set, else the environment
+// variable the *_env field names, read as is. Its absence is an error naming
+// the variable; its value never appears anywhere.
+func secretField(conf *service.ParsedConfig, field, envField string) (string, error) {
+	if conf.Contains(field) {
+		v, err := conf.FieldString(field)
+		if err != nil {
+			return "", err
+		}
+		if v != "" {
+			return v, nil
+		}
+	}
+	name, err := conf.FieldString(envField)
+	if err != nil {
+		return "", err
+	}
+	if v := os.Getenv(name); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s is not set: set the environment variable %s (or the field %s)", field, name, field)
+}
+
+func parseLease(conf *service.ParsedConfig) (time.Duration, error) {
 	s, err := conf.FieldString(hfFieldLease)
 	if err != nil || s == "" {
-		return err
+		return 0, err
 	}
 	lease, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("field %s: %q is not a duration: %w", hfFieldLease, s, err)
+		return 0, fmt.Errorf("field %s: %q is not a duration: %w", hfFieldLease, s, err)
 	}
-	return leaseError(timeout, lease)
+	return lease, nil
 }
 
 func leaseError(timeout, lease time.Duration) error {
@@ -453,30 +446,20 @@ func parseRetry(conf *service.ParsedConfig) (b backoff, maxAttempts int, err err
 	return
 }
 
-// credentials builds the request body prefix that carries them and a
-// replacer that blanks them (raw and JSON-escaped) out of any text.
-func credentials(name, pwd string) (prefix []byte, scrubber *strings.Replacer) {
-	qName, _ := json.Marshal(name)
-	qPwd, _ := json.Marshal(pwd)
-	prefix = fmt.Appendf(nil, `{"access_name":%s,"access_pwd":%s`, qName, qPwd)
-	var pairs []string
-	for _, s := range []string{name, pwd, string(qName[1 : len(qName)-1]), string(qPwd[1 : len(qPwd)-1])} {
-		if s != "" {
-			pairs = append(pairs, s, "[redacted]")
-		}
-	}
-	return prefix, strings.NewReplacer(pairs...)
-}
-
-// Connect opens the database pool; it is safe to call again.
+// Connect takes the stream's pool for this database (creating or upgrading
+// the schema); it is safe to call again.
 func (h *httpForwarder) Connect(ctx context.Context) error {
 	h.connMu.Lock()
 	defer h.connMu.Unlock()
 	if h.pool.Load() != nil {
 		return nil
 	}
-	pool, err := outboxdb.OpenMigrated(ctx, h.dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-http-forwarder", NoSeqScan: true})
+	pool, err := h.hub.Retain()
 	if err != nil {
+		return err
+	}
+	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+		h.hub.Release()
 		return err
 	}
 	h.pool.Store(pool)
@@ -485,7 +468,7 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 
 // attempt is one message of a batch on its way through the output.
 type attempt struct {
-	meta   rowMeta
+	claim  msgmeta.Claim
 	url    string
 	header http.Header
 	body   []byte
@@ -493,11 +476,23 @@ type attempt struct {
 	// not made and the rules see it as the transport error.
 	buildErr string
 
-	// done marks a message settled without a request (or interrupted).
-	done bool
+	// done marks a message settled without a request (or interrupted);
+	// skip one whose result must not be written at all (its claim was lost).
+	done, skip bool
 	// outcome is the rule outcome of the reply, "" when none was classified.
 	outcome string
 	result  outboxdb.Result
+}
+
+func (a *attempt) apiLabel() string {
+	if a.claim.APIType == "" {
+		return "unknown"
+	}
+	return a.claim.APIType
+}
+
+func (a *attempt) ref() outboxdb.ClaimRef {
+	return outboxdb.ClaimRef{ID: a.claim.ID, ClaimToken: a.claim.Token}
 }
 
 // WriteBatch sends the batch's messages concurrently within the shared
@@ -510,17 +505,16 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 	if pool == nil {
 		return service.ErrNotConnected
 	}
-
 	var batchErr *service.BatchError
 	atts := make([]*attempt, 0, len(batch))
 	seen := make(map[int64]struct{}, len(batch))
 	for i, msg := range batch {
-		meta, err := readRowMeta(msg)
+		c, err := msgmeta.ReadClaim(msg)
 		if err == nil {
-			if _, dup := seen[meta.id]; dup {
-				err = fmt.Errorf("outbox row %d appears twice in one batch", meta.id)
+			if _, dup := seen[c.ID]; dup {
+				err = fmt.Errorf("outbox row %d appears twice in one batch", c.ID)
 			}
-			seen[meta.id] = struct{}{}
+			seen[c.ID] = struct{}{}
 		}
 		if err != nil {
 			if batchErr == nil {
@@ -529,30 +523,31 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 			batchErr.Failed(i, err)
 			continue
 		}
-		a := &attempt{meta: meta}
+		a := &attempt{claim: c}
 		h.prepare(a, msg)
 		atts = append(atts, a)
 	}
 
+	d := h.hub.Dispatcher()
 	var wg sync.WaitGroup
 	for _, a := range atts {
 		if a.done {
 			continue
 		}
 		if err := h.sem.acquire(ctx); err != nil {
-			h.undo(a, "not sent: the output is stopping")
+			h.giveBack(a, returnedStopping, "not sent: the output is stopping")
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer h.sem.release()
-			h.send(ctx, a)
+			h.send(ctx, d, a)
 		}()
 	}
 	wg.Wait()
 
-	if err := h.record(ctx, pool, atts); err != nil {
+	if err := h.record(ctx, pool, d, atts); err != nil {
 		return err
 	}
 	if batchErr != nil {
@@ -565,9 +560,9 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 // sent.
 func (h *httpForwarder) prepare(a *attempt, msg *service.Message) {
 	fail := func(reason string) {
-		h.mMappingErrors.Incr(1, a.meta.apiLabel())
+		h.mMappingErrors.Incr(1, a.apiLabel())
 		a.done = true
-		a.result = outboxdb.Result{Status: outboxdb.StatusFailed, Error: h.scrub(reason)}
+		a.result = outboxdb.Result{Status: outboxdb.StatusFailed, Class: outboxdb.ClassInvalid, Error: h.transport.redact.text(reason)}
 	}
 	if merr := msg.GetError(); merr != nil {
 		reason := merr.Error()
@@ -582,7 +577,7 @@ func (h *httpForwarder) prepare(a *attempt, msg *service.Message) {
 		fail("mapping: reading the mapped body: " + err.Error())
 		return
 	}
-	if a.body, err = h.requestBody(raw); err != nil {
+	if a.body, err = h.transport.body(raw); err != nil {
 		fail("mapping: " + err.Error())
 		return
 	}
@@ -606,175 +601,107 @@ func (h *httpForwarder) prepare(a *attempt, msg *service.Message) {
 	}
 }
 
-// requestBody adds the credentials as the first keys of the mapped JSON
-// object, without re-encoding it.
-func (h *httpForwarder) requestBody(mapped []byte) ([]byte, error) {
-	rest := bytes.TrimLeft(mapped, " \t\r\n")
-	if len(rest) == 0 || rest[0] != '{' {
-		return nil, errors.New("the mapped body is not a JSON object")
+// requestTimeout is how long the request of a may take, or 0 when it must
+// not be sent: its claim was lost (skip), or too little of its lease is
+// left (give back). While the dispatcher renews leases the request may take
+// the whole timeout; otherwise it is cut to the lease left minus the time
+// kept for writing the result.
+func (h *httpForwarder) requestTimeout(d *dispatch.Dispatcher, a *attempt) time.Duration {
+	deadline := a.claim.LeaseExpiresAt
+	if d != nil {
+		state, held, renewing := d.LeaseFor(a.ref())
+		switch state {
+		case dispatch.LeaseLost:
+			a.done, a.skip = true, true
+			h.mReturned.Incr(1, returnedLost)
+			h.returns.Warn(returnedLost, "not sent: the claim was lost (another instance took the row after its lease ran out); its result is not written here")
+			return 0
+		case dispatch.LeaseHeld:
+			if renewing {
+				return h.timeout
+			}
+			deadline = held
+		}
+	} else if h.lease > 0 && deadline.IsZero() {
+		return h.timeout
 	}
-	rest = rest[1:]
-	out := make([]byte, 0, len(h.credPrefix)+1+len(rest))
-	out = append(out, h.credPrefix...)
-	if inner := bytes.TrimLeft(rest, " \t\r\n"); len(inner) > 0 && inner[0] != '}' {
-		out = append(out, ',')
+	if deadline.IsZero() {
+		return h.timeout
 	}
-	return append(out, rest...), nil
+	left := time.Until(deadline) - resultMargin
+	if left < minRequest {
+		h.giveBack(a, returnedLease, fmt.Sprintf("not sent: the claim lease ends in %v and cannot be renewed, too soon for a request and its result", time.Until(deadline).Round(time.Millisecond)))
+		a.result.ForLease = true
+		return 0
+	}
+	return min(h.timeout, left)
 }
 
 // send makes one request, holding a slot, and turns its reply into a result.
-func (h *httpForwarder) send(ctx context.Context, a *attempt) {
-	if until := time.Until(a.meta.leaseExpires); !a.meta.leaseExpires.IsZero() && until < h.timeout+resultMargin {
-		h.undo(a, fmt.Sprintf("not sent: the claim lease ends in %v, before the %v request timeout and the result write could", until.Round(time.Millisecond), h.timeout))
+func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *attempt) {
+	timeout := h.requestTimeout(d, a)
+	if timeout == 0 {
 		return
 	}
-
 	start := time.Now()
-	env, raw, retryAfterHeader := h.do(ctx, a)
-	took := time.Since(start)
-	if ctx.Err() != nil && env.Status == 0 {
-		// Stopping, not a platform failure. The request may have reached the
-		// platform, so the attempt counts; the row is due again at once.
-		a.done = true
-		a.result = outboxdb.Result{Status: outboxdb.StatusPending, Sent: true, Duration: took,
-			Error: "not finished: the output stopped during the request"}
-		return
-	}
-
-	outcome, ruleIdx, runErr := h.rules.classify(&env)
-	if runErr != nil {
-		h.log.Debugf("outbox row %d: %v", a.meta.id, runErr)
-	}
-	api := a.meta.apiLabel()
-	h.mAttempts.Incr(1, api, outcome)
-	h.mLatency.Timing(took.Nanoseconds(), api)
-
-	a.outcome = outcome
-	a.result = outboxdb.Result{
-		Sent:            a.buildErr == "",
-		Duration:        took,
-		HTTPStatus:      env.Status,
-		PlatformErrcode: platformErrcode(env.Body),
-	}
-	switch outcome {
-	case outcomeSuccess, outcomeDuplicate:
-		a.result.Status = outboxdb.StatusSuccess
-		return
-	}
-	what := h.scrub(describeReply(env, raw))
-	switch outcome {
-	case outcomeNoRetry:
-		a.result.Status = outboxdb.StatusFailed
-		a.result.Error = fmt.Sprintf("not retried (rules[%d] no_retry): %s", ruleIdx, what)
-	default:
-		if a.meta.attempt >= h.maxAttempts {
-			a.result.Status = outboxdb.StatusFailed
-			a.result.Error = fmt.Sprintf("giving up after %d attempts: %s", a.meta.attempt, what)
-			break
-		}
-		a.result.Status = outboxdb.StatusPending
-		a.result.RetryIn = h.retryDelay(a.meta.attempt, env.Status, retryAfterHeader)
-		a.result.Error = what
-	}
-}
-
-// do makes the request and reads the reply, within the request timeout. raw
-// is the start of the reply's body.
-func (h *httpForwarder) do(ctx context.Context, a *attempt) (env ruleEnv, raw []byte, retryAfterHeader string) {
+	var r response
 	if a.buildErr != "" {
-		env.Error = h.scrub(a.buildErr)
+		r.Err = h.transport.redact.text(a.buildErr)
+	} else {
+		r = h.transport.do(ctx, a.url, a.header, a.body, timeout)
+	}
+	took := time.Since(start)
+	if r.Stopped {
+		// Stopping, not a platform failure. The request may have reached
+		// the platform, so the attempt counts; the row is due again at once.
+		a.done = true
+		a.result = outboxdb.Result{Status: outboxdb.StatusPending, Sent: true, Duration: took, Error: r.Err}
 		return
 	}
-	reqCtx, cancel := context.WithTimeout(ctx, h.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, a.url, bytes.NewReader(a.body))
-	if err != nil {
-		env.Error = h.scrub("building the request: " + err.Error())
-		return
+	dec := h.policy.decide(r, a.claim.Attempt, took, time.Now())
+	if dec.RuleErr != nil {
+		h.log.Debugf("outbox row %d: %v", a.claim.ID, dec.RuleErr)
 	}
-	req.Header = a.header
-	resp, err := h.client.Do(req)
-	if err != nil {
-		env.Error = h.transportError(ctx, reqCtx, err)
-		return
-	}
-	defer resp.Body.Close()
-	env.Status = resp.StatusCode
-	retryAfterHeader = resp.Header.Get("Retry-After")
-	if h.rules.usesHeaders {
-		env.Headers = make(map[string]string, len(resp.Header))
-		for k, vs := range resp.Header {
-			if len(vs) > 0 {
-				env.Headers[k] = vs[0]
-			}
-		}
-	}
-
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
-	if err != nil {
-		env.Error = "reading the reply: " + h.transportError(ctx, reqCtx, err)
-	}
-	truncated := len(b) > maxResponseBytes
-	if truncated {
-		b = b[:maxResponseBytes]
-		// Drain a little more so the connection can be reused; a reply
-		// longer than that closes it.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrainBytes))
-	}
-	if err == nil && !truncated && len(b) > 0 {
-		var v any
-		if json.Unmarshal(b, &v) == nil {
-			env.Body = v
-		}
-	}
-	return env, b, retryAfterHeader
+	api := a.apiLabel()
+	h.mAttempts.Incr(1, api, dec.Outcome)
+	h.mLatency.Timing(took.Nanoseconds(), api)
+	a.outcome = dec.Outcome
+	a.result = dec.Result
+	a.result.Sent = a.buildErr == ""
 }
 
-func (h *httpForwarder) transportError(ctx, reqCtx context.Context, err error) string {
-	if ctx.Err() == nil && errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
-		return fmt.Sprintf("request timed out after %v", h.timeout)
-	}
-	return h.scrub(err.Error())
-}
-
-// undo gives a claim back unsent: the row is due again at once and the
+// giveBack settles a claim unsent: the row is due again at once and the
 // attempt does not count (otherwise a row on its last attempt would be failed
 // by the next claim without ever being sent).
-func (h *httpForwarder) undo(a *attempt, why string) {
+func (h *httpForwarder) giveBack(a *attempt, reason, why string) {
 	a.done = true
 	a.result = outboxdb.Result{Status: outboxdb.StatusPending, Undo: true, Error: why}
+	h.mReturned.Incr(1, reason)
+	h.returns.Warn(reason, why)
 }
-
-func (h *httpForwarder) retryDelay(attempt, status int, retryAfterHeader string) time.Duration {
-	if honoursRetryAfter(status) {
-		if d, ok := retryAfter(retryAfterHeader, time.Now()); ok {
-			return min(d, h.backoff.max)
-		}
-	}
-	return h.backoff.delay(attempt, h.rnd())
-}
-
-func (h *httpForwarder) scrub(s string) string { return h.scrubber.Replace(s) }
 
 // record writes the batch's outcomes, then logs and counts the recorded ones.
-func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, atts []*attempt) error {
-	if len(atts) == 0 {
-		return nil
+func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, d *dispatch.Dispatcher, atts []*attempt) error {
+	results := make([]outboxdb.Result, 0, len(atts))
+	for _, a := range atts {
+		if a.skip {
+			continue
+		}
+		r := a.result
+		r.ID, r.ClaimToken = a.claim.ID, a.claim.Token
+		results = append(results, r)
 	}
-	results := make([]outboxdb.Result, len(atts))
-	for i, a := range atts {
-		results[i] = a.result
-		results[i].ID = a.meta.id
-		results[i].ClaimToken = a.meta.token
+	if len(results) == 0 {
+		return nil
 	}
 	// Requests were made: their outcomes are written even when the batch's
 	// context is cancelled. The write is fenced and idempotent, so retrying
-	// it after a connection error is safe.
-	// Keep trying while the claims hold: a result given up on while the
-	// database is briefly away means the platform gets the message again.
+	// it after a connection error is safe. Keep trying while the claims
+	// hold: a result given up on while the database is briefly away means
+	// the platform gets the message again.
 	deadline := time.Now().Add(recordTimeout)
 	for _, a := range atts {
-		if le := a.meta.leaseExpires; !le.IsZero() && le.After(time.Now()) && le.Before(deadline) {
+		if le := a.claim.LeaseExpiresAt; !le.IsZero() && le.After(time.Now()) && le.Before(deadline) && d == nil {
 			deadline = le
 		}
 	}
@@ -807,169 +734,48 @@ func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, atts []*
 	for _, id := range recorded {
 		ok[id] = struct{}{}
 	}
-	h.announceRetries(atts, ok)
+	var firstRetry time.Duration = -1
 	for _, a := range atts {
-		r := a.result
-		if _, done := ok[a.meta.id]; !done {
-			h.log.Warnf("Outbox row %d (key %s): result of attempt %d not recorded: the claim was lost (lease expired and the row was claimed again, or it was finished)", a.meta.id, a.meta.key, a.meta.attempt)
+		if a.skip {
 			continue
 		}
-		h.log.Debugf("Outbox row %d (key %s) attempt %d: %s, outcome %q, http %d, platform errcode %q, retry in %v: %s",
-			a.meta.id, a.meta.key, a.meta.attempt, r.Status, a.outcome, r.HTTPStatus, r.PlatformErrcode, r.RetryIn, r.Error)
+		r := a.result
+		if _, done := ok[a.claim.ID]; !done {
+			h.returns.Warn("unrecorded", fmt.Sprintf("result not recorded: the claim was lost (lease expired and the row was claimed again, or it was finished), e.g. row %d attempt %d", a.claim.ID, a.claim.Attempt))
+			continue
+		}
+		h.log.Tracef("Outbox row %d (key %s) attempt %d: %s, outcome %q, http %d, platform errcode %q, retry in %v: %s",
+			a.claim.ID, a.claim.MessageKey, a.claim.Attempt, r.Status, a.outcome, r.HTTPStatus, r.PlatformErrcode, r.RetryIn, r.Error)
 		switch {
 		case r.Undo:
-			h.log.Warnf("Outbox row %d (key %s) given back unsent: %s", a.meta.id, a.meta.key, r.Error)
 		case r.Status == outboxdb.StatusSuccess:
-			if !a.meta.createdAt.IsZero() {
-				h.mEndToEnd.Timing(time.Since(a.meta.createdAt).Nanoseconds(), a.meta.apiLabel())
+			if !a.claim.CreatedAt.IsZero() {
+				h.mEndToEnd.Timing(time.Since(a.claim.CreatedAt).Nanoseconds(), a.apiLabel())
 			}
 		case r.Status == outboxdb.StatusFailed:
-			h.log.Warnf("Outbox row %d (key %s) FAILED at attempt %d (platform errcode %q): %s", a.meta.id, a.meta.key, a.meta.attempt, r.PlatformErrcode, r.Error)
+			h.returns.Warn("failed", fmt.Sprintf("outbox row %d (key %s) FAILED at attempt %d (platform errcode %q): %s", a.claim.ID, a.claim.MessageKey, a.claim.Attempt, r.PlatformErrcode, r.Error))
+		case r.Status == outboxdb.StatusPending && (firstRetry < 0 || r.RetryIn < firstRetry):
+			firstRetry = r.RetryIn
 		}
+	}
+	// Tell the dispatcher when the earliest retry just recorded is due, so
+	// that it claims it on time without polling for it.
+	if d != nil && firstRetry >= 0 {
+		d.DueAt(time.Now().Add(firstRetry))
 	}
 	return nil
 }
 
-// announceRetries tells the dispatcher of this process (see handoff) when
-// the earliest retry just recorded is due, so that it claims it on time
-// without polling for it.
-func (h *httpForwarder) announceRetries(atts []*attempt, recorded map[int64]struct{}) {
-	var (
-		first time.Duration
-		found bool
-	)
-	for _, a := range atts {
-		if _, done := recorded[a.meta.id]; !done || a.result.Status != outboxdb.StatusPending {
-			continue
-		}
-		if !found || a.result.RetryIn < first {
-			first, found = a.result.RetryIn, true
-		}
-	}
-	if found {
-		handoff.NoteDue(h.dsn, time.Now().Add(first))
-	}
-}
-
-// Close closes the database pool and idle connections.
+// Close releases the pool and idle connections.
 func (h *httpForwarder) Close(context.Context) error {
 	h.connMu.Lock()
 	defer h.connMu.Unlock()
-	if p := h.pool.Swap(nil); p != nil {
-		p.Close()
+	if h.pool.Swap(nil) != nil {
+		h.hub.Release()
 	}
-	h.transport.CloseIdleConnections()
+	h.transport.close()
+	h.returns.Flush()
 	return nil
-}
-
-// describeReply says what came back, for last_error.
-func describeReply(env ruleEnv, raw []byte) string {
-	snippet := string(raw[:min(len(raw), maxSnippetBytes)])
-	if len(raw) > maxSnippetBytes {
-		snippet += "…"
-	}
-	switch {
-	case env.Status == 0:
-		return env.Error
-	case env.Error != "":
-		return fmt.Sprintf("http %d: %s", env.Status, env.Error)
-	case snippet == "":
-		return fmt.Sprintf("http %d (empty body)", env.Status)
-	default:
-		return fmt.Sprintf("http %d: %s", env.Status, snippet)
-	}
-}
-
-// platformErrcode is the reply's errcode as text, "" when it has none.
-func platformErrcode(body any) string {
-	obj, ok := body.(map[string]any)
-	if !ok {
-		return ""
-	}
-	switch v := obj["errcode"].(type) {
-	case string:
-		return v
-	case float64:
-		return strconv.FormatFloat(v, 'f', -1, 64)
-	case bool:
-		return strconv.FormatBool(v)
-	default:
-		return ""
-	}
-}
-
-// rowMeta is the claim a message carries.
-type rowMeta struct {
-	id           int64
-	token        string
-	attempt      int
-	apiType      string
-	key          string
-	createdAt    time.Time // zero when unknown
-	leaseExpires time.Time // zero when unknown
-}
-
-func (m rowMeta) apiLabel() string {
-	if m.apiType == "" {
-		return "unknown"
-	}
-	return m.apiType
-}
-
-func readRowMeta(msg *service.Message) (m rowMeta, err error) {
-	required := func(key string) (string, error) {
-		v, ok := msg.MetaGet(key)
-		if !ok || v == "" {
-			return "", fmt.Errorf("metadata %s is missing: http_forwarder must be fed by the outbox_retry input", key)
-		}
-		return v, nil
-	}
-	intMeta := func(key, v string) (int64, error) {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("metadata %s: %q is not an integer", key, v)
-		}
-		return n, nil
-	}
-
-	v, err := required(metaOutboxID)
-	if err != nil {
-		return m, err
-	}
-	if m.id, err = intMeta(metaOutboxID, v); err != nil {
-		return m, err
-	}
-	if m.token, err = required(metaClaimToken); err != nil {
-		return m, err
-	}
-	if v, err = required(metaAttempt); err != nil {
-		return m, err
-	}
-	attempt, err := intMeta(metaAttempt, v)
-	if err != nil {
-		return m, err
-	}
-	if attempt < 1 {
-		return m, fmt.Errorf("metadata %s: %d is not a 1-based attempt number", metaAttempt, attempt)
-	}
-	m.attempt = int(attempt)
-	m.apiType, _ = msg.MetaGet(metaAPIType)
-	m.key, _ = msg.MetaGet(metaMessageKey)
-	if v, ok := msg.MetaGet(metaCreatedAtMs); ok && v != "" {
-		ms, err := intMeta(metaCreatedAtMs, v)
-		if err != nil {
-			return m, err
-		}
-		m.createdAt = time.UnixMilli(ms)
-	}
-	if v, ok := msg.MetaGet(metaLeaseExpiresAtMs); ok && v != "" {
-		ms, err := intMeta(metaLeaseExpiresAtMs, v)
-		if err != nil {
-			return m, err
-		}
-		m.leaseExpires = time.UnixMilli(ms)
-	}
-	return m, nil
 }
 
 // semaphore bounds the requests in flight over every batch of one output and

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -282,26 +283,68 @@ func TestNotSent(t *testing.T) {
 		}
 	})
 
-	t.Run("ShortLeaseGoesBackDueNow", func(t *testing.T) {
+	t.Run("TooLittleLeaseGoesBackDueNowAtMostThreeTimes", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOpts{extra: "timeout: 5s"})
 		r := b.claim(t, 1, outboxdb.APITypeVehicleEvent)[0]
+		for round := 1; round <= outboxdb.MaxLeaseReturns+1; round++ {
+			if round > 1 {
+				b.makeDue(t, r.ID)
+				r = b.claimDue(t, 1)[0]
+			}
+			msg := message(r, mappedBody(r))
+			// The claim ends before a request and its result could be made,
+			// and no dispatcher renews it.
+			msg.MetaSetMut(msgmeta.LeaseExpiresAtMs, time.Now().Add(500*time.Millisecond).UnixMilli())
+			if err := b.out.WriteBatch(b.ctx, service.MessageBatch{msg}); err != nil {
+				t.Fatal(err)
+			}
+			got := b.row(t, r.ID)
+			if round <= outboxdb.MaxLeaseReturns {
+				if got.Status != "PENDING" || got.Due == nil || *got.Due > 0 || got.AttemptCount != 0 || len(got.Logs) != 0 {
+					t.Fatalf("give-back %d: %s due in %v after %d attempts, logs %+v; want PENDING due now, the claim undone",
+						round, got.Status, got.Due, got.AttemptCount, got.Logs)
+				}
+				continue
+			}
+			// Past the bound the give-back counts: the row cannot be
+			// returned unsent forever.
+			if got.Status != "PENDING" || got.AttemptCount != 1 || len(got.Logs) != 1 {
+				t.Fatalf("give-back %d: %s after %d attempts, logs %+v; want the attempt counted and logged", round, got.Status, got.AttemptCount, got.Logs)
+			}
+		}
+		if n := len(b.platform.received()); n != 0 {
+			t.Errorf("sent %d requests on claims about to expire", n)
+		}
+		// One warning for the burst, not one per row.
+		if n := strings.Count(b.logs.String(), `level=WARN msg="not sent: the claim lease ends in`); n != 1 {
+			t.Errorf("%d warnings about unsent claims, want 1 per burst:\n%s", n, b.logs.String())
+		}
+	})
+
+	t.Run("ShortLeaseCutsTheRequest", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{extra: "timeout: 5s", handler: func(w http.ResponseWriter, r *http.Request, _ []byte) {
+			select {
+			case <-r.Context().Done():
+			case <-time.After(10 * time.Second):
+			}
+		}})
+		r := b.claim(t, 1, outboxdb.APITypeVehicleEvent)[0]
 		msg := message(r, mappedBody(r))
-		// The claim ends before a 5s request could time out.
-		msg.MetaSetMut(metaLeaseExpiresAtMs, time.Now().Add(2*time.Second).UnixMilli())
+		msg.MetaSetMut(msgmeta.LeaseExpiresAtMs, time.Now().Add(1500*time.Millisecond).UnixMilli())
+		start := time.Now()
 		if err := b.out.WriteBatch(b.ctx, service.MessageBatch{msg}); err != nil {
 			t.Fatal(err)
 		}
 		got := b.row(t, r.ID)
-		if got.Status != "PENDING" || got.Due == nil || *got.Due > 0 || got.AttemptCount != 0 || len(got.Logs) != 0 {
-			t.Fatalf("row: %s due in %v after %d attempts, logs %+v; want PENDING due now, the claim undone",
-				got.Status, got.Due, got.AttemptCount, got.Logs)
+		if got.Status != "PENDING" || got.AttemptCount != 1 || !strings.Contains(str(got.LastError), "request timed out after") {
+			t.Fatalf("row %s, %d attempts, last error %q; want a timed-out attempt", got.Status, got.AttemptCount, str(got.LastError))
 		}
-		if n := len(b.platform.received()); n != 0 {
-			t.Errorf("sent %d requests on a claim about to expire", n)
-		}
-		if !strings.Contains(b.logs.String(), "not sent: the claim lease ends in") {
-			t.Errorf("no warning about the unsent claim:\n%s", b.logs.String())
+		// The request was cut to the lease left (minus the time kept for the
+		// result), not given the whole 5s timeout.
+		if took := time.Since(start); took >= 5*time.Second {
+			t.Errorf("the request took %v: it was not cut to the lease", took)
 		}
 	})
 

@@ -129,7 +129,7 @@ rules:
 		{envOf(t, 422, `{}`), outcomeNoRetry},
 		{&ruleEnv{Status: 500, Headers: map[string]string{"X-Reject": "yes"}}, outcomeNoRetry},
 	} {
-		if got, _, _ := out.rules.classify(tc.env); got != tc.want {
+		if got, _, _ := out.policy.rules.classify(tc.env); got != tc.want {
 			t.Errorf("status %d body %v headers %v: %s, want %s", tc.env.Status, tc.env.Body, tc.env.Headers, got, tc.want)
 		}
 	}

@@ -3,51 +3,44 @@ package outbox
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/handoff"
+	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-// fakeDispatcher stands in for the outbox_retry input of the same process:
-// it grants up to room slots and keeps what it is handed.
-type fakeDispatcher struct {
-	mu       sync.Mutex
-	room     int
-	closed   bool
-	reserved int
-	got      []outboxdb.ClaimedRow
-}
-
-func (d *fakeDispatcher) Claim() outboxdb.DirectClaim {
-	return outboxdb.DirectClaim{Lease: time.Minute, Claimer: "dispatcher-1"}
-}
-
-func (d *fakeDispatcher) Reserve(n int) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	g := min(n, d.room)
-	d.room -= g
-	d.reserved += g
-	return g
-}
-
-func (d *fakeDispatcher) Deliver(granted int, rows []outboxdb.ClaimedRow) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.reserved -= granted
-	if d.closed {
-		d.room += granted
-		return false
+// dispatcher registers a dispatcher (the outbox_retry input's engine) in
+// the bundle's stream with room for room rows; closed says it has closed
+// already. It is never connected: the processor only reserves room and
+// delivers rows to it.
+func (b *testBundle) dispatcher(t *testing.T, room int, closed bool) *dispatch.Dispatcher {
+	t.Helper()
+	hub, err := dispatch.HubFor(b.res, b.dsn)
+	if err != nil {
+		t.Fatal(err)
 	}
-	d.room += granted - len(rows)
-	d.got = append(d.got, rows...)
-	return true
+	d, err := dispatch.NewDispatcher(hub, dispatch.DispatcherConfig{MaxUnacked: room, Lease: time.Minute, Claimer: "dispatcher-1"},
+		b.res.Logger(), dispatch.DispatcherMetrics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	if closed {
+		if err := d.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
 }
 
-func (d *fakeDispatcher) DueAt(time.Time) {}
+// handed takes every row delivered to d.
+func handed(d *dispatch.Dispatcher) []outboxdb.ClaimedRow { return d.Ledger().Take(1 << 20) }
+
+func room(d *dispatch.Dispatcher) int {
+	rows, _ := d.Ledger().Room()
+	return rows
+}
 
 func TestDirectDispatch(t *testing.T) {
 	t.Parallel()
@@ -55,8 +48,7 @@ func TestDirectDispatch(t *testing.T) {
 	t.Run("HandsOverWhatTheDispatcherHasRoomFor", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		d := &fakeDispatcher{room: 2}
-		t.Cleanup(handoff.Register(b.dsn, d))
+		d := b.dispatcher(t, 2, false)
 		p := b.processor(t, defaultYAML)
 		if out := process(t, p,
 			kmsg(topicVehicle, 0, 1, vehicle("v1")),
@@ -67,10 +59,11 @@ func TestDirectDispatch(t *testing.T) {
 			t.Fatalf("emit: none passed %d batches on", len(out))
 		}
 		rows := b.rows(t)
-		if len(d.got) != 2 || d.reserved != 0 || d.room != 0 {
-			t.Fatalf("dispatcher got %d rows (reserved %d, room %d), want 2 and no reservation left", len(d.got), d.reserved, d.room)
+		got := handed(d)
+		if len(got) != 2 || d.Ledger().Held() != 2 || room(d) != 0 {
+			t.Fatalf("dispatcher got %d rows (holds %d, room %d), want 2 and no reservation left", len(got), d.Ledger().Held(), room(d))
 		}
-		for _, c := range d.got {
+		for _, c := range got {
 			r := rows[c.MessageKey]
 			if c.MessageKey != "v1" && c.MessageKey != "h1" {
 				t.Errorf("handed over %s, want the first two deliverable messages", c.MessageKey)
@@ -90,8 +83,7 @@ func TestDirectDispatch(t *testing.T) {
 	t.Run("RowsForAClosedDispatcherAreGivenBack", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		d := &fakeDispatcher{room: 10, closed: true}
-		t.Cleanup(handoff.Register(b.dsn, d))
+		d := b.dispatcher(t, 10, true)
 		p := b.processor(t, defaultYAML)
 		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h1")))
 		for key, r := range b.rows(t) {
@@ -99,16 +91,15 @@ func TestDirectDispatch(t *testing.T) {
 				t.Errorf("row %s = %s at attempt %d, want PENDING as if never claimed", key, r.Status, r.AttemptCount)
 			}
 		}
-		if d.room != 10 || d.reserved != 0 {
-			t.Errorf("room %d reserved %d, want every slot back", d.room, d.reserved)
+		if n := d.Ledger().Held(); n != 0 {
+			t.Errorf("a closed dispatcher holds %d rows", n)
 		}
 	})
 
 	t.Run("RetryAfterALostReplyHandsOverTheCommittedClaims", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		d := &fakeDispatcher{room: 10}
-		t.Cleanup(handoff.Register(b.dsn, d))
+		d := b.dispatcher(t, 10, false)
 		p := b.processor(t, defaultYAML)
 		inserts := loseFirstReply(p, nil)
 		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h1")))
@@ -116,10 +107,11 @@ func TestDirectDispatch(t *testing.T) {
 			t.Fatalf("%d inserts, want the lost one and its retry", *inserts)
 		}
 		rows := b.rows(t)
-		if len(d.got) != 2 || d.reserved != 0 || d.room != 8 {
-			t.Fatalf("dispatcher got %d rows (reserved %d, room %d), want both rows and one reservation", len(d.got), d.reserved, d.room)
+		got := handed(d)
+		if len(got) != 2 || d.Ledger().Held() != 2 || room(d) != 8 {
+			t.Fatalf("dispatcher got %d rows (holds %d, room %d), want both rows and one reservation", len(got), d.Ledger().Held(), room(d))
 		}
-		for _, c := range d.got {
+		for _, c := range got {
 			if r := rows[c.MessageKey]; r.Status != "IN_PROGRESS" || r.AttemptCount != 1 || r.ID != c.ID {
 				t.Errorf("row %s = %+v, want it handed over at attempt 1", c.MessageKey, r)
 			}
@@ -133,24 +125,19 @@ func TestDirectDispatch(t *testing.T) {
 	t.Run("ReservationIsGivenBackAndRecoveredRowsGoOverAnyway", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		d := &fakeDispatcher{room: 2}
-		t.Cleanup(handoff.Register(b.dsn, d))
+		d := b.dispatcher(t, 2, false)
 		p := b.processor(t, defaultYAML)
 		loseFirstReply(p, func() {
 			// The dispatcher fills up while the processor waits to retry:
 			// the two slots given back on the failure are taken at once.
-			d.mu.Lock()
-			d.room -= 2
-			d.mu.Unlock()
+			d.Ledger().Hold([]outboxdb.ClaimedRow{{ID: 1 << 40, ClaimToken: "x"}, {ID: 1<<40 + 1, ClaimToken: "y"}})
 		})
 		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h1")))
-		if d.reserved != 0 || d.room != -2 {
-			t.Errorf("reserved %d, room %d: want the failed attempt's slots given back and the retry granted none", d.reserved, d.room)
-		}
 		// Both were claimed by the lost attempt: handed over all the same,
-		// rather than left to their lease.
-		if len(d.got) != 2 {
-			t.Fatalf("dispatcher got %d rows, want the 2 recovered ones", len(d.got))
+		// beyond the room the retry found, rather than left to their lease.
+		got := handed(d)
+		if len(got) != 2 || d.Ledger().Held() != 4 || room(d) != 0 {
+			t.Fatalf("dispatcher got %d rows (holds %d, room %d), want the 2 recovered ones beyond its room", len(got), d.Ledger().Held(), room(d))
 		}
 		for key, r := range b.rows(t) {
 			if r.Status != "IN_PROGRESS" || r.AttemptCount != 1 {
@@ -162,12 +149,11 @@ func TestDirectDispatch(t *testing.T) {
 	t.Run("OffByConfig", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		d := &fakeDispatcher{room: 10}
-		t.Cleanup(handoff.Register(b.dsn, d))
+		d := b.dispatcher(t, 10, false)
 		p := b.processor(t, defaultYAML+"direct_dispatch: false\n")
 		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")))
-		if r := b.rows(t)["v1"]; r.Status != "PENDING" || len(d.got) != 0 {
-			t.Errorf("row %s, %d handed over: want PENDING and nothing handed over", r.Status, len(d.got))
+		if r := b.rows(t)["v1"]; r.Status != "PENDING" || d.Ledger().Held() != 0 {
+			t.Errorf("row %s, %d handed over: want PENDING and nothing handed over", r.Status, d.Ledger().Held())
 		}
 	})
 }

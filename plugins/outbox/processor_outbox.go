@@ -18,12 +18,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
-	"github.com/forwarder/forwarder/internal/handoff"
+	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 const (
-	opFieldDSN             = "dsn"
 	opFieldKey             = "key"
 	opFieldAPITypes        = "api_types"
 	opFieldAPIType         = "api_type"
@@ -37,17 +37,6 @@ const (
 	// apiTypeUnknown is stored for a FAILED row whose API type could not be
 	// resolved; api_type is NOT NULL.
 	apiTypeUnknown = "UNKNOWN"
-)
-
-// Metadata read from kafka_franz and written for emit: new (docs/components.md).
-const (
-	metaKafkaTopic     = "kafka_topic"
-	metaKafkaPartition = "kafka_partition"
-	metaKafkaOffset    = "kafka_offset"
-	metaKafkaKey       = "kafka_key"
-	metaOutboxID       = "outbox_id"
-	metaMessageKey     = "message_key"
-	metaAPIType        = "api_type"
 )
 
 func outboxProcessorSpec() *service.ConfigSpec {
@@ -108,11 +97,8 @@ other claim. Only with ^emit: none^; ^direct_dispatch: false^ turns it off.
 ^forwarder_rows_persisted_total{status}^ counts new rows by status (PENDING, FAILED; rows handed
 over directly count as PENDING);
 ^forwarder_missing_message_id_total^ counts messages stored under the fallback key.`)).
+		Fields(dispatch.DSNFields()...).
 		Fields(
-			service.NewStringField(opFieldDSN).
-				Description("PostgreSQL connection string, as a libpq URL or key=value pairs. The pool connects on first use and reconnects by itself; the DSN never appears in logs or errors.").
-				Example("postgres://forwarder:${DATABASE_PASSWORD}@db:5432/forwarder").
-				Secret(),
 			service.NewInterpolatedStringField(opFieldKey).
 				Description("The idempotency key of a message. When unset, the payload's top-level `messageId` (parsed without decoding the whole payload). When the value is missing or empty, the key falls back to `<kafka_topic>-<kafka_partition>-<kafka_offset>` with a warning.").
 				Example(`${! json("header.id") }`).
@@ -199,8 +185,10 @@ type outboxProcessor struct {
 	apiType    *service.InterpolatedString // nil: apiTypes
 	emitNew    bool
 	maxPayload int
-	// dsn finds the dispatcher of direct dispatch; "" when it is off.
-	dsn string
+	// hub finds the stream's dispatcher for direct dispatch.
+	hub       *dispatch.Hub
+	direct    bool
+	closeOnce sync.Once
 
 	retryInitial, retryMax time.Duration
 	chunkBytes             int
@@ -227,10 +215,7 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		mMissingID:   mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
 		mPersisted:   mgr.Metrics().NewCounter("forwarder_rows_persisted_total", "status"),
 	}
-	dsn, err := conf.FieldString(opFieldDSN)
-	if err != nil {
-		return nil, err
-	}
+	var err error
 	if conf.Contains(opFieldKey) {
 		if p.key, err = conf.FieldInterpolatedString(opFieldKey); err != nil {
 			return nil, err
@@ -272,9 +257,7 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 	if err != nil {
 		return nil, err
 	}
-	if direct && !p.emitNew {
-		p.dsn = dsn
-	}
+	p.direct = direct && !p.emitNew
 	if p.maxPayload, err = conf.FieldInt(opFieldMaxPayloadBytes); err != nil {
 		return nil, err
 	}
@@ -282,18 +265,14 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		return nil, fmt.Errorf("field %s: must be at least 1, got %d", opFieldMaxPayloadBytes, p.maxPayload)
 	}
 
-	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-outbox"})
-	if err != nil {
-		return nil, fmt.Errorf("field %s: %w", opFieldDSN, err)
+	if p.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
+		return nil, err
 	}
-	if pcfg.ConnConfig.ConnectTimeout == 0 {
-		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second
-	}
-	p.database = outboxdb.Redact(pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database)
-	// With no minimum connections the pool dials on first use, so this does
-	// not touch the network; a dead connection is replaced on a later attempt.
-	if p.pool, err = pgxpool.NewWithConfig(context.Background(), pcfg); err != nil {
-		return nil, fmt.Errorf("creating database pool: %w", err)
+	p.database = p.hub.Database
+	// The stream's pool dials on first use, so this does not touch the
+	// network; a dead connection is replaced on a later attempt.
+	if p.pool, err = p.hub.Retain(); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
@@ -380,9 +359,7 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 	for i, r := range results {
 		if r.Inserted && r.Status == outboxdb.StatusPending {
 			m := batch[i].Copy()
-			m.MetaSet(metaOutboxID, strconv.FormatInt(r.ID, 10))
-			m.MetaSet(metaMessageKey, recs[i].MessageKey)
-			m.MetaSet(metaAPIType, recs[i].APIType)
+			msgmeta.SetStored(m, msgmeta.Stored{ID: r.ID, MessageKey: recs[i].MessageKey, APIType: recs[i].APIType})
 			out = append(out, m)
 		}
 	}
@@ -402,44 +379,44 @@ type handover struct {
 }
 
 // insertChunk persists chunk for emit: none, handing as many new rows as the
-// process's dispatcher has room for to it (see Direct dispatch). The
+// stream's dispatcher has room for to it (see Direct dispatch). The
 // reservation is given back when the insert fails, so that a chunk that
 // keeps failing does not starve the dispatcher; rows recovered by a retry
 // are handed over even beyond the room the retry reserved (at most a
 // chunk's worth, once).
 func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewRecord, h *handover) (outboxdb.InsertCounts, error) {
-	var d handoff.Dispatcher
-	if p.dsn != "" {
-		d = handoff.Lookup(p.dsn)
+	var d *dispatch.Dispatcher
+	if p.direct {
+		d = p.hub.Dispatcher()
 	}
-	granted := 0
+	var g dispatch.Grant
 	if d != nil {
-		granted = d.Reserve(countPending(chunk))
+		g = d.Reserve(pendingSizes(chunk))
 	}
-	if granted == 0 && !h.tried {
+	if g.Rows == 0 && !h.tried {
 		return outboxdb.InsertBatchCount(ctx, p.pool, chunk)
 	}
-	if n := granted - len(h.tokens); n > 0 {
+	if n := g.Rows - len(h.tokens); n > 0 {
 		h.tokens = append(h.tokens, outboxdb.NewClaimTokens(n)...)
 	}
 	claim := outboxdb.DirectClaim{}
 	if d != nil {
-		claim = d.Claim()
+		claim = d.DirectClaim()
 	}
-	claim.Limit, claim.Tokens, claim.Retry = granted, h.tokens, h.tried
+	claim.Limit, claim.Tokens, claim.Retry = g.Rows, h.tokens, h.tried
 	c, rows, err := outboxdb.InsertBatchClaim(ctx, p.pool, chunk, claim)
 	if err == nil && p.afterInsertClaim != nil {
 		err = p.afterInsertClaim()
 	}
 	if err != nil {
 		if d != nil {
-			d.Deliver(granted, nil)
+			d.Deliver(g, nil)
 		}
 		h.tried = len(h.tokens) > 0
 		return c, err
 	}
 	c.Pending += len(rows)
-	if (d == nil || !d.Deliver(granted, rows)) && len(rows) > 0 {
+	if (d == nil || !d.Deliver(g, rows)) && len(rows) > 0 {
 		p.giveBack(ctx, rows)
 	}
 	return c, nil
@@ -460,14 +437,16 @@ func (p *outboxProcessor) giveBack(ctx context.Context, rows []outboxdb.ClaimedR
 	}
 }
 
-func countPending(recs []outboxdb.NewRecord) int {
-	n := 0
+// pendingSizes lists the payload sizes of the PENDING records, in order:
+// the rows direct dispatch may claim.
+func pendingSizes(recs []outboxdb.NewRecord) []int {
+	sizes := make([]int, 0, len(recs))
 	for i := range recs {
 		if recs[i].Status == outboxdb.StatusPending {
-			n++
+			sizes = append(sizes, len(recs[i].Payload))
 		}
 	}
-	return n
+	return sizes
 }
 
 // record turns message i into its row: key, API type, Kafka coordinates,
@@ -479,12 +458,13 @@ func (p *outboxProcessor) record(i int, msg *service.Message, keyExec, typeExec 
 	if err != nil {
 		payload, reasons = nil, append(reasons, fmt.Sprintf("payload could not be read: %v", err))
 	}
-	topic, partition, offset, haveCoords := kafkaCoordinates(msg)
+	k, haveCoords := msgmeta.ReadKafka(msg)
+	topic, partition, offset := storableTopic(k.Topic), k.Partition, k.Offset
 	rec := outboxdb.NewRecord{
 		KafkaTopic:     topic,
 		KafkaPartition: partition,
 		KafkaOffset:    offset,
-		KafkaKey:       kafkaKey(msg),
+		KafkaKey:       k.Key,
 		Payload:        payload,
 		Status:         outboxdb.StatusPending,
 	}
@@ -622,71 +602,18 @@ func (p *outboxProcessor) recovered() {
 
 // Close releases the pool's connections.
 func (p *outboxProcessor) Close(context.Context) error {
-	p.pool.Close()
+	p.closeOnce.Do(p.hub.Release)
 	return nil
 }
 
-// kafkaCoordinates reads the Kafka topic, partition and offset of msg. ok is
-// false when any is missing or unreadable (the message did not come from
-// kafka_franz); partition and offset are then -1.
-func kafkaCoordinates(msg *service.Message) (topic string, partition int32, offset int64, ok bool) {
-	topic, okTopic := msg.MetaGet(metaKafkaTopic)
+// storableTopic makes a topic name storable as text: invalid UTF-8 and NUL
+// characters (which PostgreSQL rejects, failing the whole batch) are
+// replaced or dropped.
+func storableTopic(topic string) string {
 	if !utf8.ValidString(topic) || strings.IndexByte(topic, 0) >= 0 {
 		topic = strings.ReplaceAll(strings.ToValidUTF8(topic, "\uFFFD"), "\x00", "")
 	}
-	part, okPart := metaInt(msg, metaKafkaPartition)
-	off, okOff := metaInt(msg, metaKafkaOffset)
-	if !okPart || part < 0 || part > 1<<31-1 {
-		part, okPart = -1, false
-	}
-	if !okOff {
-		off = -1
-	}
-	return topic, int32(part), off, okTopic && topic != "" && okPart && okOff
-}
-
-// metaInt reads an integer metadata value, set either as a number or as its
-// decimal text.
-func metaInt(msg *service.Message, key string) (int64, bool) {
-	v, ok := msg.MetaGetMut(key)
-	if !ok {
-		return 0, false
-	}
-	switch n := v.(type) {
-	case int:
-		return int64(n), true
-	case int32:
-		return int64(n), true
-	case int64:
-		return n, true
-	case uint64:
-		return int64(n), n <= 1<<63-1
-	case string:
-		i, err := strconv.ParseInt(n, 10, 64)
-		return i, err == nil
-	default:
-		s, _ := msg.MetaGet(key)
-		i, err := strconv.ParseInt(s, 10, 64)
-		return i, err == nil
-	}
-}
-
-// kafkaKey returns the record key as bytes; nil (NULL) when the metadata is
-// absent.
-func kafkaKey(msg *service.Message) []byte {
-	v, ok := msg.MetaGetMut(metaKafkaKey)
-	if !ok {
-		return nil
-	}
-	switch k := v.(type) {
-	case []byte:
-		return k
-	case string:
-		return []byte(k)
-	default:
-		s, _ := msg.MetaGet(metaKafkaKey)
-		return []byte(s)
-	}
+	return topic
 }
 
 // fallbackKey is <topic>-<partition>-<offset>, stable across redeliveries of

@@ -17,6 +17,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -84,18 +85,22 @@ type testBundle struct {
 	pool *pgxpool.Pool
 	dsn  string
 	logs *logRecorder
+	// res are the resources of the bundle's stream.
+	res *service.Resources
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	dsn, pool := pgtest.NewDBPool(t)
-	return &testBundle{pool: pool, dsn: dsn, logs: &logRecorder{}}
+	logs := &logRecorder{}
+	res := service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(logs))))
+	return &testBundle{pool: pool, dsn: dsn, logs: logs, res: res}
 }
 
 // processor builds an outbox processor from YAML; the dsn is added.
 func (b *testBundle) processor(t *testing.T, yaml string) *outboxProcessor {
 	t.Helper()
-	p, err := newProcessor(b.dsn, yaml, b.logs)
+	p, err := newProcessorIn(b.res, b.dsn, yaml)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,11 +109,14 @@ func (b *testBundle) processor(t *testing.T, yaml string) *outboxProcessor {
 }
 
 func newProcessor(dsn, yaml string, logs *logRecorder) (*outboxProcessor, error) {
+	return newProcessorIn(service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(logs)))), dsn, yaml)
+}
+
+func newProcessorIn(res *service.Resources, dsn, yaml string) (*outboxProcessor, error) {
 	conf, err := outboxProcessorSpec().ParseYAML(fmt.Sprintf("dsn: %q\n%s", dsn, yaml), nil)
 	if err != nil {
 		return nil, err
 	}
-	res := service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(logs))))
 	return newOutboxProcessorFromParsed(conf, res)
 }
 
@@ -121,10 +129,10 @@ api_types:
 // kmsg is a message as kafka_franz delivers it.
 func kmsg(topic string, partition int32, offset int64, body []byte) *service.Message {
 	m := service.NewMessage(body)
-	m.MetaSetMut(metaKafkaTopic, topic)
-	m.MetaSetMut(metaKafkaPartition, partition)
-	m.MetaSetMut(metaKafkaOffset, offset)
-	m.MetaSetMut(metaKafkaKey, "CAM-0001")
+	m.MetaSetMut(msgmeta.KafkaTopic, topic)
+	m.MetaSetMut(msgmeta.KafkaPartition, partition)
+	m.MetaSetMut(msgmeta.KafkaOffset, offset)
+	m.MetaSetMut(msgmeta.KafkaKey, "CAM-0001")
 	return m
 }
 
@@ -197,7 +205,7 @@ func TestOutboxProcessor(t *testing.T) {
 		p := b.processor(t, defaultYAML)
 		v, h := vehicle("8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11"), heartbeat("0d5c8a9e-3f1b-4c55-8b52-2f7e1a9c4d60")
 		noKey := kmsg(topicHeartbeat, 0, 9, h)
-		noKey.MetaDelete(metaKafkaKey)
+		noKey.MetaDelete(msgmeta.KafkaKey)
 		if out := process(t, p, kmsg(topicVehicle, 3, 41, v), noKey); len(out) != 0 {
 			t.Fatalf("emit none returned %d batches, want none so the batch is acked", len(out))
 		}
@@ -300,8 +308,8 @@ func TestOutboxProcessor(t *testing.T) {
 		b := setup(t)
 		p := b.processor(t, defaultYAML)
 		m := kmsg(topicVehicle, 2, 10, []byte(`{"deviceId":"CAM-0001"}`))
-		m.MetaSetMut(metaKafkaPartition, "2") // metadata may also arrive as text
-		m.MetaSetMut(metaKafkaOffset, "10")
+		m.MetaSetMut(msgmeta.KafkaPartition, "2") // metadata may also arrive as text
+		m.MetaSetMut(msgmeta.KafkaOffset, "10")
 		process(t, p,
 			m,
 			kmsg(topicVehicle, 2, 11, []byte(`{"messageId":"","deviceId":"CAM-0001"}`)),
@@ -341,7 +349,7 @@ func TestOutboxProcessor(t *testing.T) {
 		big := append(append([]byte(`{"messageId":"big","pad":"`), bytes.Repeat([]byte("x"), 2<<20)...), `"}`...)
 		badUTF8 := []byte("{\"messageId\":\"u\",\"plateNo\":\"\xff\xfeB\"}")
 		tombstone := kmsg(topicVehicle, 0, 2, nil)
-		tombstone.MetaDelete(metaKafkaKey)
+		tombstone.MetaDelete(msgmeta.KafkaKey)
 		msgs := []*service.Message{
 			kmsg(topicVehicle, 0, 1, []byte(`not json {`)),
 			tombstone,
@@ -416,13 +424,13 @@ func TestOutboxProcessor(t *testing.T) {
 		rows := b.rows(t)
 		for i, want := range []struct{ key, apiType string }{{"new", "VEHICLE_EVENT"}, {"hb", "HEARTBEAT"}} {
 			m := out[0][i]
-			id, _ := m.MetaGet(metaOutboxID)
-			key, _ := m.MetaGet(metaMessageKey)
-			apiType, _ := m.MetaGet(metaAPIType)
+			id, _ := m.MetaGet(msgmeta.OutboxID)
+			key, _ := m.MetaGet(msgmeta.MessageKey)
+			apiType, _ := m.MetaGet(msgmeta.APIType)
 			if key != want.key || apiType != want.apiType || id != fmt.Sprint(rows[want.key].ID) {
 				t.Errorf("message %d: outbox_id %s message_key %s api_type %s, want %d %s %s", i, id, key, apiType, rows[want.key].ID, want.key, want.apiType)
 			}
-			if offset, _ := m.MetaGet(metaKafkaOffset); offset == "" {
+			if offset, _ := m.MetaGet(msgmeta.KafkaOffset); offset == "" {
 				t.Errorf("message %d lost its Kafka metadata", i)
 			}
 		}
@@ -443,8 +451,8 @@ func TestOutboxProcessor(t *testing.T) {
 			t.Fatalf("%d rows and %v emitted, want 8 of each (m0 and m1 repeat)", len(rows), out)
 		}
 		for i, m := range out[0] {
-			key, _ := m.MetaGet(metaMessageKey)
-			id, _ := m.MetaGet(metaOutboxID)
+			key, _ := m.MetaGet(msgmeta.MessageKey)
+			id, _ := m.MetaGet(msgmeta.OutboxID)
 			if want := fmt.Sprintf("m%d", i); key != want || id != fmt.Sprint(rows[want].ID) || rows[want].KafkaOffset != int64(i) {
 				t.Errorf("emitted %d: key %s id %s, want %s id %d", i, key, id, want, rows[want].ID)
 			}

@@ -16,6 +16,7 @@ import (
 
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
@@ -95,10 +96,10 @@ func (f *fakeKafka) ReadBatch(ctx context.Context) (service.MessageBatch, servic
 					body = f.body(off)
 				}
 				m := service.NewMessage(body)
-				m.MetaSetMut(metaKafkaTopic, f.topic)
-				m.MetaSetMut(metaKafkaPartition, int32(0))
-				m.MetaSetMut(metaKafkaOffset, off)
-				m.MetaSetMut(metaKafkaKey, "CAM-0001")
+				m.MetaSetMut(msgmeta.KafkaTopic, f.topic)
+				m.MetaSetMut(msgmeta.KafkaPartition, int32(0))
+				m.MetaSetMut(msgmeta.KafkaOffset, off)
+				m.MetaSetMut(msgmeta.KafkaKey, "CAM-0001")
 				batch[i] = m
 			}
 			f.next += n

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -31,7 +32,6 @@ const (
 	pmFieldAddGoMetrics       = "add_go_metrics"
 	pmFieldFileOutputPath     = "file_output_path"
 	pmFieldOutbox             = "outbox"
-	pmFieldOutboxDSN          = "dsn"
 	pmFieldOutboxRefresh      = "refresh_interval"
 )
 
@@ -116,14 +116,10 @@ gauges across instances with `+"`max`"+`, not `+"`sum`"+`.`).
 				Description("When set, the metrics are written to this file in the text format when the service stops (replaced atomically).").
 				Default("").
 				Advanced(),
-			service.NewObjectField(pmFieldOutbox,
-				service.NewStringField(pmFieldOutboxDSN).
-					Description("PostgreSQL connection string of the outbox, a libpq URL or key=value string. Never logged. The pool (one connection) is opened at the first refresh.").
-					Example("${DATABASE_URL}").
-					Secret(),
+			service.NewObjectField(pmFieldOutbox, append(dispatch.DSNFields(),
 				service.NewDurationField(pmFieldOutboxRefresh).
-					Description("How often the record gauges are re-read. A scrape serves the last snapshot.").
-					Default("15s"),
+					Description("How often the record gauges are re-read. A scrape serves the last snapshot. The pool (one connection) is opened at the first refresh.").
+					Default("15s"))...,
 			).
 				Description("Export the outbox record gauges of `forward_records`. Omit to export pipeline metrics only.").
 				Optional(),
@@ -136,7 +132,6 @@ metrics:
     add_process_metrics: true
     add_go_metrics: true
     outbox:
-      dsn: ${DATABASE_URL:postgres://localhost:5432/forwarder}
       refresh_interval: 15s
 `)
 }
@@ -224,7 +219,8 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 	}
 
 	if conf.Contains(pmFieldOutbox) {
-		dsn, err := conf.FieldString(pmFieldOutbox, pmFieldOutboxDSN)
+		oconf := conf.Namespace(pmFieldOutbox)
+		dsn, err := dispatch.DSNFromParsed(oconf)
 		if err != nil {
 			return nil, err
 		}
@@ -238,7 +234,7 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 		// Parsed now so that a bad DSN fails at start-up, without a connection.
 		poolCfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: "forwarder-metrics"})
 		if err != nil {
-			return nil, fmt.Errorf("%s.%s: %w", pmFieldOutbox, pmFieldOutboxDSN, err)
+			return nil, fmt.Errorf("%s.%s: %w", pmFieldOutbox, dispatch.DSNSource(oconf), err)
 		}
 		e.outbox = newOutboxGauges(outboxGaugesConfig{RefreshInterval: interval}, poolCfg, log)
 		if err := e.reg.Register(e.outbox); err != nil {

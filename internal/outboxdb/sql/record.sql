@@ -16,30 +16,57 @@
 -- compared as text: a malformed token in a message matches nothing instead of
 -- failing the whole batch on a cast.
 --
+-- A FAILED row gets its failure class ($10: TRANSIENT, REJECTED or INVALID)
+-- and failed_at, which automatic compensation and requeue filters read.
+--
 -- An undone row ($9) was claimed but never sent (its lease was too short for
--- a request, or the output was stopping): it goes back to PENDING as if the
--- claim had not happened, with attempt_count back down, its last error kept
--- and no attempt logged, like an undone release (release.sql).
+-- a request, the platform was known to be down, or the output was stopping):
+-- it goes back to PENDING as if the claim had not happened, with
+-- attempt_count back down, its last error kept and no attempt logged, like an
+-- undone release (release.sql). A give-back for lack of lease ($11) is
+-- bounded: it counts in lease_returns, and once a row has been given back
+-- that way $12 times in a row, the next one keeps its attempt (logged), so
+-- that a row is never returned unsent forever. Any recorded attempt resets
+-- the count.
+--
+-- The commit need not wait for the WAL flush: a result lost in a database
+-- crash leaves the row IN_PROGRESS until its lease runs out, and it is sent
+-- again, which the platform answers as a duplicate (docs/guarantees.md,
+-- "What may commit asynchronously").
 --
 -- $1 ids, $2 claim tokens, $3 statuses left (SUCCESS | FAILED | PENDING),
 -- $4 retry delays in ms (used for PENDING), $5 HTTP statuses, $6 errors
 -- (last_error and the log's error_message), $7 platform errcodes,
--- $8 request durations in ms, $9 undo flags. $4..$8 may hold NULLs.
-WITH result AS (
+-- $8 request durations in ms, $9 undo flags, $10 failure classes (for
+-- FAILED), $11 the undo is for lack of lease, $12 give-backs allowed in a
+-- row. $4..$8 and $10 may hold NULLs.
+WITH async AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS done
+), result AS (
     SELECT *
     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[],
-                $5::integer[], $6::text[], $7::text[], $8::integer[], $9::boolean[])
-        AS t(id, claim_token, status, retry_in_ms, http_status, error, errcode, duration_ms, undo)
+                $5::integer[], $6::text[], $7::text[], $8::integer[], $9::boolean[],
+                $10::text[], $11::boolean[])
+        AS t(id, claim_token, status, retry_in_ms, http_status, error, errcode, duration_ms, undo,
+             failure_class, for_lease)
 ), recorded AS (
     UPDATE forward_records AS r
     SET status           = result.status,
         next_retry_at    = CASE WHEN result.status = 'PENDING'
                                 THEN now() + coalesce(result.retry_in_ms, 0) * interval '1 millisecond'
                            END,
-        attempt_count    = CASE WHEN result.undo THEN greatest(r.attempt_count - 1, 0)
+        attempt_count    = CASE WHEN result.undo AND NOT (result.for_lease AND r.lease_returns >= $12::integer)
+                                THEN greatest(r.attempt_count - 1, 0)
                                 ELSE r.attempt_count END,
+        lease_returns    = CASE WHEN NOT result.undo THEN 0
+                                WHEN result.for_lease AND r.lease_returns >= $12::integer THEN 0
+                                WHEN result.for_lease THEN r.lease_returns + 1
+                                ELSE r.lease_returns END,
         last_http_status = CASE WHEN result.undo THEN r.last_http_status ELSE result.http_status END,
-        last_error       = CASE WHEN result.undo THEN r.last_error ELSE result.error END,
+        last_error       = CASE WHEN result.undo AND NOT (result.for_lease AND r.lease_returns >= $12::integer)
+                                THEN r.last_error ELSE result.error END,
+        failure_class    = CASE WHEN result.status = 'FAILED' THEN coalesce(result.failure_class, 'TRANSIENT') END,
+        failed_at        = CASE WHEN result.status = 'FAILED' THEN now() ELSE r.failed_at END,
         succeeded_at     = CASE WHEN result.status = 'SUCCESS' THEN now() END,
         updated_at       = now()
     FROM result
@@ -50,7 +77,10 @@ WITH result AS (
       -- IN_PROGRESS row of every instance through the status index, which
       -- the planner would pick whenever its statistics saw few of them.
       AND (r.status = 'IN_PROGRESS') IS TRUE
-    RETURNING r.id, r.attempt_count, r.status, r.next_retry_at
+    RETURNING r.id, r.attempt_count, r.status, r.next_retry_at,
+              -- An undo for lack of lease past the bound kept its attempt:
+              -- it is logged like one.
+              (result.undo AND NOT (result.for_lease AND r.lease_returns = 0)) AS unlogged
 ), logged AS (
     INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status,
                                     platform_errcode, error_message, duration_ms, next_retry_at)
@@ -58,6 +88,8 @@ WITH result AS (
            result.errcode, result.error, result.duration_ms, recorded.next_retry_at
     FROM recorded
     JOIN result ON result.id = recorded.id
-    WHERE NOT result.undo
+    WHERE NOT recorded.unlogged
 )
-SELECT id FROM recorded;
+SELECT recorded.id
+FROM recorded, async
+WHERE async.done = 'off';

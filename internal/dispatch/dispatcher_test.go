@@ -1,0 +1,196 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type testBundle struct {
+	ctx context.Context
+	dsn string
+	db  *fixture.DB
+	hub *Hub
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	dsn, pool := pgtest.NewDBPool(t)
+	hub, err := NewHub(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{ctx: context.Background(), dsn: dsn, db: fixture.New(t, pool), hub: hub}
+}
+
+var quietLog = service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+// dispatcher builds and connects a dispatcher on the bundle's hub, closed at
+// the end of the test.
+func (b *testBundle) dispatcher(t *testing.T, cfg DispatcherConfig) *Dispatcher {
+	t.Helper()
+	d, err := NewDispatcher(b.hub, cfg, quietLog, DispatcherMetrics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	if err := d.Connect(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (b *testBundle) next(t *testing.T, d *Dispatcher) []outboxdb.ClaimedRow {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	rows, err := d.Next(ctx)
+	if err != nil {
+		t.Fatalf("Next: %v", err)
+	}
+	return rows
+}
+
+func TestDispatcher(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ClaimRacingShutdownIsUndone", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.db.InsertDue("r", 5)
+		d := b.dispatcher(t, DispatcherConfig{})
+		res, err := d.claim(b.ctx, d.Pool(), 5, -1)
+		if err != nil || len(res.Claimed) != 5 {
+			t.Fatalf("claim: %d rows, %v", len(res.Claimed), err)
+		}
+		ctx, cancel := context.WithCancel(b.ctx)
+		cancel() // shutdown began while the claim ran
+		if _, err := d.handOut(ctx, d.Pool(), res.Claimed); !errors.Is(err, context.Canceled) {
+			t.Fatalf("hand-out after shutdown: %v, want context.Canceled", err)
+		}
+		for _, id := range ids {
+			if s := b.db.State(id); s.Status != "PENDING" || s.AttemptCount != 0 || *s.DueInMs > 0 {
+				t.Fatalf("row %d: %+v, want PENDING and due at attempt 0: it was never sent", id, s)
+			}
+		}
+		if n := d.Ledger().Held(); n != 0 {
+			t.Fatalf("%d rows still held", n)
+		}
+	})
+
+	t.Run("ExhaustedRowsEndFailedAndAreNotHandedOut", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.db.InsertDue("x", 2)
+		b.db.Exec(`UPDATE forward_records SET attempt_count = 3 WHERE id = $1`, ids[0])
+		d := b.dispatcher(t, DispatcherConfig{MaxAttempts: 3})
+		rows := b.next(t, d)
+		if len(rows) != 1 || rows[0].ID != ids[1] {
+			t.Fatalf("handed out %+v, want only row %d", rows, ids[1])
+		}
+		s := b.db.State(ids[0])
+		if s.Status != "FAILED" || fixture.Str(s.FailureClass) != "TRANSIENT" || s.AttemptCount != 3 {
+			t.Fatalf("exhausted row %+v, want FAILED (TRANSIENT) at 3 attempts", s)
+		}
+	})
+
+	t.Run("LeasesOfHeldRowsAreRenewed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.db.InsertDue("l", 3)
+		d := b.dispatcher(t, DispatcherConfig{Lease: 2 * time.Second})
+		rows := b.next(t, d)
+		if len(rows) != 3 {
+			t.Fatalf("claimed %d rows", len(rows))
+		}
+		// Another instance took row 1 after its lease ran out, unseen.
+		b.db.Exec(`UPDATE forward_records SET claim_token = gen_random_uuid(), claimed_by = 'other' WHERE id = $1`, rows[0].ID)
+		// Held three leases long: without renewals every claim would have
+		// run out twice.
+		deadline := time.Now().Add(6 * time.Second)
+		for time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+			for _, r := range rows[1:] {
+				if s := b.db.State(r.ID); s.Status != "IN_PROGRESS" || *s.DueInMs <= 0 || *s.ClaimToken != r.ClaimToken {
+					t.Fatalf("held row %d lost its lease: %+v", r.ID, s)
+				}
+			}
+		}
+		if st, _, _ := d.LeaseFor(rows[0].Ref()); st != LeaseLost {
+			t.Errorf("the stolen claim is reported %d, want LeaseLost", st)
+		}
+		st, deadlineHeld, renewing := d.LeaseFor(rows[1].Ref())
+		if st != LeaseHeld || !renewing || time.Until(deadlineHeld) <= 0 {
+			t.Errorf("a held claim: state %d renewing %v deadline in %v", st, renewing, time.Until(deadlineHeld))
+		}
+		if st, _, _ := d.LeaseFor(outboxdb.ClaimRef{ID: 999999, ClaimToken: "x"}); st != LeaseUnknown {
+			t.Errorf("a claim never held is reported %d, want LeaseUnknown", st)
+		}
+	})
+
+	t.Run("HeldRowsAreBoundedByBytes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		big := make([]byte, 1000)
+		for i := range big {
+			big[i] = 'x'
+		}
+		payload := append(append([]byte(`{"p":"`), big...), '"', '}')
+		rows := make([]fixture.Row, 5)
+		for i := range rows {
+			rows[i] = fixture.Row{Key: string(rune('a' + i)), Payload: payload}
+		}
+		b.db.Insert(rows...)
+		d := b.dispatcher(t, DispatcherConfig{MaxUnackedBytes: 2500})
+		got := b.next(t, d)
+		if len(got) != 2 {
+			t.Fatalf("first read took %d rows of %d bytes with a 2500-byte budget, want 2", len(got), len(payload))
+		}
+		if _, bytes := d.Ledger().Room(); bytes >= int64(len(payload)) {
+			t.Fatalf("byte room %d after the claim", bytes)
+		}
+		got2 := b.next(t, d)
+		if len(got2) != 1 {
+			t.Fatalf("second read took %d rows, want the one that still fits", len(got2))
+		}
+		refs := []outboxdb.ClaimRef{got[0].Ref(), got[1].Ref(), got2[0].Ref()}
+		if err := d.Done(b.ctx, refs, nil); err != nil {
+			t.Fatal(err)
+		}
+		if n := d.Ledger().Held(); n != 0 {
+			t.Fatalf("%d rows held after the ack", n)
+		}
+	})
+}
+
+func TestHubsBelongToTheirStream(t *testing.T) {
+	t.Parallel()
+	a, b := service.MockResources(), service.MockResources()
+	const db1 = "postgres://u@host:5432/one"
+	h1, _ := HubFor(a, db1)
+	same, _ := HubFor(a, "host=host port=5432 dbname=one user=u")
+	if h1 != same {
+		t.Fatal("two spellings of one database in one stream got two hubs")
+	}
+	if other, _ := HubFor(b, db1); other == h1 {
+		t.Fatal("two streams share a hub")
+	}
+	if two, _ := HubFor(a, "postgres://u@host:5432/two"); two == h1 {
+		t.Fatal("two databases share a hub")
+	}
+	if _, err := HubFor(a, "postgres://u:s3cret@host:notaport/db"); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("bad DSN: %v", err)
+	}
+}

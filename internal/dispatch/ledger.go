@@ -1,0 +1,292 @@
+package dispatch
+
+import (
+	"sync"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// Ledger is the dispatcher's account of the rows it holds: rows it claimed,
+// and rows the outbox processor inserted already claimed for it (direct
+// dispatch), until their outcome is settled. It bounds them by count and by
+// payload bytes, so that what is held is sent well within its lease and
+// large messages cannot exhaust memory.
+//
+// The ledger only counts and remembers; it does no I/O, so it is tested
+// without a database (ledger_test.go). Every method is safe for concurrent
+// use: the dispatcher, the outbox processor and the output call it from
+// their own goroutines.
+type Ledger struct {
+	maxRows  int
+	maxBytes int64
+
+	mu sync.Mutex
+	// held maps the id of every row held to its claim.
+	held      map[int64]*heldRow
+	heldBytes int64
+	// reserved slots (and bytes) were granted to rows about to be inserted
+	// claimed and are not delivered yet.
+	reserved      int
+	reservedBytes int64
+	// queue holds rows delivered by direct dispatch and not yet handed to
+	// the pipeline (they are in held too).
+	queue []outboxdb.ClaimedRow
+	// waitForRoom is set while the dispatcher waits for room to claim rows
+	// due in the database: no reservations are granted meanwhile, so that
+	// retries and expired claims are not starved by a flow of new rows.
+	waitForRoom bool
+	closed      bool
+}
+
+// heldRow is one held claim.
+type heldRow struct {
+	token    string
+	deadline time.Time
+	size     int64
+	// lost is set when a lease renewal found the claim gone (its lease had
+	// run out and another dispatcher took the row): the row must not be
+	// sent any more, its result would be fenced out.
+	lost bool
+}
+
+// NewLedger returns a ledger holding at most maxRows rows and, beyond the
+// first row, at most maxBytes payload bytes (0: no byte bound).
+func NewLedger(maxRows int, maxBytes int64) *Ledger {
+	return &Ledger{maxRows: maxRows, maxBytes: maxBytes, held: map[int64]*heldRow{}}
+}
+
+// Room is how much more the dispatcher may claim now: rows, and payload
+// bytes (-1: no byte bound). A claim may always take one row whatever its
+// size when nothing is held, so a message larger than the byte budget is
+// still delivered, alone.
+func (l *Ledger) Room() (rows int, bytes int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.roomLocked()
+}
+
+func (l *Ledger) roomLocked() (rows int, bytes int64) {
+	rows = max(l.maxRows-len(l.held)-l.reserved, 0)
+	if l.maxBytes <= 0 {
+		return rows, -1
+	}
+	return rows, max(l.maxBytes-l.heldBytes-l.reservedBytes, 0)
+}
+
+// Held is how many rows are held.
+func (l *Ledger) Held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
+}
+
+// SetWaitForRoom says whether the dispatcher is waiting for room to claim
+// rows due in the database; meanwhile Reserve grants nothing.
+func (l *Ledger) SetWaitForRoom(v bool) {
+	l.mu.Lock()
+	l.waitForRoom = v
+	l.mu.Unlock()
+}
+
+// Grant is a reservation of room for rows about to be inserted claimed.
+type Grant struct {
+	Rows  int
+	Bytes int64
+}
+
+// Reserve grants room to the first of the rows about to be inserted, whose
+// payload sizes are given in insertion order: as many leading rows as fit.
+// It grants nothing while the dispatcher waits for room or is closed. Every
+// grant must be ended by one Deliver.
+func (l *Ledger) Reserve(sizes []int) Grant {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.waitForRoom {
+		return Grant{}
+	}
+	rows, bytes := l.roomLocked()
+	var g Grant
+	for _, size := range sizes {
+		if g.Rows == rows {
+			break
+		}
+		if bytes >= 0 && g.Bytes+int64(size) > bytes && !(g.Rows == 0 && len(l.held) == 0 && l.reserved == 0) {
+			break
+		}
+		g.Rows++
+		g.Bytes += int64(size)
+	}
+	l.reserved += g.Rows
+	l.reservedBytes += g.Bytes
+	return g
+}
+
+// Deliver ends the reservation g and takes the rows inserted claimed under
+// it; rows may be fewer than granted (keys that existed, a failed insert),
+// and more only when a retried insert recovered claims its lost attempt had
+// committed. It returns false, taking nothing, when the ledger was closed
+// meanwhile: the caller must then give the rows back.
+func (l *Ledger) Deliver(g Grant, rows []outboxdb.ClaimedRow) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reserved -= g.Rows
+	l.reservedBytes -= g.Bytes
+	if l.closed {
+		return false
+	}
+	l.holdLocked(rows)
+	l.queue = append(l.queue, rows...)
+	return true
+}
+
+// Hold takes rows the dispatcher claimed. It returns false, taking nothing,
+// when the ledger is closed.
+func (l *Ledger) Hold(rows []outboxdb.ClaimedRow) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.holdLocked(rows)
+	return true
+}
+
+func (l *Ledger) holdLocked(rows []outboxdb.ClaimedRow) {
+	for _, r := range rows {
+		if old, ok := l.held[r.ID]; ok {
+			l.heldBytes -= old.size
+		}
+		size := int64(len(r.Payload))
+		l.held[r.ID] = &heldRow{token: r.ClaimToken, deadline: r.LeaseExpiresAt, size: size}
+		l.heldBytes += size
+	}
+}
+
+// Take hands out up to n delivered rows, oldest first.
+func (l *Ledger) Take(n int) []outboxdb.ClaimedRow {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n = min(n, len(l.queue))
+	if n == 0 {
+		return nil
+	}
+	rows := l.queue[:n:n]
+	l.queue = l.queue[n:]
+	if len(l.queue) == 0 {
+		l.queue = nil
+	}
+	return rows
+}
+
+// Queued is how many delivered rows wait to be taken.
+func (l *Ledger) Queued() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.queue)
+}
+
+// Settle forgets claims whose outcome is settled (recorded, released or
+// given back). A claim held under another token (the row was claimed again
+// since) is kept.
+func (l *Ledger) Settle(refs []outboxdb.ClaimRef) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range refs {
+		if h, ok := l.held[r.ID]; ok && h.token == r.ClaimToken {
+			l.heldBytes -= h.size
+			delete(l.held, r.ID)
+		}
+	}
+}
+
+// Lease says until when the claim ref holds its row, as far as the ledger
+// knows (renewals move it on). ok is false when the ledger does not hold
+// that claim, or a renewal found it lost.
+func (l *Ledger) Lease(ref outboxdb.ClaimRef) (deadline time.Time, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, found := l.held[ref.ID]
+	if !found || h.token != ref.ClaimToken || h.lost {
+		return time.Time{}, false
+	}
+	return h.deadline, true
+}
+
+// Expiring lists the held claims (not lost) whose lease ends before t, for
+// a renewal.
+func (l *Ledger) Expiring(t time.Time) []outboxdb.ClaimRef {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var refs []outboxdb.ClaimRef
+	for id, h := range l.held {
+		if !h.lost && h.deadline.Before(t) {
+			refs = append(refs, outboxdb.ClaimRef{ID: id, ClaimToken: h.token})
+		}
+	}
+	return refs
+}
+
+// Renewed records a renewal of asked: the claims in renewed hold their rows
+// until the deadline given; the others asked for were lost.
+func (l *Ledger) Renewed(asked []outboxdb.ClaimRef, renewed map[int64]time.Time) (lost int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range asked {
+		h, ok := l.held[r.ID]
+		if !ok || h.token != r.ClaimToken {
+			continue // settled meanwhile
+		}
+		if d, ok := renewed[r.ID]; ok {
+			h.deadline = d
+			continue
+		}
+		if !h.lost {
+			h.lost = true
+			lost++
+		}
+	}
+	return lost
+}
+
+// Close refuses any further rows and returns what is held: the rows
+// delivered but never taken (they were never sent) and the others.
+func (l *Ledger) Close() (unsent, others []outboxdb.ClaimRef) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	queued := make(map[int64]bool, len(l.queue))
+	for _, r := range l.queue {
+		unsent = append(unsent, r.Ref())
+		queued[r.ID] = true
+	}
+	l.queue = nil
+	for id, h := range l.held {
+		if !queued[id] {
+			others = append(others, outboxdb.ClaimRef{ID: id, ClaimToken: h.token})
+		}
+	}
+	return unsent, others
+}
+
+// Closed says whether Close was called.
+func (l *Ledger) Closed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// holds says whether ref is held, lost or not.
+func (l *Ledger) holds(ref outboxdb.ClaimRef) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.held[ref.ID]
+	return ok && h.token == ref.ClaimToken
+}
+
+// WaitingForRoom says whether the dispatcher waits for room to claim.
+func (l *Ledger) WaitingForRoom() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waitForRoom
+}

@@ -1,0 +1,153 @@
+package dispatch
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+func row(id int64, size int) outboxdb.ClaimedRow {
+	return outboxdb.ClaimedRow{ID: id, ClaimToken: "t" + string(rune('a'+id%26)), Payload: make([]byte, size),
+		LeaseExpiresAt: time.Unix(1000+id, 0)}
+}
+
+func ids(refs []outboxdb.ClaimRef) []int64 {
+	out := make([]int64, len(refs))
+	for i, r := range refs {
+		out[i] = r.ID
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestLedger(t *testing.T) {
+	t.Parallel()
+
+	t.Run("RoomCountsHeldAndReservedRows", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(5, 0)
+		if rows, bytes := l.Room(); rows != 5 || bytes != -1 {
+			t.Fatalf("empty ledger: room %d rows, %d bytes; want 5, unbounded", rows, bytes)
+		}
+		l.Hold([]outboxdb.ClaimedRow{row(1, 10), row(2, 10)})
+		g := l.Reserve([]int{1, 1, 1, 1})
+		if g.Rows != 3 {
+			t.Fatalf("granted %d rows with 3 free, want 3", g.Rows)
+		}
+		if rows, _ := l.Room(); rows != 0 {
+			t.Fatalf("room %d while every slot is held or reserved", rows)
+		}
+		if !l.Deliver(g, []outboxdb.ClaimedRow{row(3, 1)}) { // two keys existed already
+			t.Fatal("Deliver refused on an open ledger")
+		}
+		if rows, _ := l.Room(); rows != 2 {
+			t.Fatalf("room %d after delivering 1 of 3 granted, want 2", rows)
+		}
+	})
+
+	t.Run("ByteBudgetAdmitsOneLargeRowAlone", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(100, 100)
+		if g := l.Reserve([]int{500, 1}); g.Rows != 1 || g.Bytes != 500 {
+			t.Fatalf("an empty ledger granted %+v to a 500-byte row, want it alone", g)
+		}
+		l2 := NewLedger(100, 100)
+		l2.Hold([]outboxdb.ClaimedRow{row(1, 60)})
+		if g := l2.Reserve([]int{30, 30}); g.Rows != 1 || g.Bytes != 30 {
+			t.Fatalf("with 40 bytes free granted %+v, want only the first 30-byte row", g)
+		}
+		if _, bytes := l2.Room(); bytes != 10 {
+			t.Fatalf("byte room %d, want 100-60-30 = 10", bytes)
+		}
+		l2.Settle([]outboxdb.ClaimRef{row(1, 60).Ref()})
+		if _, bytes := l2.Room(); bytes != 70 {
+			t.Fatalf("byte room %d after settling the held row, want 70", bytes)
+		}
+	})
+
+	t.Run("NoGrantsWhileWaitingForRoomOrClosed", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(10, 0)
+		l.SetWaitForRoom(true)
+		if g := l.Reserve([]int{1}); g.Rows != 0 {
+			t.Fatalf("granted %+v while the dispatcher waits for room", g)
+		}
+		l.SetWaitForRoom(false)
+		g := l.Reserve([]int{1})
+		l.Close()
+		if l.Deliver(g, []outboxdb.ClaimedRow{row(1, 1)}) {
+			t.Fatal("a closed ledger took delivered rows")
+		}
+		if g := l.Reserve([]int{1}); g.Rows != 0 {
+			t.Fatal("a closed ledger granted room")
+		}
+		if l.Hold([]outboxdb.ClaimedRow{row(2, 1)}) {
+			t.Fatal("a closed ledger took claimed rows")
+		}
+	})
+
+	t.Run("TakeHandsOutDeliveredRowsInOrder", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(10, 0)
+		l.Deliver(l.Reserve([]int{1, 1, 1}), []outboxdb.ClaimedRow{row(1, 1), row(2, 1), row(3, 1)})
+		if got := l.Take(2); len(got) != 2 || got[0].ID != 1 || got[1].ID != 2 {
+			t.Fatalf("Take(2) = %v", got)
+		}
+		if l.Queued() != 1 || l.Held() != 3 {
+			t.Fatalf("queued %d held %d, want 1 and 3 (taken rows stay held until settled)", l.Queued(), l.Held())
+		}
+	})
+
+	t.Run("SettleIgnoresAnotherClaimOfTheRow", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(10, 0)
+		r := row(1, 1)
+		l.Hold([]outboxdb.ClaimedRow{r})
+		l.Settle([]outboxdb.ClaimRef{{ID: 1, ClaimToken: "someone else's"}})
+		if l.Held() != 1 {
+			t.Fatal("a settle under another token forgot the claim")
+		}
+		l.Settle([]outboxdb.ClaimRef{r.Ref()})
+		if l.Held() != 0 {
+			t.Fatal("the claim is still held after its settle")
+		}
+	})
+
+	t.Run("RenewalsMoveLeasesAndMarkLostClaims", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(10, 0)
+		a, b, c := row(1, 1), row(2, 1), row(3, 1)
+		l.Hold([]outboxdb.ClaimedRow{a, b, c})
+		asked := l.Expiring(time.Unix(1002, 500))
+		if got := ids(asked); !slices.Equal(got, []int64{1, 2}) {
+			t.Fatalf("expiring before 1002.5: %v, want rows 1 and 2", got)
+		}
+		later := time.Unix(2000, 0)
+		if lost := l.Renewed(asked, map[int64]time.Time{1: later}); lost != 1 {
+			t.Fatalf("%d lost, want row 2", lost)
+		}
+		if d, ok := l.Lease(a.Ref()); !ok || !d.Equal(later) {
+			t.Fatalf("row 1 lease %v %v, want renewed to %v", d, ok, later)
+		}
+		if _, ok := l.Lease(b.Ref()); ok {
+			t.Fatal("a lost claim still reports a lease")
+		}
+		if got := ids(l.Expiring(time.Unix(5000, 0))); !slices.Equal(got, []int64{1, 3}) {
+			t.Fatalf("expiring: %v, lost row 2 must not be renewed again", got)
+		}
+	})
+
+	t.Run("CloseSeparatesUnsentRows", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(10, 0)
+		l.Hold([]outboxdb.ClaimedRow{row(1, 1)})
+		l.Deliver(l.Reserve([]int{1, 1}), []outboxdb.ClaimedRow{row(2, 1), row(3, 1)})
+		l.Take(1) // row 2 goes down the pipeline
+		unsent, others := l.Close()
+		if !slices.Equal(ids(unsent), []int64{3}) || !slices.Equal(ids(others), []int64{1, 2}) {
+			t.Fatalf("unsent %v others %v; want [3] and [1 2]", ids(unsent), ids(others))
+		}
+	})
+}

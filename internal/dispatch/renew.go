@@ -1,0 +1,105 @@
+package dispatch
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// renewTimeout bounds one renewal statement.
+const renewTimeout = 10 * time.Second
+
+// renewInterval is how often the leases of held rows are renewed: a quarter
+// of the lease, so a held row always has at least a quarter of its lease
+// left while renewals succeed, and three renewals may fail in a row before
+// a claim is lost.
+func (d *Dispatcher) renewInterval() time.Duration {
+	return max(d.cfg.Lease/4, 10*time.Millisecond)
+}
+
+// renewLoop renews, every renewInterval, the leases of held rows that end
+// within half a lease, in one statement, until ctx ends.
+func (d *Dispatcher) renewLoop(ctx context.Context, pool *pgxpool.Pool) {
+	t := time.NewTicker(d.renewInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := d.renewOnce(ctx, pool); err != nil && ctx.Err() == nil {
+			d.log.Warnf("Renewing claim leases failed (retrying in %v; rows whose lease runs out are sent with a shorter timeout or go back unsent): %v", d.renewInterval(), err)
+		}
+	}
+}
+
+// renewResult is what one renewal did.
+type renewResult struct {
+	Asked, Renewed, Lost int
+}
+
+// renewOnce renews the leases that end within half a lease.
+func (d *Dispatcher) renewOnce(ctx context.Context, pool *pgxpool.Pool) (renewResult, error) {
+	asked := d.ledger.Expiring(time.Now().Add(d.cfg.Lease / 2))
+	if len(asked) == 0 {
+		d.markRenewed()
+		return renewResult{}, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, renewTimeout)
+	defer cancel()
+	renewed, err := outboxdb.RenewLeases(rctx, pool, asked, d.cfg.Lease)
+	if err != nil {
+		return renewResult{Asked: len(asked)}, err
+	}
+	d.markRenewed()
+	lost := d.ledger.Renewed(asked, renewed)
+	if d.m.Renewed != nil {
+		d.m.Renewed.Incr(int64(len(renewed)))
+	}
+	if lost > 0 {
+		if d.m.Lost != nil {
+			d.m.Lost.Incr(int64(lost))
+		}
+		d.log.Warnf("%d held claims were lost (their lease had run out and the rows were claimed again, or requeued): they will not be sent by this instance", lost)
+	}
+	return renewResult{Asked: len(asked), Renewed: len(renewed), Lost: lost}, nil
+}
+
+func (d *Dispatcher) markRenewed() {
+	d.mu.Lock()
+	d.renewOK = time.Now()
+	d.mu.Unlock()
+}
+
+// Claim states, as LeaseFor reports them.
+const (
+	// LeaseUnknown: the dispatcher does not hold that claim (the message came
+	// from elsewhere); rely on the lease the message carries.
+	LeaseUnknown = iota
+	// LeaseHeld: held, and kept alive by renewals while they succeed.
+	LeaseHeld
+	// LeaseLost: a renewal found the row claimed by someone else; it must
+	// not be sent.
+	LeaseLost
+)
+
+// LeaseFor says whether the dispatcher holds ref and until when. renewing
+// is true while renewals succeed on time: the lease then moves on before it
+// runs out, and a request may take its whole timeout.
+func (d *Dispatcher) LeaseFor(ref outboxdb.ClaimRef) (state int, deadline time.Time, renewing bool) {
+	deadline, ok := d.ledger.Lease(ref)
+	if !ok {
+		if d.ledger.holds(ref) {
+			return LeaseLost, time.Time{}, false
+		}
+		return LeaseUnknown, time.Time{}, false
+	}
+	d.mu.Lock()
+	renewing = !d.closed && d.pool != nil && time.Since(d.renewOK) < 2*d.renewInterval()
+	d.mu.Unlock()
+	return LeaseHeld, deadline, renewing
+}

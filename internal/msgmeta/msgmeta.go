@@ -1,0 +1,247 @@
+// Package msgmeta is the contract between the components of the data path:
+// the metadata each one sets on a message and the next one reads. Nobody
+// else spells a key.
+//
+//	kafka_franz ──Kafka──► outbox ──Stored (emit: new)──►
+//	outbox_retry ──Claim──► mapping ──► http_forwarder
+//	outbox_dead_letter ──Failed──► kafka_franz output
+//
+// Keys are part of the user-facing interface too: mappings and interpolations
+// read them with meta("kafka_topic") or @api_type (docs/reference).
+package msgmeta
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+)
+
+// Keys set by the kafka_franz input, besides one per record header.
+const (
+	KafkaTopic       = "kafka_topic"
+	KafkaPartition   = "kafka_partition"
+	KafkaOffset      = "kafka_offset"
+	KafkaKey         = "kafka_key"
+	KafkaTimestampMs = "kafka_timestamp_ms"
+)
+
+// Keys of an outbox row, set by the outbox processor (emit: new), the
+// outbox_retry input and the outbox_dead_letter input.
+const (
+	OutboxID         = "outbox_id"
+	MessageKey       = "message_key"
+	APIType          = "api_type"
+	Attempt          = "attempt"
+	ClaimToken       = "claim_token"
+	CreatedAtMs      = "outbox_created_at_ms"
+	LeaseExpiresAtMs = "lease_expires_at_ms"
+	LastError        = "last_error"
+	LastHTTPStatus   = "last_http_status"
+	AttemptCount     = "attempt_count"
+	FailedAtMs       = "failed_at_ms"
+)
+
+// Kafka is where a message was read.
+type Kafka struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Key is the record key; nil when the record has none.
+	Key         []byte
+	TimestampMs int64
+}
+
+// SetKafka sets the Kafka metadata of msg. Partition, offset and timestamp
+// are integers, topic and key strings (a key that is absent is not set).
+func SetKafka(msg *service.Message, k Kafka) {
+	if k.Key != nil {
+		msg.MetaSetMut(KafkaKey, string(k.Key))
+	}
+	msg.MetaSetMut(KafkaTopic, k.Topic)
+	msg.MetaSetMut(KafkaPartition, int64(k.Partition))
+	msg.MetaSetMut(KafkaOffset, k.Offset)
+	msg.MetaSetMut(KafkaTimestampMs, k.TimestampMs)
+}
+
+// ReadKafka reads the Kafka metadata of msg, whether set as integers or as
+// decimal text. ok is false when the topic, partition or offset is missing
+// or unreadable (the message did not come from kafka_franz); partition and
+// offset are then -1. Key is nil when the metadata is absent.
+func ReadKafka(msg *service.Message) (k Kafka, ok bool) {
+	topic, okTopic := msg.MetaGet(KafkaTopic)
+	part, okPart := Int(msg, KafkaPartition)
+	off, okOff := Int(msg, KafkaOffset)
+	if !okPart || part < 0 || part > 1<<31-1 {
+		part, okPart = -1, false
+	}
+	if !okOff {
+		off = -1
+	}
+	k = Kafka{Topic: topic, Partition: int32(part), Offset: off}
+	k.TimestampMs, _ = Int(msg, KafkaTimestampMs)
+	if v, found := msg.MetaGetMut(KafkaKey); found {
+		switch key := v.(type) {
+		case []byte:
+			k.Key = key
+		case string:
+			k.Key = []byte(key)
+		default:
+			s, _ := msg.MetaGet(KafkaKey)
+			k.Key = []byte(s)
+		}
+	}
+	return k, okTopic && topic != "" && okPart && okOff
+}
+
+// Stored names the row a message was stored in (the outbox processor with
+// emit: new).
+type Stored struct {
+	ID         int64
+	MessageKey string
+	APIType    string
+}
+
+// SetStored sets the row metadata of a message passed on after persisting.
+func SetStored(msg *service.Message, s Stored) {
+	msg.MetaSetMut(OutboxID, s.ID)
+	msg.MetaSetMut(MessageKey, s.MessageKey)
+	msg.MetaSetMut(APIType, s.APIType)
+}
+
+// Claim is one claim of one outbox row, as the dispatcher hands it down the
+// pipeline: the output needs it to send the row and to write its result,
+// fenced by the claim token.
+type Claim struct {
+	ID         int64
+	MessageKey string
+	APIType    string
+	// Attempt is this attempt's number, 1-based, already counted.
+	Attempt int
+	Token   string
+	Kafka   Kafka
+	// CreatedAt is when the row was persisted (end-to-end latency); zero
+	// when unknown.
+	CreatedAt time.Time
+	// LeaseExpiresAt is the claim's lease deadline when it was handed out;
+	// zero when unknown. The dispatcher renews leases of rows it holds, so
+	// the output asks it for the current one.
+	LeaseExpiresAt time.Time
+}
+
+// SetClaim sets the claim metadata (and the row's Kafka origin) of msg.
+func SetClaim(msg *service.Message, c Claim) {
+	SetStored(msg, Stored{ID: c.ID, MessageKey: c.MessageKey, APIType: c.APIType})
+	msg.MetaSetMut(Attempt, int64(c.Attempt))
+	msg.MetaSetMut(ClaimToken, c.Token)
+	msg.MetaSetMut(KafkaTopic, c.Kafka.Topic)
+	msg.MetaSetMut(KafkaPartition, int64(c.Kafka.Partition))
+	msg.MetaSetMut(KafkaOffset, c.Kafka.Offset)
+	msg.MetaSetMut(KafkaKey, string(c.Kafka.Key))
+	msg.MetaSetMut(CreatedAtMs, c.CreatedAt.UnixMilli())
+	msg.MetaSetMut(LeaseExpiresAtMs, c.LeaseExpiresAt.UnixMilli())
+}
+
+// ReadClaim reads the claim a message carries. The id, token and attempt
+// are required: a message without them was not handed out by the
+// dispatcher, and its result could not be recorded.
+func ReadClaim(msg *service.Message) (Claim, error) {
+	var c Claim
+	required := func(key string) (string, error) {
+		v, ok := msg.MetaGet(key)
+		if !ok || v == "" {
+			return "", fmt.Errorf("metadata %s is missing: http_forwarder must be fed by the outbox_retry input", key)
+		}
+		return v, nil
+	}
+	id, err := required(OutboxID)
+	if err != nil {
+		return c, err
+	}
+	if c.ID, err = strconv.ParseInt(id, 10, 64); err != nil {
+		return c, fmt.Errorf("metadata %s: %q is not an integer", OutboxID, id)
+	}
+	if c.Token, err = required(ClaimToken); err != nil {
+		return c, err
+	}
+	attempt, err := required(Attempt)
+	if err != nil {
+		return c, err
+	}
+	n, err := strconv.ParseInt(attempt, 10, 64)
+	if err != nil {
+		return c, fmt.Errorf("metadata %s: %q is not an integer", Attempt, attempt)
+	}
+	if n < 1 {
+		return c, fmt.Errorf("metadata %s: %d is not a 1-based attempt number", Attempt, n)
+	}
+	c.Attempt = int(n)
+	c.APIType, _ = msg.MetaGet(APIType)
+	c.MessageKey, _ = msg.MetaGet(MessageKey)
+	c.Kafka, _ = ReadKafka(msg)
+	for key, into := range map[string]*time.Time{CreatedAtMs: &c.CreatedAt, LeaseExpiresAtMs: &c.LeaseExpiresAt} {
+		v, ok := msg.MetaGet(key)
+		if !ok || v == "" {
+			continue
+		}
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return c, fmt.Errorf("metadata %s: %q is not an integer", key, v)
+		}
+		*into = time.UnixMilli(ms)
+	}
+	return c, nil
+}
+
+// Failed describes a FAILED row published to a dead-letter topic.
+type Failed struct {
+	Claim
+	LastError string
+	// LastHTTPStatus is the status of the last reply; 0 when there was none.
+	LastHTTPStatus int
+	AttemptCount   int
+	FailedAt       time.Time
+}
+
+// SetFailed sets the metadata of a dead-lettered row.
+func SetFailed(msg *service.Message, f Failed) {
+	SetStored(msg, Stored{ID: f.ID, MessageKey: f.MessageKey, APIType: f.APIType})
+	msg.MetaSetMut(LastError, f.LastError)
+	if f.LastHTTPStatus != 0 {
+		msg.MetaSetMut(LastHTTPStatus, int64(f.LastHTTPStatus))
+	}
+	msg.MetaSetMut(AttemptCount, int64(f.AttemptCount))
+	msg.MetaSetMut(KafkaTopic, f.Kafka.Topic)
+	msg.MetaSetMut(KafkaPartition, int64(f.Kafka.Partition))
+	msg.MetaSetMut(KafkaOffset, f.Kafka.Offset)
+	msg.MetaSetMut(KafkaKey, string(f.Kafka.Key))
+	msg.MetaSetMut(CreatedAtMs, f.CreatedAt.UnixMilli())
+	msg.MetaSetMut(FailedAtMs, f.FailedAt.UnixMilli())
+}
+
+// Int reads an integer metadata value, set either as a number or as its
+// decimal text.
+func Int(msg *service.Message, key string) (int64, bool) {
+	v, ok := msg.MetaGetMut(key)
+	if !ok {
+		return 0, false
+	}
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint64:
+		return int64(n), n <= 1<<63-1
+	case string:
+		i, err := strconv.ParseInt(n, 10, 64)
+		return i, err == nil
+	default:
+		s, _ := msg.MetaGet(key)
+		i, err := strconv.ParseInt(s, 10, 64)
+		return i, err == nil
+	}
+}

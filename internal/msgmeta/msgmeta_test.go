@@ -1,0 +1,87 @@
+package msgmeta_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/msgmeta"
+)
+
+func TestClaimRoundTrip(t *testing.T) {
+	created := time.UnixMilli(1779330600123)
+	lease := created.Add(time.Minute)
+	want := msgmeta.Claim{
+		ID: 42, MessageKey: "8f14e45f", APIType: "VEHICLE_EVENT", Attempt: 3, Token: "tok",
+		Kafka:     msgmeta.Kafka{Topic: "device-vehicle-event", Partition: 2, Offset: 99, Key: []byte("CAM-1")},
+		CreatedAt: created, LeaseExpiresAt: lease,
+	}
+	msg := service.NewMessage(nil)
+	msgmeta.SetClaim(msg, want)
+	got, err := msgmeta.ReadClaim(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != want.ID || got.MessageKey != want.MessageKey || got.APIType != want.APIType ||
+		got.Attempt != want.Attempt || got.Token != want.Token || !got.CreatedAt.Equal(created) ||
+		!got.LeaseExpiresAt.Equal(lease) || got.Kafka.Topic != want.Kafka.Topic ||
+		got.Kafka.Partition != 2 || got.Kafka.Offset != 99 || string(got.Kafka.Key) != "CAM-1" {
+		t.Fatalf("read back %+v, want %+v", got, want)
+	}
+}
+
+func TestReadClaimNamesWhatIsWrong(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		meta map[string]string
+		want string
+	}{
+		{"NoID", map[string]string{"claim_token": "t", "attempt": "1"}, "metadata outbox_id is missing"},
+		{"IDNotANumber", map[string]string{"outbox_id": "x", "claim_token": "t", "attempt": "1"}, `metadata outbox_id: "x" is not an integer`},
+		{"NoToken", map[string]string{"outbox_id": "1", "attempt": "1"}, "metadata claim_token is missing"},
+		{"ZeroAttempt", map[string]string{"outbox_id": "1", "claim_token": "t", "attempt": "0"}, "metadata attempt: 0 is not a 1-based attempt number"},
+		{"BadLease", map[string]string{"outbox_id": "1", "claim_token": "t", "attempt": "1", "lease_expires_at_ms": "soon"}, `metadata lease_expires_at_ms: "soon" is not an integer`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := service.NewMessage(nil)
+			for k, v := range tc.meta {
+				msg.MetaSet(k, v)
+			}
+			if _, err := msgmeta.ReadClaim(msg); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestReadKafka(t *testing.T) {
+	t.Run("IntegersOrText", func(t *testing.T) {
+		msg := service.NewMessage(nil)
+		msg.MetaSet(msgmeta.KafkaTopic, "t")
+		msg.MetaSet(msgmeta.KafkaPartition, "7")
+		msg.MetaSetMut(msgmeta.KafkaOffset, int64(12))
+		k, ok := msgmeta.ReadKafka(msg)
+		if !ok || k.Topic != "t" || k.Partition != 7 || k.Offset != 12 || k.Key != nil {
+			t.Fatalf("%+v %v", k, ok)
+		}
+	})
+	t.Run("MissingCoordinates", func(t *testing.T) {
+		msg := service.NewMessage(nil)
+		msg.MetaSet(msgmeta.KafkaTopic, "t")
+		msg.MetaSetMut(msgmeta.KafkaPartition, int64(1)<<40)
+		k, ok := msgmeta.ReadKafka(msg)
+		if ok || k.Partition != -1 || k.Offset != -1 {
+			t.Fatalf("%+v %v, want not ok with -1 coordinates", k, ok)
+		}
+	})
+	t.Run("SetKafkaRoundTrip", func(t *testing.T) {
+		msg := service.NewMessage(nil)
+		msgmeta.SetKafka(msg, msgmeta.Kafka{Topic: "t", Partition: 1, Offset: 2, Key: []byte{0xff, 0}, TimestampMs: 5})
+		k, ok := msgmeta.ReadKafka(msg)
+		if !ok || string(k.Key) != "\xff\x00" || k.TimestampMs != 5 {
+			t.Fatalf("%+v %v", k, ok)
+		}
+	})
+}

@@ -1,0 +1,150 @@
+package httpforwarder
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// policy turns a platform reply into what happens to the row: the rules
+// decide the outcome, the retry schedule the delay, max attempts the end.
+// It does no I/O, so every reply class is tested without a database or a
+// server (outcome_test.go).
+type policy struct {
+	rules       ruleSet
+	backoff     backoff
+	maxAttempts int
+	// rnd places a delay within the jitter band; uniform in [0, 1).
+	rnd func() float64
+}
+
+// health is what a reply says about the platform itself, whatever it says
+// about the row: a reply the platform produced on purpose (any JSON answer,
+// any errcode, any 4xx but 429) shows it up; no reply, a timeout, a 5xx, a
+// 429 or a 2xx that is not JSON shows it unavailable (docs/guarantees.md,
+// "Protecting the platform").
+type health int
+
+const (
+	healthy health = iota
+	unavailable
+)
+
+func (h health) String() string {
+	if h == unavailable {
+		return "unavailable"
+	}
+	return "healthy"
+}
+
+// decision is what one reply means for its row.
+type decision struct {
+	// Outcome is the rule outcome (success, duplicate, no_retry, retry).
+	Outcome string
+	// Result is the row's new state, ready for outboxdb.RecordResults but
+	// for the claim (ID, ClaimToken).
+	Result outboxdb.Result
+	// Health of the platform as this reply shows it.
+	Health health
+	// PauseFor is the Retry-After of a 429/503, capped at the retry
+	// maximum: every instance should stop sending that long. Zero when none.
+	PauseFor time.Duration
+	// RuleErr is a rule that failed to run (for debugging), or nil.
+	RuleErr error
+}
+
+// decide classifies r, the reply to attempt number attempt (1-based).
+func (p policy) decide(r response, attempt int, took time.Duration, now time.Time) decision {
+	env := ruleEnv{Status: r.Status, Headers: r.Headers, Body: r.Body, Error: r.Err}
+	outcome, ruleIdx, runErr := p.rules.classify(&env)
+	d := decision{
+		Outcome: outcome,
+		Health:  replyHealth(r),
+		RuleErr: runErr,
+		Result: outboxdb.Result{
+			Sent:            true,
+			Duration:        took,
+			HTTPStatus:      r.Status,
+			PlatformErrcode: platformErrcode(r.Body),
+		},
+	}
+	if honoursRetryAfter(r.Status) {
+		if wait, ok := retryAfter(r.RetryAfter, now); ok {
+			d.PauseFor = min(wait, p.backoff.max)
+		}
+	}
+	switch outcome {
+	case outcomeSuccess, outcomeDuplicate:
+		d.Result.Status = outboxdb.StatusSuccess
+		return d
+	}
+	what := describeReply(r)
+	switch {
+	case outcome == outcomeNoRetry:
+		d.Result.Status = outboxdb.StatusFailed
+		d.Result.Class = outboxdb.ClassRejected
+		d.Result.Error = fmt.Sprintf("not retried (rules[%d] no_retry): %s", ruleIdx, what)
+	case attempt >= p.maxAttempts:
+		d.Result.Status = outboxdb.StatusFailed
+		d.Result.Class = outboxdb.ClassTransient
+		d.Result.Error = fmt.Sprintf("giving up after %d attempts: %s", attempt, what)
+	default:
+		d.Result.Status = outboxdb.StatusPending
+		d.Result.RetryIn = p.backoff.delay(attempt, p.rnd())
+		if d.PauseFor > 0 {
+			d.Result.RetryIn = d.PauseFor
+		}
+		d.Result.Error = what
+	}
+	return d
+}
+
+// replyHealth says whether r shows the platform up.
+func replyHealth(r response) health {
+	switch {
+	case r.Status == 0: // no reply: refused, reset, timed out
+		return unavailable
+	case r.Status >= 500, r.Status == 429:
+		return unavailable
+	case r.Status >= 200 && r.Status < 300 && r.Body == nil:
+		// A 2xx that is not JSON comes from something in front of the
+		// platform (a maintenance page, a proxy), not from the platform.
+		return unavailable
+	default:
+		return healthy
+	}
+}
+
+// describeReply says what came back, for last_error.
+func describeReply(r response) string {
+	switch {
+	case r.Status == 0:
+		return r.Err
+	case r.Err != "":
+		return fmt.Sprintf("http %d: %s", r.Status, r.Err)
+	case r.Snippet == "":
+		return fmt.Sprintf("http %d (empty body)", r.Status)
+	default:
+		return fmt.Sprintf("http %d: %s", r.Status, r.Snippet)
+	}
+}
+
+// platformErrcode is the reply's errcode as text, "" when it has none.
+func platformErrcode(body any) string {
+	obj, ok := body.(map[string]any)
+	if !ok {
+		return ""
+	}
+	switch v := obj["errcode"].(type) {
+	case string:
+		return v
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case bool:
+		return strconv.FormatBool(v)
+	default:
+		return ""
+	}
+}

@@ -1,0 +1,114 @@
+package httpforwarder
+
+import (
+	stdjson "encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// TestDecide is the reply table of the platform's contract, decided without
+// a database or a server: every class of reply, on a middle attempt and on
+// the last one, with what it says about the platform's health.
+func TestDecide(t *testing.T) {
+	t.Parallel()
+	rules, err := compileRules(defaultRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := policy{
+		rules:       rules,
+		backoff:     backoff{initial: time.Second, max: 10 * time.Second, multiplier: 2, jitter: 0.1},
+		maxAttempts: 3,
+		rnd:         func() float64 { return 0.5 }, // no jitter
+	}
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	json := func(status int, body string) response {
+		r := response{Status: status, Snippet: body}
+		var v any
+		if body != "" {
+			v = decodeJSON(t, body)
+		}
+		r.Body = v
+		return r
+	}
+	for _, tc := range []struct {
+		name     string
+		r        response
+		attempt  int
+		status   outboxdb.Status
+		class    outboxdb.FailureClass
+		retryIn  time.Duration
+		health   health
+		errcode  string
+		errHas   string
+		pauseFor time.Duration
+	}{
+		{name: "Result0", r: json(200, `{"result":0}`), attempt: 1, status: outboxdb.StatusSuccess, health: healthy},
+		{name: "Result0AsString", r: json(201, `{"result":"0","errcode":"0"}`), attempt: 3, status: outboxdb.StatusSuccess, health: healthy, errcode: "0"},
+		{name: "Errcode4IsDuplicate", r: json(200, `{"result":1,"errcode":"4"}`), attempt: 3, status: outboxdb.StatusSuccess, health: healthy, errcode: "4"},
+		{name: "Errcode4NumberIsDuplicate", r: json(200, `{"result":1,"errcode":4}`), attempt: 1, status: outboxdb.StatusSuccess, health: healthy, errcode: "4"},
+		{name: "Errcode998IsRejected", r: json(200, `{"result":1,"errcode":"998"}`), attempt: 1, status: outboxdb.StatusFailed, class: outboxdb.ClassRejected,
+			health: healthy, errcode: "998", errHas: "not retried (rules[1] no_retry)"},
+		{name: "Errcode999IsRetried", r: json(200, `{"result":1,"errcode":"999"}`), attempt: 1, status: outboxdb.StatusPending,
+			retryIn: time.Second, health: healthy, errcode: "999", errHas: `http 200: {"result":1,"errcode":"999"}`},
+		{name: "Errcode999OnTheLastAttemptFails", r: json(200, `{"result":1,"errcode":"999"}`), attempt: 3, status: outboxdb.StatusFailed,
+			class: outboxdb.ClassTransient, health: healthy, errcode: "999", errHas: "giving up after 3 attempts"},
+		{name: "SecondRetryDoubles", r: json(200, `{"result":2}`), attempt: 2, status: outboxdb.StatusPending, retryIn: 2 * time.Second, health: healthy},
+		{name: "HTTP500", r: response{Status: 500, Snippet: "oops"}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable, errHas: "http 500: oops"},
+		{name: "HTTP500WithSuccessBody", r: json(500, `{"result":0}`), attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable},
+		{name: "HTTP429RetryAfter", r: response{Status: 429, RetryAfter: "7"}, attempt: 1, status: outboxdb.StatusPending,
+			retryIn: 7 * time.Second, health: unavailable, pauseFor: 7 * time.Second, errHas: "http 429 (empty body)"},
+		{name: "HTTP503RetryAfterCapped", r: response{Status: 503, RetryAfter: "3600"}, attempt: 1, status: outboxdb.StatusPending,
+			retryIn: 10 * time.Second, health: unavailable, pauseFor: 10 * time.Second},
+		{name: "HTTP503RetryAfterAsDate", r: response{Status: 503, RetryAfter: now.Add(4 * time.Second).Format(httpDate)}, attempt: 1,
+			status: outboxdb.StatusPending, retryIn: 4 * time.Second, health: unavailable, pauseFor: 4 * time.Second},
+		{name: "RetryAfterIgnoredOn500", r: response{Status: 500, RetryAfter: "7"}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable},
+		{name: "NonJSON2xx", r: response{Status: 200, Snippet: "<html>maintenance</html>"}, attempt: 1, status: outboxdb.StatusPending,
+			retryIn: time.Second, health: unavailable, errHas: "http 200: <html>maintenance</html>"},
+		{name: "Timeout", r: response{Err: "request timed out after 10s", TimedOut: true}, attempt: 1, status: outboxdb.StatusPending,
+			retryIn: time.Second, health: unavailable, errHas: "request timed out after 10s"},
+		{name: "ConnectionRefused", r: response{Err: "dial tcp: connection refused"}, attempt: 3, status: outboxdb.StatusFailed,
+			class: outboxdb.ClassTransient, health: unavailable, errHas: "giving up after 3 attempts: dial tcp: connection refused"},
+		{name: "HTTP400IsHealthyAndRetried", r: json(400, `{"error":"bad field"}`), attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: healthy},
+		{name: "EmptyBody", r: response{Status: 204}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable, errHas: "http 204 (empty body)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d := p.decide(tc.r, tc.attempt, 20*time.Millisecond, now)
+			r := d.Result
+			if r.Status != tc.status || r.Class != tc.class || d.Health != tc.health || r.PlatformErrcode != tc.errcode {
+				t.Fatalf("status %s class %q health %v errcode %q; want %s %q %v %q (outcome %s, error %q)",
+					r.Status, r.Class, d.Health, r.PlatformErrcode, tc.status, tc.class, tc.health, tc.errcode, d.Outcome, r.Error)
+			}
+			if r.Status == outboxdb.StatusPending && r.RetryIn != tc.retryIn {
+				t.Errorf("retry in %v, want %v", r.RetryIn, tc.retryIn)
+			}
+			if d.PauseFor != tc.pauseFor {
+				t.Errorf("pause %v, want %v", d.PauseFor, tc.pauseFor)
+			}
+			if tc.errHas != "" && !strings.Contains(r.Error, tc.errHas) {
+				t.Errorf("error %q, want it to contain %q", r.Error, tc.errHas)
+			}
+			if r.Status == outboxdb.StatusSuccess && r.Error != "" {
+				t.Errorf("a success carries an error: %q", r.Error)
+			}
+			if !r.Sent || r.HTTPStatus != tc.r.Status {
+				t.Errorf("sent %v http %d", r.Sent, r.HTTPStatus)
+			}
+		})
+	}
+}
+
+const httpDate = "Mon, 02 Jan 2006 15:04:05 GMT"
+
+func decodeJSON(t *testing.T, s string) any {
+	t.Helper()
+	var v any
+	if err := stdjson.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
