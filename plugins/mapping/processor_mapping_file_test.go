@@ -2,6 +2,7 @@ package mapping
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
@@ -418,6 +420,32 @@ func TestMappingErrorReason(t *testing.T) {
 		if got := mappingErrorReason(fmt.Errorf("%s", in)); got != want {
 			t.Errorf("mappingErrorReason(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A value quoted in a type error can be as long as the message: the reason
+// is cut, at a character boundary, and says how much was left out.
+func TestMappingErrorReasonIsCut(t *testing.T) {
+	t.Parallel()
+
+	value := strings.Repeat("é", 1<<20)
+	reason := "field `this.n`: expected number value, got string (\"" + value + "\")"
+	got := mappingErrorReason(fmt.Errorf("failed assignment (line 2): %s", reason))
+	kept, cut, ok := strings.Cut(got, "... (")
+	if !ok {
+		t.Fatalf("reason of %d bytes not cut: %.80q", len(reason), got)
+	}
+	if len(kept) > maxReasonBytes || len(kept) < maxReasonBytes-utf8.UTFMax {
+		t.Errorf("kept %d bytes, want %d or a few less", len(kept), maxReasonBytes)
+	}
+	if !strings.HasPrefix(reason, kept) || !utf8.ValidString(kept) {
+		t.Errorf("kept %.80q..., want a valid prefix of the reason", kept)
+	}
+	if want := fmt.Sprintf("%d more bytes)", len(reason)-len(kept)); cut != want {
+		t.Errorf("note %q, want %q", cut, want)
+	}
+	if short := "inoutType 7 is not 0 or 1"; mappingErrorReason(errors.New(short)) != short {
+		t.Errorf("a short reason changed")
 	}
 }
 
