@@ -47,7 +47,7 @@ func mappingFileSpec() *service.ConfigSpec {
 		Description(`
 Works like the `+"`mapping`"+` processor (the result replaces the message, metadata is kept, a failing mapping leaves the message unchanged and flags it with the error) except that the mapping lives in a file which is watched while the stream runs.
 
-Every `+"`reload_interval`"+` the processor checks the file and every file it imports (modification time and size, then content). When the content changed and stays the same for a short settle period, the new mapping is compiled and swapped in atomically. An edit that does not compile, or a file that disappears, is rejected: the error is logged with its line and column, the counter `+"`forwarder_mapping_reloads_total{result=\"error\"}`"+` goes up, and the previous mapping keeps serving until a later edit compiles. Each batch is mapped by one compiled mapping, taken once per batch, so no message is ever mapped half by the old and half by the new version. Prefer saving with an atomic rename (most editors do); a file written in place is still only read once it has settled.
+Every `+"`reload_interval`"+` the processor checks the file and every file it imports (modification time and size, then content). When the content changed and stays the same for a short settle period, the new mapping is compiled and swapped in atomically. An edit that does not compile, or a file that disappears, is rejected: the error is logged with the file it is in (the imported file, when the mistake is in an import), its line and its column, the counter `+"`forwarder_mapping_reloads_total{result=\"error\"}`"+` goes up, and the previous mapping keeps serving until a later edit compiles. Each batch is mapped by one compiled mapping, taken once per batch, so no message is ever mapped half by the old and half by the new version. Prefer saving with an atomic rename (most editors do); a file written in place is still only read once it has settled.
 
 The path, and the paths of `+"`import`"+` statements inside the file, follow Bloblang's rules: a relative path is resolved against the process's working directory (not the config file's directory), and an import is resolved against the directory of the file that contains it. `+"`forwarder lint`"+` compiles the file too, from the working directory it runs in.
 
@@ -376,7 +376,7 @@ func compileMappingFile(files fileReader, path string) (*compiledMapping, map[st
 	if err != nil {
 		var perr *bloblang.ParseError
 		if errors.As(err, &perr) {
-			return nil, watched, fmt.Errorf("compiling %s:%d:%d: %v", path, perr.Line, perr.Column, perr.Error())
+			return nil, watched, fmt.Errorf("compiling %s", describeParseError(files, path, string(content), perr))
 		}
 		return nil, watched, fmt.Errorf("compiling %s: %w", path, err)
 	}

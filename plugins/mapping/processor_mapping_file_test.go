@@ -339,6 +339,28 @@ func TestMappingFile(t *testing.T) {
 		})
 	})
 
+	t.Run("BrokenImportIsLoggedWithItsFile", func(t *testing.T) {
+		t.Parallel()
+		tb := setup(t, `root.v = "placeholder"`)
+		lib := filepath.Join(tb.dir, "common.blobl")
+		writeFile(t, lib, "map v {\n  root = \"one\"\n}\n")
+		writeFile(t, tb.path, "# Rules (§5)\nimport \"./common.blobl\"\nroot.v = this.apply(\"v\")\n")
+		eventually(t, "the importing mapping serves", func() bool {
+			return body(t, tb.mapOne(`{}`)) == `{"v":"one"}`
+		})
+
+		writeFile(t, lib, "map v {\n  root = \"two\" +\n}\n")
+		eventually(t, "the broken import is rejected", func() bool {
+			return tb.capture.counter(metricReloads, map[string]string{"result": "error"}) == 1
+		})
+		if want := lib + ":3:1: "; !tb.capture.logged(want) || !tb.capture.logged("(imported by "+tb.path+":2:1)") {
+			t.Errorf("the rejection log does not name %s and its importer; logs: %v", want, tb.capture.logs)
+		}
+		if got := body(t, tb.mapOne(`{}`)); got != `{"v":"one"}` {
+			t.Fatalf("after the broken import: got %s, want the previous mapping's output", got)
+		}
+	})
+
 	t.Run("ThrownErrorFlagsMessageWithItsReason", func(t *testing.T) {
 		t.Parallel()
 		tb := setup(t, `
@@ -614,4 +636,166 @@ output:
 	if len(lints) != 1 || !strings.Contains(lints[0].What, "missing.blobl") {
 		t.Fatalf("missing mapping: got lints %v", lints)
 	}
+}
+
+// A parse error names the file it is in, with the line and column counted in
+// characters, also when that file is imported: Bloblang reports an error in
+// an import at the import statement, without the imported file's name.
+func TestMappingFileParseErrorLocation(t *testing.T) {
+	t.Parallel()
+
+	// compileError writes files (name -> content) into a fresh directory and
+	// returns that directory and the error of compiling main.blobl there.
+	compileError := func(t *testing.T, files map[string]string) (string, string) {
+		t.Helper()
+		dir := t.TempDir()
+		for name, content := range files {
+			path := filepath.Join(dir, name)
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, path, content)
+		}
+		_, err := newMappingFile(filepath.Join(dir, "main.blobl"), 0, osFiles{}, nil, nil)
+		if err == nil {
+			t.Fatal("compiled, want an error")
+		}
+		return dir, err.Error()
+	}
+	wantIn := func(t *testing.T, got string, want ...string) {
+		t.Helper()
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("error %q does not contain %q", got, w)
+			}
+		}
+	}
+
+	t.Run("ErrorInImportedFile", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			// The non-ASCII comments moved Bloblang's positions back.
+			"main.blobl":       "# Rules (§5, §11)\nimport \"./lib/common.blobl\"\nroot.v = this.apply(\"v\")\n",
+			"lib/common.blobl": "# Shared rules (§5)\nmap v {\n  root = \"one\"\n}\n\nmap w {{\n  root = 1\n}\n",
+		})
+		wantIn(t, got,
+			"compiling "+filepath.Join(dir, "lib", "common.blobl")+":6:8: ",
+			"(imported by "+filepath.Join(dir, "main.blobl")+":2:1)")
+		if strings.Contains(strings.ReplaceAll(got, "imported by", ""), "impor") || strings.Contains(got, "\n") {
+			t.Errorf("error %q still carries the import statement's snippet or a newline", got)
+		}
+	})
+
+	t.Run("ErrorInNestedImport", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			"main.blobl": "import \"./a/a.blobl\"\nroot = this.apply(\"a\")\n",
+			"a/a.blobl":  "\n\nimport \"../b/b.blobl\"\nmap a {\n  root = this.apply(\"b\")\n}\n",
+			"b/b.blobl":  "map b {\n  root = this.nope(\n}\n",
+		})
+		wantIn(t, got,
+			filepath.Join(dir, "b", "b.blobl")+":3:1: ",
+			"(imported by "+filepath.Join(dir, "a", "a.blobl")+":3:1, imported by "+filepath.Join(dir, "main.blobl")+":1:1)")
+	})
+
+	t.Run("MissingImport", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			"main.blobl": "root.a = 1\nimport \"./nope.blobl\"\n",
+		})
+		wantIn(t, got, filepath.Join(dir, "main.blobl")+":2:1: failed to read import: ", "nope.blobl")
+	})
+
+	t.Run("ImportWithoutMaps", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			"main.blobl": "import \"./lib.blobl\"\nroot = 1\n",
+			"lib.blobl":  "root = 2\n",
+		})
+		wantIn(t, got, filepath.Join(dir, "main.blobl")+":1:1: no maps to import from")
+	})
+
+	t.Run("ErrorAfterNonASCII", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			"main.blobl": "# §§§ — rules\nroot.a = 1\nroot.b = this.b.no_such_method()\n",
+		})
+		// Bloblang places the error after the call: column 33 of line 3
+		// (Bloblang says 3:28: it counts the comment's bytes as characters).
+		wantIn(t, got, filepath.Join(dir, "main.blobl")+":3:33: unrecognised method 'no_such_method'")
+	})
+
+	// The shipped mappings with a typo in common.blobl: the error names
+	// common.blobl at the typo, at start-up, in lint and at a reload.
+	t.Run("ShippedCommonBroken", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		for _, name := range []string{"common.blobl", "vehicle_event.blobl", "heartbeat.blobl"} {
+			b, err := os.ReadFile(filepath.Join("..", "..", "mappings", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(dir, name), string(b))
+		}
+		common := filepath.Join(dir, "common.blobl")
+		line := replaceOnce(t, common, "map text {", "map text {{")
+		col := len("map text {{") // the second brace, 1-based
+		importLine := lineContaining(t, filepath.Join(dir, "vehicle_event.blobl"), `import "./common.blobl"`)
+		want := []string{
+			fmt.Sprintf("%s:%d:%d: ", common, line, col),
+			fmt.Sprintf("(imported by %s:%d:1)", filepath.Join(dir, "vehicle_event.blobl"), importLine),
+		}
+
+		_, err := newMappingFile(filepath.Join(dir, "vehicle_event.blobl"), 0, osFiles{}, nil, nil)
+		if err == nil {
+			t.Fatal("compiled, want an error")
+		}
+		wantIn(t, err.Error(), want...)
+
+		linter := service.GlobalEnvironment().FullConfigSchema("", "").NewStreamConfigLinter()
+		lints, err := linter.LintYAML(fmt.Appendf(nil, "input:\n  generate:\n    mapping: 'root = {}'\npipeline:\n  processors:\n    - mapping_file:\n        path: %q\noutput:\n  drop: {}\n", filepath.Join(dir, "vehicle_event.blobl")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(lints) != 1 {
+			t.Fatalf("got lints %v, want one", lints)
+		}
+		wantIn(t, lints[0].What, want...)
+	})
+}
+
+// replaceOnce replaces the only line of file containing old with the line
+// where old becomes new, and returns its 1-based number.
+func replaceOnce(t *testing.T, file, old, new string) int {
+	t.Helper()
+	line := lineContaining(t, file, old)
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, file, strings.Replace(string(b), old, new, 1))
+	return line
+}
+
+// lineContaining returns the 1-based number of the only line of file that
+// contains substr.
+func lineContaining(t *testing.T, file, substr string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, substr) {
+			if found != 0 {
+				t.Fatalf("%q occurs on more than one line of %s", substr, file)
+			}
+			found = i + 1
+		}
+	}
+	if found == 0 {
+		t.Fatalf("%q not found in %s", substr, file)
+	}
+	return found
 }
