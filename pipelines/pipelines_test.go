@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 var (
@@ -72,7 +74,7 @@ func repoRoot(t *testing.T) string {
 // works in: no credentials, and PLATFORM_TZ at its default.
 func run(t *testing.T, dir string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(forwarder(t), args...)
+	cmd := exec.Command(testinputs.Forwarder(t, forwarder(t)), args...)
 	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 var forwarderBin string
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 // run executes the binary with env added and returns its combined output.
 func run(t *testing.T, env []string, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(forwarderBin, args...)
+	cmd := exec.Command(testinputs.Forwarder(t, forwarderBin), args...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
@@ -151,7 +152,7 @@ func runServiceExpectingExit(t *testing.T, what string, env ...string) (string, 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, forwarderBin, "-c", "pipelines/forwarder.yaml")
+	cmd := exec.CommandContext(ctx, testinputs.Forwarder(t, forwarderBin), "-c", "pipelines/forwarder.yaml")
 	cmd.Dir = filepath.Join("..", "..")
 	cmd.Env = append(append(os.Environ(), "KAFKA_BROKERS=127.0.0.1:1",
 		"PLATFORM_ACCESS_NAME=n", "PLATFORM_ACCESS_PWD=p", "HTTP_ADDR=127.0.0.1:0"), env...)

@@ -45,9 +45,12 @@ func (b *recordTestBundle) claimN(t *testing.T, n int) []outboxdb.ClaimedRow {
 }
 
 type recordRow struct {
-	status        string
-	attemptCount  int
-	nextRetryIn   *time.Duration // next_retry_at - now()
+	status       string
+	attemptCount int
+	// retryIn is next_retry_at - updated_at: both are set by the writing
+	// statement's now(), so this is the delay it gave the row, exactly,
+	// however long ago it ran (nil when next_retry_at is NULL).
+	retryIn       *time.Duration
 	httpStatus    *int
 	lastError     *string
 	succeeded     bool
@@ -61,17 +64,17 @@ type recordRow struct {
 func (b *recordTestBundle) row(t *testing.T, id int64) recordRow {
 	t.Helper()
 	var r recordRow
-	var nextSecs *float64
+	var retryMicros *int64
 	if err := b.pool.QueryRow(b.ctx, `SELECT status, attempt_count,
-			extract(epoch FROM next_retry_at - now())::float8, last_http_status, last_error,
+			(extract(epoch FROM next_retry_at - updated_at) * 1000000)::bigint, last_http_status, last_error,
 			succeeded_at IS NOT NULL, coalesce(claim_token::text, '')
 		FROM forward_records WHERE id = $1`, id).
-		Scan(&r.status, &r.attemptCount, &nextSecs, &r.httpStatus, &r.lastError, &r.succeeded, &r.claimToken); err != nil {
+		Scan(&r.status, &r.attemptCount, &retryMicros, &r.httpStatus, &r.lastError, &r.succeeded, &r.claimToken); err != nil {
 		t.Fatal(err)
 	}
-	if nextSecs != nil {
-		d := time.Duration(*nextSecs * float64(time.Second))
-		r.nextRetryIn = &d
+	if retryMicros != nil {
+		d := time.Duration(*retryMicros) * time.Microsecond
+		r.retryIn = &d
 	}
 	rows, err := b.pool.Query(b.ctx, `SELECT result_status, platform_errcode, attempt_number, duration_ms
 		FROM forward_retry_logs WHERE record_id = $1 ORDER BY id`, id)
@@ -124,19 +127,19 @@ func TestRecordResults(t *testing.T) {
 		}
 
 		ok := b.row(t, claimed[0].ID)
-		if ok.status != "SUCCESS" || !ok.succeeded || ok.nextRetryIn != nil || ok.lastError != nil || *ok.httpStatus != 200 {
+		if ok.status != "SUCCESS" || !ok.succeeded || ok.retryIn != nil || ok.lastError != nil || *ok.httpStatus != 200 {
 			t.Errorf("success row: %+v", ok)
 		}
 		failed := b.row(t, claimed[1].ID)
-		if failed.status != "FAILED" || failed.succeeded || failed.nextRetryIn != nil || *failed.lastError != "rejected" {
+		if failed.status != "FAILED" || failed.succeeded || failed.retryIn != nil || *failed.lastError != "rejected" {
 			t.Errorf("failed row: %+v", failed)
 		}
 		pending := b.row(t, claimed[2].ID)
-		if pending.status != "PENDING" || pending.nextRetryIn == nil || *pending.httpStatus != 500 {
+		if pending.status != "PENDING" || pending.retryIn == nil || *pending.httpStatus != 500 {
 			t.Fatalf("pending row: %+v", pending)
 		}
-		if d := *pending.nextRetryIn; d < 29*time.Second || d > 30*time.Second {
-			t.Errorf("pending row due in %v, want about 30s", d)
+		if d := *pending.retryIn; d != 30*time.Second {
+			t.Errorf("pending row due %v after the write, want 30s", d)
 		}
 
 		for i, r := range []recordRow{ok, failed, pending} {
@@ -214,7 +217,7 @@ func TestRecordResults(t *testing.T) {
 			t.Fatalf("second write: %v %v", got, err)
 		}
 		r := b.row(t, c.ID)
-		if len(r.logStatuses) != 1 || r.nextRetryIn == nil || *r.nextRetryIn > time.Second {
+		if len(r.logStatuses) != 1 || r.retryIn == nil || *r.retryIn != 0 {
 			t.Fatalf("row after repeat: %+v", r)
 		}
 		if r.logDurationMs[0] != nil {
@@ -248,7 +251,7 @@ func TestRecordResults(t *testing.T) {
 		}
 		r := b.row(t, c.ID)
 		if r.status != "PENDING" || r.attemptCount != 1 || recordText(r.lastError) != "http 500" || *r.httpStatus != 500 ||
-			r.nextRetryIn == nil || *r.nextRetryIn > 0 || len(r.logStatuses) != 1 {
+			r.retryIn == nil || *r.retryIn != 0 || len(r.logStatuses) != 1 {
 			t.Fatalf("after undo: %+v (last_error %q)", r, recordText(r.lastError))
 		}
 		if _, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{

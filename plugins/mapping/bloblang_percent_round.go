@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/big"
 	"strconv"
 	"strings"
 
@@ -19,6 +18,8 @@ func percentRoundSpec() *bloblang.PluginSpec {
 		Description(`Multiplies a decimal number by 100 and rounds the result half up (towards positive infinity on a tie) to an integer.
 
 The arithmetic is exact and done on the decimal as written, never on a float64 product: `+"`0.575`"+` gives 58, where `+"`(0.575 * 100).round()`"+` gives 57 because 0.575 × 100 is 57.49999999999999 in binary floating point. The target may be a JSON number (Benthos decodes them as `+"`json.Number`"+`, which keeps the digits as written), a string holding a decimal number (`+"`\"0.575\"`, `\"5.75e-1\"`"+`), an integer, or a float (formatted with the fewest digits that read back to the same float first).
+
+Only the digits up to the rounding position, and whether a non-zero digit follows them, decide the result: the method reads the text once, builds no number of its size, and its cost is linear in the text's length, so a hostile value of millions of digits (or an exponent such as `+"`1e999999999`"+`) costs milliseconds, not hours.
 
 Anything else (booleans, null, empty strings, `+"`NaN`"+`, hex, fractions such as `+"`1/2`"+`, surrounding spaces) is an error. A result outside the signed 64-bit range saturates at its bound, so clamping it afterwards behaves as expected. No clamping is done here: the mapping decides the range.`).
 		Example("Credibility as a percentage, clamped to 0–100 by the mapping.",
@@ -41,7 +42,8 @@ func init() {
 
 // PercentRound returns v × 100 rounded half up to an integer, computed exactly
 // on v's decimal text. v may be a json.Number, a string, an integer or a float;
-// results beyond the int64 range saturate.
+// results beyond the int64 range saturate. The cost is linear in the length of
+// the text and a string or json.Number is read without allocating.
 func PercentRound(v any) (int64, error) {
 	text, err := decimalText(v)
 	if err != nil {
@@ -85,20 +87,51 @@ func decimalText(v any) (string, error) {
 	return "", fmt.Errorf("expected a number or a string holding a decimal number, got %T", v)
 }
 
-// decimal is sign × digits × 10^exp, digits without leading zeros ("" = 0).
+// decimal is sign × digits × 10^exp. The digits are the mantissa's integer
+// and fraction parts as written, read as one digit string without copying
+// them: a mantissa can be as long as a message.
 type decimal struct {
-	neg    bool
-	digits string
-	exp    int64
+	neg bool
+	// intPart and fracPart are the mantissa's digits before and after the
+	// point; lead counts the leading zeros of the two read as one string.
+	intPart, fracPart string
+	lead              int
+	exp               int64
+}
+
+// n returns the number of digits after the leading zeros (0 for zero).
+func (d decimal) n() int { return len(d.intPart) + len(d.fracPart) - d.lead }
+
+// digit returns the i-th digit after the leading zeros, 0 <= i < d.n().
+func (d decimal) digit(i int) byte {
+	i += d.lead
+	if i < len(d.intPart) {
+		return d.intPart[i] - '0'
+	}
+	return d.fracPart[i-len(d.intPart)] - '0'
+}
+
+// anyNonZeroFrom reports whether a digit at index i or later is not 0.
+func (d decimal) anyNonZeroFrom(i int) bool {
+	i += d.lead
+	if i < len(d.intPart) {
+		if strings.Trim(d.intPart[i:], "0") != "" {
+			return true
+		}
+		i = len(d.intPart)
+	}
+	return strings.Trim(d.fracPart[i-len(d.intPart):], "0") != ""
 }
 
 // maxExp bounds exponents so that the arithmetic below cannot overflow; any
 // value whose exponent reaches it is far outside the int64 range (or rounds
-// to zero) whatever its digits.
+// to zero) whatever its digits, as long as the mantissa is shorter than
+// 2^40 digits, which a message is.
 const maxExp = 1 << 40
 
 // parseDecimal accepts [+-]digits[.digits][(e|E)[+-]digits], with at least one
-// digit in the mantissa, and nothing else.
+// digit in the mantissa, and nothing else. It reads s once and keeps slices of
+// it: the cost is linear in len(s) and nothing of that size is allocated.
 func parseDecimal(s string) (decimal, error) {
 	var d decimal
 	bad := func() (decimal, error) {
@@ -117,17 +150,16 @@ func parseDecimal(s string) (decimal, error) {
 	for i < len(s) && isDigit(s[i]) {
 		i++
 	}
-	intPart := s[intStart:i]
-	var fracPart string
+	d.intPart = s[intStart:i]
 	if i < len(s) && s[i] == '.' {
 		i++
 		fracStart := i
 		for i < len(s) && isDigit(s[i]) {
 			i++
 		}
-		fracPart = s[fracStart:i]
+		d.fracPart = s[fracStart:i]
 	}
-	if intPart == "" && fracPart == "" {
+	if d.intPart == "" && d.fracPart == "" {
 		return bad()
 	}
 	var exp int64
@@ -140,6 +172,7 @@ func parseDecimal(s string) (decimal, error) {
 		}
 		expStart := i
 		for i < len(s) && isDigit(s[i]) {
+			// Saturates: past maxExp only the sign of the exponent matters.
 			if exp < maxExp {
 				exp = exp*10 + int64(s[i]-'0')
 			}
@@ -156,110 +189,82 @@ func parseDecimal(s string) (decimal, error) {
 	if i != len(s) {
 		return bad()
 	}
-	d.digits = strings.TrimLeft(intPart+fracPart, "0")
-	d.exp = exp - int64(len(fracPart))
+	d.lead = len(d.intPart) - len(strings.TrimLeft(d.intPart, "0"))
+	if d.lead == len(d.intPart) {
+		d.lead += len(d.fracPart) - len(strings.TrimLeft(d.fracPart, "0"))
+	}
+	d.exp = exp - int64(len(d.fracPart))
 	return d, nil
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 // percentRoundHalfUp returns floor(d × 100 + 1/2), saturated to int64.
+//
+// Only the digits up to the rounding position and whether any non-zero digit
+// follows the first dropped one decide the result, so this reads at most 21
+// digits and scans the rest once: linear in the input however long it is,
+// with no big-number arithmetic (which made a long mantissa quadratic).
 func (d decimal) percentRoundHalfUp() int64 {
-	if d.digits == "" {
+	n := int64(d.n())
+	if n == 0 {
 		return 0
 	}
-	// d × 100 = digits × 10^e, and digits < 10^n, so |d × 100| < 10^(n+e).
-	n, e := int64(len(d.digits)), d.exp+2
+	// d × 100 = ±digits × 10^e, and digits < 10^n, so the integer part
+	// of |d × 100| has n+e digits: the first n+e of digits, padded with
+	// zeros when e > 0.
+	e := d.exp + 2
+	intDigits := n + e
 	switch {
-	case n+e <= -1:
+	case intDigits <= -1:
 		// |d × 100| < 0.1: rounds to 0 from either side.
 		return 0
-	case n+e > 20:
+	case intDigits > 20:
 		// |d × 100| >= 10^(n+e-1) >= 10^20, beyond int64.
 		if d.neg {
 			return math.MinInt64
 		}
 		return math.MaxInt64
 	}
-	if r, ok := d.percentRoundSmall(n, e); ok {
-		return r
-	}
-	// Here -1-n < e <= 20-n, so 10^|e| stays as small as the input is long.
-	num, _ := new(big.Int).SetString(d.digits, 10)
-	if d.neg {
-		num.Neg(num)
-	}
-	den := big.NewInt(1)
-	pow := new(big.Int).Exp(big.NewInt(10), big.NewInt(absInt64(e)), nil)
-	if e >= 0 {
-		num.Mul(num, pow)
-	} else {
-		den = pow
-	}
-	r := new(big.Rat).SetFrac(num, den)
-	r.Add(r, big.NewRat(1, 2))
-	// Int.Div is Euclidean: with a positive divisor it is the floor.
-	floor := new(big.Int).Div(r.Num(), r.Denom())
-	switch {
-	case floor.IsInt64():
-		return floor.Int64()
-	case floor.Sign() < 0:
-		return math.MinInt64
-	default:
-		return math.MaxInt64
-	}
-}
 
-// pow10 holds 10^0 … 10^18, the powers of ten that fit in an int64.
-var pow10 = func() (p [19]int64) {
-	p[0] = 1
-	for i := 1; i < len(p); i++ {
-		p[i] = p[i-1] * 10
-	}
-	return p
-}()
-
-// percentRoundSmall is percentRoundHalfUp in int64 arithmetic, for the
-// usual inputs (at most 18 digits, d × 100 below 10^18); ok is false when
-// the value needs big numbers. n is len(d.digits), e is d.exp+2, so
-// d × 100 = ±digits × 10^e.
-func (d decimal) percentRoundSmall(n, e int64) (r int64, ok bool) {
-	if n > 18 || n+e > 18 || -e > 18 {
-		return 0, false
-	}
-	var digits int64
-	for i := 0; i < len(d.digits); i++ {
-		digits = digits*10 + int64(d.digits[i]-'0')
-	}
-	if e >= 0 {
-		// An integer: n+e <= 18 digits, so it fits.
-		r = digits * pow10[e]
-		if d.neg {
-			r = -r
+	// q = the integer part of |d × 100|, at most 20 digits: it can overflow
+	// uint64, which saturates below.
+	var q uint64
+	overflow := false
+	for i := int64(0); i < intDigits; i++ {
+		var c uint64
+		if i < n {
+			c = uint64(d.digit(int(i)))
 		}
-		return r, true
+		if q > (math.MaxUint64-c)/10 {
+			overflow = true
+			break
+		}
+		q = q*10 + c
 	}
-	// d × 100 = ±(q + rem/den) with 0 <= rem < den <= 10^18.
-	den := pow10[-e]
-	q, rem := digits/den, digits%den
-	switch {
-	case !d.neg && 2*rem >= den:
-		// The fraction is at least a half: round up.
-		return q + 1, true
-	case !d.neg:
-		return q, true
-	case 2*rem > den:
-		// -q - rem/den + 1/2 lies in (-q-1, -q): its floor is -q-1.
-		return -q - 1, true
-	default:
-		// A fraction of at most a half: -q - rem/den + 1/2 >= -q.
-		return -q, true
+	// The fraction of |d × 100| starts at digit intDigits (0 <= intDigits):
+	// it is at least a half when that digit is 5 or more, and more than a
+	// half when it is above 5, or 5 followed by anything non-zero.
+	var first byte
+	if intDigits < n {
+		first = d.digit(int(intDigits))
 	}
-}
-
-func absInt64(v int64) int64 {
-	if v < 0 {
-		return -v
+	if !d.neg {
+		// floor(q + f + 1/2) is q+1 when f >= 1/2 and q otherwise.
+		if overflow || q >= math.MaxInt64 {
+			return math.MaxInt64
+		}
+		if first >= 5 {
+			return int64(q) + 1
+		}
+		return int64(q)
 	}
-	return v
+	// floor(-q - f + 1/2) is -q-1 when f > 1/2 and -q when f <= 1/2.
+	if overflow || q > math.MaxInt64 {
+		return math.MinInt64
+	}
+	if first > 5 || (first == 5 && d.anyNonZeroFrom(int(intDigits)+1)) {
+		return -int64(q) - 1
+	}
+	return -int64(q)
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"math"
 	"math/big"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -81,6 +83,118 @@ func TestPercentRoundRejects(t *testing.T) {
 	} {
 		if got, err := PercentRound(in); err == nil {
 			t.Errorf("PercentRound(%#v) = %d, want an error", in, got)
+		}
+	}
+}
+
+// TestPercentRoundLongInput holds inputs as long as a message: the result
+// depends only on the digits up to the rounding position and on whether a
+// non-zero digit follows, and reading them builds nothing of their size.
+func TestPercentRoundLongInput(t *testing.T) {
+	t.Parallel()
+
+	const mib16 = 16 << 20
+	many := func(digit string) string { return strings.Repeat(digit, mib16) }
+	cases := []struct {
+		name string
+		in   string
+		want int64
+	}{
+		{"NinesRoundToOneHundred", "0." + many("9"), 100},
+		{"FoursRoundDown", "0.8" + many("4"), 84},
+		{"TieFollowedByZeros", "0.005" + many("0"), 1},
+		{"NegativeTieFollowedByZeros", "-0.005" + many("0"), 0},
+		{"NegativeTieFollowedByZerosThenOne", "-0.005" + many("0") + "1", -1},
+		{"LeadingZerosThenDigits", many("0") + "0.854" + many("3"), 85},
+		{"ZerosOnly", "0." + many("0"), 0},
+		{"LongIntegerSaturates", "1" + many("0"), math.MaxInt64},
+		{"LongNegativeIntegerSaturates", "-" + many("7"), math.MinInt64},
+		{"LongMantissaShiftedBack", many("0") + "854" + many("0") + "e-" + strconv.Itoa(mib16+3), 85},
+		{"LongFractionShiftedForward", "0." + many("0") + "854e" + strconv.Itoa(mib16), 85},
+		{"HugeExponent", "1e999999999", math.MaxInt64},
+		{"HugeExponentDigits", "1e" + many("9"), math.MaxInt64},
+		{"HugeNegativeExponentDigits", "9e-" + many("9"), 0},
+		{"UpperCaseExponent", "85.4E-2", 85},
+		{"LowerCaseExponent", "1e-3", 0},
+		{"ExponentHalfPercent", "5e-3", 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := PercentRound(tc.in)
+			if err != nil {
+				t.Fatalf("PercentRound(%.40q…): %v", tc.in, err)
+			}
+			if got != tc.want {
+				t.Fatalf("PercentRound(%.40q…) = %d, want %d", tc.in, got, tc.want)
+			}
+		})
+	}
+
+}
+
+// TestPercentRoundAllocatesNothing shows that no number of the input's size
+// is built: big-number arithmetic allocated the input's size several times
+// over, and took quadratic time doing it. (Not parallel: AllocsPerRun counts
+// every allocation of the process.)
+func TestPercentRoundAllocatesNothing(t *testing.T) {
+	for name, in := range map[string]any{
+		"LongMantissa":         "0." + strings.Repeat("7", 16<<20),
+		"LongJSONNumber":       json.Number("-0." + strings.Repeat("5", 16<<20)),
+		"HugeExponent":         json.Number("1e999999999"),
+		"HugeNegativeExponent": "85.4e-999999999",
+	} {
+		allocs := testing.AllocsPerRun(3, func() {
+			if _, err := PercentRound(in); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s: PercentRound made %v allocations, want 0", name, allocs)
+		}
+	}
+}
+
+// TestPercentRoundMatchesReference compares the method with big.Rat on
+// random decimals around the rounding position: ties, carries, long tails
+// and exponents, in both signs. The fuzz test explores further; this one
+// runs every time.
+func TestPercentRoundMatchesReference(t *testing.T) {
+	t.Parallel()
+
+	rng := rand.New(rand.NewPCG(16, 2))
+	// Few distinct digits make ties (5), carries (9) and zero tails likely.
+	const alphabet = "0004599"
+	digits := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		return string(b)
+	}
+	length := func() int { return []int{0, 1, 2, 3, 5, 18, 19, 20, 25, 300}[rng.IntN(10)] }
+	for range 20000 {
+		var b strings.Builder
+		b.WriteString([]string{"", "-", "+"}[rng.IntN(3)])
+		b.WriteString(digits(length()))
+		if rng.IntN(4) > 0 {
+			b.WriteString(".")
+			b.WriteString(digits(length()))
+		}
+		if rng.IntN(3) == 0 {
+			b.WriteString([]string{"e", "E", "e-", "e+"}[rng.IntN(4)])
+			b.WriteString(strconv.Itoa(rng.IntN(330)))
+		}
+		s := b.String()
+		ref, refOK := referencePercentRound(s)
+		got, err := PercentRound(s)
+		switch {
+		case !refOK && err == nil:
+			t.Fatalf("PercentRound(%q) = %d, the reference rejects it", s, got)
+		case refOK && err != nil:
+			t.Fatalf("PercentRound(%q): %v, the reference gives %d", s, err, ref)
+		case refOK && got != ref:
+			t.Fatalf("PercentRound(%q) = %d, the reference gives %d", s, got, ref)
 		}
 	}
 }

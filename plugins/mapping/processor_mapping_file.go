@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -46,11 +47,11 @@ func mappingFileSpec() *service.ConfigSpec {
 		Description(`
 Works like the `+"`mapping`"+` processor (the result replaces the message, metadata is kept, a failing mapping leaves the message unchanged and flags it with the error) except that the mapping lives in a file which is watched while the stream runs.
 
-Every `+"`reload_interval`"+` the processor checks the file and every file it imports (modification time and size, then content). When the content changed and stays the same for a short settle period, the new mapping is compiled and swapped in atomically. An edit that does not compile, or a file that disappears, is rejected: the error is logged with its line and column, the counter `+"`forwarder_mapping_reloads_total{result=\"error\"}`"+` goes up, and the previous mapping keeps serving until a later edit compiles. Each batch is mapped by one compiled mapping, taken once per batch, so no message is ever mapped half by the old and half by the new version. Prefer saving with an atomic rename (most editors do); a file written in place is still only read once it has settled.
+Every `+"`reload_interval`"+` the processor checks the file and every file it imports (modification time and size, then content). When the content changed and stays the same for a short settle period, the new mapping is compiled and swapped in atomically. An edit that does not compile, or a file that disappears, is rejected: the error is logged with the file it is in (the imported file, when the mistake is in an import), its line and its column, the counter `+"`forwarder_mapping_reloads_total{result=\"error\"}`"+` goes up, and the previous mapping keeps serving until a later edit compiles. Each batch is mapped by one compiled mapping, taken once per batch, so no message is ever mapped half by the old and half by the new version. Prefer saving with an atomic rename (most editors do); a file written in place is still only read once it has settled.
 
 The path, and the paths of `+"`import`"+` statements inside the file, follow Bloblang's rules: a relative path is resolved against the process's working directory (not the config file's directory), and an import is resolved against the directory of the file that contains it. `+"`forwarder lint`"+` compiles the file too, from the working directory it runs in.
 
-When the mapping fails for a message, the flag carries the reason without Bloblang's structural prefixes (`+"`failed assignment (line N): `"+`, `+"`failed to process element N: `"+`, ...), so `+"`throw(\"inoutType 7 is not 0 or 1\")`"+` flags the message with exactly `+"`inoutType 7 is not 0 or 1`"+`; the full error is logged at debug level.
+When the mapping fails for a message, the flag carries the reason without Bloblang's structural prefixes (`+"`failed assignment (line N): `"+`, `+"`failed to process element N: `"+`, ...), so `+"`throw(\"inoutType 7 is not 0 or 1\")`"+` flags the message with exactly `+"`inoutType 7 is not 0 or 1`"+`; the full error is logged at debug level. A reason longer than 1 KiB (a type error quoting a huge value) is cut there, with a note of how many bytes were left out.
 
 == Metrics
 
@@ -186,7 +187,7 @@ func (p *mappingFileProc) ProcessBatch(_ context.Context, batch service.MessageB
 	for i, msg := range batch {
 		res, err := exec.Query(i)
 		if err != nil {
-			p.log.Debugf("mapping %s failed: %v", p.path, err)
+			p.log.Debugf("mapping %s failed: %s", p.path, cutReason(err.Error()))
 			failed := msg.Copy()
 			failed.SetError(errors.New(mappingErrorReason(err)))
 			out = append(out, failed)
@@ -375,7 +376,7 @@ func compileMappingFile(files fileReader, path string) (*compiledMapping, map[st
 	if err != nil {
 		var perr *bloblang.ParseError
 		if errors.As(err, &perr) {
-			return nil, watched, fmt.Errorf("compiling %s:%d:%d: %v", path, perr.Line, perr.Column, perr.Error())
+			return nil, watched, fmt.Errorf("compiling %s", describeParseError(files, path, string(content), perr))
 		}
 		return nil, watched, fmt.Errorf("compiling %s: %w", path, err)
 	}
@@ -390,16 +391,35 @@ func compileMappingFile(files fileReader, path string) (*compiledMapping, map[st
 var structuralPrefix = regexp.MustCompile(`^(?:failed assignment \(line \d+\): |failed to process element \d+: |map [\w-]+: |(?:if|match) expression: |failed to resolve '[^']*' value: )`)
 
 // mappingErrorReason returns the reason of a mapping error without its
-// structural prefixes.
+// structural prefixes, cut to maxReasonBytes.
 func mappingErrorReason(err error) string {
 	s := err.Error()
 	for {
 		loc := structuralPrefix.FindStringIndex(s)
 		if loc == nil || loc[1] == len(s) {
-			return s
+			return cutReason(s)
 		}
 		s = s[loc[1]:]
 	}
+}
+
+// maxReasonBytes bounds a mapping error as flagged and logged. Bloblang's
+// type errors quote the value they got ("expected number value, got string
+// (\"...\")"), which can be as long as the message, and the reason ends up in
+// the outbox row and the logs.
+const maxReasonBytes = 1024
+
+// cutReason cuts s to at most maxReasonBytes (plus a note of how much was
+// cut), at a character boundary.
+func cutReason(s string) string {
+	if len(s) <= maxReasonBytes {
+		return s
+	}
+	end := maxReasonBytes
+	for end > 0 && !utf8.RuneStart(s[end]) {
+		end--
+	}
+	return fmt.Sprintf("%s... (%d more bytes)", s[:end], len(s)-end)
 }
 
 // fileReader is the file access the processor needs: the stream's FS in a

@@ -2,6 +2,7 @@ package mapping
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
@@ -337,6 +339,28 @@ func TestMappingFile(t *testing.T) {
 		})
 	})
 
+	t.Run("BrokenImportIsLoggedWithItsFile", func(t *testing.T) {
+		t.Parallel()
+		tb := setup(t, `root.v = "placeholder"`)
+		lib := filepath.Join(tb.dir, "common.blobl")
+		writeFile(t, lib, "map v {\n  root = \"one\"\n}\n")
+		writeFile(t, tb.path, "# Rules (§5)\nimport \"./common.blobl\"\nroot.v = this.apply(\"v\")\n")
+		eventually(t, "the importing mapping serves", func() bool {
+			return body(t, tb.mapOne(`{}`)) == `{"v":"one"}`
+		})
+
+		writeFile(t, lib, "map v {\n  root = \"two\" +\n}\n")
+		eventually(t, "the broken import is rejected", func() bool {
+			return tb.capture.counter(metricReloads, map[string]string{"result": "error"}) == 1
+		})
+		if want := lib + ":3:1: "; !tb.capture.logged(want) || !tb.capture.logged("(imported by "+tb.path+":2:1)") {
+			t.Errorf("the rejection log does not name %s and its importer; logs: %v", want, tb.capture.logs)
+		}
+		if got := body(t, tb.mapOne(`{}`)); got != `{"v":"one"}` {
+			t.Fatalf("after the broken import: got %s, want the previous mapping's output", got)
+		}
+	})
+
 	t.Run("ThrownErrorFlagsMessageWithItsReason", func(t *testing.T) {
 		t.Parallel()
 		tb := setup(t, `
@@ -418,6 +442,32 @@ func TestMappingErrorReason(t *testing.T) {
 		if got := mappingErrorReason(fmt.Errorf("%s", in)); got != want {
 			t.Errorf("mappingErrorReason(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A value quoted in a type error can be as long as the message: the reason
+// is cut, at a character boundary, and says how much was left out.
+func TestMappingErrorReasonIsCut(t *testing.T) {
+	t.Parallel()
+
+	value := strings.Repeat("é", 1<<20)
+	reason := "field `this.n`: expected number value, got string (\"" + value + "\")"
+	got := mappingErrorReason(fmt.Errorf("failed assignment (line 2): %s", reason))
+	kept, cut, ok := strings.Cut(got, "... (")
+	if !ok {
+		t.Fatalf("reason of %d bytes not cut: %.80q", len(reason), got)
+	}
+	if len(kept) > maxReasonBytes || len(kept) < maxReasonBytes-utf8.UTFMax {
+		t.Errorf("kept %d bytes, want %d or a few less", len(kept), maxReasonBytes)
+	}
+	if !strings.HasPrefix(reason, kept) || !utf8.ValidString(kept) {
+		t.Errorf("kept %.80q..., want a valid prefix of the reason", kept)
+	}
+	if want := fmt.Sprintf("%d more bytes)", len(reason)-len(kept)); cut != want {
+		t.Errorf("note %q, want %q", cut, want)
+	}
+	if short := "inoutType 7 is not 0 or 1"; mappingErrorReason(errors.New(short)) != short {
+		t.Errorf("a short reason changed")
 	}
 }
 
@@ -586,4 +636,166 @@ output:
 	if len(lints) != 1 || !strings.Contains(lints[0].What, "missing.blobl") {
 		t.Fatalf("missing mapping: got lints %v", lints)
 	}
+}
+
+// A parse error names the file it is in, with the line and column counted in
+// characters, also when that file is imported: Bloblang reports an error in
+// an import at the import statement, without the imported file's name.
+func TestMappingFileParseErrorLocation(t *testing.T) {
+	t.Parallel()
+
+	// compileError writes files (name -> content) into a fresh directory and
+	// returns that directory and the error of compiling main.blobl there.
+	compileError := func(t *testing.T, files map[string]string) (string, string) {
+		t.Helper()
+		dir := t.TempDir()
+		for name, content := range files {
+			path := filepath.Join(dir, name)
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, path, content)
+		}
+		_, err := newMappingFile(filepath.Join(dir, "main.blobl"), 0, osFiles{}, nil, nil)
+		if err == nil {
+			t.Fatal("compiled, want an error")
+		}
+		return dir, err.Error()
+	}
+	wantIn := func(t *testing.T, got string, want ...string) {
+		t.Helper()
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("error %q does not contain %q", got, w)
+			}
+		}
+	}
+
+	t.Run("ErrorInImportedFile", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			// The non-ASCII comments moved Bloblang's positions back.
+			"main.blobl":       "# Rules (§5, §11)\nimport \"./lib/common.blobl\"\nroot.v = this.apply(\"v\")\n",
+			"lib/common.blobl": "# Shared rules (§5)\nmap v {\n  root = \"one\"\n}\n\nmap w {{\n  root = 1\n}\n",
+		})
+		wantIn(t, got,
+			"compiling "+filepath.Join(dir, "lib", "common.blobl")+":6:8: ",
+			"(imported by "+filepath.Join(dir, "main.blobl")+":2:1)")
+		if strings.Contains(strings.ReplaceAll(got, "imported by", ""), "impor") || strings.Contains(got, "\n") {
+			t.Errorf("error %q still carries the import statement's snippet or a newline", got)
+		}
+	})
+
+	t.Run("ErrorInNestedImport", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			"main.blobl": "import \"./a/a.blobl\"\nroot = this.apply(\"a\")\n",
+			"a/a.blobl":  "\n\nimport \"../b/b.blobl\"\nmap a {\n  root = this.apply(\"b\")\n}\n",
+			"b/b.blobl":  "map b {\n  root = this.nope(\n}\n",
+		})
+		wantIn(t, got,
+			filepath.Join(dir, "b", "b.blobl")+":3:1: ",
+			"(imported by "+filepath.Join(dir, "a", "a.blobl")+":3:1, imported by "+filepath.Join(dir, "main.blobl")+":1:1)")
+	})
+
+	t.Run("MissingImport", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			"main.blobl": "root.a = 1\nimport \"./nope.blobl\"\n",
+		})
+		wantIn(t, got, filepath.Join(dir, "main.blobl")+":2:1: failed to read import: ", "nope.blobl")
+	})
+
+	t.Run("ImportWithoutMaps", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			"main.blobl": "import \"./lib.blobl\"\nroot = 1\n",
+			"lib.blobl":  "root = 2\n",
+		})
+		wantIn(t, got, filepath.Join(dir, "main.blobl")+":1:1: no maps to import from")
+	})
+
+	t.Run("ErrorAfterNonASCII", func(t *testing.T) {
+		t.Parallel()
+		dir, got := compileError(t, map[string]string{
+			"main.blobl": "# §§§ — rules\nroot.a = 1\nroot.b = this.b.no_such_method()\n",
+		})
+		// Bloblang places the error after the call: column 33 of line 3
+		// (Bloblang says 3:28: it counts the comment's bytes as characters).
+		wantIn(t, got, filepath.Join(dir, "main.blobl")+":3:33: unrecognised method 'no_such_method'")
+	})
+
+	// The shipped mappings with a typo in common.blobl: the error names
+	// common.blobl at the typo, at start-up, in lint and at a reload.
+	t.Run("ShippedCommonBroken", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		for _, name := range []string{"common.blobl", "vehicle_event.blobl", "heartbeat.blobl"} {
+			b, err := os.ReadFile(filepath.Join("..", "..", "mappings", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(dir, name), string(b))
+		}
+		common := filepath.Join(dir, "common.blobl")
+		line := replaceOnce(t, common, "map text {", "map text {{")
+		col := len("map text {{") // the second brace, 1-based
+		importLine := lineContaining(t, filepath.Join(dir, "vehicle_event.blobl"), `import "./common.blobl"`)
+		want := []string{
+			fmt.Sprintf("%s:%d:%d: ", common, line, col),
+			fmt.Sprintf("(imported by %s:%d:1)", filepath.Join(dir, "vehicle_event.blobl"), importLine),
+		}
+
+		_, err := newMappingFile(filepath.Join(dir, "vehicle_event.blobl"), 0, osFiles{}, nil, nil)
+		if err == nil {
+			t.Fatal("compiled, want an error")
+		}
+		wantIn(t, err.Error(), want...)
+
+		linter := service.GlobalEnvironment().FullConfigSchema("", "").NewStreamConfigLinter()
+		lints, err := linter.LintYAML(fmt.Appendf(nil, "input:\n  generate:\n    mapping: 'root = {}'\npipeline:\n  processors:\n    - mapping_file:\n        path: %q\noutput:\n  drop: {}\n", filepath.Join(dir, "vehicle_event.blobl")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(lints) != 1 {
+			t.Fatalf("got lints %v, want one", lints)
+		}
+		wantIn(t, lints[0].What, want...)
+	})
+}
+
+// replaceOnce replaces the only line of file containing old with the line
+// where old becomes new, and returns its 1-based number.
+func replaceOnce(t *testing.T, file, old, new string) int {
+	t.Helper()
+	line := lineContaining(t, file, old)
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, file, strings.Replace(string(b), old, new, 1))
+	return line
+}
+
+// lineContaining returns the 1-based number of the only line of file that
+// contains substr.
+func lineContaining(t *testing.T, file, substr string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, substr) {
+			if found != 0 {
+				t.Fatalf("%q occurs on more than one line of %s", substr, file)
+			}
+			found = i + 1
+		}
+	}
+	if found == 0 {
+		t.Fatalf("%q not found in %s", substr, file)
+	}
+	return found
 }

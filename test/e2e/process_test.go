@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/dev/childproc"
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 // proc is one bin/forwarder child process. Its stdout and stderr go to a
@@ -49,6 +50,7 @@ func startProc(t *testing.T, name string, env map[string]string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
+	testinputs.Forwarder(t, forwarderBin)
 	p := &proc{name: name, httpAddr: addr, logPath: filepath.Join(logDir, name+".log")}
 	logFile, err := os.Create(p.logPath)
 	if err != nil {

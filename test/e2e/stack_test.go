@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,27 +72,9 @@ type stack struct {
 	procs []*proc
 }
 
-var inputsOnce sync.Once
-
-// trackInputs opens the binary and the files the forwarder reads at run
-// time, so that go test's result cache, which watches the files a test
-// opens, is invalidated when one of them changes.
-func trackInputs() {
-	inputsOnce.Do(func() {
-		files, _ := filepath.Glob("mappings/*")
-		files = append(files, "pipelines/forwarder.yaml", "cmd/forwarder/main.go", forwarderBin)
-		for _, f := range files {
-			if fh, err := os.Open(f); err == nil {
-				fh.Close()
-			}
-		}
-	})
-}
-
 // newStack builds a scenario's stack; nothing is started until start.
 func newStack(t *testing.T, opts stackOptions) *stack {
 	t.Helper()
-	trackInputs()
 	s := &stack{t: t, seed: scenarioSeed(t), exp: newExpected()}
 	s.rng = rand.New(rand.NewPCG(s.seed, s.seed^0x5bd1e995))
 	t.Logf("seed %d (E2E_SEED=%d reproduces the scenario's choices)", s.seed, baseSeed)

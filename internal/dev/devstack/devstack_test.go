@@ -19,6 +19,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 // repoRoot is the module root, where bin/, pipelines/ and mappings/ live.
@@ -64,7 +65,7 @@ func buildForwarder(t *testing.T, root string) string {
 		if _, err := os.Stat(bin); err != nil {
 			t.Fatalf("FORWARDER_BIN: %v", err)
 		}
-		return bin
+		return testinputs.Forwarder(t, bin)
 	}
 	buildOnce.Do(func() {
 		goBin, err := exec.LookPath("go")
@@ -84,7 +85,7 @@ func buildForwarder(t *testing.T, root string) string {
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	return builtBin
+	return testinputs.Forwarder(t, builtBin)
 }
 
 // TestSmoke runs the dev stack as `make run` does, with the real forwarder
