@@ -68,6 +68,9 @@ const (
 	minRequest = 100 * time.Millisecond
 	// recordRetryMax caps the pause between two tries of the result write.
 	recordRetryMax = 2 * time.Second
+	// maxResultsPerStatement caps one result write gathering the outcomes
+	// of concurrent batches.
+	maxResultsPerStatement = 1000
 
 	defaultTimeout = "10s"
 )
@@ -263,8 +266,9 @@ type httpForwarder struct {
 	sem       *semaphore
 	returns   *lograte.Burst
 
-	connMu sync.Mutex
-	pool   atomic.Pointer[pgxpool.Pool]
+	connMu   sync.Mutex
+	pool     atomic.Pointer[pgxpool.Pool]
+	recorder atomic.Pointer[dispatch.Recorder]
 
 	mAttempts      *service.MetricCounter
 	mLatency       *service.MetricTimer
@@ -462,6 +466,9 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 		h.hub.Release()
 		return err
 	}
+	h.recorder.Store(dispatch.NewRecorder(func(ctx context.Context, results []outboxdb.Result) ([]int64, error) {
+		return outboxdb.RecordResults(ctx, pool, results)
+	}, maxResultsPerStatement))
 	h.pool.Store(pool)
 	return nil
 }
@@ -501,8 +508,8 @@ func (a *attempt) ref() outboxdb.ClaimRef {
 // database write fails; and a batch error for messages that carry no claim
 // metadata (they cannot be recorded, so they are nacked).
 func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBatch) error {
-	pool := h.pool.Load()
-	if pool == nil {
+	rec := h.recorder.Load()
+	if rec == nil {
 		return service.ErrNotConnected
 	}
 	var batchErr *service.BatchError
@@ -547,7 +554,7 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 	}
 	wg.Wait()
 
-	if err := h.record(ctx, pool, d, atts); err != nil {
+	if err := h.record(ctx, rec, d, atts); err != nil {
 		return err
 	}
 	if batchErr != nil {
@@ -680,8 +687,10 @@ func (h *httpForwarder) giveBack(a *attempt, reason, why string) {
 	h.returns.Warn(reason, why)
 }
 
-// record writes the batch's outcomes, then logs and counts the recorded ones.
-func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, d *dispatch.Dispatcher, atts []*attempt) error {
+// record writes the batch's outcomes, with those of the batches that finish
+// at the same time (dispatch.Recorder), then logs and counts the recorded
+// ones.
+func (h *httpForwarder) record(ctx context.Context, rec *dispatch.Recorder, d *dispatch.Dispatcher, atts []*attempt) error {
 	results := make([]outboxdb.Result, 0, len(atts))
 	for _, a := range atts {
 		if a.skip {
@@ -712,7 +721,7 @@ func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, d *dispa
 		err      error
 	)
 	for try := 1; ; try++ {
-		if recorded, err = outboxdb.RecordResults(rctx, pool, results); err == nil {
+		if recorded, err = rec.Record(rctx, results); err == nil {
 			break
 		}
 		if try == 1 {
@@ -770,6 +779,9 @@ func (h *httpForwarder) record(ctx context.Context, pool *pgxpool.Pool, d *dispa
 func (h *httpForwarder) Close(context.Context) error {
 	h.connMu.Lock()
 	defer h.connMu.Unlock()
+	if rec := h.recorder.Swap(nil); rec != nil {
+		rec.Close()
+	}
 	if h.pool.Swap(nil) != nil {
 		h.hub.Release()
 	}

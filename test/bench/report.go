@@ -36,7 +36,7 @@ func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Machine: %s.\n", r.machine)
 	fmt.Fprintf(&b, "Load average (1 min): %.2f before, %.2f after. PostgreSQL: %s. Kafka: kfake in the bench process, %d partitions per topic. Run at %s.\n",
-		r.loadBefore, r.loadAfter, map[bool]string{true: "fsync and synchronous_commit on", false: "fsync off, synchronous_commit off (as in the tests)"}[r.cfg.Durable],
+		r.loadBefore, r.loadAfter, map[bool]string{true: "**durable**: fsync, full_page_writes and synchronous_commit on (production settings)", false: "**not durable** (-durable=false): fsync and full_page_writes off, as in the tests"}[r.cfg.Durable],
 		r.cfg.Partitions, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	if len(r.cfg.Sets) > 0 || len(r.cfg.Env) > 0 {
 		fmt.Fprintf(&b, "Forwarder overrides: %s.\n", strings.Join(append(append([]string{}, r.cfg.Sets...), r.cfg.Env...), ", "))
@@ -81,6 +81,11 @@ func (r *report) markdown() string {
 			return fmt.Sprintf("%.1f s (%.0f µs/msg)", t.PG.CPU, t.PG.CPU/float64(t.Messages)*1e6)
 		})
 		row("PostgreSQL peak PSS", func(t throughputResult) string { return mib(t.PG.PeakRSS) })
+		row("commits / msg", func(t throughputResult) string { return fmt.Sprintf("%.3f", float64(t.PGWork.Commits)/float64(t.Messages)) })
+		row("WAL flushes (fsync) / msg", func(t throughputResult) string {
+			return fmt.Sprintf("%.3f", float64(t.PGWork.WALSyncs)/float64(t.Messages))
+		})
+		row("WAL bytes / msg", func(t throughputResult) string { return fmt.Sprintf("%.0f", float64(t.PGWork.WALBytes)/float64(t.Messages)) })
 		row("broker + mock platform CPU", func(t throughputResult) string { return fmt.Sprintf("%.1f s", t.Self) })
 		row("platform requests", func(t throughputResult) string { return fmt.Sprint(t.Requests) })
 		row("other processes' CPU (disturbance)", func(t throughputResult) string {
@@ -92,10 +97,12 @@ func (r *report) markdown() string {
 	if len(r.latency) > 0 {
 		fmt.Fprintf(&b, "\n### Latency: produce → platform at a steady %.0f msgs/s (%s measured after %s of warm-up)\n\n",
 			r.cfg.Rate, r.cfg.LatencyDuration, r.cfg.LatencyWarmup)
-		b.WriteString("| | p50 | p90 | p99 | max | consumer CPU | PostgreSQL CPU | consumer peak RSS | other processes | broker + mock + producer | load average |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| | p50 | p90 | p99 | max | consumer CPU | PostgreSQL CPU | consumer peak RSS | commits / msg | WAL flushes / msg | WAL bytes / msg | other processes | broker + mock + producer | load average |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, l := range r.latency {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f cores | %.2f cores | %s | %.2f cores | %.2f cores | %.2f → %.2f |\n", r.title(l.Scenario),
-				ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), l.Cores, l.PGCores, mib(l.PeakRSS), l.OtherCores, l.SelfCores, l.LoadStart, l.LoadEnd)
+			per := func(v int64) float64 { return float64(v) / float64(max(l.Messages, 1)) }
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f cores | %.2f cores | %s | %.3f | %.3f | %.0f | %.2f cores | %.2f cores | %.2f → %.2f |\n", r.title(l.Scenario),
+				ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), l.Cores, l.PGCores, mib(l.PeakRSS),
+				per(l.PGWork.Commits), per(l.PGWork.WALSyncs), per(l.PGWork.WALBytes), l.OtherCores, l.SelfCores, l.LoadStart, l.LoadEnd)
 		}
 	}
 

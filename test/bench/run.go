@@ -39,6 +39,9 @@ type throughputResult struct {
 	// other work that disturbed the measurement.
 	Others     float64
 	Statements []stmtStat
+	// PGWork is what PostgreSQL did for the run: commits of the scenario's
+	// database, WAL written and WAL flushes of the whole server.
+	PGWork     pgCounters
 	Requests   int64 // platform requests (more than Messages if any were retried)
 	StopErr    string
 	// LoadStart and LoadEnd are the 1-minute load averages around the run.
@@ -62,8 +65,34 @@ type latencyResult struct {
 	// denominator of the statement counts).
 	Messages   int
 	Statements []stmtStat
+	PGWork     pgCounters
 	// LoadStart and LoadEnd are the 1-minute load averages around the run.
 	LoadStart, LoadEnd float64
+}
+
+// pgCounters are PostgreSQL's cumulative work counters: commits of one
+// database (pg_stat_database) and the WAL of the server (pg_stat_wal). The
+// scenarios run one at a time, so the server's WAL between two readings is
+// the scenario's.
+type pgCounters struct {
+	Commits  int64
+	WALBytes int64
+	// WALSyncs counts the WAL flushes to disk (fsync): what a synchronous
+	// commit waits for.
+	WALSyncs int64
+}
+
+func (a pgCounters) sub(b pgCounters) pgCounters {
+	return pgCounters{Commits: a.Commits - b.Commits, WALBytes: a.WALBytes - b.WALBytes, WALSyncs: a.WALSyncs - b.WALSyncs}
+}
+
+// readPGCounters reads the counters of pool's database, after asking this
+// backend to publish its own statistics.
+func readPGCounters(ctx context.Context, pool *pgxpool.Pool) (pgCounters, error) {
+	var c pgCounters
+	err := pool.QueryRow(ctx, `SELECT d.xact_commit, w.wal_bytes::bigint, w.wal_sync
+		FROM pg_stat_database d, pg_stat_wal w WHERE d.datname = current_database()`).Scan(&c.Commits, &c.WALBytes, &c.WALSyncs)
+	return c, err
 }
 
 // stmtStat is one line of pg_stat_statements.
@@ -110,6 +139,10 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 	vars := env.consumerEnv(dsn, mp.URL, "bench-"+scenario, env.vehicleTopic, env.heartbeatTopic)
 	logf("%s: consuming the backlog of %d messages", scenario, n)
 
+	before, err := readPGCounters(ctx, pool)
+	if err != nil {
+		return res, fmt.Errorf("reading PostgreSQL's counters: %w", err)
+	}
 	m, err := startMeter(env.pgPID)
 	if err != nil {
 		return res, err
@@ -153,6 +186,10 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 	if err := c.stop(45 * time.Second); err != nil {
 		res.StopErr = err.Error()
 		logf("%s: stopping: %v", scenario, err)
+	}
+	// The consumer's backends published their statistics as they exited.
+	if after, err := readPGCounters(ctx, pool); err == nil {
+		res.PGWork = after.sub(before)
 	}
 
 	var first, last time.Time
@@ -297,6 +334,10 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	defer cancel()
 	group := "bench-lat-" + scenario
 	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder
+	before, err := readPGCounters(ctx, pool)
+	if err != nil {
+		return res, fmt.Errorf("reading PostgreSQL's counters: %w", err)
+	}
 	c, err := env.startConsumer(runCtx, scenario, run, env.consumerEnv(dsn, mp.URL, group, vehicle, heartbeat), profile)
 	if err != nil {
 		return res, err
@@ -413,6 +454,9 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		return res, err
 	}
 	_ = c.stop(45 * time.Second)
+	if after, err := readPGCounters(ctx, pool); err == nil {
+		res.PGWork = after.sub(before)
+	}
 	res.Messages = total
 	if env.cfg.PGStatements {
 		res.Statements = topStatements(ctx, pool)

@@ -117,9 +117,21 @@ func NewDBPool(t testing.TB) (dsn string, pool *pgxpool.Pool) {
 // restart PostgreSQL) and removes it at the end of the test.
 func StartCluster(t testing.TB) *pgcluster.Cluster {
 	t.Helper()
+	return startCluster(t, false)
+}
+
+// StartDurableCluster is StartCluster with production durability (fsync
+// and full_page_writes on), for tests of what a crash may lose.
+func StartDurableCluster(t testing.TB) *pgcluster.Cluster {
+	t.Helper()
+	return startCluster(t, true)
+}
+
+func startCluster(t testing.TB, durable bool) *pgcluster.Cluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Config{Dir: t.TempDir() + "/data"})
+	c, err := pgcluster.Start(ctx, pgcluster.Config{Dir: t.TempDir() + "/data", Durable: durable})
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
