@@ -81,11 +81,15 @@ func (r *report) markdown() string {
 			return fmt.Sprintf("%.1f s (%.0f µs/msg)", t.PG.CPU, t.PG.CPU/float64(t.Messages)*1e6)
 		})
 		row("PostgreSQL peak PSS", func(t throughputResult) string { return mib(t.PG.PeakRSS) })
-		row("commits / msg", func(t throughputResult) string { return fmt.Sprintf("%.3f", float64(t.PGWork.Commits)/float64(t.Messages)) })
+		row("commits / msg", func(t throughputResult) string {
+			return fmt.Sprintf("%.3f", float64(t.PGWork.Commits)/float64(t.Messages))
+		})
 		row("WAL flushes (fsync) / msg", func(t throughputResult) string {
 			return fmt.Sprintf("%.3f", float64(t.PGWork.WALSyncs)/float64(t.Messages))
 		})
-		row("WAL bytes / msg", func(t throughputResult) string { return fmt.Sprintf("%.0f", float64(t.PGWork.WALBytes)/float64(t.Messages)) })
+		row("WAL bytes / msg", func(t throughputResult) string {
+			return fmt.Sprintf("%.0f", float64(t.PGWork.WALBytes)/float64(t.Messages))
+		})
 		row("broker + mock platform CPU", func(t throughputResult) string { return fmt.Sprintf("%.1f s", t.Self) })
 		row("platform requests", func(t throughputResult) string { return fmt.Sprint(t.Requests) })
 		row("other processes' CPU (disturbance)", func(t throughputResult) string {

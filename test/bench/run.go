@@ -41,9 +41,9 @@ type throughputResult struct {
 	Statements []stmtStat
 	// PGWork is what PostgreSQL did for the run: commits of the scenario's
 	// database, WAL written and WAL flushes of the whole server.
-	PGWork     pgCounters
-	Requests   int64 // platform requests (more than Messages if any were retried)
-	StopErr    string
+	PGWork   pgCounters
+	Requests int64 // platform requests (more than Messages if any were retried)
+	StopErr  string
 	// LoadStart and LoadEnd are the 1-minute load averages around the run.
 	LoadStart, LoadEnd float64
 }
