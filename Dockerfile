@@ -25,6 +25,19 @@ ARG VERSION=dev
 ARG DATE_BUILT=unknown
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.dateBuilt=${DATE_BUILT}" -o /out/forwarder ./cmd/forwarder
 
+# The compose stack's mock platform and event generator (cmd/devstack with
+# -kafka-brokers), a dev tool kept out of the product image:
+#   docker build --target devstack -t forwarder-devstack .
+FROM build AS devstack-build
+RUN CGO_ENABLED=0 go build -trimpath -o /out/devstack ./cmd/devstack
+
+FROM gcr.io/distroless/static-debian12:nonroot AS devstack
+COPY --from=devstack-build /out/devstack /usr/local/bin/devstack
+USER nonroot
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/devstack"]
+
+# The product image: the last stage, what a plain `docker build` makes.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/forwarder /usr/local/bin/forwarder
 COPY pipelines/ /etc/forwarder/pipelines/
