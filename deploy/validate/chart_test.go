@@ -144,6 +144,19 @@ func TestChartProductionValues(t *testing.T) {
 	}
 	checkMigrationJob(t, r, one[*batchv1.Job](t, r, "Job"), "forwarder-credentials", "database-url")
 	checkServiceAndPDB(t, r, d)
+	var ca bool
+	for _, m := range c.VolumeMounts {
+		ca = ca || (m.Name == "postgres-ca" && m.MountPath == "/etc/forwarder/tls")
+	}
+	if !ca || d.Spec.Template.Spec.Volumes[len(d.Spec.Template.Spec.Volumes)-1].Secret == nil {
+		t.Errorf("extraVolumes/extraVolumeMounts not applied: mounts %+v", c.VolumeMounts)
+	}
+	// The migration reads the same DATABASE_URL, so it needs the same CA.
+	jobSpec := one[*batchv1.Job](t, r, "Job").Spec.Template.Spec
+	if !reflect.DeepEqual(jobSpec.Volumes, d.Spec.Template.Spec.Volumes[len(d.Spec.Template.Spec.Volumes)-1:]) ||
+		!reflect.DeepEqual(container(t, jobSpec, "migrate").VolumeMounts, c.VolumeMounts[len(c.VolumeMounts)-1:]) {
+		t.Errorf("the migration Job lacks the extra volumes: %+v", jobSpec.Volumes)
+	}
 
 	// Prometheus Operator: the ServiceMonitor scrapes the Service's http
 	// port as job="forwarder"; the rules are deploy/prometheus/alerts.yml.
