@@ -10,6 +10,7 @@ LDFLAGS      := -s -w -X main.version=$(VERSION) -X main.dateBuilt=$(DATE)
 PG_BIN_DIR   ?= /usr/lib/postgresql/15/bin
 GOTEST_FLAGS ?= -timeout 15m
 APT_PACKAGES := postgresql prometheus kcat
+IMAGE        ?= forwarder:$(VERSION)
 
 .DEFAULT_GOAL := help
 
@@ -39,16 +40,26 @@ run: deps build ## Run the real pipeline on an embedded dev stack (PostgreSQL, K
 	$(GO) run ./cmd/devstack $(ARGS)
 
 .PHONY: test
-test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, forwarder lint and test
+test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, the deployment files (deploy/validate), forwarder lint and test
 	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) ./...
+	cd deploy/validate && $(GO) test $(GOTEST_FLAGS) ./...
 	$(BIN) lint ./pipelines/...
 	env -u PLATFORM_TZ $(BIN) test ./pipelines/... ./mappings/...
 
 .PHONY: lint
 lint: build ## go vet, gofmt and forwarder lint
 	$(GO) vet ./...
+	cd deploy/validate && $(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(BIN) lint ./pipelines/...
+
+.PHONY: chart-sync
+chart-sync: ## Copy the alert rules, dashboard, pipeline and mappings into the Helm chart (deploy/helm/forwarder/files); make test fails while they are stale
+	cd deploy/validate && $(GO) run ./cmd/chartsync -root $(CURDIR)
+
+.PHONY: image
+image: ## Build the container image (needs Docker): make image IMAGE=registry/forwarder:tag
+	docker build --build-arg VERSION=$(VERSION) --build-arg DATE_BUILT=$(DATE) -t $(IMAGE) .
 
 .PHONY: bench
 bench: deps build ## Benchmarks: forwarder end to end against the naive and hand-batched baselines, plus component benchmarks

@@ -3,6 +3,11 @@
 // Kafka broker with both topics, a mock platform and a generator of camera
 // events. It prints a progress line a second; Ctrl-C stops everything and
 // exits 0. `make run` builds bin/forwarder and runs it.
+//
+// With -kafka-brokers it runs only the mock platform and the generator,
+// against that Kafka and the PostgreSQL of -database-url (or DATABASE_URL),
+// for a forwarder running elsewhere: the compose stack's devstack service
+// (deploy/compose, docs/operations.md).
 package main
 
 import (
@@ -10,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -37,39 +43,79 @@ func main() {
 	os.Exit(run())
 }
 
-func run() int {
+// options are the parsed command line.
+type options struct {
+	cfg      devstack.Config
+	duration time.Duration
+}
+
+// parseFlags reads the command line; getenv supplies what external mode
+// takes from the environment (secrets stay off the command line and out of
+// the help text).
+func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (options, error) {
 	var (
-		cfg     devstack.Config
+		o       options
+		cfg     = &o.cfg
 		faults  mockplatform.Faults
 		env     = envFlags{}
 		verbose bool
+		ext     devstack.External
+		brokers string
 	)
-	flag.Float64Var(&cfg.Rate, "rate", 100, "camera messages per second (0: as fast as possible)")
-	flag.Int64Var(&cfg.Count, "count", 0, "stop producing after this many messages (0: no limit)")
-	duration := flag.Duration("duration", 0, "stop everything after this long (0: run until Ctrl-C)")
-	flag.Float64Var(&cfg.DuplicateRate, "duplicates", 0.02, "share of messages that repeat an earlier one byte for byte")
-	flag.Float64Var(&cfg.MalformedRate, "malformed", 0.01, "share of malformed messages (not JSON, bad inoutType, missing field, ...)")
-	flag.Float64Var(&faults.Errcode998, "err998", 0.002, "share of platform answers with errcode 998 (do not resend: FAILED)")
-	flag.Float64Var(&faults.Errcode999, "err999", 0.03, "share of platform answers with errcode 999 (busy: retried)")
-	flag.Float64Var(&faults.HTTP5xx, "err5xx", 0.01, "share of platform answers with HTTP 500 (retried)")
-	flag.DurationVar(&faults.Latency, "latency", 20*time.Millisecond, "platform latency")
-	flag.DurationVar(&faults.LatencyJitter, "latency-jitter", 30*time.Millisecond, "random extra platform latency, up to this")
-	flag.StringVar(&cfg.Dir, "data", devstack.DefaultDir, "state directory (PostgreSQL cluster in <data>/pg, forwarder.log)")
-	flag.StringVar(&cfg.Forwarder, "forwarder", devstack.DefaultForwarder, "forwarder binary")
-	flag.StringVar(&cfg.Pipeline, "config", devstack.DefaultPipeline, "pipeline config")
-	flag.StringVar(&cfg.HTTPAddr, "http-addr", "", "forwarder HTTP server, for /metrics (default "+devstack.DefaultHTTPAddr+", or a free port)")
-	flag.Uint64Var(&cfg.Seed, "seed", 0, "generator seed (0: random; runs on the same database need different seeds)")
-	flag.Var(env, "e", "extra forwarder environment KEY=VALUE (repeatable), e.g. -e FORWARD_MAX_ATTEMPTS=3")
-	flag.BoolVar(&verbose, "v", false, "also print the forwarder's log")
-	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./cmd/devstack [flags]\n\nRuns bin/forwarder on an embedded dev stack. Ctrl-C stops it.\n\n")
-		flag.PrintDefaults()
+	fs.Float64Var(&cfg.Rate, "rate", 100, "camera messages per second (0: as fast as possible)")
+	fs.Int64Var(&cfg.Count, "count", 0, "stop producing after this many messages (0: no limit)")
+	fs.DurationVar(&o.duration, "duration", 0, "stop everything after this long (0: run until Ctrl-C)")
+	fs.Float64Var(&cfg.DuplicateRate, "duplicates", 0.02, "share of messages that repeat an earlier one byte for byte")
+	fs.Float64Var(&cfg.MalformedRate, "malformed", 0.01, "share of malformed messages (not JSON, bad inoutType, missing field, ...)")
+	fs.Float64Var(&faults.Errcode998, "err998", 0.002, "share of platform answers with errcode 998 (do not resend: FAILED)")
+	fs.Float64Var(&faults.Errcode999, "err999", 0.03, "share of platform answers with errcode 999 (busy: retried)")
+	fs.Float64Var(&faults.HTTP5xx, "err5xx", 0.01, "share of platform answers with HTTP 500 (retried)")
+	fs.DurationVar(&faults.Latency, "latency", 20*time.Millisecond, "platform latency")
+	fs.DurationVar(&faults.LatencyJitter, "latency-jitter", 30*time.Millisecond, "random extra platform latency, up to this")
+	fs.StringVar(&cfg.Dir, "data", devstack.DefaultDir, "state directory (PostgreSQL cluster in <data>/pg, forwarder.log)")
+	fs.StringVar(&cfg.Forwarder, "forwarder", devstack.DefaultForwarder, "forwarder binary")
+	fs.StringVar(&cfg.Pipeline, "config", devstack.DefaultPipeline, "pipeline config")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", "", "forwarder HTTP server, for /metrics (default "+devstack.DefaultHTTPAddr+", or a free port)")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "generator seed (0: random; runs on the same database need different seeds)")
+	fs.Var(env, "e", "extra forwarder environment KEY=VALUE (repeatable), e.g. -e FORWARD_MAX_ATTEMPTS=3")
+	fs.BoolVar(&verbose, "v", false, "also print the forwarder's log")
+	fs.StringVar(&brokers, "kafka-brokers", "", "external mode (deploy/compose): run only the mock platform and the generator, producing to these Kafka brokers (comma-separated); "+
+		"the database is -database-url, the platform's credentials PLATFORM_ACCESS_NAME and PLATFORM_ACCESS_PWD from the environment")
+	fs.StringVar(&ext.DatabaseURL, "database-url", "", "external mode: the forwarder's PostgreSQL, for progress lines (default $DATABASE_URL)")
+	fs.StringVar(&ext.PlatformAddr, "platform-addr", devstack.DefaultPlatformAddr, "external mode: where the mock platform listens")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: go run ./cmd/devstack [flags]\n\nRuns bin/forwarder on an embedded dev stack. Ctrl-C stops it.\n"+
+			"With -kafka-brokers, serves only the mock platform and the generator for a forwarder running elsewhere.\n\n")
+		fs.PrintDefaults()
 	}
-	flag.Parse()
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
 	cfg.Faults, cfg.Env = faults, env
 	if verbose {
 		cfg.ForwarderLog = os.Stdout
 	}
+	if brokers != "" {
+		for _, b := range strings.Split(brokers, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				ext.Brokers = append(ext.Brokers, b)
+			}
+		}
+		if ext.DatabaseURL == "" {
+			ext.DatabaseURL = getenv("DATABASE_URL")
+		}
+		ext.AccessName, ext.AccessPwd = getenv("PLATFORM_ACCESS_NAME"), getenv("PLATFORM_ACCESS_PWD")
+		cfg.External = &ext
+	}
+	return o, nil
+}
+
+func run() int {
+	o, err := parseFlags(flag.CommandLine, os.Args[1:], os.Getenv)
+	if err != nil {
+		return 2
+	}
+	cfg := o.cfg
 	cfg.Logf = func(format string, args ...any) { fmt.Printf("devstack: "+format+"\n", args...) }
 
 	// Ctrl-C goes to the terminal's foreground process group: make, go run
@@ -93,19 +139,27 @@ func run() int {
 	}
 	printBanner(os.Stdout, s, cfg)
 
-	runErr := s.Run(ctx, *duration, os.Stdout)
+	runErr := s.Run(ctx, o.duration, os.Stdout)
 	stop() // a second Ctrl-C during shutdown kills us the default way
 	if runErr != nil {
 		fmt.Fprintf(os.Stderr, "devstack: %v\n", runErr)
 	}
-	fmt.Println("devstack: stopping the forwarder (SIGTERM), the generator, Kafka, the platform and PostgreSQL")
+	if cfg.External != nil {
+		fmt.Println("devstack: stopping the generator and the platform")
+	} else {
+		fmt.Println("devstack: stopping the forwarder (SIGTERM), the generator, Kafka, the platform and PostgreSQL")
+	}
 	final, _ := s.Progress(context.Background())
 	if err := s.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "devstack: stopping: %v\n", err)
 		return 1
 	}
-	fmt.Printf("devstack: stopped. %d produced, %d persisted, %d delivered, %d failed; the database stays in %s for the next run\n",
-		final.Produced.Produced, final.Rows.Persisted, final.Rows.Delivered, final.Rows.Failed, s.PG.Dir())
+	kept := "the database keeps them"
+	if s.PG != nil {
+		kept = "the database stays in " + s.PG.Dir() + " for the next run"
+	}
+	fmt.Printf("devstack: stopped. %d produced, %d persisted, %d delivered, %d failed; %s\n",
+		final.Produced.Produced, final.Rows.Persisted, final.Rows.Delivered, final.Rows.Failed, kept)
 	if runErr != nil {
 		return 1
 	}
@@ -113,6 +167,12 @@ func run() int {
 }
 
 func printBanner(w io.Writer, s *devstack.Stack, cfg devstack.Config) {
+	if cfg.External != nil {
+		fmt.Fprintf(w, "devstack: mock platform on %s (PLATFORM_URL=http://<this host>:%s), accepting PLATFORM_ACCESS_NAME %q\n",
+			s.Platform.Addr, portOf(s.Platform.Addr), cfg.External.AccessName)
+		fmt.Fprintf(w, "devstack: generating %.0f msg/s to Kafka %s; progress read from the forwarder's database\n", cfg.Rate, strings.Join(s.Brokers, ","))
+		return
+	}
 	fmt.Fprintf(w, "devstack: forwarder running (pid %d), log %s\n", s.Forwarder.Pid(), s.LogPath)
 	fmt.Fprintf(w, "devstack: metrics  %s\n", s.Forwarder.MetricsURL())
 	fmt.Fprintf(w, "devstack: database %s   (try: DATABASE_URL=%s bin/forwarder outbox stats)\n", s.DatabaseURL, s.DatabaseURL)
@@ -120,4 +180,12 @@ func printBanner(w io.Writer, s *devstack.Stack, cfg devstack.Config) {
 	fmt.Fprintf(w, "devstack: generating %.0f msg/s (%.0f%% duplicates, %.0f%% malformed); platform errors: %.1f%% errcode 999, %.1f%% HTTP 500, %.1f%% errcode 998\n",
 		cfg.Rate, cfg.DuplicateRate*100, cfg.MalformedRate*100, cfg.Faults.Errcode999*100, cfg.Faults.HTTP5xx*100, cfg.Faults.Errcode998*100)
 	fmt.Fprintln(w, "devstack: Ctrl-C stops everything")
+}
+
+func portOf(addr string) string {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return port
 }

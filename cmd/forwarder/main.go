@@ -7,6 +7,10 @@ import (
 	"os"
 	"runtime/debug"
 
+	// PLATFORM_TZ must resolve in an image without /usr/share/zoneinfo
+	// (the container image is distroless/static): embed the zone database.
+	_ "time/tzdata"
+
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	_ "github.com/redpanda-data/benthos/v4/public/components/io"
@@ -51,6 +55,7 @@ func main() {
 		service.CLIOptSetBinaryName("forwarder"),
 		service.CLIOptSetProductName("forwarder"),
 		service.CLIOptAddCommand(outboxcli.Command()),
+		service.CLIOptAddCommand(healthcheckCommand()),
 		service.CLIOptOnConfigParse(checkOnStart),
 	)
 }

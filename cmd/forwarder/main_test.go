@@ -2,11 +2,17 @@ package main_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,4 +167,109 @@ func runServiceExpectingExit(t *testing.T, what string, env ...string) (string, 
 		t.Fatalf("the service kept running with %s:\n%s", what, out)
 	}
 	return string(out), err
+}
+
+// TestHealthcheck: `forwarder healthcheck` exits 0 only when the service's
+// /ready answers 200, and says why otherwise; against a real running
+// service it finds /ready at HTTP_ADDR, a 0.0.0.0 host included.
+func TestHealthcheck(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ReadyAndNotReady", func(t *testing.T) {
+		t.Parallel()
+		var status atomic.Int32
+		status.Store(http.StatusOK)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/ready" {
+				http.NotFound(w, r)
+				return
+			}
+			w.WriteHeader(int(status.Load()))
+			fmt.Fprint(w, "input not connected")
+		}))
+		defer srv.Close()
+		addr := strings.TrimPrefix(srv.URL, "http://")
+
+		out, err := run(t, []string{"HTTP_ADDR=" + addr}, "healthcheck")
+		if err != nil {
+			t.Fatalf("healthcheck on a ready service: %v\n%s", err, out)
+		}
+		status.Store(http.StatusServiceUnavailable)
+		out, err = run(t, []string{"HTTP_ADDR=" + addr}, "healthcheck")
+		if exitCode(err) != 1 || !strings.Contains(out, "503") || !strings.Contains(out, "input not connected") {
+			t.Fatalf("healthcheck on a service that is not ready: exit %d, want 1 with the status and body:\n%s", exitCode(err), out)
+		}
+	})
+
+	t.Run("NothingListening", func(t *testing.T) {
+		t.Parallel()
+		out, err := run(t, nil, "healthcheck", "--addr", closedAddr(t), "--timeout", "2s")
+		if exitCode(err) != 1 || !strings.Contains(out, "not reachable") {
+			t.Fatalf("healthcheck with nothing listening: exit %d, want 1 saying the service is not reachable:\n%s", exitCode(err), out)
+		}
+	})
+
+	t.Run("RealService", func(t *testing.T) {
+		t.Parallel()
+		port := strings.TrimPrefix(closedAddr(t), "127.0.0.1:")
+		conf := filepath.Join(t.TempDir(), "ready.yaml")
+		if err := os.WriteFile(conf, []byte(`http:
+  address: ${HTTP_ADDR}
+input:
+  generate:
+    interval: 1s
+    mapping: 'root = "x"'
+output:
+  drop: {}
+logger:
+  level: WARN
+`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env := []string{"HTTP_ADDR=0.0.0.0:" + port}
+		ctx, cancel := context.WithCancel(context.Background())
+		svc := exec.CommandContext(ctx, forwarderBin, "-c", conf)
+		svc.Env = append(os.Environ(), env...)
+		if err := svc.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { cancel(); _ = svc.Wait() }()
+
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			out, err := run(t, env, "healthcheck")
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("healthcheck never succeeded against a running service on HTTP_ADDR=0.0.0.0:%s:\n%s", port, out)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+}
+
+// closedAddr is a loopback address where nothing listens (a port just freed).
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// exitCode is the process's exit status in err from exec (0 for nil, -1
+// when it did not exit normally).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
 }

@@ -153,9 +153,17 @@ type testBundle struct {
 // holding mapping, reloaded every 10ms.
 func setup(t *testing.T, mapping string) *testBundle {
 	t.Helper()
-	tb := &testBundle{dir: t.TempDir(), capture: newCapture()}
-	tb.path = filepath.Join(tb.dir, "m.blobl")
-	writeFile(t, tb.path, mapping)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.blobl")
+	writeFile(t, path, mapping)
+	return setupAt(t, dir, path, "10ms")
+}
+
+// setupAt runs a stream whose only processor is mapping_file on the
+// existing file at path (in dir), reloaded every interval.
+func setupAt(t *testing.T, dir, path, interval string) *testBundle {
+	t.Helper()
+	tb := &testBundle{dir: dir, path: path, capture: newCapture()}
 
 	env := service.NewEnvironment()
 	if err := env.RegisterMetricsExporter("capture", service.NewConfigSpec(),
@@ -173,7 +181,7 @@ func setup(t *testing.T, mapping string) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.AddProcessorYAML(fmt.Sprintf("mapping_file:\n  path: %q\n  reload_interval: 10ms\n", tb.path)); err != nil {
+	if err := sb.AddProcessorYAML(fmt.Sprintf("mapping_file:\n  path: %q\n  reload_interval: %s\n", tb.path, interval)); err != nil {
 		t.Fatal(err)
 	}
 	out := make(chan *service.Message, 1)

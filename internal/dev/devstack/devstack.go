@@ -4,7 +4,9 @@
 // in-process Kafka broker (franz-go's kfake) with both topics, the mock
 // platform (internal/dev/mockplatform), the event generator (internal/dev/eventgen),
 // and the real bin/forwarder -c pipelines/forwarder.yaml as a child process,
-// with the CONTRACT §3 environment pointing at all of them.
+// with the environment of pipelines/forwarder.yaml pointing at all of them.
+// With Config.External it runs only the mock platform and the generator,
+// against a Kafka and a PostgreSQL that run elsewhere (deploy/compose).
 //
 //	s, err := devstack.Start(ctx, devstack.Config{Rate: 100})
 //	...
@@ -90,6 +92,12 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logf reports what the stack is doing (default: nothing).
 	Logf func(format string, args ...any)
+
+	// External, when set, runs only the mock platform and the generator,
+	// against a Kafka and a PostgreSQL that run elsewhere (the compose stack
+	// in deploy/compose): no embedded PostgreSQL or broker, no forwarder
+	// child, nothing written under Dir. The forwarder fields are ignored.
+	External *External
 }
 
 // Stack is a running dev stack.
@@ -137,6 +145,9 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.External != nil {
+		return startExternal(ctx, cfg)
 	}
 	if cfg.WorkDir, err = filepath.Abs(cfg.WorkDir); err != nil {
 		return nil, err
@@ -245,23 +256,31 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 		}
 	}
 
-	if !cfg.NoGenerator {
-		if s.Generator, err = eventgen.New(eventgen.Config{
-			SourceConfig: eventgen.SourceConfig{DuplicateRate: cfg.DuplicateRate, MalformedRate: cfg.MalformedRate, Seed: cfg.Seed},
-			Brokers:      s.Brokers,
-			Rate:         cfg.Rate,
-			Count:        cfg.Count,
-		}); err != nil {
-			return s, err
-		}
-		genCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		s.genCancel, s.genDone = cancel, make(chan struct{})
-		go func() {
-			defer close(s.genDone)
-			s.genErr = s.Generator.Run(genCtx)
-		}()
+	return s, s.startGenerator(ctx)
+}
+
+// startGenerator starts producing to s.Brokers unless NoGenerator is set.
+func (s *Stack) startGenerator(ctx context.Context) error {
+	cfg := s.cfg
+	if cfg.NoGenerator {
+		return nil
 	}
-	return s, nil
+	var err error
+	if s.Generator, err = eventgen.New(eventgen.Config{
+		SourceConfig: eventgen.SourceConfig{DuplicateRate: cfg.DuplicateRate, MalformedRate: cfg.MalformedRate, Seed: cfg.Seed},
+		Brokers:      s.Brokers,
+		Rate:         cfg.Rate,
+		Count:        cfg.Count,
+	}); err != nil {
+		return err
+	}
+	genCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.genCancel, s.genDone = cancel, make(chan struct{})
+	go func() {
+		defer close(s.genDone)
+		s.genErr = s.Generator.Run(genCtx)
+	}()
+	return nil
 }
 
 // StartForwarder starts one more forwarder against the stack (the stack's
