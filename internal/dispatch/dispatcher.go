@@ -258,6 +258,17 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.ClaimedRow, error) {
 			}
 			continue
 		}
+		if g := d.hub.Gate(); g != nil {
+			probe, wait, err := d.gated(ctx, pool, g)
+			switch {
+			case err != nil:
+				return nil, err
+			case probe != nil:
+				return d.handOut(ctx, pool, probe)
+			case wait:
+				continue
+			}
+		}
 		rows, bytes := d.ledger.Room()
 		if rows == 0 || (bytes == 0 && d.ledger.Held() > 0) {
 			d.ledger.SetWaitForRoom(true)
@@ -300,6 +311,41 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.ClaimedRow, error) {
 			return d.handOut(ctx, pool, res.Claimed)
 		}
 	}
+}
+
+// gated keeps claims from being made while the platform must not be sent
+// to (breaker open, sending paused): rows stay PENDING in the database and
+// keep their attempts, and new rows are not claimed directly either. When
+// the breaker is open and a probe is due, it takes the probe (one per
+// interval across every instance) and claims one row for it. wait says the
+// caller should look again (it waited for a change, or for the probe time).
+func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *Gate) (probe []outboxdb.ClaimedRow, wait bool, err error) {
+	blocked, until, changed := g.Blocked()
+	d.ledger.SetBlocked(blocked)
+	if !blocked {
+		return nil, false, nil
+	}
+	if g.State() == BreakerOpen && !time.Now().Before(until) && g.TryProbe(ctx) {
+		res, err := d.claim(ctx, pool, 1, -1)
+		if err != nil {
+			return nil, false, err
+		}
+		if len(res.Claimed) > 0 {
+			g.MarkProbe(res.Claimed[0].ID)
+			return res.Claimed, false, nil
+		}
+		// Nothing due to probe with: the next row that comes will wait for
+		// the next probe.
+	}
+	t := time.NewTimer(max(time.Until(until), minIdleWait))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-changed:
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	}
+	return nil, true, nil
 }
 
 // claim runs one claim statement and holds what it took before anything

@@ -35,6 +35,7 @@ type Hub struct {
 	users      int
 	dispatcher *Dispatcher
 	output     *OutputInfo
+	gate       *Gate
 }
 
 // OutputInfo is what the output tells the rest of the stream about itself.
@@ -161,6 +162,20 @@ func (h *Hub) SetOutput(info OutputInfo) error {
 		return checkLease(d.cfg.Lease, info.Timeout)
 	}
 	return nil
+}
+
+// SetGate registers the gate protecting the platform (the output's).
+func (h *Hub) SetGate(g *Gate) {
+	h.mu.Lock()
+	h.gate = g
+	h.mu.Unlock()
+}
+
+// Gate returns the stream's gate on this database, or nil.
+func (h *Hub) Gate() *Gate {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gate
 }
 
 // Output returns what the output registered, or nil.

@@ -36,7 +36,11 @@ type Ledger struct {
 	// due in the database: no reservations are granted meanwhile, so that
 	// retries and expired claims are not starved by a flow of new rows.
 	waitForRoom bool
-	closed      bool
+	// blocked is set while the platform is not to be sent to (breaker open,
+	// sending paused): new rows are not claimed for a dispatcher that
+	// would only give them back.
+	blocked bool
+	closed  bool
 }
 
 // heldRow is one held claim.
@@ -89,6 +93,14 @@ func (l *Ledger) SetWaitForRoom(v bool) {
 	l.mu.Unlock()
 }
 
+// SetBlocked says whether sending to the platform is blocked; meanwhile
+// Reserve grants nothing.
+func (l *Ledger) SetBlocked(v bool) {
+	l.mu.Lock()
+	l.blocked = v
+	l.mu.Unlock()
+}
+
 // Grant is a reservation of room for rows about to be inserted claimed.
 type Grant struct {
 	Rows  int
@@ -102,7 +114,7 @@ type Grant struct {
 func (l *Ledger) Reserve(sizes []int) Grant {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || l.waitForRoom {
+	if l.closed || l.waitForRoom || l.blocked {
 		return Grant{}
 	}
 	rows, bytes := l.roomLocked()

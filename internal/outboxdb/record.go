@@ -51,6 +51,11 @@ type Result struct {
 	// ForLease marks an Undo for lack of lease: bounded, after
 	// MaxLeaseReturns of them in a row the attempt counts (see record.sql).
 	ForLease bool
+	// Logged marks an Undo of an attempt that was made but says nothing
+	// about the row (a failed probe, an unavailable reply while the platform
+	// is known to be down): it is logged, with its error and HTTP status,
+	// and does not count.
+	Logged bool
 }
 
 // FailureClass says why a row is FAILED, which decides whether it may be
@@ -103,6 +108,7 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		undo       = make([]bool, n)
 		classes    = make([]*string, n)
 		forLease   = make([]bool, n)
+		logged     = make([]bool, n)
 		seen       = make(map[int64]struct{}, n)
 	)
 	for i, r := range results {
@@ -121,7 +127,7 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		if r.Undo && r.Status != StatusPending {
 			return nil, fmt.Errorf("recording results: row %d: an undone claim must go back to PENDING, not %s", r.ID, r.Status)
 		}
-		undo[i], forLease[i] = r.Undo, r.Undo && r.ForLease
+		undo[i], forLease[i], logged[i] = r.Undo, r.Undo && r.ForLease, r.Undo && r.Logged
 		if r.Status == StatusFailed {
 			c := string(cmp.Or(r.Class, ClassTransient))
 			classes[i] = &c
@@ -147,7 +153,7 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		}
 	}
 	rows, err := q.Query(ctx, recordSQL, ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations, undo,
-		classes, forLease, MaxLeaseReturns)
+		classes, forLease, MaxLeaseReturns, logged)
 	if err != nil {
 		return nil, fmt.Errorf("recording results: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,14 @@ const (
 	hfFieldRetryMaxAttempts = "max_attempts"
 	hfFieldLease            = "lease"
 	hfFieldBatching         = "batching"
+	hfFieldProbeInterval    = "probe_interval"
+	hfFieldRateLimit        = "rate_limit"
+	hfFieldBreaker          = "breaker"
+	hfFieldBreakerWindow    = "window"
+	hfFieldBreakerMin       = "min_replies"
+	hfFieldBreakerRatio     = "ratio"
+	hfFieldBreakerRun       = "consecutive"
+	hfFieldBreakerHalfOpen  = "half_open_replies"
 )
 
 const (
@@ -80,6 +89,7 @@ const (
 	returnedLease    = "lease"
 	returnedStopping = "stopping"
 	returnedLost     = "lost"
+	returnedBreaker  = "breaker"
 )
 
 func httpForwarderSpec() *service.ConfigSpec {
@@ -106,7 +116,16 @@ The claim of each message must hold until its result is written. The stream's `+
 
 All outcomes of a batch are written in one statement: each row's status, `+"`next_retry_at`"+`, `+"`last_http_status`"+`, `+"`last_error`"+` (and `+"`succeeded_at`"+`), plus one `+"`forward_retry_logs`"+` row per attempt. The write is fenced by the claim token: a row that was claimed again by someone else after its lease ran out is left alone. A retryable platform failure is a recorded PENDING row, not an error: the batch is acknowledged once its outcomes are recorded, and fails only when the database write does.
 
-All writes of this output share one pool of `+"`max_in_flight`"+` request slots, and one keep-alive HTTP/1.1 connection pool of the same size.
+All writes of this output share at most `+"`max_in_flight`"+` requests in flight, and one keep-alive HTTP/1.1 connection pool of that size.
+
+== Protecting the platform
+
+Each reply is judged on its own, whatever the rules make of it: a reply the platform produced on purpose (any JSON answer, any `+"`errcode`"+`, any 4xx but 429) shows it *healthy*; no reply, a timeout, a 5xx, a 429 or a 2xx that is not JSON shows it *unavailable*.
+
+- *Circuit breaker, shared by every instance on the database.* When most recent replies are unavailable (half of at least `+"`breaker.min_replies`"+` within `+"`breaker.window`"+`, or `+"`breaker.consecutive`"+` in a row) the breaker opens, in PostgreSQL, and every instance stops sending within a second: rows stay PENDING and keep their attempts (claims held when it opened are given back unsent), new rows are not claimed. Only probes go: at most one per `+"`probe_interval`"+` across all instances. A healthy probe half-opens it: sending resumes with concurrency ramping up from one; `+"`breaker.half_open_replies`"+` healthy replies in a row close it, an unavailable one opens it again. A failed probe never spends its row's attempt. An unavailable reply while the platform is judged down never makes its row FAILED either: the attempt is logged but not counted, so an outage of any length leaves no row FAILED.
+- *Retry-After.* A 429 or 503 with `+"`Retry-After`"+` pauses sending on every instance for that long (capped at `+"`retry.max`"+`).
+- *Adaptive concurrency.* Requests in flight adapt between 1 and `+"`max_in_flight`"+`: one more per round trip of healthy replies, half as many after unavailable ones.
+- *Rate limit.* `+"`rate_limit`"+` caps requests per second across every instance on the database (a token bucket in PostgreSQL, taken a tenth of a second's worth at a time); `+"`0`"+`: no limit.
 
 == Metrics
 
@@ -115,7 +134,8 @@ All writes of this output share one pool of `+"`max_in_flight`"+` request slots,
 - `+"`forwarder_end_to_end_latency_seconds{api_type}`"+`: from row creation to its recorded SUCCESS.
 - `+"`forwarder_mapping_errors_total{api_type}`"+`: messages not sent because their mapping failed.
 - `+"`forwarder_semaphore_available_permits`"+`: free request slots.
-- `+"`forwarder_claims_returned_total{reason}`"+`: claims given back unsent (`+"`lease`"+`, `+"`stopping`"+`) or not sent because they were lost (`+"`lost`"+`).
+- `+"`forwarder_claims_returned_total{reason}`"+`: claims given back unsent (`+"`lease`"+`, `+"`stopping`"+`, `+"`breaker`"+`: the breaker was open or sending paused) or not sent because they were lost (`+"`lost`"+`).
+- `+"`forwarder_platform_breaker_state`"+` (0 closed, 1 half-open, 2 open), `+"`forwarder_platform_concurrency_limit`"+`, `+"`forwarder_platform_probes_total{result}`"+`.
 
 == Rule expressions
 
@@ -192,6 +212,23 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				Example("60s").
 				Default("").
 				Advanced(),
+			service.NewDurationField(hfFieldProbeInterval).
+				Description("While the breaker is open, at most one probe request per interval across every instance on the database (`PLATFORM_PROBE_INTERVAL`).").
+				Default("5s").
+				Example("${PLATFORM_PROBE_INTERVAL:5s}"),
+			service.NewFloatField(hfFieldRateLimit).
+				Description("Requests per second to the platform across every instance on the database (`FORWARD_RATE_LIMIT`); `0`: no limit.").
+				Default(0).
+				Example("${FORWARD_RATE_LIMIT:0}"),
+			service.NewObjectField(hfFieldBreaker,
+				service.NewDurationField(hfFieldBreakerWindow).Description("How far back replies count.").Default("10s"),
+				service.NewIntField(hfFieldBreakerMin).Description("Replies the window needs before their ratio may open the breaker.").Default(10),
+				service.NewFloatField(hfFieldBreakerRatio).Description("Share of unavailable replies in the window that opens the breaker.").Default(0.5),
+				service.NewIntField(hfFieldBreakerRun).Description("Unavailable replies in a row that open the breaker whatever the window holds.").Default(5),
+				service.NewIntField(hfFieldBreakerHalfOpen).Description("Healthy replies in a row that close a half-open breaker.").Default(10),
+			).
+				Description("When the platform is judged down (see Protecting the platform).").
+				Advanced(),
 			service.NewBatchPolicyField(hfFieldBatching),
 		).
 		LintRule(leaseLintRule).
@@ -241,9 +278,9 @@ func init() {
 				return nil, service.BatchPolicy{}, 0, err
 			}
 			// As many concurrent batches as request slots: single-message
-			// batches still fill every slot. The shared semaphore, not the
-			// engine, bounds the requests.
-			return out, policy, out.sem.size(), nil
+			// batches still fill every slot. The gate's concurrency limit,
+			// not the engine, bounds the requests.
+			return out, policy, out.gate.Limiter().Max(), nil
 		})
 }
 
@@ -263,7 +300,7 @@ type httpForwarder struct {
 
 	policy    policy
 	transport *transport
-	sem       *semaphore
+	gate      *dispatch.Gate
 	returns   *lograte.Burst
 
 	connMu   sync.Mutex
@@ -354,7 +391,17 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	h.mEndToEnd = m.NewTimer("forwarder_end_to_end_latency_seconds", "api_type")
 	h.mMappingErrors = m.NewCounter("forwarder_mapping_errors_total", "api_type")
 	h.mReturned = m.NewCounter("forwarder_claims_returned_total", "reason")
-	h.sem = newSemaphore(maxInFlight, m.NewGauge("forwarder_semaphore_available_permits"))
+	gateCfg, err := parseGate(conf, maxInFlight)
+	if err != nil {
+		return nil, err
+	}
+	h.gate = dispatch.NewGate(gateCfg, h.log, dispatch.GateMetrics{
+		State:  m.NewGauge("forwarder_platform_breaker_state"),
+		Limit:  m.NewGauge("forwarder_platform_concurrency_limit"),
+		Free:   m.NewGauge("forwarder_semaphore_available_permits"),
+		Probes: m.NewCounter("forwarder_platform_probes_total", "result"),
+	})
+	h.hub.SetGate(h.gate)
 	h.returns = lograte.New(h.log, 10*time.Second)
 	return h, nil
 }
@@ -399,6 +446,50 @@ func leaseError(timeout, lease time.Duration) error {
 		return fmt.Errorf("timeout (%v) must be less than lease (%v): CLAIM_LEASE must exceed FORWARD_TIMEOUT, or a request could outlive its claim", timeout, lease)
 	}
 	return nil
+}
+
+func parseGate(conf *service.ParsedConfig, maxInFlight int) (dispatch.GateConfig, error) {
+	c := dispatch.GateConfig{MaxInFlight: maxInFlight}
+	var err error
+	if c.ProbeInterval, err = conf.FieldDuration(hfFieldProbeInterval); err != nil {
+		return c, err
+	}
+	if c.ProbeInterval <= 0 {
+		return c, fmt.Errorf("field %s: must be positive, got %v (PLATFORM_PROBE_INTERVAL)", hfFieldProbeInterval, c.ProbeInterval)
+	}
+	if c.RateLimit, err = conf.FieldFloat(hfFieldRateLimit); err != nil {
+		return c, err
+	}
+	if c.RateLimit < 0 {
+		return c, fmt.Errorf("field %s: must not be negative, got %v (FORWARD_RATE_LIMIT)", hfFieldRateLimit, c.RateLimit)
+	}
+	b := conf.Namespace(hfFieldBreaker)
+	if c.Breaker.Window, err = b.FieldDuration(hfFieldBreakerWindow); err != nil {
+		return c, err
+	}
+	if c.Breaker.MinReplies, err = b.FieldInt(hfFieldBreakerMin); err != nil {
+		return c, err
+	}
+	if c.Breaker.Ratio, err = b.FieldFloat(hfFieldBreakerRatio); err != nil {
+		return c, err
+	}
+	if c.Breaker.Consecutive, err = b.FieldInt(hfFieldBreakerRun); err != nil {
+		return c, err
+	}
+	if c.Breaker.HalfOpenReplies, err = b.FieldInt(hfFieldBreakerHalfOpen); err != nil {
+		return c, err
+	}
+	switch {
+	case c.Breaker.Window <= 0:
+		return c, fmt.Errorf("field breaker.window: must be positive, got %v", c.Breaker.Window)
+	case c.Breaker.MinReplies < 1, c.Breaker.Consecutive < 1, c.Breaker.HalfOpenReplies < 1:
+		return c, errors.New("fields breaker.min_replies, breaker.consecutive and breaker.half_open_replies must be at least 1")
+	case c.Breaker.Ratio <= 0 || c.Breaker.Ratio > 1:
+		return c, fmt.Errorf("field breaker.ratio: must be in (0, 1], got %v", c.Breaker.Ratio)
+	}
+	host, _ := os.Hostname()
+	c.Instance = host + "-" + strconv.Itoa(os.Getpid())
+	return c, nil
 }
 
 func parseRules(conf *service.ParsedConfig) (ruleSet, error) {
@@ -469,6 +560,10 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 	h.recorder.Store(dispatch.NewRecorder(func(ctx context.Context, results []outboxdb.Result) ([]int64, error) {
 		return outboxdb.RecordResults(ctx, pool, results)
 	}, maxResultsPerStatement))
+	if err := h.gate.Start(ctx, pool); err != nil {
+		h.hub.Release()
+		return err
+	}
 	h.pool.Store(pool)
 	return nil
 }
@@ -486,6 +581,8 @@ type attempt struct {
 	// done marks a message settled without a request (or interrupted);
 	// skip one whose result must not be written at all (its claim was lost).
 	done, skip bool
+	// permit is what the gate allowed the request.
+	permit dispatch.Permit
 	// outcome is the rule outcome of the reply, "" when none was classified.
 	outcome string
 	result  outboxdb.Result
@@ -541,14 +638,21 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 		if a.done {
 			continue
 		}
-		if err := h.sem.acquire(ctx); err != nil {
+		if a.permit = h.gate.Allow(a.claim.ID); a.permit == dispatch.Deny {
+			h.giveBack(a, returnedBreaker, "not sent: the platform is down (circuit breaker open) or asked to pause")
+			continue
+		}
+		if err := h.gate.Acquire(ctx); err != nil {
+			if a.permit == dispatch.Probe {
+				h.gate.ForgetProbe(a.claim.ID)
+			}
 			h.giveBack(a, returnedStopping, "not sent: the output is stopping")
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer h.sem.release()
+			defer h.gate.Release()
 			h.send(ctx, d, a)
 		}()
 	}
@@ -659,6 +763,9 @@ func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *att
 	}
 	took := time.Since(start)
 	if r.Stopped {
+		if a.permit == dispatch.Probe {
+			h.gate.ForgetProbe(a.claim.ID)
+		}
 		// Stopping, not a platform failure. The request may have reached
 		// the platform, so the attempt counts; the row is due again at once.
 		a.done = true
@@ -668,6 +775,22 @@ func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *att
 	dec := h.policy.decide(r, a.claim.Attempt, took, time.Now())
 	if dec.RuleErr != nil {
 		h.log.Debugf("outbox row %d: %v", a.claim.ID, dec.RuleErr)
+	}
+	down := dec.Health == unavailable
+	h.gate.Report(ctx, a.claim.ID, a.permit, down, dec.PauseFor, dec.Result.Error)
+	if down && (a.permit == dispatch.Probe || (dec.Result.Status == outboxdb.StatusFailed && h.gate.Down())) {
+		// The platform is down: this attempt says nothing about the row. It
+		// is logged but not counted, and the row waits its retry delay, so
+		// that neither a failed probe nor an outage of any length makes a
+		// row FAILED.
+		dec.Result.Status = outboxdb.StatusPending
+		dec.Result.Class = ""
+		dec.Result.RetryIn = h.policy.backoff.delay(a.claim.Attempt, h.policy.rnd())
+		if dec.PauseFor > 0 {
+			dec.Result.RetryIn = dec.PauseFor
+		}
+		dec.Result.Undo, dec.Result.Logged = true, true
+		dec.Result.Error = "platform unavailable, attempt not counted: " + describeReply(r)
 	}
 	api := a.apiLabel()
 	h.mAttempts.Incr(1, api, dec.Outcome)
@@ -783,46 +906,10 @@ func (h *httpForwarder) Close(context.Context) error {
 		rec.Close()
 	}
 	if h.pool.Swap(nil) != nil {
+		h.gate.Stop()
 		h.hub.Release()
 	}
 	h.transport.close()
 	h.returns.Flush()
 	return nil
-}
-
-// semaphore bounds the requests in flight over every batch of one output and
-// publishes its free slots.
-type semaphore struct {
-	slots chan struct{}
-	mu    sync.Mutex // orders the gauge updates, so the last one is current
-	gauge *service.MetricGauge
-}
-
-func newSemaphore(n int, gauge *service.MetricGauge) *semaphore {
-	s := &semaphore{slots: make(chan struct{}, n), gauge: gauge}
-	s.report()
-	return s
-}
-
-func (s *semaphore) size() int { return cap(s.slots) }
-
-func (s *semaphore) acquire(ctx context.Context) error {
-	select {
-	case s.slots <- struct{}{}:
-		s.report()
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s *semaphore) release() {
-	<-s.slots
-	s.report()
-}
-
-func (s *semaphore) report() {
-	s.mu.Lock()
-	s.gauge.Set(int64(cap(s.slots) - len(s.slots)))
-	s.mu.Unlock()
 }

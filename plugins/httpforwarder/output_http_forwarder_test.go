@@ -499,7 +499,7 @@ func TestSemaphoreBoundsRequests(t *testing.T) {
 			}
 		}
 		peak = max(peak, len(inFlight))
-		if free := b.out.sem.size() - len(b.out.sem.slots); free != 0 && len(rows)-released >= maxInFlight {
+		if free := b.out.gate.Limiter().Limit() - b.out.gate.Limiter().InFlight(); free != 0 && len(rows)-released >= maxInFlight {
 			t.Errorf("free slots = %d with %d requests held", free, len(inFlight))
 		}
 		gate <- struct{}{}
@@ -512,7 +512,7 @@ func TestSemaphoreBoundsRequests(t *testing.T) {
 	if peak != maxInFlight {
 		t.Errorf("peak in flight = %d, want %d", peak, maxInFlight)
 	}
-	if free := b.out.sem.size() - len(b.out.sem.slots); free != maxInFlight {
+	if free := b.out.gate.Limiter().Limit() - b.out.gate.Limiter().InFlight(); free != maxInFlight {
 		t.Errorf("free slots after = %d, want %d", free, maxInFlight)
 	}
 	for _, r := range rows {

@@ -102,9 +102,10 @@ CREATE TABLE forward_platform_state (
     -- instance that moves it forward first.
     next_probe_at    timestamptz NOT NULL DEFAULT now(),
     -- No request before this time (a Retry-After on 429/503).
-    paused_until     timestamptz NOT NULL DEFAULT '-infinity',
-    -- Token bucket of the global rate limit.
-    rate_tokens      float8      NOT NULL DEFAULT 0,
+    paused_until     timestamptz NOT NULL DEFAULT 'epoch',
+    -- Token bucket of the global rate limit; it starts full (the limit
+    -- caps it at one second's worth when first used).
+    rate_tokens      float8      NOT NULL DEFAULT 'Infinity',
     rate_refilled_at timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO forward_platform_state DEFAULT VALUES;

@@ -27,7 +27,10 @@
 -- bounded: it counts in lease_returns, and once a row has been given back
 -- that way $12 times in a row, the next one keeps its attempt (logged), so
 -- that a row is never returned unsent forever. Any recorded attempt resets
--- the count.
+-- the count. An attempt that says nothing about the row ($13: a failed
+-- probe, an unavailable reply while the platform is known to be down) is
+-- undone but logged, with its error and status: it was made, it does not
+-- count.
 --
 -- The commit need not wait for the WAL flush: a result lost in a database
 -- crash leaves the row IN_PROGRESS until its lease runs out, and it is sent
@@ -39,16 +42,16 @@
 -- (last_error and the log's error_message), $7 platform errcodes,
 -- $8 request durations in ms, $9 undo flags, $10 failure classes (for
 -- FAILED), $11 the undo is for lack of lease, $12 give-backs allowed in a
--- row. $4..$8 and $10 may hold NULLs.
+-- row, $13 an undone attempt is logged. $4..$8 and $10 may hold NULLs.
 WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true) AS done
 ), result AS (
     SELECT *
     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[],
                 $5::integer[], $6::text[], $7::text[], $8::integer[], $9::boolean[],
-                $10::text[], $11::boolean[])
+                $10::text[], $11::boolean[], $13::boolean[])
         AS t(id, claim_token, status, retry_in_ms, http_status, error, errcode, duration_ms, undo,
-             failure_class, for_lease)
+             failure_class, for_lease, logged)
 ), recorded AS (
     UPDATE forward_records AS r
     SET status           = result.status,
@@ -62,8 +65,10 @@ WITH async AS (
                                 WHEN result.for_lease AND r.lease_returns >= $12::integer THEN 0
                                 WHEN result.for_lease THEN r.lease_returns + 1
                                 ELSE r.lease_returns END,
-        last_http_status = CASE WHEN result.undo THEN r.last_http_status ELSE result.http_status END,
-        last_error       = CASE WHEN result.undo AND NOT (result.for_lease AND r.lease_returns >= $12::integer)
+        last_http_status = CASE WHEN result.undo AND NOT result.logged THEN r.last_http_status
+                                ELSE result.http_status END,
+        last_error       = CASE WHEN result.undo AND NOT result.logged
+                                     AND NOT (result.for_lease AND r.lease_returns >= $12::integer)
                                 THEN r.last_error ELSE result.error END,
         failure_class    = CASE WHEN result.status = 'FAILED' THEN coalesce(result.failure_class, 'TRANSIENT') END,
         failed_at        = CASE WHEN result.status = 'FAILED' THEN now() ELSE r.failed_at END,
@@ -80,7 +85,8 @@ WITH async AS (
     RETURNING r.id, r.attempt_count, r.status, r.next_retry_at,
               -- An undo for lack of lease past the bound kept its attempt:
               -- it is logged like one.
-              (result.undo AND NOT (result.for_lease AND r.lease_returns = 0)) AS unlogged
+              (result.undo AND NOT result.logged
+               AND NOT (result.for_lease AND r.lease_returns = 0)) AS unlogged
 ), logged AS (
     INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status,
                                     platform_errcode, error_message, duration_ms, next_retry_at)

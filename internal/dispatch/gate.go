@@ -1,0 +1,413 @@
+package dispatch
+
+import (
+	"cmp"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// GateConfig configures a Gate. Zero values take the defaults given.
+type GateConfig struct {
+	// ProbeInterval: while the breaker is open, at most one probe per
+	// interval across every instance. Default 5s.
+	ProbeInterval time.Duration
+	// RateLimit caps the requests per second across every instance; 0: none.
+	RateLimit float64
+	// MaxInFlight is the largest concurrency limit. Required.
+	MaxInFlight int
+	// Breaker says when the platform is judged down.
+	Breaker BreakerConfig
+	// SyncInterval is how often the shared state is read. Default 1s.
+	SyncInterval time.Duration
+	// Instance names this instance in the shared state.
+	Instance string
+}
+
+// GateMetrics are the gate's gauges and counters; nil fields are skipped.
+type GateMetrics struct {
+	State  *service.MetricGauge   // forwarder_platform_breaker_state
+	Limit  *service.MetricGauge   // forwarder_platform_concurrency_limit
+	Free   *service.MetricGauge   // forwarder_semaphore_available_permits
+	Probes *service.MetricCounter // forwarder_platform_probes_total{result}
+}
+
+// Permit is what the gate allows one request.
+type Permit int
+
+const (
+	// Send: an ordinary request.
+	Send Permit = iota
+	// Probe: the one request that tests an open breaker.
+	Probe
+	// Deny: not now (breaker open or sending paused); give the claim back
+	// without spending an attempt.
+	Deny
+)
+
+// Gate protects the platform, for every instance sharing the database at
+// once: a circuit breaker (each instance judges from the replies it sees;
+// the state is shared through PostgreSQL so that all stop within a second),
+// probes (one per interval across the cluster, taken in PostgreSQL), a pause
+// asked for by Retry-After, an adaptive concurrency limit per instance and
+// an optional rate limit across the cluster.
+//
+// The output asks it before each request (Allow, Acquire) and tells it each
+// reply (Report); the dispatcher asks it whether to claim at all (Blocked)
+// and takes the probes (TryProbe).
+type Gate struct {
+	cfg     GateConfig
+	log     *service.Logger
+	m       GateMetrics
+	limiter *Limiter
+	rate    *RateLimit
+
+	mu sync.Mutex
+	b  *breaker
+	// pausedUntil and nextProbeAt are on the local clock (the shared state
+	// is read with the database clock and shifted by the skew).
+	pausedUntil time.Time
+	nextProbeAt time.Time
+	probes      map[int64]struct{}
+	changed     chan struct{}
+	pool        *pgxpool.Pool
+	stop        context.CancelFunc
+	done        chan struct{}
+	users       int
+}
+
+// NewGate returns a gate; Start connects it to the database.
+func NewGate(cfg GateConfig, log *service.Logger, m GateMetrics) *Gate {
+	cfg.ProbeInterval = cmp.Or(cfg.ProbeInterval, 5*time.Second)
+	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, time.Second)
+	cfg.MaxInFlight = max(cfg.MaxInFlight, 1)
+	g := &Gate{
+		cfg:     cfg,
+		log:     log,
+		m:       m,
+		limiter: NewLimiter(cfg.MaxInFlight),
+		b:       newBreaker(cfg.Breaker),
+		probes:  map[int64]struct{}{},
+		changed: make(chan struct{}),
+	}
+	g.limiter.OnChange = func(limit, free int) {
+		if m.Limit != nil {
+			m.Limit.Set(int64(limit))
+		}
+		if m.Free != nil {
+			m.Free.Set(int64(free))
+		}
+	}
+	g.limiter.Reset(cfg.MaxInFlight)
+	if m.State != nil {
+		m.State.Set(int64(BreakerClosed))
+	}
+	return g
+}
+
+// Start reads the shared state now and then every SyncInterval until Stop;
+// calls are counted, the last Stop stops it.
+func (g *Gate) Start(ctx context.Context, pool *pgxpool.Pool) error {
+	g.mu.Lock()
+	g.users++
+	if g.pool != nil {
+		g.mu.Unlock()
+		return nil
+	}
+	g.pool = pool
+	g.rate = NewRateLimit(g.cfg.RateLimit, func(ctx context.Context, n int, rate, burst float64) (bool, time.Duration, error) {
+		return outboxdb.TakeRateTokens(ctx, pool, n, rate, burst)
+	})
+	lctx, stop := context.WithCancel(context.Background())
+	g.stop, g.done = stop, make(chan struct{})
+	g.mu.Unlock()
+	g.sync(ctx)
+	go g.syncLoop(lctx)
+	return nil
+}
+
+// Stop ends the sync loop when the last user stops.
+func (g *Gate) Stop() {
+	g.mu.Lock()
+	g.users--
+	stop, done := g.stop, g.done
+	last := g.users == 0
+	if last {
+		g.pool, g.stop, g.done = nil, nil, nil
+	}
+	g.mu.Unlock()
+	if last && stop != nil {
+		stop()
+		<-done
+	}
+}
+
+func (g *Gate) syncLoop(ctx context.Context) {
+	defer close(g.done)
+	t := time.NewTicker(g.cfg.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.sync(ctx)
+		}
+	}
+}
+
+// sync reads the shared state and follows it.
+func (g *Gate) sync(ctx context.Context) {
+	g.mu.Lock()
+	pool := g.pool
+	g.mu.Unlock()
+	if pool == nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.cfg.SyncInterval)
+	defer cancel()
+	localNow := time.Now()
+	s, err := outboxdb.ReadPlatformState(rctx, pool)
+	if err != nil {
+		if ctx.Err() == nil {
+			g.log.Debugf("Reading the shared platform state: %v", err)
+		}
+		return
+	}
+	skew := s.Now.Sub(localNow)
+	g.mu.Lock()
+	g.pausedUntil = s.PausedUntil.Add(-skew)
+	g.nextProbeAt = s.NextProbeAt.Add(-skew)
+	g.followLocked(parseBreakerState(s.Breaker), s.Reason)
+	g.mu.Unlock()
+}
+
+// followLocked takes state as the breaker's, whoever changed it.
+func (g *Gate) followLocked(state BreakerState, reason string) {
+	if from := g.b.state; from != state {
+		g.b.set(state)
+		g.changedLocked(from, state, reason)
+	}
+}
+
+// changedLocked does what a change of the breaker's state entails.
+func (g *Gate) changedLocked(from, state BreakerState, reason string) {
+	if state == BreakerOpen {
+		g.nextProbeAt = time.Now().Add(g.cfg.ProbeInterval)
+	}
+	switch state {
+	case BreakerOpen, BreakerHalfOpen:
+		// Start from one request at a time when the platform comes back.
+		g.limiter.Reset(1)
+	}
+	if g.m.State != nil {
+		g.m.State.Set(int64(state))
+	}
+	if state == BreakerOpen {
+		g.log.Warnf("Platform circuit breaker %s -> OPEN: only probes are sent (one per %v across all instances) until the platform answers: %s", from, g.cfg.ProbeInterval, reason)
+	} else {
+		g.log.Infof("Platform circuit breaker %s -> %s", from, state)
+	}
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// State is the breaker's state as this instance knows it.
+func (g *Gate) State() BreakerState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.b.state
+}
+
+// Allow says whether the request of row id may go now.
+func (g *Gate) Allow(id int64) Permit {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if time.Now().Before(g.pausedUntil) {
+		return Deny
+	}
+	if _, ok := g.probes[id]; ok {
+		return Probe
+	}
+	if g.b.state == BreakerOpen {
+		return Deny
+	}
+	return Send
+}
+
+// Acquire waits for a request slot and a rate token; Release gives the
+// slot back.
+func (g *Gate) Acquire(ctx context.Context) error {
+	if err := g.limiter.Acquire(ctx); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	rate := g.rate
+	g.mu.Unlock()
+	if err := rate.Wait(ctx); err != nil {
+		g.limiter.Release()
+		return err
+	}
+	return nil
+}
+
+// Release gives a request slot back.
+func (g *Gate) Release() { g.limiter.Release() }
+
+// Limiter is the adaptive concurrency limit.
+func (g *Gate) Limiter() *Limiter { return g.limiter }
+
+// Report tells the gate how the platform answered the request of row id,
+// sent with permit p; pauseFor is a Retry-After to honour (0: none).
+func (g *Gate) Report(ctx context.Context, id int64, p Permit, unavailable bool, pauseFor time.Duration, why string) {
+	if pauseFor > 0 {
+		g.pause(ctx, pauseFor)
+	}
+	if p == Probe {
+		g.mu.Lock()
+		delete(g.probes, id)
+		g.mu.Unlock()
+		g.probed(ctx, unavailable, why)
+		return
+	}
+	if unavailable {
+		g.limiter.Unavailable()
+	} else {
+		g.limiter.Healthy()
+	}
+	g.mu.Lock()
+	from := g.b.state
+	t := g.b.observe(time.Now(), unavailable)
+	if t != stay {
+		g.changedLocked(from, g.b.state, why)
+	}
+	g.mu.Unlock()
+	switch t {
+	case trip:
+		g.setShared(ctx, []BreakerState{BreakerClosed, BreakerHalfOpen}, BreakerOpen, "most recent requests found the platform unavailable, e.g. "+why)
+	case recover:
+		g.setShared(ctx, []BreakerState{BreakerHalfOpen}, BreakerClosed, "the platform answered again")
+	}
+}
+
+func (g *Gate) probed(ctx context.Context, unavailable bool, why string) {
+	result := "healthy"
+	if unavailable {
+		result = "unavailable"
+	}
+	if g.m.Probes != nil {
+		g.m.Probes.Incr(1, result)
+	}
+	if unavailable {
+		g.log.Infof("Platform probe failed, the breaker stays open: %s", why)
+		return
+	}
+	g.setShared(ctx, []BreakerState{BreakerOpen}, BreakerHalfOpen, "a probe succeeded")
+}
+
+// setShared changes the shared state and follows it at once; another
+// instance may have changed it first, which the next sync shows.
+func (g *Gate) setShared(ctx context.Context, from []BreakerState, to BreakerState, reason string) {
+	g.mu.Lock()
+	pool := g.pool
+	g.mu.Unlock()
+	if pool != nil {
+		names := make([]string, len(from))
+		for i, s := range from {
+			names[i] = s.String()
+		}
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, err := outboxdb.SetBreaker(wctx, pool, names, to.String(), g.cfg.Instance, reason, g.cfg.ProbeInterval)
+		cancel()
+		if err != nil {
+			g.log.Warnf("Could not share the breaker state %s (this instance follows it alone until it can): %v", to, err)
+		}
+	}
+	g.mu.Lock()
+	g.followLocked(to, reason)
+	g.mu.Unlock()
+}
+
+func (g *Gate) pause(ctx context.Context, d time.Duration) {
+	g.mu.Lock()
+	pool := g.pool
+	if until := time.Now().Add(d); until.After(g.pausedUntil) {
+		g.pausedUntil = until
+		close(g.changed)
+		g.changed = make(chan struct{})
+	}
+	g.mu.Unlock()
+	if pool == nil {
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := outboxdb.PausePlatform(wctx, pool, d); err != nil {
+		g.log.Warnf("Could not share a pause of %v asked for by the platform: %v", d, err)
+	}
+}
+
+// Down says whether the platform must be treated as down: the breaker is
+// not closed, sending is paused, or this instance's recent replies already
+// say so. An unavailable reply then never makes its row FAILED.
+func (g *Gate) Down() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	return now.Before(g.pausedUntil) || g.b.down(now)
+}
+
+// Blocked says whether claims must wait: the breaker is open or sending is
+// paused. until is when it is worth looking again (the pause's end, or the
+// next probe); changed is closed at the next change of state.
+func (g *Gate) Blocked() (blocked bool, until time.Time, changed <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	switch {
+	case now.Before(g.pausedUntil):
+		return true, g.pausedUntil, g.changed
+	case g.b.state == BreakerOpen:
+		return true, g.nextProbeAt, g.changed
+	}
+	return false, time.Time{}, g.changed
+}
+
+// TryProbe asks for the next probe: true when this instance may send it
+// now.
+func (g *Gate) TryProbe(ctx context.Context) bool {
+	g.mu.Lock()
+	pool := g.pool
+	g.mu.Unlock()
+	if pool == nil {
+		return false
+	}
+	won, err := outboxdb.TryProbe(ctx, pool, g.cfg.ProbeInterval)
+	g.mu.Lock()
+	g.nextProbeAt = time.Now().Add(g.cfg.ProbeInterval)
+	g.mu.Unlock()
+	if err != nil {
+		g.log.Debugf("Taking a probe: %v", err)
+		return false
+	}
+	return won
+}
+
+// MarkProbe marks the row that will carry the probe.
+func (g *Gate) MarkProbe(id int64) {
+	g.mu.Lock()
+	g.probes[id] = struct{}{}
+	g.mu.Unlock()
+}
+
+// ForgetProbe drops a probe mark that was never used (the row went back).
+func (g *Gate) ForgetProbe(id int64) {
+	g.mu.Lock()
+	delete(g.probes, id)
+	g.mu.Unlock()
+}

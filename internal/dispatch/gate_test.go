@@ -1,0 +1,168 @@
+package dispatch
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+// TestGateSharedByInstances runs two gates, as two instances would, on one
+// database.
+func TestGateSharedByInstances(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	newPair := func(t *testing.T, cfg GateConfig) (*Gate, *Gate) {
+		t.Helper()
+		pool := pgtest.NewPool(t)
+		cfg.SyncInterval = 50 * time.Millisecond
+		cfg.MaxInFlight = 10
+		a, b := NewGate(cfg, quietLog, GateMetrics{}), NewGate(cfg, quietLog, GateMetrics{})
+		for _, g := range []*Gate{a, b} {
+			if err := g.Start(ctx, pool); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(g.Stop)
+		}
+		return a, b
+	}
+	eventually := func(t *testing.T, what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 5s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	t.Run("OneInstanceOpensItForAll", func(t *testing.T) {
+		t.Parallel()
+		a, b := newPair(t, GateConfig{ProbeInterval: time.Hour})
+		for range 5 {
+			a.Report(ctx, 0, Send, true, 0, "http 503")
+		}
+		if a.State() != BreakerOpen || a.Allow(1) != Deny {
+			t.Fatalf("a: state %v, allow %v after 5 unavailable replies", a.State(), a.Allow(1))
+		}
+		eventually(t, "the other instance follows", func() bool { return b.State() == BreakerOpen })
+		if b.Allow(2) != Deny {
+			t.Fatal("b sends while the breaker is open")
+		}
+		if blocked, _, _ := b.Blocked(); !blocked {
+			t.Fatal("b's dispatcher is not blocked")
+		}
+		if a.Limiter().Limit() != 1 {
+			t.Fatalf("concurrency %d while open, want 1 to start from", a.Limiter().Limit())
+		}
+	})
+
+	t.Run("OneProbePerIntervalAcrossInstances", func(t *testing.T) {
+		t.Parallel()
+		const interval = 300 * time.Millisecond
+		a, b := newPair(t, GateConfig{ProbeInterval: interval})
+		for range 5 {
+			a.Report(ctx, 0, Send, true, 0, "timeout")
+		}
+		eventually(t, "b follows", func() bool { return b.State() == BreakerOpen })
+		var won atomic.Int64
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, g := range []*Gate{a, b} {
+			for range 3 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for time.Since(start) < 5*interval/2 {
+						if g.TryProbe(ctx) {
+							won.Add(1)
+						}
+						time.Sleep(5 * time.Millisecond)
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		// 2.5 intervals from the opening: the probes at 1 and 2 intervals.
+		if n := won.Load(); n != 2 {
+			t.Fatalf("%d probes in 2.5 intervals by 6 callers on 2 instances, want 2", n)
+		}
+	})
+
+	t.Run("AHealthyProbeHalfOpensThenHealthyRepliesClose", func(t *testing.T) {
+		t.Parallel()
+		a, b := newPair(t, GateConfig{ProbeInterval: time.Millisecond, Breaker: BreakerConfig{HalfOpenReplies: 3}})
+		for range 5 {
+			a.Report(ctx, 0, Send, true, 0, "refused")
+		}
+		eventually(t, "b follows", func() bool { return b.State() == BreakerOpen })
+		time.Sleep(5 * time.Millisecond)
+		if !b.TryProbe(ctx) {
+			t.Fatal("no probe for b")
+		}
+		b.MarkProbe(42)
+		if b.Allow(42) != Probe || b.Allow(43) != Deny {
+			t.Fatal("the probe row is not allowed alone")
+		}
+		b.Report(ctx, 42, Probe, false, 0, "")
+		if b.State() != BreakerHalfOpen || b.Allow(43) != Send {
+			t.Fatalf("after a healthy probe: %v", b.State())
+		}
+		eventually(t, "a follows to half-open", func() bool { return a.State() == BreakerHalfOpen })
+		for range 3 {
+			a.Report(ctx, 7, Send, false, 0, "")
+		}
+		eventually(t, "closed for both", func() bool { return a.State() == BreakerClosed && b.State() == BreakerClosed })
+	})
+
+	t.Run("RetryAfterPausesEveryInstance", func(t *testing.T) {
+		t.Parallel()
+		a, b := newPair(t, GateConfig{})
+		a.Report(ctx, 1, Send, true, 2*time.Second, "http 429")
+		if a.Allow(2) != Deny {
+			t.Fatal("a sends during its own pause")
+		}
+		eventually(t, "b pauses", func() bool { return b.Allow(3) == Deny })
+		blocked, until, _ := b.Blocked()
+		if !blocked || time.Until(until) < time.Second {
+			t.Fatalf("b blocked %v until %v", blocked, until)
+		}
+	})
+
+	t.Run("RateTokensAreSharedByInstances", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		// Two instances ask for 5 at a time from a bucket of 10 refilled
+		// at 10/s: 10 at once, then 10 more per second between them.
+		var granted atomic.Int64
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Since(start) < time.Second {
+					ok, wait, err := outboxdb.TakeRateTokens(ctx, pool, 5, 10, 10)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if ok {
+						granted.Add(5)
+						continue
+					}
+					time.Sleep(min(wait, 50*time.Millisecond))
+				}
+			}()
+		}
+		wg.Wait()
+		if n := granted.Load(); n < 15 || n > 25 {
+			t.Fatalf("%d tokens granted in 1s from a bucket of 10 at 10/s, want about 20", n)
+		}
+	})
+}
