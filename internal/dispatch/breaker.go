@@ -95,9 +95,9 @@ func newBreaker(cfg BreakerConfig) *breaker { return &breaker{cfg: cfg.withDefau
 type transition int
 
 const (
-	stay transition = iota
-	trip            // open it
-	recover         // close it (from half-open)
+	stay    transition = iota
+	trip               // open it
+	recover            // close it (from half-open)
 )
 
 // observe records a reply to an ordinary request (not a probe).
