@@ -50,6 +50,10 @@ lint: build ## go vet, gofmt and forwarder lint
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(BIN) lint ./pipelines/...
 
+.PHONY: docs
+docs: ## Regenerate docs/reference from the plugins' specs (make test fails when it is stale)
+	$(GO) generate ./docs
+
 .PHONY: bench
 bench: deps build ## Benchmarks: forwarder end to end against the naive and hand-batched baselines, plus component benchmarks
 	$(GO) run ./test/bench
