@@ -229,7 +229,7 @@ var funcs = template.FuncMap{
 		s = strings.ReplaceAll(strings.TrimSpace(s), "\n", " ")
 		return strings.ReplaceAll(s, "|", `\|`)
 	},
-	"anchor": func(s string) string { return strings.ReplaceAll(strings.ToLower(s), ".", "") },
+	"anchor":     func(s string) string { return strings.ReplaceAll(strings.ToLower(s), ".", "") },
 	"hasDefault": func(f service.TemplateDataPluginField) bool { return f.DefaultMarshalled != "" },
 }
 
