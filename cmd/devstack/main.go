@@ -79,6 +79,7 @@ func run() int {
 	defer restore()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	stopWithParent()
 
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	s, err := devstack.Start(startCtx, cfg)

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package main
+
+// stopWithParent does nothing where the parent's death cannot be signalled.
+func stopWithParent() {}
