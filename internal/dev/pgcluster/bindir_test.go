@@ -2,6 +2,7 @@ package pgcluster
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -76,4 +77,25 @@ func TestFindBinDir(t *testing.T) {
 			t.Fatalf("nothing installed: %v", err)
 		}
 	})
+}
+
+// TestPgBinDirScriptAgrees: .ci/pg-bin-dir, which make deps and CI use, picks
+// the directory FindBinDir picks, and fails where it fails.
+func TestPgBinDirScriptAgrees(t *testing.T) {
+	t.Parallel()
+	script, err := filepath.Abs("../../../.ci/pg-bin-dir")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, versions := range [][]int{{15}, {12, 15, 17, 16}, {14}, {12}, nil} {
+		root := fakeInstall(t, versions...)
+		want, wantErr := findBinDir(root, "", 0)
+		cmd := exec.Command(script)
+		cmd.Env = append(os.Environ(), "PG_INSTALL_ROOT="+root, "PG_BIN_DIR=")
+		out, err := cmd.Output()
+		got := strings.TrimSpace(string(out))
+		if (err != nil) != (wantErr != nil) || (err == nil && got != want) {
+			t.Errorf("versions %v: script gave %q (%v), FindBinDir %q (%v)", versions, got, err, want, wantErr)
+		}
+	}
 }
