@@ -96,6 +96,7 @@ func run() int {
 
 	runErr := s.Run(ctx, *duration, os.Stdout)
 	stop() // a second Ctrl-C during shutdown kills us the default way
+	keepStoppingOnSIGTERM()
 	if runErr != nil {
 		fmt.Fprintf(os.Stderr, "devstack: %v\n", runErr)
 	}

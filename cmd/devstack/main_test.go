@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -93,39 +94,46 @@ func TestSigtermToGoRunStopsEverything(t *testing.T) {
 	cmd, lines := goRunDevstack(t, bin, dir)
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 
-	var out strings.Builder
+	var (
+		mu  sync.Mutex
+		out strings.Builder
+	)
+	output := func() string { mu.Lock(); defer mu.Unlock(); return out.String() }
 	fwdPid := 0
 	pidLine := regexp.MustCompile(`forwarder running \(pid (\d+)\)`)
 	ready := make(chan error, 1)
 	go func() {
+		up := false
 		for lines.Scan() {
 			line := lines.Text()
+			mu.Lock()
 			out.WriteString(line + "\n")
-			if m := pidLine.FindStringSubmatch(line); m != nil {
+			mu.Unlock()
+			if m := pidLine.FindStringSubmatch(line); m != nil && !up {
 				fwdPid, _ = strconv.Atoi(m[1])
 			}
-			if strings.Contains(line, "Ctrl-C stops everything") {
+			if strings.Contains(line, "Ctrl-C stops everything") && !up {
+				up = true
 				ready <- nil
-				for lines.Scan() { // keep the pipe drained
-				}
-				return
 			}
 		}
-		ready <- errors.New("the dev stack ended before it was up")
+		if !up {
+			ready <- errors.New("the dev stack ended before it was up")
+		}
 	}()
 	select {
 	case err := <-ready:
 		if err != nil {
-			t.Fatalf("%v:\n%s", err, out.String())
+			t.Fatalf("%v:\n%s", err, output())
 		}
 	case <-time.After(3 * time.Minute):
-		t.Fatalf("the dev stack did not come up in 3 minutes:\n%s", out.String())
+		t.Fatalf("the dev stack did not come up in 3 minutes:\n%s", output())
 	}
 	stackPid := readPid(t, filepath.Join(dir, "devstack.lock"))
 	pgPid := readPid(t, filepath.Join(dir, "pg", "postmaster.pid"))
 	for name, pid := range map[string]int{"dev stack": stackPid, "forwarder": fwdPid, "PostgreSQL": pgPid} {
 		if pid == 0 || !alive(pid) {
-			t.Fatalf("the %s (pid %d) is not running:\n%s", name, pid, out.String())
+			t.Fatalf("the %s (pid %d) is not running:\n%s", name, pid, output())
 		}
 	}
 
@@ -150,7 +158,8 @@ func TestSigtermToGoRunStopsEverything(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(90 * time.Second)
+	// The stack's own bounds: 40 s for the forwarder, 60 s for pg_ctl stop.
+	deadline := time.Now().Add(150 * time.Second)
 	for _, p := range []struct {
 		name string
 		pid  int
@@ -162,5 +171,8 @@ func TestSigtermToGoRunStopsEverything(t *testing.T) {
 			t.Errorf("the %s (pid %d) still runs after SIGTERM to go run", p.name, p.pid)
 			_ = syscall.Kill(p.pid, syscall.SIGKILL)
 		}
+	}
+	if t.Failed() {
+		t.Logf("dev stack output:\n%s", output())
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/signal"
 	"syscall"
 )
 
@@ -20,4 +21,14 @@ func stopWithParent() {
 	if os.Getppid() != parent {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
 	}
+}
+
+// keepStoppingOnSIGTERM catches (and drops) SIGTERMs while the stack stops.
+// The parent-death signal comes once per exiting thread of the parent that
+// had been our parent (Linux hands us to the next thread, then to init), so
+// a dying go run sends several; with the default action the second would
+// kill us halfway through stopping, leaving PostgreSQL running. A handler,
+// unlike SIG_IGN, is not inherited by the processes started meanwhile.
+func keepStoppingOnSIGTERM() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM)
 }
