@@ -7,7 +7,6 @@ BIN          := bin/forwarder
 VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 DATE         := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS      := -s -w -X main.version=$(VERSION) -X main.dateBuilt=$(DATE)
-PG_BIN_DIR   ?= /usr/lib/postgresql/15/bin
 GOTEST_FLAGS ?= -timeout 15m
 APT_PACKAGES := postgresql prometheus kcat
 IMAGE        ?= forwarder:$(VERSION)
@@ -19,16 +18,19 @@ help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Install what the tests and the dev stack need (Debian packages, Go modules)
+deps: ## Check Go against go.mod; install what the tests and the dev stack need (Debian packages: PostgreSQL >= 14, promtool, kcat; Go modules)
+	@GO=$(GO) .ci/check-go
 	@missing=(); \
-	[ -x $(PG_BIN_DIR)/postgres ] || missing+=(postgresql); \
+	if [ -n "$${PG_BIN_DIR:-}" ]; then .ci/pg-bin-dir >/dev/null || exit 1; \
+	else .ci/pg-bin-dir >/dev/null 2>&1 || missing+=(postgresql); fi; \
 	command -v promtool >/dev/null || missing+=(prometheus); \
 	command -v kcat >/dev/null || missing+=(kcat); \
 	if [ $${#missing[@]} -gt 0 ]; then \
 		echo "installing $${missing[*]}"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $${missing[@]} >/dev/null; \
-	fi
+	fi; \
+	.ci/pg-bin-dir >/dev/null
 	@$(GO) mod download
 
 .PHONY: build
@@ -60,6 +62,10 @@ chart-sync: ## Copy the alert rules, dashboard, pipeline and mappings into the H
 .PHONY: image
 image: ## Build the container image (needs Docker): make image IMAGE=registry/forwarder:tag
 	docker build --build-arg VERSION=$(VERSION) --build-arg DATE_BUILT=$(DATE) -t $(IMAGE) .
+
+.PHONY: docs
+docs: ## Regenerate docs/reference from the plugins' specs (make test fails when it is stale)
+	$(GO) generate ./docs
 
 .PHONY: bench
 bench: deps build ## Benchmarks: forwarder end to end against the naive and hand-batched baselines, plus component benchmarks

@@ -125,6 +125,7 @@ func run() int {
 	defer restore()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	stopWithParent()
 
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	s, err := devstack.Start(startCtx, cfg)
@@ -141,6 +142,7 @@ func run() int {
 
 	runErr := s.Run(ctx, o.duration, os.Stdout)
 	stop() // a second Ctrl-C during shutdown kills us the default way
+	keepStoppingOnSIGTERM()
 	if runErr != nil {
 		fmt.Fprintf(os.Stderr, "devstack: %v\n", runErr)
 	}

@@ -6,11 +6,13 @@ import (
 	"context"
 	"os"
 	"runtime/debug"
+	"strings"
 
 	// PLATFORM_TZ must resolve in an image without /usr/share/zoneinfo
 	// (the container image is distroless/static): embed the zone database.
 	_ "time/tzdata"
 
+	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	_ "github.com/redpanda-data/benthos/v4/public/components/io"
@@ -18,7 +20,6 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxcli"
 	_ "github.com/forwarder/forwarder/plugins/all"
-	"github.com/forwarder/forwarder/plugins/mapping"
 )
 
 // Set at build time with -ldflags "-X main.version=... -X main.dateBuilt=...".
@@ -49,24 +50,48 @@ func tuneGC() {
 
 func main() {
 	tuneGC()
+	setHelp()
 	service.RunCLI(
 		context.Background(),
 		service.CLIOptSetVersion(version, dateBuilt),
 		service.CLIOptSetBinaryName("forwarder"),
 		service.CLIOptSetProductName("forwarder"),
+		service.CLIOptSetEnvironment(environment()),
+		service.CLIOptSetDefaultConfigPaths(defaultConfigPaths...),
+		service.CLIOptCustomRunFlags(nil, preflight),
 		service.CLIOptAddCommand(outboxcli.Command()),
 		service.CLIOptAddCommand(healthcheckCommand()),
-		service.CLIOptOnConfigParse(checkOnStart),
+		service.CLIOptOnConfigParse(outboxcli.CheckSchemaOnStart),
 	)
 }
 
-// checkOnStart refuses to start what could only fail every message: a
-// PLATFORM_TZ that is not a zone, or a database schema newer than this
-// binary. It runs once the config is parsed, before any component starts
-// (not for lint or test).
-func checkOnStart(conf *service.ParsedConfig) error {
-	if err := mapping.CheckPlatformTZ(); err != nil {
-		return err
-	}
-	return outboxcli.CheckSchemaOnStart(conf)
+// environment is every registered plugin, with a Bloblang environment
+// without the helpers that our plugins register only for their spec lint
+// rules (see lintHelper): those rules are compiled when the specs are built,
+// from the global environment, and keep working; configs cannot call the
+// helpers, and `forwarder list` does not show them.
+func environment() *service.Environment {
+	global := bloblang.GlobalEnvironment()
+	var methods, functions []string
+	global.WalkMethods(func(name string, _ *bloblang.MethodView) {
+		if lintHelper(name) {
+			methods = append(methods, name)
+		}
+	})
+	global.WalkFunctions(func(name string, _ *bloblang.FunctionView) {
+		if lintHelper(name) {
+			functions = append(functions, name)
+		}
+	})
+	env := service.NewEnvironment()
+	env.UseBloblangEnvironment(global.WithoutMethods(methods...).WithoutFunctions(functions...))
+	return env
+}
+
+// lintHelper says whether a Bloblang plugin is a helper of a spec lint rule:
+// by convention their names end in _lint or _lints (http_forwarder's
+// http_forwarder_rule_lints and http_forwarder_lease_lints, mapping_file's
+// mapping_file_lint).
+func lintHelper(name string) bool {
+	return strings.HasSuffix(name, "_lint") || strings.HasSuffix(name, "_lints")
 }

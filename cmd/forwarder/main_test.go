@@ -61,10 +61,56 @@ func TestBinary(t *testing.T) {
 		if err != nil {
 			t.Fatalf("list: %v\n%s", err, out)
 		}
-		for _, name := range []string{"kafka_franz", "outbox", "outbox_retry", "outbox_dead_letter", "http_forwarder", "mapping_file", "prometheus"} {
+		for _, name := range []string{"kafka_franz", "outbox", "outbox_retry", "outbox_dead_letter", "http_forwarder", "mapping_file", "prometheus", "percent_round", "ts_format_platform"} {
 			if !strings.Contains(out, "- "+name+"\n") {
 				t.Errorf("forwarder list does not show %s", name)
 			}
+		}
+		// The helpers behind the spec lint rules are not for configs.
+		for _, name := range []string{"http_forwarder_rule_lints", "http_forwarder_lease_lints", "mapping_file_lint"} {
+			if strings.Contains(out, name) {
+				t.Errorf("forwarder list shows the lint helper %s:\n%s", name, out)
+			}
+		}
+	})
+
+	t.Run("LintRulesStillRun", func(t *testing.T) {
+		t.Parallel()
+		// The lint helpers are hidden from configs but the spec lint rules
+		// that call them still run: a rule that does not compile and a
+		// mapping file that does not exist are both reported.
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "bad.yaml")
+		bad := `input:
+  generate:
+    mapping: 'root = {}'
+pipeline:
+  processors:
+    - mapping_file:
+        path: ` + filepath.Join(dir, "missing.blobl") + `
+output:
+  http_forwarder:
+    dsn: postgres://localhost/x
+    url: http://localhost
+    rules:
+      - when: 'status =='
+        outcome: success
+`
+		if err := os.WriteFile(conf, []byte(bad), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := run(t, nil, "lint", conf)
+		if err == nil || !strings.Contains(out, "rules[0]") || !strings.Contains(out, "missing.blobl") {
+			t.Fatalf("lint of a bad rule and a missing mapping file: err %v, want both reported:\n%s", err, out)
+		}
+	})
+
+	t.Run("Help", func(t *testing.T) {
+		t.Parallel()
+		out, err := run(t, nil, "--help")
+		if err != nil || !strings.Contains(out, "forwarder - moves parking-camera events from Kafka to the parking platform") ||
+			!strings.Contains(out, "forwarder -c pipelines/forwarder.yaml") || strings.Contains(out, "mundane") {
+			t.Fatalf("--help does not describe the forwarder: %v\n%s", err, out)
 		}
 	})
 
@@ -133,7 +179,7 @@ func TestBinary(t *testing.T) {
 		t.Parallel()
 		out, err := runServiceExpectingExit(t, "a bad PLATFORM_TZ",
 			"PLATFORM_TZ=Mars/Olympus_Mons", "DATABASE_URL=postgres://127.0.0.1:1/none")
-		if err == nil || !strings.Contains(out, `PLATFORM_TZ "Mars/Olympus_Mons"`) {
+		if err == nil || !strings.Contains(out, `PLATFORM_TZ=Mars/Olympus_Mons: not a time zone name`) {
 			t.Fatalf("start-up with a bad PLATFORM_TZ: err %v, want a failure naming it:\n%s", err, out)
 		}
 	})

@@ -12,16 +12,19 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-const defaultDatabaseURL = "postgres://localhost:5432/forwarder"
+const (
+	defaultDatabaseURL = "postgres://localhost:5432/forwarder"
+	flagDatabaseURL    = "database-url"
+)
 
 // Command returns the `outbox` command tree.
 func Command() *cli.Command {
-	return &cli.Command{
+	cmd := &cli.Command{
 		Name:  "outbox",
 		Usage: "Manage the PostgreSQL outbox (DATABASE_URL)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{
-				Name:    "database-url",
+				Name:    flagDatabaseURL,
 				Usage:   "PostgreSQL URL or key=value string",
 				EnvVars: []string{"DATABASE_URL"},
 				Value:   defaultDatabaseURL,
@@ -34,6 +37,29 @@ func Command() *cli.Command {
 			purgeCommand(),
 		},
 	}
+	// The docs write `outbox stats --database-url URL` as often as
+	// `outbox --database-url URL stats`: every subcommand takes the flag
+	// too. Without a default or an environment variable of its own, so that
+	// an unset subcommand flag falls back to the outbox command's value
+	// (databaseURL).
+	for _, sub := range cmd.Subcommands {
+		sub.Flags = append(sub.Flags, &cli.StringFlag{
+			Name:  flagDatabaseURL,
+			Usage: "PostgreSQL URL or key=value string (default: $DATABASE_URL, else " + defaultDatabaseURL + ")",
+		})
+	}
+	return cmd
+}
+
+// databaseURL is the subcommand's --database-url when given, else the outbox
+// command's (flag, DATABASE_URL or the default).
+func databaseURL(c *cli.Context) string {
+	for _, ctx := range c.Lineage() {
+		if v := ctx.String(flagDatabaseURL); v != "" {
+			return v
+		}
+	}
+	return defaultDatabaseURL
 }
 
 func migrateCommand() *cli.Command {
@@ -64,7 +90,7 @@ func migrateCommand() *cli.Command {
 // message that never includes the URL (it may hold a password).
 func withPool(c *cli.Context, fn func(ctx context.Context, pool *pgxpool.Pool) error) error {
 	ctx := c.Context
-	pool, err := outboxdb.Open(ctx, c.String("database-url"), outboxdb.PoolConfig{MaxConns: 4, ApplicationName: "forwarder-outbox-cli"})
+	pool, err := outboxdb.Open(ctx, databaseURL(c), outboxdb.PoolConfig{MaxConns: 4, ApplicationName: "forwarder-outbox-cli"})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
 	}

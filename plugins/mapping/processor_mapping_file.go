@@ -163,6 +163,11 @@ func newMappingFile(path string, interval time.Duration, files fileReader, log *
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	// Both series exist from start, at 0, so that dashboards and alerts
+	// on rejected reloads see a value before the first reload happens.
+	for _, result := range []string{"success", "error"} {
+		p.reloads.Incr(0, result)
+	}
 	m, watched, err := compileMappingFile(files, path)
 	if err != nil {
 		return nil, fmt.Errorf("mapping_file: %w", err)

@@ -49,6 +49,9 @@ const (
 	DefaultShutdownTimeout = 40 * time.Second
 	// KafkaPartitions is the partition count of both topics.
 	KafkaPartitions = 3
+	// DeadLetterTopic is the topic of pipelines/examples/dead_letter.yaml,
+	// created so that the example can be run against the stack.
+	DeadLetterTopic = "forwarder-dead-letter"
 )
 
 // Config configures a Stack. Zero values pick the defaults.
@@ -124,6 +127,7 @@ type Stack struct {
 	accessPwd string
 	env       map[string]string
 	logFile   *os.File
+	lock      *os.File // the directory's lock (lockDir), held until Stop
 
 	genCancel context.CancelFunc
 	genDone   chan struct{}
@@ -168,7 +172,11 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 		return nil, fmt.Errorf("creating %s: %w", cfg.Dir, err)
 	}
 
-	s = &Stack{cfg: cfg, LogPath: filepath.Join(cfg.Dir, "forwarder.log")}
+	lock, err := lockDir(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	s = &Stack{cfg: cfg, LogPath: filepath.Join(cfg.Dir, "forwarder.log"), lock: lock}
 	defer func() {
 		if err != nil {
 			_ = s.Stop()
@@ -204,14 +212,16 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 	if s.Kafka, err = kfake.NewCluster(
 		kfake.NumBrokers(1),
 		kfake.SeedTopics(KafkaPartitions, eventgen.DefaultVehicleTopic, eventgen.DefaultHeartbeatTopic),
+		// For pipelines/examples/dead_letter.yaml (docs/operations.md).
+		kfake.SeedTopics(1, DeadLetterTopic),
 		// Let the forwarder pick a short session timeout (fast rebalances).
 		kfake.GroupMinSessionTimeout(time.Second),
 	); err != nil {
 		return s, fmt.Errorf("starting the Kafka broker: %w", err)
 	}
 	s.Brokers = s.Kafka.ListenAddrs()
-	cfg.Logf("Kafka broker on %s, topics %s and %s (%d partitions each)", strings.Join(s.Brokers, ","),
-		eventgen.DefaultVehicleTopic, eventgen.DefaultHeartbeatTopic, KafkaPartitions)
+	cfg.Logf("Kafka broker on %s, topics %s and %s (%d partitions each), and %s for the dead-letter example", strings.Join(s.Brokers, ","),
+		eventgen.DefaultVehicleTopic, eventgen.DefaultHeartbeatTopic, KafkaPartitions, DeadLetterTopic)
 
 	if s.accessPwd, err = randomHex(16); err != nil {
 		return s, err
@@ -375,6 +385,7 @@ func (s *Stack) Stop() error {
 	if s.logFile != nil {
 		_ = s.logFile.Close()
 	}
+	unlock(s.lock)
 	return errors.Join(errs...)
 }
 
@@ -411,13 +422,4 @@ func orDefault(v, def string) string {
 		return def
 	}
 	return v
-}
-
-// stopHint is the command that stops a leftover dev PostgreSQL server.
-func stopHint(dir string) string {
-	pgCtl := filepath.Join(orDefault(os.Getenv("PG_BIN_DIR"), pgcluster.DefaultBinDir), "pg_ctl")
-	if os.Geteuid() == 0 {
-		return fmt.Sprintf("runuser -u %s -- %s stop -m fast -D %s", orDefault(os.Getenv("PG_OS_USER"), pgcluster.DefaultOSUser), pgCtl, dir)
-	}
-	return fmt.Sprintf("%s stop -m fast -D %s", pgCtl, dir)
 }

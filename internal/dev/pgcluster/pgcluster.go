@@ -20,9 +20,6 @@ import (
 	"time"
 )
 
-// DefaultBinDir is where Debian installs PostgreSQL 15.
-const DefaultBinDir = "/usr/lib/postgresql/15/bin"
-
 // DefaultOSUser runs the server when the caller is root.
 const DefaultOSUser = "forwarder-pg"
 
@@ -33,7 +30,8 @@ type Config struct {
 	// Port to listen on, 127.0.0.1 only; 0 picks a free port (and keeps the
 	// one recorded by a previous run of the same Dir when it is free).
 	Port int
-	// BinDir holds initdb, pg_ctl and postgres (env PG_BIN_DIR, else DefaultBinDir).
+	// BinDir holds initdb, pg_ctl and postgres (default FindBinDir: env
+	// PG_BIN_DIR, else the newest PostgreSQL ≥ MinVersion installed).
 	BinDir string
 	// OSUser runs the server when the caller is root (env PG_OS_USER, else DefaultOSUser).
 	OSUser string
@@ -60,9 +58,6 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("pgcluster: Dir is required")
 	}
-	if cfg.BinDir == "" {
-		cfg.BinDir = envOr("PG_BIN_DIR", DefaultBinDir)
-	}
 	if cfg.OSUser == "" {
 		cfg.OSUser = envOr("PG_OS_USER", DefaultOSUser)
 	}
@@ -71,8 +66,13 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	cfg.Dir = dir
+	if cfg.BinDir == "" {
+		if cfg.BinDir, err = FindBinDir(cfg.Dir); err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(cfg.BinDir, "pg_ctl")); err != nil {
-		return nil, fmt.Errorf("pgcluster: PostgreSQL binaries not found in %s (apt-get install postgresql): %w", cfg.BinDir, err)
+		return nil, fmt.Errorf("pgcluster: PostgreSQL binaries not found in %s: %w", cfg.BinDir, err)
 	}
 	c := &Cluster{cfg: cfg}
 	if os.Geteuid() == 0 {
@@ -314,3 +314,6 @@ func WaitReady(ctx context.Context, port int) error {
 		}
 	}
 }
+
+// BinDir is the directory of the PostgreSQL binaries the cluster runs.
+func (c *Cluster) BinDir() string { return c.cfg.BinDir }

@@ -1,0 +1,416 @@
+package docs_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/dev/childproc"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/envcheck"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+// The repository root, from docs/.
+const root = ".."
+
+var forwarderBin string
+
+func TestMain(m *testing.M) {
+	// $FORWARDER_BIN is the binary `make test` built; otherwise build one.
+	forwarderBin = os.Getenv("FORWARDER_BIN")
+	if forwarderBin == "" {
+		dir, err := os.MkdirTemp("", "docs-forwarder-")
+		if err != nil {
+			panic(err)
+		}
+		defer os.RemoveAll(dir)
+		forwarderBin = filepath.Join(dir, "forwarder")
+		cmd := exec.Command("go", "build", "-o", forwarderBin, "./cmd/forwarder")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			panic("building forwarder: " + err.Error() + "\n" + string(out))
+		}
+	}
+	pgtest.Main(m)
+}
+
+// docPages are the pages the checks read: the README and every page under
+// docs/ (the generated reference included).
+func docPages(t *testing.T) map[string]string {
+	t.Helper()
+	pages := map[string]string{}
+	add := func(p string) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, p)
+		pages[rel] = string(b)
+	}
+	add(filepath.Join(root, "README.md"))
+	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
+			add(p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pages
+}
+
+// TestConfigurationDocumentsEveryVariable: every environment variable a
+// shipped pipeline uses, every one the plugins read themselves, and every
+// one the start-up checks know, is in docs/configuration.md.
+func TestConfigurationDocumentsEveryVariable(t *testing.T) {
+	t.Parallel()
+	conf, err := os.ReadFile(filepath.Join(root, "docs", "configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"DATABASE_URL":         "read by the outbox plugins",
+		"PLATFORM_ACCESS_NAME": "read by http_forwarder",
+		"PLATFORM_ACCESS_PWD":  "read by http_forwarder",
+	}
+	ref := regexp.MustCompile(`\$\{([0-9A-Za-z_.]+)`)
+	err = filepath.WalkDir(filepath.Join(root, "pipelines"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range ref.FindAllStringSubmatch(string(b), -1) {
+			want[m[1]] = "used by " + p
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) < 10 {
+		t.Fatalf("found only %v in pipelines/: the scan is broken", want)
+	}
+	for _, v := range envcheck.Vars {
+		if _, ok := want[v.Name]; !ok {
+			want[v.Name] = "checked by internal/envcheck"
+		}
+	}
+	for name, why := range want {
+		if !strings.Contains(string(conf), "`"+name+"`") {
+			t.Errorf("docs/configuration.md does not document %s (%s)", name, why)
+		}
+	}
+}
+
+// notMetrics are forwarder_* names in the docs that are not metrics.
+var notMetrics = map[string]string{
+	"forwarder_outbox":            "the NOTIFY channel",
+	"forwarder_schema_migrations": "the migrations table",
+}
+
+// eventOnly are documented metrics that have no series until their first
+// event, because their labels' values are only known then; each should be
+// pre-created at 0 by the plugin that owns it, and removed from here.
+var eventOnly = map[string]string{
+	"forwarder_attempts_total":             "plugins/httpforwarder (api_type × outcome)",
+	"forwarder_forward_latency_seconds":    "plugins/httpforwarder (api_type)",
+	"forwarder_end_to_end_latency_seconds": "plugins/httpforwarder (api_type)",
+	"forwarder_mapping_errors_total":       "plugins/httpforwarder (api_type)",
+	"forwarder_rows_persisted_total":       "plugins/outbox (status)",
+	"forwarder_missing_message_id_total":   "plugins/outbox (no labels: Incr(0) at start would do)",
+	"forwarder_direct_rows_total":          "plugins/dispatch (no labels: Incr(0) at start would do)",
+}
+
+// documentedMetrics are the forwarder_* names the pages write in code
+// spans (`forwarder_x` or `forwarder_x{labels}`), with a page each.
+func documentedMetrics(t *testing.T) map[string]string {
+	t.Helper()
+	span := regexp.MustCompile("`(forwarder_[a-z0-9_]+)[`{]")
+	names := map[string]string{}
+	for page, text := range docPages(t) {
+		for _, m := range span.FindAllStringSubmatch(text, -1) {
+			if _, skip := notMetrics[m[1]]; !skip {
+				names[m[1]] = page
+			}
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("found only %v in the docs: the scan is broken", names)
+	}
+	return names
+}
+
+// scrape returns the metric family names /metrics serves.
+func scrape(t *testing.T, url string) map[string]bool {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parsing %s: %v", url, err)
+	}
+	names := map[string]bool{}
+	for n, f := range families {
+		if len(f.GetMetric()) > 0 {
+			names[n] = true
+		}
+	}
+	return names
+}
+
+func missing(documented map[string]string, served map[string]bool) []string {
+	var out []string
+	for n := range documented {
+		if !served[n] {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestDocumentedMetricsExist runs the service on the shipped pipeline
+// against an in-process Kafka, a fresh database and the mock platform, and
+// checks that every metric the docs name is served: at start, all but the
+// known event-only ones (eventOnly); once a few messages went through (a
+// vehicle event, a heartbeat, one without messageId, one that fails its
+// mapping), all of them.
+func TestDocumentedMetricsExist(t *testing.T) {
+	t.Parallel()
+	documented := documentedMetrics(t)
+
+	kafka := kafkatest.New(t, []kafkatest.Topic{{Name: "device-vehicle-event", Partitions: 3}, {Name: "device-heartbeat", Partitions: 3}})
+	platform, err := mockplatform.Start(mockplatform.Config{AccessName: "docs", AccessPwd: "docs-pwd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = platform.Close() })
+	addr, err := childproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "forwarder.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	proc, err := childproc.Start(childproc.Spec{
+		Path: forwarderBin, Args: []string{"-c", "pipelines/forwarder.yaml"}, Dir: root,
+		Environ: os.Environ(),
+		Env: map[string]string{
+			"KAFKA_BROKERS": kafka.Brokers(), "DATABASE_URL": pgtest.NewEmptyDB(t), "PLATFORM_URL": platform.URL,
+			"PLATFORM_ACCESS_NAME": "docs", "PLATFORM_ACCESS_PWD": "docs-pwd", "HTTP_ADDR": addr,
+		},
+		Output: logFile, ParentDeath: syscall.SIGKILL,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = proc.Stop(30 * time.Second) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := proc.WaitPing(ctx, addr); err != nil {
+		t.Fatalf("forwarder: %v\n%s", err, childproc.TailFile(logPath, 3000))
+	}
+	metricsURL := "http://" + addr + "/metrics"
+
+	// At start: the record gauges come with the first refresh.
+	var served map[string]bool
+	for {
+		served = scrape(t, metricsURL)
+		if served["forwarder_outbox_gauges_last_refresh_timestamp_seconds"] || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, n := range missing(documented, served) {
+		if owner, known := eventOnly[n]; known {
+			t.Logf("%s is not exported until its first event (owner: %s)", n, owner)
+			continue
+		}
+		t.Errorf("%s (named in %s) is not served at start: metrics with known label values are pre-created at 0", n, documented[n])
+	}
+
+	vehicle := `{"messageId":"%s","deviceId":"CAM-1","parkCode":"P1","berthCode":"B1","plateNo":"A1","inoutType":%d,"inoutTime":1779330600000,"plateCredible":0.5,"pictures":[]}`
+	kafka.Produce(t,
+		&kgo.Record{Topic: "device-vehicle-event", Value: fmt.Appendf(nil, vehicle, "docs-1", 1)},
+		&kgo.Record{Topic: "device-vehicle-event", Value: fmt.Appendf(nil, vehicle, "docs-2", 7)}, // a mapping error
+		&kgo.Record{Topic: "device-vehicle-event", Value: []byte(`{"deviceId":"CAM-1","parkCode":"P1","berthCode":"B1","plateNo":"A1","inoutType":0,"inoutTime":1779330600000}`)},
+		&kgo.Record{Topic: "device-heartbeat", Value: []byte(`{"messageId":"docs-3","deviceId":"CAM-1","parkCode":"P1","berthCode":"B1","captureTime":1779330900000,"picType":3,"picUrl":"a.jpg"}`)},
+	)
+	for {
+		served = scrape(t, metricsURL)
+		gone := missing(documented, served)
+		if len(gone) == 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("metrics named in the docs but not served after messages went through: %v\n%s", gone, childproc.TailFile(logPath, 3000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// cliModel is the binary's command tree, from its hidden
+// --help-autocomplete: each command path ("forwarder_outbox_stats") with
+// its flags.
+func cliModel(t *testing.T) map[string][]string {
+	t.Helper()
+	out, err := exec.Command(forwarderBin, "--help-autocomplete").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmds []struct {
+		Path string   `json:"path"`
+		Args []string `json:"args"`
+	}
+	if err := json.Unmarshal(out, &cmds); err != nil {
+		t.Fatal(err)
+	}
+	model := map[string][]string{}
+	for _, c := range cmds {
+		model[c.Path] = append(slices.Clone(c.Args), "--help", "-h")
+	}
+	return model
+}
+
+// commandLines are the forwarder command lines the pages show: lines of
+// code blocks and code spans that start with `bin/forwarder ` or
+// `forwarder ` once a `$ ` prompt and VAR=value assignments are taken off;
+// continued lines (`\`) are joined.
+func commandLines(t *testing.T) map[string]string {
+	t.Helper()
+	lines := map[string]string{}
+	assign := regexp.MustCompile(`^(?:[A-Z_][A-Z0-9_]*=(?:'[^']*'|"[^"]*"|\S*)\s+)+`)
+	consider := func(page, s string) {
+		s = strings.TrimPrefix(strings.TrimSpace(s), "$ ")
+		s = assign.ReplaceAllString(s, "")
+		if strings.HasPrefix(s, "bin/forwarder ") || strings.HasPrefix(s, "forwarder ") {
+			if i := strings.Index(s, "  #"); i >= 0 { // a trailing comment
+				s = s[:i]
+			}
+			lines[strings.TrimSpace(s)] = page
+		}
+	}
+	span := regexp.MustCompile("`([^`\n]+)`")
+	for page, text := range docPages(t) {
+		inBlock := false
+		var cont string
+		sc := bufio.NewScanner(strings.NewReader(text))
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(strings.TrimSpace(line), "```") {
+				inBlock = !inBlock
+				continue
+			}
+			if inBlock {
+				if strings.HasSuffix(line, `\`) {
+					cont += strings.TrimSuffix(line, `\`) + " "
+					continue
+				}
+				consider(page, cont+line)
+				cont = ""
+				continue
+			}
+			for _, m := range span.FindAllStringSubmatch(line, -1) {
+				consider(page, m[1])
+			}
+		}
+	}
+	if len(lines) < 10 {
+		t.Fatalf("found only %v in the docs: the scan is broken", lines)
+	}
+	return lines
+}
+
+// TestDocumentedCommandsParse: every forwarder command line in the docs
+// names commands the binary has and flags those commands take, and
+// `<command> --help` succeeds.
+func TestDocumentedCommandsParse(t *testing.T) {
+	t.Parallel()
+	model := cliModel(t)
+	for line, page := range commandLines(t) {
+		fields := strings.Fields(line)[1:] // after bin/forwarder
+		path := "forwarder"
+		var args []string
+		afterFlag := false // the token before was a flag without =value
+		for _, f := range fields {
+			f = strings.TrimSuffix(strings.Trim(f, "[]"), "...")
+			f = strings.TrimSuffix(f, "]")
+			if f == "" || f == "|" || strings.HasPrefix(f, "#") {
+				if f == "|" || strings.HasPrefix(f, "#") {
+					break
+				}
+				continue
+			}
+			if strings.HasPrefix(f, "-") {
+				flag, _, hasValue := strings.Cut(f, "=")
+				afterFlag = !hasValue
+				if !slices.Contains(model[path], flag) && !slices.Contains(model["forwarder"], flag) {
+					t.Errorf("%s: `%s`: %s takes no flag %s (it takes %v)", page, line, strings.ReplaceAll(path, "_", " "), flag, model[path])
+				}
+				continue
+			}
+			// A flag's value (read as such when it follows a flag: the
+			// model does not say which flags are boolean), a subcommand
+			// when the current command has one of that name, else an
+			// argument.
+			if afterFlag {
+				afterFlag = false
+				continue
+			}
+			if _, ok := model[path+"_"+f]; ok {
+				path += "_" + f
+				continue
+			}
+			args = append(args, f)
+		}
+		if len(args) > 0 && hasSubcommands(model, path) {
+			t.Errorf("%s: `%s`: %s has no command %s", page, line, strings.ReplaceAll(path, "_", " "), args[0])
+			continue
+		}
+		cmdPath := strings.Split(path, "_")[1:]
+		out, err := exec.Command(forwarderBin, append(cmdPath, "--help")...).CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: `%s`: forwarder %s --help: %v\n%s", page, line, strings.Join(cmdPath, " "), err, out)
+		}
+	}
+}
+
+// hasSubcommands reports whether the command at path has subcommands (and
+// so takes no arguments of its own).
+func hasSubcommands(model map[string][]string, path string) bool {
+	for p := range model {
+		if strings.HasPrefix(p, path+"_") {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,232 @@
+package envcheck
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestVarCheck(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, value string
+		want        string // "" when the value is accepted
+	}{
+		{"FORWARD_TIMEOUT", "10s", ""},
+		{"FORWARD_TIMEOUT", "abc", "FORWARD_TIMEOUT=abc: not a duration, e.g. 10s"},
+		{"FORWARD_TIMEOUT", "-1s", "FORWARD_TIMEOUT=-1s: not a duration"},
+		{"OUTBOX_RETENTION", "7d", ""},
+		{"OUTBOX_RETENTION", "1d12h", ""},
+		{"OUTBOX_RETENTION", "7 days", `OUTBOX_RETENTION="7 days": not a duration (Go's syntax plus days`},
+		{"FORWARD_MAX_IN_FLIGHT", "100", ""},
+		{"FORWARD_MAX_IN_FLIGHT", "0", "FORWARD_MAX_IN_FLIGHT=0: not a whole number of at least 1, e.g. 100"},
+		{"FORWARD_MAX_IN_FLIGHT", "1.5", "not a whole number"},
+		{"FAILED_REQUEUE_ROUNDS", "0", ""},
+		{"FAILED_REQUEUE_ROUNDS", "-1", "FAILED_REQUEUE_ROUNDS=-1: not a whole number of at least 0"},
+		{"FORWARD_RATE_LIMIT", "0", ""},
+		{"FORWARD_RATE_LIMIT", "12.5", ""},
+		{"FORWARD_RATE_LIMIT", "-3", "FORWARD_RATE_LIMIT=-3: not a number of at least 0"},
+		{"FORWARD_RATE_LIMIT", "NaN", "not a number of at least 0"},
+		{"ORDERING", "berth", ""},
+		{"ORDERING", "Berth", "ORDERING=Berth: not one of berth, off"},
+		{"ORDER_ON_FAILED", "wait", "ORDER_ON_FAILED=wait: not one of skip, block"},
+		{"LOG_LEVEL", "debug", ""},
+		{"LOG_LEVEL", "verbose", "LOG_LEVEL=verbose: not a log level: one of OFF"},
+		{"HTTP_ADDR", ":4195", ""},
+		{"HTTP_ADDR", "[::1]:4195", ""},
+		{"HTTP_ADDR", "bogus", "HTTP_ADDR=bogus: not host:port (missing port in address), e.g. 0.0.0.0:4195"},
+		{"HTTP_ADDR", "host:http", "HTTP_ADDR=host:http: not host:port (the port is not a number"},
+		{"CONSOLE_ADDR", "0.0.0.0:99999", "CONSOLE_ADDR=0.0.0.0:99999: not host:port"},
+		{"KAFKA_BROKERS", "a:9092, b:9092,c", ""},
+		{"KAFKA_BROKERS", "a:9092,,b", "KAFKA_BROKERS=a:9092,,b: an empty broker address"},
+		{"KAFKA_BROKERS", "a:x", "KAFKA_BROKERS=a:x: broker a:x is not host:port"},
+		{"PLATFORM_URL", "https://p.example.com/base", ""},
+		{"PLATFORM_URL", "p.example.com", "PLATFORM_URL=p.example.com: not an http:// or https:// URL"},
+		{"PLATFORM_TZ", "Europe/Paris", ""},
+		{"PLATFORM_TZ", "Nowhere/City", "PLATFORM_TZ=Nowhere/City: not a time zone name, e.g. Asia/Shanghai"},
+		{"DATABASE_URL", "postgres://u:p@db:5432/x?sslmode=verify-full", ""},
+		{"DATABASE_URL", "host=db dbname=x sslmode=verify-full", ""},
+		{"DATABASE_URL", "postgres://u:Hunter2@db:port/x", "DATABASE_URL: not a PostgreSQL connection string"},
+		{"PLATFORM_ACCESS_PWD", "anything at all", ""},
+	} {
+		v, ok := Lookup(tc.name)
+		if !ok {
+			t.Fatalf("%s is not a known variable", tc.name)
+		}
+		err := v.Check(tc.value)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s=%q refused: %v", tc.name, tc.value, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s=%q: got %v, want %q", tc.name, tc.value, err, tc.want)
+		}
+		if err != nil && v.Secret && strings.Contains(err.Error(), tc.value) {
+			t.Errorf("%s: the message shows the secret value: %v", tc.name, err)
+		}
+	}
+}
+
+func write(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func names(r Refs) []string {
+	var out []string
+	for n := range r {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestScan(t *testing.T) {
+	t.Parallel()
+
+	t.Run("InterpolationsAndDefaults", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		p := write(t, dir, "a.yaml", `
+http:
+  address: ${HTTP_ADDR:0.0.0.0:4195}
+logger:
+  level: $${LOG_LEVEL}   # escaped: a literal, not a variable
+output:
+  drop: {}
+  label: ${MY_OWN}
+`)
+		refs := Scan(p)
+		if got, want := names(refs), []string{"HTTP_ADDR", "MY_OWN"}; !slices.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+		if refs["HTTP_ADDR"].Default != "0.0.0.0:4195" || refs["HTTP_ADDR"].Var.Kind != HostPort {
+			t.Errorf("HTTP_ADDR: %+v", refs["HTTP_ADDR"])
+		}
+		if refs["MY_OWN"].Var.Kind != Text {
+			t.Errorf("an unknown variable is not plain text: %+v", refs["MY_OWN"])
+		}
+	})
+
+	t.Run("VariablesThePluginsRead", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		// No dsn fields: the plugins read DATABASE_URL (or the variable
+		// named by dsn_env); no credential fields: PLATFORM_ACCESS_*.
+		p := write(t, dir, "a.yaml", `
+input:
+  outbox_retry: {}
+pipeline:
+  processors:
+    - outbox:
+        dsn_env: INGEST_DB
+output:
+  http_forwarder:
+    url: http://x
+    access_pwd_env: MY_PWD
+`)
+		refs := Scan(p)
+		if got, want := names(refs), []string{"DATABASE_URL", "INGEST_DB", "MY_PWD", "PLATFORM_ACCESS_NAME"}; !slices.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+		if v := refs["INGEST_DB"].Var; v.Kind != PostgresDSN || !v.Secret {
+			t.Errorf("a dsn_env variable is not checked as a secret DSN: %+v", v)
+		}
+		for _, n := range []string{"MY_PWD", "PLATFORM_ACCESS_NAME"} {
+			if r := refs[n]; !r.Required || !r.Var.Secret {
+				t.Errorf("%s: not a required secret: %+v", n, r)
+			}
+		}
+	})
+
+	t.Run("CredentialsWithADefaultAreNotRequired", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		p := write(t, dir, "a.yaml", `
+output:
+  http_forwarder:
+    dsn: ${DATABASE_URL}
+    access_name: ${PLATFORM_ACCESS_NAME:}
+    access_pwd: ${PLATFORM_ACCESS_PWD:dev-only}
+`)
+		refs := Scan(p)
+		if !refs["PLATFORM_ACCESS_NAME"].Required || refs["PLATFORM_ACCESS_PWD"].Required {
+			t.Errorf("required: name %v (want true), pwd %v (want false)", refs["PLATFORM_ACCESS_NAME"].Required, refs["PLATFORM_ACCESS_PWD"].Required)
+		}
+	})
+
+	t.Run("PlatformTZThroughAnImportedMapping", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		write(t, dir, "m/common.blobl", "map t {\n  root = this.ts_format_platform(\"2006\")\n}\n")
+		write(t, dir, "m/main.blobl", "import \"./common.blobl\"\nroot = this.apply(\"t\")\n")
+		write(t, dir, "m/plain.blobl", "root = this\n")
+		uses := write(t, dir, "uses.yaml", "pipeline:\n  processors:\n    - mapping_file:\n        path: "+filepath.Join(dir, "m/main.blobl")+"\n")
+		plain := write(t, dir, "plain.yaml", "pipeline:\n  processors:\n    - mapping_file:\n        path: "+filepath.Join(dir, "m/plain.blobl")+"\n")
+		if _, ok := Scan(uses)["PLATFORM_TZ"]; !ok {
+			t.Error("a mapping that imports a ts_format_platform call does not make the config use PLATFORM_TZ")
+		}
+		if _, ok := Scan(plain)["PLATFORM_TZ"]; ok {
+			t.Error("a mapping without ts_format_platform makes the config use PLATFORM_TZ")
+		}
+	})
+}
+
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p := write(t, dir, "a.yaml", `
+output:
+  http_forwarder:
+    timeout: ${FORWARD_TIMEOUT:10s}
+    max_in_flight: ${FORWARD_MAX_IN_FLIGHT:100}
+    lease: ${CLAIM_LEASE:60s}
+    access_name: ${PLATFORM_ACCESS_NAME:}
+    access_pwd: ${PLATFORM_ACCESS_PWD:}
+input:
+  outbox_retry:
+    max_unacked: ${OUTBOX_MAX_UNACKED:600}
+`)
+	refs := Scan(p)
+	env := func(kv ...string) func(string) string {
+		return func(name string) string {
+			for _, e := range kv {
+				if n, v, _ := strings.Cut(e, "="); n == name {
+					return v
+				}
+			}
+			return ""
+		}
+	}
+
+	res := Check(refs, Lint, env())
+	if res.Err() != nil || len(res.Warnings) != 0 {
+		t.Errorf("lint with nothing set: %v %v", res.Err(), res.Warnings)
+	}
+	res = Check(refs, Run, env())
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "PLATFORM_ACCESS_NAME is not set") || !strings.Contains(err.Error(), "PLATFORM_ACCESS_PWD is not set") {
+		t.Errorf("run without credentials: %v", err)
+	}
+	res = Check(refs, Run, env("PLATFORM_ACCESS_NAME=n", "PLATFORM_ACCESS_PWD=p", "FORWARD_TIMEOUT=abc"))
+	if err := res.Err(); err == nil || err.Error() != "FORWARD_TIMEOUT=abc: not a duration, e.g. 10s ("+p+")" {
+		t.Errorf("run with FORWARD_TIMEOUT=abc: %v", err)
+	}
+
+	// The warning takes the file's defaults for what is not set: 100 × 60s / 10s.
+	res = Check(refs, Lint, env("OUTBOX_MAX_UNACKED=601"))
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "= 600") {
+		t.Errorf("601 held rows: warnings %v", res.Warnings)
+	}
+	res = Check(refs, Lint, env("OUTBOX_MAX_UNACKED=1200", "CLAIM_LEASE=120s"))
+	if len(res.Warnings) != 0 {
+		t.Errorf("1200 held rows with a 120 s lease: warnings %v", res.Warnings)
+	}
+}

@@ -1,0 +1,234 @@
+// Package envcheck checks the environment variables a pipeline config uses
+// before Benthos reads the config, so that a bad value is reported by the
+// variable the user set (`FORWARD_TIMEOUT=abc: not a duration, e.g. 10s`)
+// rather than by the YAML field it lands in, and before anything connects.
+//
+// Only variables that the config files reference are checked (`${NAME…}` in
+// the file, or read from the environment by one of our plugins), so a
+// pipeline of one's own is not judged by the shipped one. The kinds of the
+// known variables are in Vars; docs/configuration.md documents them.
+// Secret values are never printed.
+package envcheck
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// Kind is what a variable's value must be.
+type Kind int
+
+// The kinds of value.
+const (
+	// Text is any value.
+	Text Kind = iota
+	// Duration is Go's syntax (time.ParseDuration), not negative.
+	Duration
+	// DurationDays is Go's syntax plus days (outboxdb.ParseDuration).
+	DurationDays
+	// PositiveInt is a whole number ≥ 1.
+	PositiveInt
+	// NonNegativeInt is a whole number ≥ 0.
+	NonNegativeInt
+	// NonNegativeNumber is a decimal number ≥ 0.
+	NonNegativeNumber
+	// Enum is one of Var.Options, as written.
+	Enum
+	// LogLevel is one of Benthos's log levels, in any case.
+	LogLevel
+	// HostPort is host:port with a numeric port (the host may be empty).
+	HostPort
+	// BrokerList is a comma-separated list of host or host:port.
+	BrokerList
+	// HTTPURL is an http:// or https:// URL with a host.
+	HTTPURL
+	// Zone is an IANA time zone name.
+	Zone
+	// PostgresDSN is a libpq connection string, URL or key=value.
+	PostgresDSN
+)
+
+// Var is a known environment variable.
+type Var struct {
+	Name string
+	Kind Kind
+	// Example is a valid value shown in the error message.
+	Example string
+	// Options are the values of an Enum.
+	Options []string
+	// Secret values are never printed.
+	Secret bool
+}
+
+// logLevels are the levels Benthos's logger accepts (case-insensitive).
+var logLevels = []string{"OFF", "NONE", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL"}
+
+// Vars are the variables of the shipped pipelines and of what our plugins
+// read from the environment. docs/configuration.md describes each; the docs
+// test keeps the two in step.
+var Vars = []Var{
+	{Name: "KAFKA_BROKERS", Kind: BrokerList, Example: "kafka-1:9092,kafka-2:9092"},
+	{Name: "KAFKA_GROUP", Kind: Text},
+	{Name: "KAFKA_TOPIC_VEHICLE", Kind: Text},
+	{Name: "KAFKA_TOPIC_HEARTBEAT", Kind: Text},
+	{Name: "KAFKA_TOPIC_DEAD_LETTER", Kind: Text},
+	{Name: "DATABASE_URL", Kind: PostgresDSN, Secret: true},
+	{Name: "PLATFORM_URL", Kind: HTTPURL, Example: "https://platform.example.com"},
+	{Name: "PLATFORM_ACCESS_NAME", Kind: Text, Secret: true},
+	{Name: "PLATFORM_ACCESS_PWD", Kind: Text, Secret: true},
+	{Name: "PLATFORM_TZ", Kind: Zone, Example: "Asia/Shanghai"},
+	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
+	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4196"},
+	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100"},
+	{Name: "FORWARD_TIMEOUT", Kind: Duration, Example: "10s"},
+	{Name: "FORWARD_MAX_ATTEMPTS", Kind: PositiveInt, Example: "5"},
+	{Name: "FORWARD_RETRY_INITIAL", Kind: Duration, Example: "5s"},
+	{Name: "FORWARD_RETRY_MAX", Kind: Duration, Example: "300s"},
+	{Name: "CLAIM_LEASE", Kind: Duration, Example: "60s"},
+	{Name: "OUTBOX_BATCH_SIZE", Kind: PositiveInt, Example: "300"},
+	{Name: "OUTBOX_MAX_UNACKED", Kind: PositiveInt, Example: "600"},
+	{Name: "OUTBOX_RETENTION", Kind: DurationDays, Example: "7d"},
+	{Name: "DEAD_LETTER_POLL_INTERVAL", Kind: Duration, Example: "5s"},
+	{Name: "LOG_LEVEL", Kind: LogLevel, Options: logLevels},
+	{Name: "SHUTDOWN_TIMEOUT", Kind: Duration, Example: "30s"},
+	{Name: "PLATFORM_PROBE_INTERVAL", Kind: Duration, Example: "5s"},
+	{Name: "FORWARD_RATE_LIMIT", Kind: NonNegativeNumber, Example: "50"},
+	{Name: "FAILED_REQUEUE_AFTER", Kind: Duration, Example: "1h"},
+	{Name: "FAILED_REQUEUE_ROUNDS", Kind: NonNegativeInt, Example: "3"},
+	{Name: "ORDERING", Kind: Enum, Options: []string{"berth", "off"}},
+	{Name: "ORDER_ON_FAILED", Kind: Enum, Options: []string{"skip", "block"}},
+	{Name: "CONSOLE_ADDR", Kind: HostPort, Example: "127.0.0.1:4196"},
+	{Name: "CONSOLE_TOKEN", Kind: Text, Secret: true},
+}
+
+// Lookup returns the known variable called name.
+func Lookup(name string) (Var, bool) {
+	i := slices.IndexFunc(Vars, func(v Var) bool { return v.Name == name })
+	if i < 0 {
+		return Var{}, false
+	}
+	return Vars[i], true
+}
+
+// Check returns nil when value is acceptable for v, else an error that names
+// the variable and says what it expects. It shows the value unless v is
+// secret.
+func (v Var) Check(value string) error {
+	why := v.problem(value)
+	if why == "" {
+		return nil
+	}
+	if v.Secret {
+		return fmt.Errorf("%s: %s; the value is not shown, it is a secret", v.Name, why)
+	}
+	return fmt.Errorf("%s=%s: %s", v.Name, show(value), why)
+}
+
+// problem says what is wrong with value, "" when nothing is.
+func (v Var) problem(value string) string {
+	eg := ""
+	if v.Example != "" {
+		eg = ", e.g. " + v.Example
+	}
+	switch v.Kind {
+	case Duration:
+		if d, err := time.ParseDuration(value); err != nil || d < 0 {
+			return "not a duration" + eg
+		}
+	case DurationDays:
+		if _, err := outboxdb.ParseDuration(value); err != nil {
+			return "not a duration (Go's syntax plus days: 7d, 36h, 1d12h)" + eg
+		}
+	case PositiveInt:
+		if n, err := strconv.Atoi(value); err != nil || n < 1 {
+			return "not a whole number of at least 1" + eg
+		}
+	case NonNegativeInt:
+		if n, err := strconv.Atoi(value); err != nil || n < 0 {
+			return "not a whole number of at least 0" + eg
+		}
+	case NonNegativeNumber:
+		if f, err := strconv.ParseFloat(value, 64); err != nil || f < 0 || f != f {
+			return "not a number of at least 0" + eg
+		}
+	case Enum:
+		if !slices.Contains(v.Options, value) {
+			return "not one of " + strings.Join(v.Options, ", ")
+		}
+	case LogLevel:
+		if !slices.Contains(v.Options, strings.ToUpper(value)) {
+			return "not a log level: one of " + strings.Join(v.Options, ", ")
+		}
+	case HostPort:
+		if err := checkHostPort(value); err != nil {
+			return "not host:port (" + err.Error() + ")" + eg
+		}
+	case BrokerList:
+		for b := range strings.SplitSeq(value, ",") {
+			b = strings.TrimSpace(b)
+			if b == "" {
+				return "an empty broker address in the list" + eg
+			}
+			if strings.Contains(b, ":") {
+				if err := checkHostPort(b); err != nil {
+					return fmt.Sprintf("broker %s is not host:port (%v)", show(b), err) + eg
+				}
+			}
+		}
+	case HTTPURL:
+		u, err := url.Parse(value)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return "not an http:// or https:// URL with a host" + eg
+		}
+	case Zone:
+		if _, err := time.LoadLocation(value); err != nil {
+			return "not a time zone name" + eg
+		}
+	case PostgresDSN:
+		// pgconn's error quotes the string, password and all: only say
+		// which form was expected.
+		if _, err := pgconn.ParseConfig(value); err != nil {
+			return "not a PostgreSQL connection string: a URL such as postgres://user:password@host:5432/forwarder " +
+				"(percent-encode @ : / ? # % in the password) or key=value pairs such as host=db dbname=forwarder"
+		}
+	}
+	return ""
+}
+
+func checkHostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		var aerr *net.AddrError
+		if errors.As(err, &aerr) {
+			return errors.New(aerr.Err)
+		}
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return errors.New("the port is not a number from 0 to 65535")
+	}
+	return nil
+}
+
+// show is a non-secret value as it can be read in a message: quoted when it
+// has spaces or unprintable characters, cut when long.
+func show(v string) string {
+	const max = 80
+	if len(v) > max {
+		v = v[:max] + "…"
+	}
+	if v == "" || strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r == '"' || r == 0x7f }) || !strconv.CanBackquote(v) {
+		return strconv.Quote(v)
+	}
+	return v
+}
