@@ -81,12 +81,3 @@ func platformLocation() (*time.Location, error) {
 	lastPlatformZone.Store(z)
 	return z.loc, z.err
 }
-
-// CheckPlatformTZ says why PLATFORM_TZ does not name a known zone, or
-// returns nil (also when it is unset). The service checks it on start: a bad
-// zone would otherwise fail every vehicle event and heartbeat as a mapping
-// error, marking each row FAILED, until someone noticed.
-func CheckPlatformTZ() error {
-	_, err := platformLocation()
-	return err
-}
