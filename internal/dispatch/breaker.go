@@ -53,8 +53,10 @@ type BreakerConfig struct {
 	MinReplies int
 	// Ratio of unavailable replies in the window that opens it. Default 0.5.
 	Ratio float64
-	// Consecutive unavailable replies open it whatever the window holds
-	// (a platform that went down under a light load). Default 5.
+	// Consecutive unavailable replies open it while the window holds fewer
+	// than MinReplies (a platform that went down under a light load); under
+	// load the ratio decides, so that a platform failing a third of its
+	// requests at random does not make the breaker flap. Default 5.
 	Consecutive int
 	// HalfOpenReplies is how many healthy replies in a row close a
 	// half-open breaker. Default 10.
@@ -131,19 +133,37 @@ func (b *breaker) observe(now time.Time, unavailable bool) transition {
 
 // judgedDown: most recent replies were unavailable.
 func (b *breaker) judgedDown() bool {
-	if b.consecutive >= b.cfg.Consecutive {
-		return true
-	}
 	n := len(b.replies)
-	return n >= b.cfg.MinReplies && float64(b.unavailable) >= b.cfg.Ratio*float64(n)
+	if n < b.cfg.MinReplies {
+		return b.consecutive >= b.cfg.Consecutive
+	}
+	return float64(b.unavailable) >= b.cfg.Ratio*float64(n)
 }
 
 // down says whether the platform must be treated as down now: the breaker
-// is not closed, or the replies of the window already say so. An
-// unavailable reply then never makes its row FAILED.
+// is not closed, or the latest replies already say so. An unavailable reply
+// then never makes its row FAILED. Unlike the opening of the breaker (a
+// ratio over the whole window, so that random errors under load never make
+// it flap), this looks at the last MinReplies replies only: at the start of
+// an outage the window is still full of healthy replies for seconds, and a
+// row with short retry delays could use all its attempts meanwhile. Being
+// wrong here only retries a row once more without counting the attempt.
 func (b *breaker) down(now time.Time) bool {
 	b.expire(now)
-	return b.state != BreakerClosed || b.judgedDown()
+	if b.state != BreakerClosed || b.judgedDown() {
+		return true
+	}
+	n := len(b.replies)
+	if n < b.cfg.MinReplies {
+		return false
+	}
+	recent := 0
+	for _, r := range b.replies[n-b.cfg.MinReplies:] {
+		if r.down {
+			recent++
+		}
+	}
+	return float64(recent) >= b.cfg.Ratio*float64(b.cfg.MinReplies)
 }
 
 func (b *breaker) expire(now time.Time) {

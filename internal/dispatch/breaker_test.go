@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -41,6 +42,17 @@ func TestBreaker(t *testing.T) {
 		}
 	})
 
+	t.Run("ARandomThirdUnavailableNeverOpensItUnderLoad", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		rnd := rand.New(rand.NewPCG(1, 2))
+		for i := range 20_000 { // 2 000 replies a second
+			if tr := b.observe(t0.Add(time.Duration(i)*500*time.Microsecond), rnd.Float64() < 0.3); tr != stay {
+				t.Fatalf("reply %d: %v with a platform failing 30%% of requests at random", i, tr)
+			}
+		}
+	})
+
 	t.Run("ARunOfUnavailableRepliesOpensItUnderLightLoad", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
@@ -67,6 +79,23 @@ func TestBreaker(t *testing.T) {
 		}
 		if n := len(b.replies); n != 2 {
 			t.Fatalf("%d replies kept, want the 2 recent ones", n)
+		}
+	})
+
+	t.Run("TheLatestRepliesSayDownBeforeTheBreakerOpens", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		for i := range 300 { // 30 s of healthy traffic, window full
+			b.observe(t0.Add(time.Duration(i)*33*time.Millisecond), false)
+		}
+		at := t0.Add(10 * time.Second)
+		for i := range 10 { // the outage begins
+			if tr := b.observe(at, true); tr != stay {
+				t.Fatalf("reply %d of the outage opened the breaker already: the window is mostly healthy", i)
+			}
+		}
+		if !b.down(at) {
+			t.Fatal("10 unavailable replies in a row are not judged down: a row on its last attempt would fail")
 		}
 	})
 

@@ -39,6 +39,8 @@ type DispatcherConfig struct {
 	MaxAttempts int
 	// NackDelay is how long a nacked row waits before it is due again.
 	NackDelay time.Duration
+	// Compensation requeues rows FAILED on transient errors.
+	Compensation CompensationConfig
 }
 
 func (c DispatcherConfig) withDefaults() DispatcherConfig {
@@ -73,6 +75,12 @@ type DispatcherMetrics struct {
 	Direct    *service.MetricCounter // rows handed over by direct dispatch
 	Renewed   *service.MetricCounter // leases renewed
 	Lost      *service.MetricCounter // claims found lost by a renewal
+	// Compensated counts rows requeued by automatic compensation;
+	// CompensationWaiting and Frozen are the rows it will still requeue and
+	// those it is done with.
+	Compensated         *service.MetricCounter
+	CompensationWaiting *service.MetricGauge
+	Frozen              *service.MetricGauge
 }
 
 // Dispatcher claims due outbox rows and hands them out, together with the
@@ -213,6 +221,13 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 	d.stop = stop
 	d.renewOK = time.Now()
 	listener := d.listener
+	if d.cfg.Compensation.After > 0 && d.cfg.Compensation.Rounds > 0 {
+		d.done.Add(1)
+		go func() {
+			defer d.done.Done()
+			d.compensationLoop(lctx, pool)
+		}()
+	}
 	d.done.Add(2)
 	go func() {
 		defer d.done.Done()

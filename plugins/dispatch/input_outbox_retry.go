@@ -29,6 +29,9 @@ const (
 	orFieldMaxAttempts     = "max_attempts"
 	orFieldNackDelay       = "nack_delay"
 	orFieldRetention       = "retention"
+	orFieldRequeue         = "failed_requeue"
+	orFieldRequeueAfter    = "after"
+	orFieldRequeueRounds   = "rounds"
 
 	orFieldRetentionOlderThan = "older_than"
 	orFieldRetentionInterval  = "interval"
@@ -42,6 +45,9 @@ const (
 	metricDirectRows     = "forwarder_direct_rows_total"
 	metricLeasesRenewed  = "forwarder_leases_renewed_total"
 	metricClaimsLost     = "forwarder_claims_lost_total"
+	metricCompensated    = "forwarder_compensation_requeued_total"
+	metricCompWaiting    = "forwarder_compensation_waiting_rows"
+	metricFrozen         = "forwarder_records_frozen"
 )
 
 func outboxRetrySpec() *service.ConfigSpec {
@@ -102,6 +108,17 @@ released the same way, so a graceful stop leaves nothing `+"`IN_PROGRESS`"+`.
 `+"`max_unacked`"+` and `+"`max_unacked_bytes`"+` bound the rows held: claimed or handed over and not yet
 acknowledged. A single row larger than `+"`max_unacked_bytes`"+` is still taken, alone.
 
+### Compensation
+
+A row `+"`FAILED`"+` because its attempts ran out on transient or unavailable replies, or on claims whose holder
+vanished (failure class `+"`TRANSIENT`"+`), is requeued `+"`failed_requeue.after`"+` after it failed, at most
+`+"`failed_requeue.rounds`"+` times: back to `+"`PENDING`"+`, attempts reset, each round an attempt log with result status
+`+"`REQUEUED`"+`. After the last round the row stays `+"`FAILED`"+` (frozen) for an operator. Rows the platform refused
+for good (errcode 998, a `+"`no_retry`"+` rule: `+"`REJECTED`"+`) and bad input or mapping errors (`+"`INVALID`"+`) are never
+requeued automatically. Instances share the work (`+"`FOR UPDATE SKIP LOCKED`"+`). Gauges
+`+"`forwarder_compensation_waiting_rows`"+` (rows that will still be requeued) and `+"`forwarder_records_frozen`"+`, counter
+`+"`forwarder_compensation_requeued_total`"+`.
+
 ### Retention
 
 With `+"`retention.older_than`"+` set, the input also deletes `+"`SUCCESS`"+` rows delivered (`+"`succeeded_at`"+`) longer
@@ -149,6 +166,17 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 				Description("How long a nacked row waits before it is due again. `0s`: at once.").
 				Default("0s").
 				Advanced(),
+			service.NewObjectField(orFieldRequeue,
+				service.NewDurationField(orFieldRequeueAfter).
+					Description("How long after its failure a row FAILED on transient errors is requeued (`FAILED_REQUEUE_AFTER`); `0s`: never.").
+					Default("1h").
+					Example("${FAILED_REQUEUE_AFTER:1h}"),
+				service.NewIntField(orFieldRequeueRounds).
+					Description("At most this many automatic requeues of a row (`FAILED_REQUEUE_ROUNDS`); `0`: none.").
+					Default(3).
+					Example("${FAILED_REQUEUE_ROUNDS:3}"),
+			).
+				Description("Automatic compensation (see Compensation above)."),
 			service.NewObjectField(orFieldRetention,
 				service.NewStringField(orFieldRetentionOlderThan).
 					Description("Deletes `SUCCESS` rows delivered longer ago than this, with their attempt logs. Go duration syntax plus days (`7d`, `36h`, `1d12h`). Empty: no periodic cleaning.").
@@ -239,6 +267,17 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 	if cfg.NackDelay, err = conf.FieldDuration(orFieldNackDelay); err != nil {
 		return nil, err
 	}
+	rq := conf.Namespace(orFieldRequeue)
+	if cfg.Compensation.After, err = rq.FieldDuration(orFieldRequeueAfter); err != nil {
+		return nil, err
+	}
+	if cfg.Compensation.Rounds, err = rq.FieldInt(orFieldRequeueRounds); err != nil {
+		return nil, err
+	}
+	if cfg.Compensation.After < 0 || cfg.Compensation.Rounds < 0 {
+		return nil, fmt.Errorf("field %s: after (%v) and rounds (%d) must not be negative (FAILED_REQUEUE_AFTER, FAILED_REQUEUE_ROUNDS)",
+			orFieldRequeue, cfg.Compensation.After, cfg.Compensation.Rounds)
+	}
 	switch {
 	case cfg.BatchSize < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldBatchSize, cfg.BatchSize)
@@ -273,6 +312,10 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		Direct:    m.NewCounter(metricDirectRows),
 		Renewed:   m.NewCounter(metricLeasesRenewed),
 		Lost:      m.NewCounter(metricClaimsLost),
+
+		Compensated:         m.NewCounter(metricCompensated),
+		CompensationWaiting: m.NewGauge(metricCompWaiting),
+		Frozen:              m.NewGauge(metricFrozen),
 	})
 	if err != nil {
 		return nil, err

@@ -638,15 +638,16 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 		if a.done {
 			continue
 		}
-		if a.permit = h.gate.Allow(a.claim.ID); a.permit == dispatch.Deny {
-			h.giveBack(a, returnedBreaker, "not sent: the platform is down (circuit breaker open) or asked to pause")
+		if err := h.gate.Acquire(ctx); err != nil {
+			h.gate.ForgetProbe(a.claim.ID)
+			h.giveBack(a, returnedStopping, "not sent: the output is stopping")
 			continue
 		}
-		if err := h.gate.Acquire(ctx); err != nil {
-			if a.permit == dispatch.Probe {
-				h.gate.ForgetProbe(a.claim.ID)
-			}
-			h.giveBack(a, returnedStopping, "not sent: the output is stopping")
+		// Asked once the slot is taken: the breaker may have opened while
+		// this request waited for one.
+		if a.permit = h.gate.Allow(a.claim.ID); a.permit == dispatch.Deny {
+			h.gate.Release()
+			h.giveBack(a, returnedBreaker, "not sent: the platform is down (circuit breaker open) or asked to pause")
 			continue
 		}
 		wg.Add(1)

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -107,91 +106,6 @@ func TestPostgresCrashLosesNothing(t *testing.T) {
 	r := s.verify()
 	st := s.platform.Stats()
 	t.Logf("after two crashes: %s; the platform answered %d repeats as duplicates", r, st.Duplicates)
-}
-
-// TestPlatformOutage keeps the platform down (HTTP 503) for 30 s, then
-// brings it back. The backlog must drain completely, the retries must follow
-// the jittered schedule of CONTRACT §6, and the platform must never see more
-// concurrent requests than FORWARD_MAX_IN_FLIGHT (CONTRACT §9.6).
-func TestPlatformOutage(t *testing.T) {
-	const maxInFlight = 8
-	s := newStack(t, stackOptions{env: map[string]string{
-		"FORWARD_MAX_IN_FLIGHT": fmt.Sprint(maxInFlight),
-		"FORWARD_MAX_ATTEMPTS":  "100",
-	}})
-	outage := 30 * time.Second
-	if testing.Short() {
-		outage = 10 * time.Second
-	}
-	n := load(2_000, 600)
-	s.platform.SetDown(true, 0)
-	downAt := time.Now()
-	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01}), n)
-	s.start("forwarder", nil)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	// Every message tried at least once, and some more than once, before the
-	// platform comes back.
-	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Unavailable >= int64(n) }); err != nil {
-		s.dumpLogs()
-		t.Fatal(err)
-	}
-	time.Sleep(time.Until(downAt.Add(outage)))
-	s.platform.SetDown(false, 0)
-	upAt := time.Now()
-	during := s.platform.Stats()
-	counts, _ := s.rowCounts(ctx)
-	s.waitSettled(4 * time.Minute)
-	drained := time.Since(upAt)
-	r := s.verify()
-	st := s.platform.Stats()
-	if st.PeakInFlight > maxInFlight {
-		t.Errorf("the platform saw %d concurrent requests, more than FORWARD_MAX_IN_FLIGHT=%d", st.PeakInFlight, maxInFlight)
-	}
-
-	// The retry schedule: each 503 leaves the row PENDING for
-	// min(200ms * 2^(attempt-1), 2s) +-10 %. attempted_at and next_retry_at
-	// of an attempt log are written in one transaction, so their difference
-	// is exactly the delay the forwarder chose.
-	rows, err := s.pool.Query(ctx, `SELECT attempt_number,
-			extract(epoch FROM next_retry_at - attempted_at) * 1000
-		FROM forward_retry_logs WHERE result_status = 'PENDING' AND http_status = 503`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var retries, outside int
-	distinct := map[int64]bool{}
-	var worst string
-	for rows.Next() {
-		var attempt int
-		var delayMs float64
-		if err := rows.Scan(&attempt, &delayMs); err != nil {
-			t.Fatal(err)
-		}
-		retries++
-		nominal := math.Min(200*math.Pow(2, float64(attempt-1)), 2000)
-		if delayMs < 0.9*nominal-1 || delayMs > 1.1*nominal+1 {
-			outside++
-			worst = fmt.Sprintf("attempt %d waited %.0f ms, want %.0f ms +-10 %%", attempt, delayMs, nominal)
-		}
-		distinct[int64(math.Round(delayMs))] = true
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	switch {
-	case retries == 0:
-		t.Errorf("no attempt log of a 503 scheduled a retry")
-	case outside > 0:
-		t.Errorf("%d of %d retries after a 503 are off the schedule, e.g. %s", outside, retries, worst)
-	case len(distinct) < 10:
-		t.Errorf("%d retries after a 503 used only %d distinct delays: not jittered", retries, len(distinct))
-	}
-	t.Logf("platform down %s: %d answers 503 (%d retries logged, %d distinct delays), rows at recovery %v; "+
-		"drained in %s after it came back; peak concurrent requests %d (limit %d); %s",
-		upAt.Sub(downAt).Round(time.Millisecond), during.Unavailable, retries, len(distinct), counts,
-		drained.Round(time.Millisecond), st.PeakInFlight, maxInFlight, r)
 }
 
 // TestPlatformHang makes the platform accept connections and never answer.

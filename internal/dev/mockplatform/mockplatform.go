@@ -116,7 +116,7 @@ type Stats struct {
 	Duplicates int64
 	// Errcode998, Errcode999 and HTTP5xx count injected faults.
 	Errcode998, Errcode999, HTTP5xx int64
-	// Unavailable counts 503 answers while Down.
+	// Unavailable counts 503 (or SetDownWith's status) answers while Down.
 	Unavailable int64
 	// Hung counts requests held by Hang.
 	Hung int64
@@ -156,6 +156,7 @@ type Platform struct {
 	faults     Faults
 	rng        *rand.Rand
 	down       bool
+	downStatus int
 	retryAfter time.Duration
 	hang       chan struct{} // non-nil while hanging; closed by Release
 	deliveries map[string]*Delivery
@@ -203,8 +204,14 @@ func (p *Platform) Faults() Faults {
 // answered 503, with a Retry-After header of retryAfter (rounded up to whole
 // seconds) when it is positive.
 func (p *Platform) SetDown(down bool, retryAfter time.Duration) {
+	p.SetDownWith(down, http.StatusServiceUnavailable, retryAfter)
+}
+
+// SetDownWith is SetDown answering status instead of 503 (429 for an
+// overloaded platform).
+func (p *Platform) SetDownWith(down bool, status int, retryAfter time.Duration) {
 	p.mu.Lock()
-	p.down, p.retryAfter = down, retryAfter
+	p.down, p.downStatus, p.retryAfter = down, status, retryAfter
 	p.mu.Unlock()
 }
 
@@ -334,7 +341,7 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, readErr := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 
 	p.mu.Lock()
-	hang, down, retryAfter := p.hang, p.down, p.retryAfter
+	hang, down, downStatus, retryAfter := p.hang, p.down, p.downStatus, p.retryAfter
 	p.mu.Unlock()
 	if hang != nil {
 		p.hung.Add(1)
@@ -345,7 +352,7 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		p.mu.Lock()
-		down, retryAfter = p.down, p.retryAfter
+		down, downStatus, retryAfter = p.down, p.downStatus, p.retryAfter
 		p.mu.Unlock()
 	}
 	if down {
@@ -353,7 +360,7 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if retryAfter > 0 {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64((retryAfter+time.Second-1)/time.Second), 10))
 		}
-		http.Error(w, "service unavailable", http.StatusServiceUnavailable)
+		http.Error(w, http.StatusText(downStatus), downStatus)
 		return
 	}
 

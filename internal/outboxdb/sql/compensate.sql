@@ -1,0 +1,52 @@
+-- Automatic compensation: requeues one batch of rows FAILED because their
+-- attempts ran out on transient or unavailable replies (failure_class
+-- TRANSIENT) at least $2 milliseconds ago and requeued fewer than $1 times:
+-- back to PENDING, due now, attempts reset, one round more, and a REQUEUED
+-- attempt log. Rows the platform refused for good (REJECTED) and bad input
+-- (INVALID) are never requeued here. After the last round a row stays
+-- FAILED ("frozen") for an operator.
+--
+-- Reads forward_records_compensation_idx in (requeue_rounds, failed_at)
+-- order. SKIP LOCKED lets instances share the work without waiting on each
+-- other or on an operator's requeue of the same rows. Requeued rows are
+-- announced like new ones.
+--
+-- $1 rounds, $2 delay after the failure in milliseconds, $3 batch size,
+-- $4 notification channel.
+WITH picked AS (
+    SELECT id, attempt_count, requeue_rounds
+    FROM forward_records
+    WHERE status = 'FAILED'
+      AND failure_class = 'TRANSIENT'
+      AND requeue_rounds < $1::integer
+      AND failed_at <= now() - $2::bigint * interval '1 millisecond'
+    ORDER BY requeue_rounds, failed_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), requeued AS (
+    UPDATE forward_records AS r
+    SET status                  = 'PENDING',
+        next_retry_at           = now(),
+        attempt_count           = 0,
+        requeue_rounds          = r.requeue_rounds + 1,
+        failure_class           = NULL,
+        claim_token             = NULL,
+        claimed_by              = NULL,
+        claimed_at              = NULL,
+        dead_lettered_at        = NULL,
+        dead_letter_token       = NULL,
+        dead_letter_lease_until = NULL,
+        updated_at              = now()
+    FROM picked
+    WHERE r.id = picked.id
+    RETURNING r.id, picked.attempt_count, r.requeue_rounds
+), logged AS (
+    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
+    SELECT id, attempt_count, 'REQUEUED',
+           'automatic compensation, round ' || requeue_rounds || ' of ' || $1::integer, now()
+    FROM requeued
+), notified AS (
+    SELECT pg_notify($4::text, '')
+    WHERE EXISTS (SELECT 1 FROM requeued)
+)
+SELECT (SELECT count(*) FROM requeued), (SELECT count(*) FROM notified);
