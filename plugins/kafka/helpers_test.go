@@ -170,6 +170,19 @@ func (l *logBuffer) String() string {
 
 func (l *logBuffer) count(substr string) int { return strings.Count(l.String(), substr) }
 
+// firstTime returns the time of the first log line that contains substr.
+func (l *logBuffer) firstTime(substr string) (time.Time, bool) {
+	for _, line := range strings.Split(l.String(), "\n") {
+		if !strings.Contains(line, substr) {
+			continue
+		}
+		field, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		ts, err := time.Parse(time.RFC3339Nano, field)
+		return ts, err == nil
+	}
+	return time.Time{}, false
+}
+
 // testStream is a running Benthos stream.
 type testStream struct {
 	t      testing.TB
