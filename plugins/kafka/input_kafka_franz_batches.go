@@ -88,7 +88,7 @@ func (f *franzInput) nextPolicyBatch(ctx context.Context) (service.MessageBatch,
 		f.mu.Lock()
 		msgs, shares := f.takeLocked(maxRecords, nil)
 		pb.shares = append(pb.shares, shares...)
-		stuck := len(shares) == 0 && f.stuckLocked(pb.shares)
+		stuck := f.stuckLocked(pb.shares)
 		f.mu.Unlock()
 
 		triggered := false
