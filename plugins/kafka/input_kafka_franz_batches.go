@@ -54,7 +54,7 @@ func (f *franzInput) takeLocked(maxRecords int, batch service.MessageBatch) (ser
 // been read of every partition, at most checkpoint_limit records.
 func (f *franzInput) nextBatch() (service.MessageBatch, service.AckFunc) {
 	f.mu.Lock()
-	batch, shares := f.takeLocked(f.checkpointLimit, nil)
+	batch, shares := f.takeLocked(f.checkpointLimit, make(service.MessageBatch, 0, f.checkpointLimit))
 	f.mu.Unlock()
 	if len(shares) == 0 {
 		return nil, nil
