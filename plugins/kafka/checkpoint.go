@@ -15,19 +15,47 @@ type topicPartition struct {
 // builds as it reads so that building messages runs alongside the reader
 // rather than in its way (it is most of an input's work per record).
 type fetched struct {
-	rec *kgo.Record
-	msg *service.Message
+	rec  *kgo.Record
+	msg  *service.Message
+	size int64 // recordSize(rec)
 }
 
+// recordSize is what a record costs the byte budget: its value, key and
+// headers, the bytes the pipeline holds for it.
+func recordSize(r *kgo.Record) int64 {
+	n := len(r.Value) + len(r.Key)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
+}
+
+// byteBudget counts the record bytes the input holds, over all partitions
+// (max_buffered_bytes). It is guarded by the input's lock.
+type byteBudget struct {
+	limit     int64
+	readAhead int64 // fetched, not yet handed out
+	inFlight  int64 // handed out, not yet acked
+}
+
+// full reports whether fetching must wait: the input holds the whole budget.
+func (b *byteBudget) full() bool { return b.readAhead+b.inFlight >= b.limit }
+
+// fits reports whether a record of size bytes may be handed out now. A
+// record larger than the whole budget goes when nothing else is in flight,
+// alone, so that it is delivered at all.
+func (b *byteBudget) fits(size int64) bool { return b.inFlight == 0 || b.inFlight+size <= b.limit }
+
 // trackedBatch is a run of consecutive records of one partition that was
-// handed to the pipeline as one batch and is waiting for its ack.
+// handed to the pipeline together and is waiting for its ack.
 type trackedBatch struct {
 	first, last int64 // offsets of its first and last record
 	epoch       int32 // leader epoch of its last record, committed with the offset
 	n           int   // number of records
+	bytes       int64 // their size, counted in budget until the ack
+	budget      *byteBudget
 
-	acked   bool
-	dropped bool // no longer tracked (rewound or partition revoked): its ack is ignored
+	acked bool
 }
 
 // partitionState is the at-least-once bookkeeping of one partition while it
@@ -35,57 +63,54 @@ type trackedBatch struct {
 //
 // Records move through three stages:
 //
-//	pending  — fetched (and their messages built), not yet given to a batch;
-//	handed   — in a batch being built or in flight (inflight holds the
-//	           in-flight batches, in offset order);
+//	pending  — fetched (and their messages built), not yet handed out;
+//	handed   — in the pipeline (inflight holds their batches, in offset
+//	           order);
 //	released — acked, and so are all records before them: the commit point
-//	           moves past them and they stop counting against the limit.
+//	           moves past them and they stop counting against
+//	           checkpoint_limit.
 //
 // Acks arrive in any order; the commit point only moves over the acked
-// prefix of inflight, so it never passes a record that is not acked.
+// prefix of inflight, so it never passes a record that is not acked. The
+// bytes of a batch leave the budget at its ack, whatever its place: the
+// pipeline holds them no longer.
 type partitionState struct {
-	tp topicPartition
+	tp     topicPartition
+	budget *byteBudget
 
-	// gen changes when the partition is rewound: a batch being built from
-	// records handed out under an older gen is void.
-	gen uint64
-
-	pending  []fetched
-	handed   int
-	inflight []*trackedBatch
+	pending      []fetched
+	pendingBytes int64
+	handed       int
+	inflight     []*trackedBatch
 
 	next      kgo.EpochOffset // commit point: first offset not known to be acked; Offset < 0 until one is
 	committed int64           // last offset committed to the group, -1 if none by us
-
-	seekTo    int64 // >= 0: fetching must restart at this offset (set by a nack)
-	nextFetch int64 // fetched records below this offset are stale duplicates and are dropped
+	nextFetch int64           // offset after the last record fetched, -1 before the first
 
 	dead bool // revoked or lost: nothing may be committed or handed out for it any more
 }
 
-func newPartitionState(tp topicPartition) *partitionState {
+func newPartitionState(tp topicPartition, budget *byteBudget) *partitionState {
 	return &partitionState{
 		tp:        tp,
+		budget:    budget,
 		next:      kgo.EpochOffset{Epoch: -1, Offset: -1},
 		committed: -1,
-		seekTo:    -1,
 		nextFetch: -1,
 	}
 }
 
 // tracked is the number of records held for the partition, fetched but not
-// yet released. handed is bounded by checkpoint_limit, pending by the same
-// limit plus one poll, so memory stays bounded.
+// yet released.
 func (p *partitionState) tracked() int { return len(p.pending) + p.handed }
 
 // add appends freshly fetched records of the partition, which franz-go
-// returns in offset order. Records before the next offset expected are
-// stale duplicates of records already held and are skipped. While a rewind
-// is waiting for its seek, fetched records are from before the seek and are
-// dropped: they will be fetched again. add keeps recs, which the caller must
-// not reuse, and returns how many it added.
+// returns in offset order. Records before the next offset expected would be
+// duplicates of records already held, and the commit point relies on
+// offsets only growing, so they are skipped. add keeps recs, which the
+// caller must not reuse, and returns how many it added.
 func (p *partitionState) add(recs []fetched) int {
-	if p.seekTo >= 0 || p.dead {
+	if p.dead {
 		return 0
 	}
 	for len(recs) > 0 && recs[0].rec.Offset < p.nextFetch {
@@ -99,40 +124,53 @@ func (p *partitionState) add(recs []fetched) int {
 	} else {
 		p.pending = append(p.pending, recs...)
 	}
+	for _, fr := range recs {
+		p.pendingBytes += fr.size
+		p.budget.readAhead += fr.size
+	}
 	p.nextFetch = recs[len(recs)-1].rec.Offset + 1
 	return len(recs)
 }
 
-// take hands out up to max pending records, in offset order.
-func (p *partitionState) take(maxRecords int) []fetched {
-	k := min(maxRecords, len(p.pending))
-	if k <= 0 {
-		return nil
+// take hands out up to maxRecords pending records, in offset order, as much
+// as the byte budget lets through, and tracks them as one batch in flight.
+// It returns nil when nothing can be handed out.
+func (p *partitionState) take(maxRecords int) ([]fetched, *trackedBatch) {
+	k := 0
+	var bytes int64
+	for k < min(maxRecords, len(p.pending)) && p.budget.fits(p.pending[k].size) {
+		bytes += p.pending[k].size
+		p.budget.readAhead -= p.pending[k].size
+		p.budget.inFlight += p.pending[k].size
+		k++
+	}
+	if k == 0 {
+		return nil, nil
 	}
 	out := p.pending[:k:k]
 	p.pending = p.pending[k:]
 	if len(p.pending) == 0 {
 		p.pending = nil
 	}
+	p.pendingBytes -= bytes
 	p.handed += k
-	return out
-}
-
-// track registers n handed records, offsets first..last, as a batch in
-// flight.
-func (p *partitionState) track(first, last int64, epoch int32, n int) *trackedBatch {
-	b := &trackedBatch{first: first, last: last, epoch: epoch, n: n}
+	first, last := out[0].rec, out[k-1].rec
+	b := &trackedBatch{first: first.Offset, last: last.Offset, epoch: last.LeaderEpoch, n: k, bytes: bytes, budget: p.budget}
 	p.inflight = append(p.inflight, b)
-	return b
+	return out, b
 }
 
 // ack marks b acknowledged and releases the acked prefix of the in-flight
 // batches. It reports whether the commit point moved.
 func (p *partitionState) ack(b *trackedBatch) bool {
-	if b.acked || b.dropped || p.dead {
+	if b.acked {
 		return false
 	}
 	b.acked = true
+	b.budget.inFlight -= b.bytes
+	if p.dead {
+		return false
+	}
 	moved := false
 	for len(p.inflight) > 0 && p.inflight[0].acked {
 		head := p.inflight[0]
@@ -148,36 +186,6 @@ func (p *partitionState) ack(b *trackedBatch) bool {
 	return moved
 }
 
-// rewind handles a nack of b when nacks are not replayed in memory: b and
-// everything fetched after it is forgotten and fetching restarts at b's
-// first offset, so the records are read from Kafka again. Batches before b
-// stay in flight; the commit point cannot pass b, which is not acked.
-func (p *partitionState) rewind(b *trackedBatch) bool {
-	if b.acked || b.dropped || p.dead {
-		return false
-	}
-	kept := p.inflight[:0]
-	handed := 0
-	for _, ib := range p.inflight {
-		if ib.first >= b.first {
-			ib.dropped = true
-			continue
-		}
-		kept = append(kept, ib)
-		handed += ib.n
-	}
-	clear(p.inflight[len(kept):])
-	p.inflight = kept
-	p.handed = handed // records in a batch being built are void too (gen)
-	p.pending = nil
-	p.gen++
-	if p.seekTo < 0 || b.first < p.seekTo {
-		p.seekTo = b.first
-	}
-	p.nextFetch = b.first
-	return true
-}
-
 // committable returns the commit point when it is ahead of the last commit.
 func (p *partitionState) committable() (kgo.EpochOffset, bool) {
 	if p.dead || p.next.Offset < 0 || p.next.Offset <= p.committed {
@@ -186,14 +194,13 @@ func (p *partitionState) committable() (kgo.EpochOffset, bool) {
 	return p.next, true
 }
 
-// drop marks the partition as no longer ours: late acks are ignored and
-// nothing more is committed for it.
+// drop marks the partition as no longer ours: nothing more is committed or
+// handed out for it, and late acks only give their bytes back to the budget
+// (the pipeline held them until then).
 func (p *partitionState) drop() {
 	p.dead = true
-	for _, b := range p.inflight {
-		b.dropped = true
-	}
+	p.budget.readAhead -= p.pendingBytes
+	p.pending, p.pendingBytes = nil, 0
 	p.inflight = nil
-	p.pending = nil
 	p.handed = 0
 }

@@ -9,22 +9,31 @@ import (
 // records returns fetched records of partition t/0, offsets from..to, with
 // their messages.
 func records(from, to int64) []fetched {
+	return sizedRecords(from, to, 0)
+}
+
+// sizedRecords is records with values of size bytes.
+func sizedRecords(from, to int64, size int) []fetched {
 	var recs []*kgo.Record
 	for o := from; o <= to; o++ {
-		recs = append(recs, &kgo.Record{Topic: "t", Offset: o, LeaderEpoch: 1})
+		recs = append(recs, &kgo.Record{Topic: "t", Offset: o, LeaderEpoch: 1, Value: make([]byte, size)})
 	}
 	return buildMessages(recs)
 }
 
-// handOut takes n pending records and tracks them as one batch.
+// newTestPartition is partition t/0 with a byte budget of its own.
+func newTestPartition(limit int64) *partitionState {
+	return newPartitionState(topicPartition{"t", 0}, &byteBudget{limit: limit})
+}
+
+// handOut takes n pending records as one batch in flight.
 func handOut(t *testing.T, ps *partitionState, n int) *trackedBatch {
 	t.Helper()
-	recs := ps.take(n)
+	recs, b := ps.take(n)
 	if len(recs) != n {
 		t.Fatalf("take(%d) returned %d records", n, len(recs))
 	}
-	first, last := recs[0].rec, recs[len(recs)-1].rec
-	return ps.track(first.Offset, last.Offset, last.LeaderEpoch, n)
+	return b
 }
 
 func wantCommit(t *testing.T, ps *partitionState, want int64) {
@@ -45,7 +54,7 @@ func TestPartitionState(t *testing.T) {
 
 	t.Run("OutOfOrderAcksHoldTheCommitPoint", func(t *testing.T) {
 		t.Parallel()
-		ps := newPartitionState(topicPartition{"t", 0})
+		ps := newTestPartition(1 << 30)
 		ps.add(records(0, 9))
 		var b [10]*trackedBatch
 		for i := range b {
@@ -79,7 +88,7 @@ func TestPartitionState(t *testing.T) {
 
 	t.Run("CommitPointCarriesLeaderEpoch", func(t *testing.T) {
 		t.Parallel()
-		ps := newPartitionState(topicPartition{"t", 0})
+		ps := newTestPartition(1 << 30)
 		recs := records(0, 1)
 		recs[1].rec.LeaderEpoch = 7
 		ps.add(recs)
@@ -92,7 +101,7 @@ func TestPartitionState(t *testing.T) {
 
 	t.Run("AckIsIdempotent", func(t *testing.T) {
 		t.Parallel()
-		ps := newPartitionState(topicPartition{"t", 0})
+		ps := newTestPartition(1 << 30)
 		ps.add(records(0, 3))
 		a, b := handOut(t, ps, 2), handOut(t, ps, 2)
 		ps.ack(b)
@@ -108,7 +117,7 @@ func TestPartitionState(t *testing.T) {
 
 	t.Run("CommittedIsNotCommittedAgain", func(t *testing.T) {
 		t.Parallel()
-		ps := newPartitionState(topicPartition{"t", 0})
+		ps := newTestPartition(1 << 30)
 		ps.add(records(0, 0))
 		ps.ack(handOut(t, ps, 1))
 		wantCommit(t, ps, 1)
@@ -116,47 +125,9 @@ func TestPartitionState(t *testing.T) {
 		wantCommit(t, ps, -1)
 	})
 
-	t.Run("RewindDropsLaterBatchesAndSeeks", func(t *testing.T) {
-		t.Parallel()
-		ps := newPartitionState(topicPartition{"t", 0})
-		ps.add(records(0, 11))
-		a := handOut(t, ps, 3) // 0-2
-		b := handOut(t, ps, 3) // 3-5, nacked
-		c := handOut(t, ps, 3) // 6-8, in flight
-		gen := ps.gen
-
-		if !ps.rewind(b) {
-			t.Fatal("rewind of an in-flight batch did nothing")
-		}
-		if ps.seekTo != 3 || ps.nextFetch != 3 || ps.gen == gen {
-			t.Fatalf("after rewind seekTo=%d nextFetch=%d gen changed=%v, want 3, 3, true", ps.seekTo, ps.nextFetch, ps.gen != gen)
-		}
-		if got := ps.tracked(); got != 3 {
-			t.Fatalf("tracked = %d, want 3 (only batch 0-2 is still held)", got)
-		}
-		if ps.ack(c) || ps.ack(b) {
-			t.Fatal("acks of rewound batches must be ignored")
-		}
-		wantCommit(t, ps, -1)
-
-		// Records fetched before the seek is applied are stale.
-		if n := ps.add(records(9, 11)); n != 0 {
-			t.Fatalf("added %d stale records while a seek is pending", n)
-		}
-		ps.seekTo = -1 // the poll loop applied the seek
-		if n := ps.add(records(3, 5)); n != 3 {
-			t.Fatalf("added %d re-fetched records, want 3", n)
-		}
-		b2 := handOut(t, ps, 3)
-		ps.ack(b2)
-		wantCommit(t, ps, -1) // 0-2 still unacked
-		ps.ack(a)
-		wantCommit(t, ps, 6)
-	})
-
 	t.Run("StaleDuplicatesAreDropped", func(t *testing.T) {
 		t.Parallel()
-		ps := newPartitionState(topicPartition{"t", 0})
+		ps := newTestPartition(1 << 30)
 		ps.add(records(0, 4))
 		if n := ps.add(records(3, 6)); n != 2 {
 			t.Fatalf("added %d records, want 2 (offsets 5 and 6)", n)
@@ -165,7 +136,7 @@ func TestPartitionState(t *testing.T) {
 
 	t.Run("DropIgnoresLateAcks", func(t *testing.T) {
 		t.Parallel()
-		ps := newPartitionState(topicPartition{"t", 0})
+		ps := newTestPartition(1 << 30)
 		ps.add(records(0, 1))
 		b := handOut(t, ps, 2)
 		ps.drop()
@@ -175,6 +146,83 @@ func TestPartitionState(t *testing.T) {
 		wantCommit(t, ps, -1)
 		if n := ps.add(records(2, 3)); n != 0 {
 			t.Fatalf("added %d records to a dropped partition", n)
+		}
+	})
+}
+
+func TestByteBudget(t *testing.T) {
+	t.Parallel()
+
+	t.Run("HandsOutNoMoreThanTheBudget", func(t *testing.T) {
+		t.Parallel()
+		ps := newTestPartition(250)
+		ps.add(sizedRecords(0, 9, 100))
+		if got := ps.budget.readAhead; got != 1000 {
+			t.Fatalf("read ahead %d bytes, want 1000", got)
+		}
+		recs, b := ps.take(10)
+		if len(recs) != 2 || ps.budget.inFlight != 200 {
+			t.Fatalf("took %d records (%d bytes in flight) under a 250-byte budget, want 2 (200)", len(recs), ps.budget.inFlight)
+		}
+		if more, _ := ps.take(10); more != nil {
+			t.Fatalf("took %d more records with the budget full", len(more))
+		}
+		ps.ack(b)
+		if ps.budget.inFlight != 0 || ps.budget.readAhead != 800 {
+			t.Fatalf("after the ack in flight %d, read ahead %d; want 0 and 800", ps.budget.inFlight, ps.budget.readAhead)
+		}
+		if recs, _ := ps.take(10); len(recs) != 2 {
+			t.Fatalf("took %d records after the ack, want 2", len(recs))
+		}
+	})
+
+	t.Run("ALargerRecordGoesAlone", func(t *testing.T) {
+		t.Parallel()
+		ps := newTestPartition(250)
+		ps.add(sizedRecords(0, 0, 10))
+		ps.add(sizedRecords(1, 2, 1000))
+		small := handOut(t, ps, 1)
+		if recs, _ := ps.take(10); recs != nil {
+			t.Fatalf("took a record larger than the budget while %d bytes were in flight", ps.budget.inFlight)
+		}
+		ps.ack(small)
+		big := handOut(t, ps, 1)
+		if recs, _ := ps.take(10); recs != nil {
+			t.Fatal("took a second record next to one larger than the budget")
+		}
+		if !ps.budget.full() {
+			t.Fatal("the budget is not full with a record larger than it in flight")
+		}
+		ps.ack(big)
+		handOut(t, ps, 1)
+	})
+
+	t.Run("AnAckBehindAGapGivesItsBytesBack", func(t *testing.T) {
+		t.Parallel()
+		ps := newTestPartition(1 << 30)
+		ps.add(sizedRecords(0, 1, 100))
+		first, second := handOut(t, ps, 1), handOut(t, ps, 1)
+		ps.ack(second)
+		wantCommit(t, ps, -1)
+		if ps.budget.inFlight != 100 {
+			t.Fatalf("in flight %d bytes after the second record's ack, want 100: the pipeline no longer holds it", ps.budget.inFlight)
+		}
+		ps.ack(first)
+		wantCommit(t, ps, 2)
+	})
+
+	t.Run("DropGivesReadAheadBackAndLateAcksTheRest", func(t *testing.T) {
+		t.Parallel()
+		ps := newTestPartition(1 << 30)
+		ps.add(sizedRecords(0, 4, 100))
+		b := handOut(t, ps, 2)
+		ps.drop()
+		if ps.budget.readAhead != 0 || ps.budget.inFlight != 200 {
+			t.Fatalf("after the drop read ahead %d, in flight %d; want 0 and 200 (still in the pipeline)", ps.budget.readAhead, ps.budget.inFlight)
+		}
+		ps.ack(b)
+		if ps.budget.inFlight != 0 {
+			t.Fatalf("in flight %d bytes after the late ack, want 0", ps.budget.inFlight)
 		}
 	})
 }

@@ -1,8 +1,3 @@
-// Package kafka holds the kafka_franz input and output, built on franz-go.
-//
-// The input is an at-least-once consumer group member: an offset is
-// committed only once the record at it and every earlier record of its
-// partition have been acknowledged by the pipeline (see checkpoint.go).
 package kafka
 
 import (

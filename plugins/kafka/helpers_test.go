@@ -170,12 +170,77 @@ func (l *logBuffer) String() string {
 
 func (l *logBuffer) count(substr string) int { return strings.Count(l.String(), substr) }
 
+// firstTime returns the time of the first log line that contains substr.
+func (l *logBuffer) firstTime(substr string) (time.Time, bool) {
+	for _, line := range strings.Split(l.String(), "\n") {
+		if !strings.Contains(line, substr) {
+			continue
+		}
+		field, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		ts, err := time.Parse(time.RFC3339Nano, field)
+		return ts, err == nil
+	}
+	return time.Time{}, false
+}
+
+// gauges is a metrics exporter that keeps the last value of every gauge,
+// by name and labels ("name,key=value,..."; Benthos's own label and path
+// are left out).
+type gauges struct {
+	mu sync.Mutex
+	v  map[string]int64
+}
+
+type gaugeFn func(int64)
+
+func (g gaugeFn) Set(v int64) { g(v) }
+
+type noopMetric struct{}
+
+func (noopMetric) Incr(int64)   {}
+func (noopMetric) Timing(int64) {}
+
+func (g *gauges) NewCounterCtor(string, ...string) service.MetricsExporterCounterCtor {
+	return func(...string) service.MetricsExporterCounter { return noopMetric{} }
+}
+
+func (g *gauges) NewTimerCtor(string, ...string) service.MetricsExporterTimerCtor {
+	return func(...string) service.MetricsExporterTimer { return noopMetric{} }
+}
+
+func (g *gauges) NewGaugeCtor(name string, labelKeys ...string) service.MetricsExporterGaugeCtor {
+	return func(labelValues ...string) service.MetricsExporterGauge {
+		id := name
+		for i, k := range labelKeys {
+			if k != "label" && k != "path" {
+				id += fmt.Sprintf(",%s=%s", k, labelValues[i])
+			}
+		}
+		return gaugeFn(func(v int64) {
+			g.mu.Lock()
+			g.v[id] = v
+			g.mu.Unlock()
+		})
+	}
+}
+
+func (g *gauges) Close(context.Context) error { return nil }
+
+// get returns the gauge's last value and whether it was ever set.
+func (g *gauges) get(id string) (int64, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	v, ok := g.v[id]
+	return v, ok
+}
+
 // testStream is a running Benthos stream.
 type testStream struct {
 	t      testing.TB
 	stream *service.Stream
 	done   chan struct{} // closed when Run has returned
 	logs   *logBuffer
+	gauges *gauges
 }
 
 // startStream runs kafka_franz (inputYAML, indented under kafka_franz:)
@@ -191,6 +256,12 @@ func startStream(t testing.TB, s *sink, maxInFlight int, inputYAML string, extra
 	if err != nil {
 		t.Fatal(err)
 	}
+	gs := &gauges{v: map[string]int64{}}
+	err = env.RegisterMetricsExporter("capture", service.NewConfigSpec(),
+		func(*service.ParsedConfig, *service.Logger) (service.MetricsExporter, error) { return gs, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := env.NewStreamBuilder()
 	logs := &logBuffer{}
 	b.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -202,6 +273,8 @@ input:
 %s
 output:
   test_sink: {}
+metrics:
+  capture: {}
 shutdown_timeout: 20s
 %s
 `, indent(inputYAML, "    "), strings.Join(extra, "\n"))
@@ -212,7 +285,7 @@ shutdown_timeout: 20s
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testStream{t: t, stream: stream, done: make(chan struct{}), logs: logs}
+	ts := &testStream{t: t, stream: stream, done: make(chan struct{}), logs: logs, gauges: gs}
 	go func() {
 		_ = stream.Run(context.Background())
 		close(ts.done)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -18,6 +19,7 @@ const (
 	kfiFieldConsumerGroup          = "consumer_group"
 	kfiFieldInstanceID             = "instance_id"
 	kfiFieldCheckpointLimit        = "checkpoint_limit"
+	kfiFieldMaxBufferedBytes       = "max_buffered_bytes"
 	kfiFieldCommitPeriod           = "commit_period"
 	kfiFieldStartFromOldest        = "start_from_oldest"
 	kfiFieldFetchMaxBytes          = "fetch_max_bytes"
@@ -29,6 +31,9 @@ const (
 	kfiFieldAutoReplayNacks        = service.AutoRetryNacksToggleFieldName
 )
 
+// metricConsumerLag is the per-partition lag gauge (docs/components.md).
+const metricConsumerLag = "forwarder_kafka_consumer_lag"
+
 func franzInputSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Stable().
@@ -39,13 +44,13 @@ Built on [franz-go](https://github.com/twmb/franz-go). The field names follow Re
 
 ### Delivery guarantees
 
-Delivery is at-least-once. Without a batching policy, a batch holds what has been read of every partition with room under `+"`checkpoint_limit`"+` (consecutive records of each partition, at most `+"`checkpoint_limit`"+` records in all); with one, a batch holds consecutive records of one partition. An offset is committed only when the record at it and every earlier record of its partition have been acknowledged (delivered by the output, or filtered out by a processor); acknowledgements may arrive in any order and are tracked per partition. Offsets are committed every `+"`commit_period`"+`, when partitions are revoked in a rebalance, and on shutdown. After a crash, or a stop that does not drain, the records after the last commit are read again: duplicates are possible, losses are not.
+Delivery is at-least-once. A batch holds what has been read of every partition with room (consecutive records of each, at most `+"`checkpoint_limit`"+` records in all); a `+"`batching`"+` policy groups what the input hands out further. An offset is committed only when the record at it and every earlier record of its partition have been acknowledged (delivered by the output, or filtered out by a processor); acknowledgements may arrive in any order and are tracked per partition. Offsets are committed every `+"`commit_period`"+`, when partitions are revoked in a rebalance, and on shutdown. After a crash, or a stop that does not drain, the records after the last commit are read again: duplicates are possible, losses are not.
 
-A rejected (nacked) batch is never skipped: with `+"`auto_replay_nacks: true`"+` it is delivered again from memory with a backoff; with `+"`false`"+` each partition in it is rewound and its records are fetched from Kafka again.
+A rejected (nacked) batch is never skipped: it is delivered again, with a backoff, until it is acknowledged, and its offsets stay uncommitted meanwhile.
 
-### Back-pressure
+### Back-pressure and memory
 
-At most `+"`checkpoint_limit`"+` records of a partition are in the pipeline without an acknowledgement. Up to as many more are read ahead; while any partition has that many read ahead, the input stops fetching until the pipeline takes them. Memory stays bounded whatever the output does.
+At most `+"`checkpoint_limit`"+` records of a partition are in the pipeline without an acknowledgement, and up to as many more are read ahead. Across all partitions the input holds at most `+"`max_buffered_bytes`"+` of records (keys, values and headers), read ahead and in the pipeline together: once it holds that much it stops fetching, and it hands out nothing more until acknowledgements free room. A single record larger than `+"`max_buffered_bytes`"+` is still delivered, alone. One poll may bring the read-ahead over the budget by what franz-go had already fetched, and franz-go buffers at most one fetch response per broker (`+"`fetch_max_bytes`"+` each, decompressed), so memory stays bounded whatever the output does.
 
 ### Group membership
 
@@ -64,7 +69,11 @@ Each message carries:
 - `+"`kafka_timestamp_ms`"+` (the record timestamp, Unix milliseconds)
 - every record header, by its name (a header cannot override the keys above)
 
-A tombstone (null value) or an empty value is delivered as a message with an empty body.`).
+A tombstone (null value) or an empty value is delivered as a message with an empty body.
+
+### Metrics
+
+`+"`"+metricConsumerLag+"{topic, partition}`"+`: for each partition this member consumes, the partition's high watermark minus the next offset the input will read, from every fetch (and from a ListOffsets request every `+"`commit_period`"+` while no records are fetched, so the gauge keeps up while the pipeline is stalled). A partition shows up once it has delivered a record; it drops to 0 when the partition moves to another member.`).
 		Fields(
 			seedBrokersField(),
 			service.NewStringListField(kfiFieldTopics).
@@ -82,6 +91,10 @@ A tombstone (null value) or an empty value is delivered as a message with an emp
 			service.NewIntField(kfiFieldCheckpointLimit).
 				Description("The most records of one partition that may be in the pipeline at once without an acknowledgement (back-pressure; see above). Lower values mean fewer duplicates after a crash; higher values allow more parallelism per partition.").
 				Default(1024),
+			service.NewStringField(kfiFieldMaxBufferedBytes).
+				Description("The most record bytes (keys, values and headers) the input holds at once, over all partitions: read ahead and in the pipeline without an acknowledgement. At the budget the input stops fetching and hands out nothing more until acknowledgements free room; a single larger record is still delivered, alone. With 16 MiB messages the default lets four be in the pipeline at once.").
+				Default("64MiB").
+				Example("256MiB"),
 			service.NewDurationField(kfiFieldCommitPeriod).
 				Description("How often acknowledged offsets are committed. Offsets are also committed when partitions are revoked and on shutdown.").
 				Default("5s"),
@@ -89,8 +102,8 @@ A tombstone (null value) or an empty value is delivered as a message with an emp
 				Description("Where a consumer group without a committed offset starts: the oldest available record (true) or only new records (false). Also applies when a committed offset is no longer available.").
 				Default(true),
 			service.NewStringField(kfiFieldFetchMaxBytes).
-				Description("The most data one fetch request may return (Kafka's `fetch.max.bytes`). A single record larger than this is still returned whole, so large messages are consumed anyway.").
-				Default("50MiB").
+				Description("The most data one fetch request may return (Kafka's `fetch.max.bytes`), and so what franz-go buffers per broker until the input polls it. A record batch larger than this is still returned whole, so large messages are consumed anyway. The limit is on the compressed size: well-compressed data takes more memory once decompressed.").
+				Default("16MiB").
 				Advanced(),
 			service.NewStringField(kfiFieldFetchMaxPartitionBytes).
 				Description("The most data one fetch returns per partition (Kafka's `max.partition.fetch.bytes`). The first record batch of a partition is returned even when it is larger.").
@@ -105,16 +118,18 @@ A tombstone (null value) or an empty value is delivered as a message with an emp
 				Default("3s").
 				Advanced(),
 			service.NewDurationField(kfiFieldRebalanceTimeout).
-				Description("How long the group waits for members to rejoin during a rebalance.").
+				Description("How long the group waits for members to rejoin during a rebalance (Kafka's `rebalance.timeout.ms`). An offset commit gives up after a third of it, so a commit the broker does not answer cannot keep this member in a rebalance past it: the commit on revoke is then abandoned and the next owner reads from the previous commit.").
 				Default("45s").
 				Advanced(),
 			tlsField(),
 			saslField(),
 			service.NewBatchPolicyField(kfiFieldBatching).
-				Description("Batches records per partition before they enter the pipeline. Without a policy, whatever has been read of every partition goes into one batch, up to `checkpoint_limit` records; `count: 1` gives one record per batch. A partial batch is flushed early when its partition reaches `checkpoint_limit`. Note that if batching processors fail, Benthos drops the batch; keep them simple."),
+				Description("Groups what the input hands out into batches by this policy before they enter the pipeline; its processors run on each batch. Without a policy, a batch holds what has been read of every partition, up to `checkpoint_limit` records; `count: 1` gives one record per batch. A batch is flushed early when a partition in it reaches `checkpoint_limit` or the input reaches `max_buffered_bytes`, since nothing more can join it until it is acknowledged. Unlike Redpanda Connect's, batches may hold records of several partitions (each partition's records in order). If the batching processors fail, Benthos drops the batch's messages and they count as delivered: keep those processors simple."),
 			service.NewBoolField(kfiFieldAutoReplayNacks).
-				Description("Whether a rejected (nacked) batch is replayed from memory, with backoff, until it succeeds (true), or the partition is rewound so the batch and everything after it are fetched from Kafka again (false, which holds less memory). Either way nothing is skipped and no offset is committed past the rejected records.").
-				Default(true),
+				Description("Accepted for configs from Redpanda Connect. A rejected batch is always delivered again until it is acknowledged, so only `true` is allowed: `false` would drop rejected messages.").
+				Default(true).
+				LintRule(`root = if this == false { [ "auto_replay_nacks: false would drop rejected messages; kafka_franz always delivers them again, so remove the field or set it to true" ] }`).
+				Advanced(),
 		).
 		Example("Ingest", "Consume two topics in a shared group, committing every 5 seconds.", `
 input:
@@ -123,11 +138,9 @@ input:
     topics: [ "device-vehicle-event", "device-heartbeat" ]
     consumer_group: "${KAFKA_GROUP:forwarder}"
     checkpoint_limit: 1024
+    max_buffered_bytes: 64MiB
     commit_period: 5s
     start_from_oldest: true
-    batching:
-      count: 100
-      period: 50ms
 `).
 		Example("Secured cluster", "TLS with SCRAM authentication and static membership.", `
 input:
@@ -148,52 +161,50 @@ input:
 func init() {
 	service.MustRegisterBatchInput("kafka_franz", franzInputSpec(),
 		func(conf *service.ParsedConfig, res *service.Resources) (service.BatchInput, error) {
-			// Nacks are replayed by the input itself (see ackFunc) rather
-			// than by service.AutoRetryNacksBatched, which copies and
-			// re-sorts every message of every batch to support a replay
-			// that is rare.
-			return newFranzInputFromParsed(conf, res)
+			in, err := newFranzInputFromParsed(conf, res)
+			if err != nil {
+				return nil, err
+			}
+			// Benthos's own replay of rejected batches: the input's ack
+			// function is called only once a batch is delivered.
+			return service.AutoRetryNacksBatched(in), nil
 		})
 }
 
 // franzInput is the kafka_franz input. Several goroutines share its state
-// under mu: the poll loop (fetches records, stops while a partition has
-// checkpoint_limit records read ahead, applies rewinds), the reader
-// (ReadBatch, builds batches), whoever calls the ack functions, and the
-// committers (the commit loop and franz-go's rebalance callbacks).
+// under mu: the poll loop (fetches records, stops while the input holds
+// what its limits allow), the reader (ReadBatch, hands out batches),
+// whoever calls the ack functions, the commit loop and franz-go's rebalance
+// callbacks. No network call is made with mu held.
 type franzInput struct {
 	log *service.Logger
-	res *service.Resources
+	lag *service.MetricGauge
 
-	clientOpts      []kgo.Opt
-	probeOpts       []kgo.Opt // connection options only: the client Connect waits with
-	group           string
-	checkpointLimit int
-	commitPeriod    time.Duration
-	closeTimeout    time.Duration
-	replayNacks     bool                // auto_replay_nacks: replay from memory, else rewind
-	batchPolicy     service.BatchPolicy // IsNoop: one batch per partition per fetch
-	maxFetchBatch   int                 // with a no-op policy, the most records per batch
-	outage          *outageLogger
+	clientOpts       []kgo.Opt
+	probeOpts        []kgo.Opt // connection options only: the client Connect waits with
+	group            string
+	checkpointLimit  int
+	maxBufferedBytes int64
+	commitPeriod     time.Duration
+	commitTimeout    time.Duration // a third of rebalance_timeout
+	closeTimeout     time.Duration
+	outage           *outageLogger
 
-	mu         sync.Mutex
-	client     *kgo.Client
-	parts      map[topicPartition]*partitionState
-	seekWanted bool               // some partition waits for a rewind
-	wakePoll   context.CancelFunc // interrupts the poll loop's current poll
-	notify     chan struct{}      // capacity 1: records are ready or room was freed
-	room       chan struct{}      // capacity 1: pending records were taken or dropped
-	runCancel  context.CancelFunc
-	wg         sync.WaitGroup
-	replays    []*replay // nacked batches waiting to be delivered again
+	mu             sync.Mutex
+	client         *kgo.Client
+	parts          map[topicPartition]*partitionState
+	budget         *byteBudget
+	polls          uint64             // polls that returned records, for the lag refresh
+	cancelPeriodic context.CancelFunc // abandons the periodic commit in flight, if any
+	notify         chan struct{}      // capacity 1: records are ready or room was freed
+	room           chan struct{}      // capacity 1: pending records were taken or dropped
+	runCancel      context.CancelFunc
+	wg             sync.WaitGroup
 
-	// commitMu orders commits, so a periodic commit built before a
-	// rebalance cannot land after the revoke's commit of the same partition.
-	commitMu sync.Mutex
-
-	// batchers, with a batching policy, are owned by the reader goroutine
-	// (and Close, which runs after the reader has stopped).
-	batchers map[topicPartition]*partBatcher
+	// readerMu is held by the reader while it uses batcher, and by Close
+	// to close it once the reader is done.
+	readerMu sync.Mutex
+	batcher  *policyBatcher // nil without a batching policy
 }
 
 func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources) (*franzInput, error) {
@@ -202,12 +213,11 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		return nil, err
 	}
 	f := &franzInput{
-		log:      res.Logger(),
-		res:      res,
-		parts:    make(map[topicPartition]*partitionState),
-		notify:   make(chan struct{}, 1),
-		room:     make(chan struct{}, 1),
-		batchers: make(map[topicPartition]*partBatcher),
+		log:    res.Logger(),
+		lag:    res.Metrics().NewGauge(metricConsumerLag, "topic", "partition"),
+		parts:  make(map[topicPartition]*partitionState),
+		notify: make(chan struct{}, 1),
+		room:   make(chan struct{}, 1),
 	}
 	f.outage = newOutageLogger(f.log)
 
@@ -239,6 +249,9 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	}
 	if f.checkpointLimit < 1 {
 		return nil, fmt.Errorf("field %s: must be at least 1, got %d", kfiFieldCheckpointLimit, f.checkpointLimit)
+	}
+	if f.maxBufferedBytes, err = parseBudget(conf, kfiFieldMaxBufferedBytes); err != nil {
+		return nil, err
 	}
 	if f.commitPeriod, err = conf.FieldDuration(kfiFieldCommitPeriod); err != nil {
 		return nil, err
@@ -289,29 +302,33 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if rebalance <= 0 {
 		return nil, fmt.Errorf("field %s: must be positive, got %s", kfiFieldRebalanceTimeout, rebalance)
 	}
+	// A commit in flight holds up this member's next join (franz-go does
+	// not join while committing), and the commit on revoke holds up its
+	// rejoin: a third of the rebalance timeout each leaves the member
+	// time to rejoin before the group gives up on it.
+	f.commitTimeout = rebalance / 3
 	f.closeTimeout = max(session, 5*time.Second)
 
-	if f.batchPolicy, err = conf.FieldBatchPolicy(kfiFieldBatching); err != nil {
+	policy, err := conf.FieldBatchPolicy(kfiFieldBatching)
+	if err != nil {
 		return nil, err
 	}
-	// Benthos counts `count: 1` as no batching, which for an input that
-	// batches per fetch would mean the opposite of what was asked.
-	f.maxFetchBatch = f.checkpointLimit
-	if f.batchPolicy.Count == 1 {
-		f.maxFetchBatch = 1
-	}
-	if !f.batchPolicy.IsNoop() {
-		// Build one now so a broken policy fails at start-up, not on the
-		// first record.
-		b, err := f.batchPolicy.NewBatcher(res)
+	// Benthos counts `count: 1` as no policy; here it asks for one
+	// record per batch.
+	if !policy.IsNoop() || policy.Count == 1 {
+		b, err := policy.NewBatcher(res)
 		if err != nil {
 			return nil, fmt.Errorf("field %s: %w", kfiFieldBatching, err)
 		}
-		_ = b.Close(context.Background())
+		f.batcher = &policyBatcher{b: b, count: policy.Count}
 	}
 
-	if f.replayNacks, err = conf.FieldBool(kfiFieldAutoReplayNacks); err != nil {
+	replay, err := conf.FieldBool(kfiFieldAutoReplayNacks)
+	if err != nil {
 		return nil, err
+	}
+	if !replay {
+		return nil, fmt.Errorf("field %s: false would drop rejected messages; kafka_franz always delivers them again, so remove the field or set it to true", kfiFieldAutoReplayNacks)
 	}
 
 	instanceID := ""
@@ -355,6 +372,22 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	return f, nil
 }
 
+// parseBudget reads a byte size such as "64MiB" of at least one byte.
+func parseBudget(conf *service.ParsedConfig, field string) (int64, error) {
+	s, err := conf.FieldString(field)
+	if err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("field %s: %q is not a byte size such as 64MiB: %w", field, s, err)
+	}
+	if n == 0 || n > 1<<62 {
+		return 0, fmt.Errorf("field %s: %q must be at least 1B", field, s)
+	}
+	return int64(n), nil
+}
+
 // Connect creates the client and waits until a broker answers. While none
 // does it keeps retrying with backoff (the outage is logged once), so a
 // broker that starts after us is picked up; it returns only when connected
@@ -389,8 +422,7 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	f.client = cl
 	f.runCancel = cancel
 	f.parts = make(map[topicPartition]*partitionState)
-	f.replays = nil
-	f.seekWanted = false
+	f.budget = &byteBudget{limit: f.maxBufferedBytes}
 	f.mu.Unlock()
 
 	f.wg.Add(2)
@@ -400,44 +432,30 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	return nil
 }
 
-// ReadBatch returns the next batch: runs of consecutive records, one run per
-// partition (see nextFetchBatch and nextPolicyBatch).
+// ReadBatch returns the next batch (see nextBatch and nextPolicyBatch).
 func (f *franzInput) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
+	if f.batcher != nil {
+		f.readerMu.Lock()
+		defer f.readerMu.Unlock()
+		return f.nextPolicyBatch(ctx)
+	}
 	for {
-		f.mu.Lock()
-		if f.client == nil {
-			f.mu.Unlock()
+		if !f.connected() {
 			return nil, nil, service.ErrNotConnected
 		}
-		f.mu.Unlock()
-
-		batch, ack, wait := f.nextReplay(time.Now())
-		if batch != nil {
+		if batch, ack := f.nextBatch(); batch != nil {
 			return batch, ack, nil
 		}
-		var (
-			policyWait time.Duration = -1
-			err        error
-		)
-		if f.batchPolicy.IsNoop() {
-			batch, ack = f.nextFetchBatch()
-		} else {
-			batch, ack, policyWait, err = f.nextPolicyBatch(ctx)
-			if err != nil {
-				return nil, nil, err
-			}
-		}
-		if batch != nil {
-			return batch, ack, nil
-		}
-		if wait < 0 || (policyWait >= 0 && policyWait < wait) {
-			wait = policyWait
-		}
-
-		if err := f.waitForWork(ctx, wait); err != nil {
+		if err := f.waitForWork(ctx, -1); err != nil {
 			return nil, nil, err
 		}
 	}
+}
+
+func (f *franzInput) connected() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.client != nil
 }
 
 // waitForWork blocks until records arrive, room is freed, wait elapses
@@ -466,6 +484,7 @@ func (f *franzInput) Close(ctx context.Context) error {
 	cl, cancel := f.client, f.runCancel
 	f.client = nil
 	f.mu.Unlock()
+	f.signal() // a waiting reader sees that we are closed
 
 	if cl != nil {
 		cancel()
@@ -481,11 +500,13 @@ func (f *franzInput) Close(ctx context.Context) error {
 		cl.Close()
 	}
 
-	for tp, pb := range f.batchers {
-		if pb.b != nil {
-			_ = pb.b.Close(ctx)
+	if f.batcher != nil {
+		f.readerMu.Lock()
+		defer f.readerMu.Unlock()
+		if !f.batcher.closed {
+			f.batcher.closed = true
+			return f.batcher.b.Close(ctx)
 		}
-		delete(f.batchers, tp)
 	}
 	return nil
 }
@@ -497,7 +518,7 @@ func buildMessages(recs []*kgo.Record) []fetched {
 	// Boxed once per call rather than once per message.
 	var topic, partition any = recs[0].Topic, int64(recs[0].Partition)
 	for i, r := range recs {
-		out[i] = fetched{rec: r, msg: recordToMessage(r, topic, partition)}
+		out[i] = fetched{rec: r, msg: recordToMessage(r, topic, partition), size: recordSize(r)}
 	}
 	return out
 }

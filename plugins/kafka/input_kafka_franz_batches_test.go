@@ -7,14 +7,13 @@ import (
 	"fmt"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// The batches of the per-fetch path, driven without a broker: the test
-// plays the poll loop (adding records) and the rebalance callbacks.
+// The batches the input hands out, driven without a broker: the test plays
+// the poll loop (adding records) and the rebalance callbacks.
 
 // fetchTestInput is a kafka_franz input that is never connected; extra
 // config lines are appended.
@@ -28,6 +27,7 @@ func fetchTestInput(t *testing.T, extra string) *franzInput {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.budget = &byteBudget{limit: f.maxBufferedBytes} // as Connect does
 	return f
 }
 
@@ -39,7 +39,7 @@ func (f *franzInput) fetch(p int32, from, to int64) *partitionState {
 	tp := topicPartition{"t", p}
 	ps := f.parts[tp]
 	if ps == nil {
-		ps = newPartitionState(tp)
+		ps = newPartitionState(tp, f.budget)
 		f.parts[tp] = ps
 	}
 	var recs []*kgo.Record
@@ -96,13 +96,13 @@ func TestFetchBatch(t *testing.T) {
 		f := fetchTestInput(t, "")
 		p0, p1, p2 := f.fetch(0, 0, 4), f.fetch(1, 0, 2), f.fetch(2, 10, 11)
 
-		batch, ack := f.nextFetchBatch()
+		batch, ack := f.nextBatch()
 		got := byPartition(batchRecords(t, batch))
 		want := slices.Concat(span(0, 0, 4), span(1, 0, 2), span(2, 10, 11))
 		if !slices.Equal(got, want) {
 			t.Fatalf("batch holds %v, want %v", got, want)
 		}
-		if b, _ := f.nextFetchBatch(); b != nil {
+		if b, _ := f.nextBatch(); b != nil {
 			t.Fatalf("a second batch of %d records; everything was in the first", len(b))
 		}
 		for _, ps := range []*partitionState{p0, p1, p2} {
@@ -131,7 +131,7 @@ func TestFetchBatch(t *testing.T) {
 		// partition with more than checkpoint_limit records in flight.
 		var acks []service.AckFunc
 		for {
-			b, ack := f.nextFetchBatch()
+			b, ack := f.nextBatch()
 			if b == nil {
 				break
 			}
@@ -146,7 +146,7 @@ func TestFetchBatch(t *testing.T) {
 		for _, ack := range acks {
 			_ = ack(ctx, nil)
 		}
-		rest, ack := f.nextFetchBatch()
+		rest, ack := f.nextBatch()
 		if got := batchRecords(t, rest); !slices.Equal(got, span(0, 4, 5)) {
 			t.Fatalf("after the acks the batch holds %v, want p0's last two", got)
 		}
@@ -155,74 +155,49 @@ func TestFetchBatch(t *testing.T) {
 		wantCommit(t, p1, 2)
 	})
 
-	t.Run("CountOneGivesOneRecordPerBatch", func(t *testing.T) {
+	t.Run("BoundedByTheByteBudget", func(t *testing.T) {
 		t.Parallel()
-		f := fetchTestInput(t, "batching:\n  count: 1")
-		f.fetch(0, 0, 1)
-		f.fetch(1, 0, 1)
-		for range 4 {
-			b, ack := f.nextFetchBatch()
-			if len(b) != 1 {
-				t.Fatalf("batch of %d records with count: 1", len(b))
-			}
-			_ = ack(ctx, nil)
+		f := fetchTestInput(t, "max_buffered_bytes: 10B")
+		p0 := f.fetch(0, 0, 5) // values "0/0" … "0/5": 3 bytes each
+		b, ack := f.nextBatch()
+		if got := batchRecords(t, b); !slices.Equal(got, span(0, 0, 2)) {
+			t.Fatalf("batch holds %v under a 10-byte budget, want the first three 3-byte records", got)
 		}
-	})
-
-	t.Run("NackReplaysEveryPartition", func(t *testing.T) {
-		t.Parallel()
-		f := fetchTestInput(t, "auto_replay_nacks: true")
-		p0, p1 := f.fetch(0, 0, 2), f.fetch(1, 5, 6)
-		batch, nack := f.nextFetchBatch()
-		first := batchRecords(t, batch)
-		// The pipeline changes what it was given; the replay must not
-		// see it.
-		batch[0].SetBytes([]byte("changed"))
-		if err := nack(ctx, rejected); err != nil {
-			t.Fatal(err)
-		}
-		wantCommit(t, p0, -1)
-		wantCommit(t, p1, -1)
-
-		again, ack, _ := f.nextReplay(time.Now().Add(time.Minute))
-		if got := batchRecords(t, again); !slices.Equal(got, first) {
-			t.Fatalf("replayed %v, want the whole batch %v", got, first)
-		}
-		for _, m := range again {
-			k := msgOffset(t, m)
-			if b, _ := m.AsBytes(); string(b) != fmt.Sprintf("%d/%d", k.partition, k.offset) {
-				t.Errorf("record %v replayed as %q", k, b)
-			}
+		if more, _ := f.nextBatch(); more != nil {
+			t.Fatalf("a second batch of %d records while the budget is full", len(more))
 		}
 		_ = ack(ctx, nil)
 		wantCommit(t, p0, 3)
-		wantCommit(t, p1, 7)
+		rest, _ := f.nextBatch()
+		if got := batchRecords(t, rest); !slices.Equal(got, span(0, 3, 5)) {
+			t.Fatalf("after the ack the batch holds %v, want the last three", got)
+		}
 	})
 
-	t.Run("NackRewindsEveryPartition", func(t *testing.T) {
+	t.Run("ARejectionLeavesEveryShareUnacked", func(t *testing.T) {
 		t.Parallel()
-		f := fetchTestInput(t, "auto_replay_nacks: false")
+		// AutoRetryNacksBatched delivers a rejected batch again and
+		// acks only then; an error reaching the input (the stream gave
+		// up as it stopped) must not count as delivered.
+		f := fetchTestInput(t, "")
 		p0, p1 := f.fetch(0, 0, 2), f.fetch(1, 5, 6)
-		_, nack := f.nextFetchBatch()
+		_, nack := f.nextBatch()
 		if err := nack(ctx, rejected); err != nil {
 			t.Fatal(err)
 		}
-		if !f.seekWanted || p0.seekTo != 0 || p1.seekTo != 5 {
-			t.Fatalf("after the nack seekWanted=%v p0.seekTo=%d p1.seekTo=%d, want true, 0, 5", f.seekWanted, p0.seekTo, p1.seekTo)
-		}
-		if n := p0.tracked() + p1.tracked(); n != 0 {
-			t.Fatalf("%d records still held after the rewind", n)
-		}
 		wantCommit(t, p0, -1)
 		wantCommit(t, p1, -1)
+		if p0.handed != 3 || p1.handed != 2 {
+			t.Fatalf("after the rejection p0 has %d records in flight, p1 %d; want 3 and 2", p0.handed, p1.handed)
+		}
 	})
 
-	t.Run("RevokedShareIsNeitherCommittedNorReplayed", func(t *testing.T) {
+	t.Run("RevokedShareIsNotCommitted", func(t *testing.T) {
 		t.Parallel()
-		f := fetchTestInput(t, "auto_replay_nacks: true")
+		f := fetchTestInput(t, "")
 		p0 := f.fetch(0, 0, 2)
 		f.fetch(1, 0, 2)
-		batch, nack := f.nextFetchBatch()
+		batch, ack := f.nextBatch()
 		if len(batch) != 6 {
 			t.Fatalf("batch of %d records, want both partitions' 6", len(batch))
 		}
@@ -232,11 +207,6 @@ func TestFetchBatch(t *testing.T) {
 		f.revoke(1)
 		p1 := f.fetch(1, 0, 2)
 
-		_ = nack(ctx, rejected)
-		again, ack, _ := f.nextReplay(time.Now().Add(time.Minute))
-		if got := batchRecords(t, again); !slices.Equal(got, span(0, 0, 2)) {
-			t.Fatalf("replayed %v, want only p0's share", got)
-		}
 		_ = ack(ctx, nil)
 		wantCommit(t, p0, 3)
 		wantCommit(t, p1, -1)
@@ -244,7 +214,7 @@ func TestFetchBatch(t *testing.T) {
 			t.Fatalf("the new assignment of p1 holds %d records, want its own 3", p1.tracked())
 		}
 		// p1's records are handed out again under the new assignment.
-		b, ack2 := f.nextFetchBatch()
+		b, ack2 := f.nextBatch()
 		if got := batchRecords(t, b); !slices.Equal(got, span(1, 0, 2)) {
 			t.Fatalf("next batch %v, want p1's records again", got)
 		}

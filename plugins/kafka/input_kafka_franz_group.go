@@ -1,7 +1,7 @@
 package kafka
 
 // The kafka_franz input's side of the consumer group: the poll loop with
-// its back-pressure, commits, and the rebalance callbacks.
+// its back-pressure, commits, rebalance callbacks and the lag gauge.
 
 import (
 	"context"
@@ -9,16 +9,18 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // pollLoop fetches records into the partitions' pending queues until ctx
-// ends. It is the only goroutine that polls and seeks.
+// ends. It is the only goroutine that polls.
 func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 	defer f.wg.Done()
 	// Fetch errors are logged once each until records flow again.
@@ -28,16 +30,7 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 			cl.AllowRebalance()
 			return
 		}
-		pctx, wake := context.WithCancel(ctx)
-		f.mu.Lock()
-		f.wakePoll = wake
-		if f.seekWanted {
-			wake()
-		}
-		f.mu.Unlock()
-
-		fetches := cl.PollRecords(pctx, f.checkpointLimit)
-		wake()
+		fetches := cl.PollRecords(ctx, f.checkpointLimit)
 		if ctx.Err() != nil {
 			cl.AllowRebalance()
 			return
@@ -48,46 +41,30 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 		type polledPartition struct {
 			tp   topicPartition
 			recs []fetched
+			hwm  int64
 		}
 		var polled []polledPartition
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if len(fp.Records) > 0 {
-				polled = append(polled, polledPartition{topicPartition{fp.Topic, fp.Partition}, buildMessages(fp.Records)})
+				polled = append(polled, polledPartition{topicPartition{fp.Topic, fp.Partition}, buildMessages(fp.Records), fp.HighWatermark})
 			}
 		})
 
 		got := 0
-		var seeks map[string]map[int32]kgo.EpochOffset
 		f.mu.Lock()
 		for _, pr := range polled {
 			ps := f.parts[pr.tp]
 			if ps == nil {
-				ps = newPartitionState(pr.tp)
+				ps = newPartitionState(pr.tp, f.budget)
 				f.parts[pr.tp] = ps
 			}
 			got += ps.add(pr.recs)
+			f.setLagLocked(pr.tp, pr.hwm-ps.nextFetch)
 		}
-		if f.seekWanted {
-			f.seekWanted = false
-			seeks = make(map[string]map[int32]kgo.EpochOffset)
-			for tp, ps := range f.parts {
-				if ps.seekTo < 0 {
-					continue
-				}
-				if seeks[tp.topic] == nil {
-					seeks[tp.topic] = make(map[int32]kgo.EpochOffset)
-				}
-				seeks[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: ps.seekTo}
-				ps.seekTo = -1
-			}
+		if len(polled) > 0 {
+			f.polls++
 		}
 		f.mu.Unlock()
-
-		// franz-go asks for seeks before AllowRebalance, so no revoke
-		// runs in between.
-		if len(seeks) > 0 {
-			cl.SetOffsets(seeks)
-		}
 		cl.AllowRebalance()
 		if got > 0 {
 			f.signal()
@@ -110,21 +87,19 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 }
 
 // waitForRoom is the back-pressure: it blocks while some partition already
-// has checkpoint_limit records fetched and waiting for the pipeline. Not
-// polling leaves the next records in franz-go's buffer (one fetch per
-// broker), which stops fetching altogether until we poll again. It reports
-// false when ctx ends.
+// has checkpoint_limit records read ahead, or the input holds its whole
+// byte budget. Not polling leaves the next records in franz-go's buffer (at
+// most one fetch per broker), which stops fetching altogether until we poll
+// again. It reports false when ctx ends.
 func (f *franzInput) waitForRoom(ctx context.Context) bool {
 	for {
 		f.mu.Lock()
-		full := false
-		if !f.seekWanted {
-			for _, ps := range f.parts {
-				if len(ps.pending) >= f.checkpointLimit {
-					full = true
-					break
-				}
+		full := f.budget.full()
+		for _, ps := range f.parts {
+			if full {
+				break
 			}
+			full = len(ps.pending) >= f.checkpointLimit
 		}
 		f.mu.Unlock()
 		if !full {
@@ -154,30 +129,58 @@ func (f *franzInput) signal() {
 	}
 }
 
+// commitLoop commits every commit_period and, when no poll brought records
+// since the last tick, refreshes the lag gauge from the brokers.
 func (f *franzInput) commitLoop(ctx context.Context, cl *kgo.Client) {
 	defer f.wg.Done()
 	t := time.NewTicker(f.commitPeriod)
 	defer t.Stop()
+	var lastPolls uint64
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			cctx, cancel := context.WithTimeout(ctx, max(f.commitPeriod, 10*time.Second))
-			f.commitAll(cctx, cl, "periodic")
-			cancel()
 		}
+		f.commitPeriodic(ctx, cl)
+		f.mu.Lock()
+		polls := f.polls
+		f.mu.Unlock()
+		if polls == lastPolls {
+			f.refreshLag(ctx, cl)
+		}
+		lastPolls = polls
 	}
+}
+
+// commitPeriodic commits the commit points that moved. A revoke abandons
+// it (see onRevoked).
+func (f *franzInput) commitPeriodic(ctx context.Context, cl *kgo.Client) {
+	cctx, cancel := context.WithTimeout(ctx, f.commitTimeout)
+	defer cancel()
+	f.mu.Lock()
+	offsets := f.committableLocked(nil)
+	f.cancelPeriodic = cancel
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.cancelPeriodic = nil
+		f.mu.Unlock()
+	}()
+	// franz-go issues commits one at a time in the order they were
+	// asked for, and calls this function just before issuing ours. If a
+	// revoke has abandoned this commit by then, it is not issued: the
+	// revoke's own commit may have gone first, and ours, computed before
+	// it, must not land after it with older offsets.
+	f.commit(kgo.PreCommitFnContext(cctx, func(*kmsg.OffsetCommitRequest) error { return cctx.Err() }), cl, offsets, "periodic")
 }
 
 // commitAll commits the commit point of every partition that moved.
 func (f *franzInput) commitAll(ctx context.Context, cl *kgo.Client, why string) {
-	f.commitMu.Lock()
-	defer f.commitMu.Unlock()
 	f.mu.Lock()
 	offsets := f.committableLocked(nil)
 	f.mu.Unlock()
-	f.commitLocked(ctx, cl, offsets, why)
+	f.commit(ctx, cl, offsets, why)
 }
 
 // committableLocked returns the commit points that moved, of the given
@@ -211,8 +214,11 @@ func (f *franzInput) committableLocked(only map[string][]int32) map[string]map[i
 	return out
 }
 
-// commitLocked commits offsets synchronously; commitMu must be held.
-func (f *franzInput) commitLocked(ctx context.Context, cl *kgo.Client, offsets map[string]map[int32]kgo.EpochOffset, why string) {
+// commit commits offsets synchronously, within ctx, and records what the
+// group accepted. A failed commit is logged and tried again at the next
+// commit_period (or, for a revoke, left to the next owner, who reads from
+// the previous commit).
+func (f *franzInput) commit(ctx context.Context, cl *kgo.Client, offsets map[string]map[int32]kgo.EpochOffset, why string) {
 	if len(offsets) == 0 {
 		return
 	}
@@ -240,9 +246,9 @@ func (f *franzInput) commitLocked(ctx context.Context, cl *kgo.Client, offsets m
 	case reqErr != nil && (errors.Is(reqErr, context.Canceled) || errors.Is(reqErr, kgo.ErrClientClosed)):
 		f.log.Debugf("kafka_franz: %s commit abandoned: %v", why, reqErr)
 	case reqErr != nil:
-		f.log.Warnf("kafka_franz: %s commit of group %q failed, will retry: %v", why, f.group, reqErr)
+		f.log.Warnf("kafka_franz: %s commit of group %q failed: %v", why, f.group, reqErr)
 	case len(failed) > 0:
-		f.log.Warnf("kafka_franz: %s commit of group %q failed for %s, will retry", why, f.group, strings.Join(failed, ", "))
+		f.log.Warnf("kafka_franz: %s commit of group %q failed for %s", why, f.group, strings.Join(failed, ", "))
 	}
 	if len(done) == 0 {
 		return
@@ -267,21 +273,27 @@ func (f *franzInput) onAssigned(_ context.Context, _ *kgo.Client, assigned map[s
 // forgets them. Records of theirs still in the pipeline are not waited for:
 // their acks are ignored and the next owner reads them again from the
 // commit point (at-least-once).
+//
+// franz-go runs one commit at a time, so a periodic commit in flight would
+// hold ours back: it is abandoned first. Our commit then gets commitTimeout
+// at most, so a broker that does not answer cannot keep this member from
+// rejoining within the rebalance timeout.
 func (f *franzInput) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	if len(revoked) == 0 {
 		return
 	}
-	f.commitMu.Lock()
-	defer f.commitMu.Unlock()
 	// Take the commit points and forget the partitions at once: an ack
-	// arriving after this is not committed by us, whoever gets the
-	// partition reads its records again.
+	// arriving after this is not committed by us.
 	f.mu.Lock()
 	offsets := f.committableLocked(revoked)
 	f.dropLocked(revoked)
+	abandonPeriodic := f.cancelPeriodic
 	f.mu.Unlock()
-	cctx, cancel := context.WithTimeout(ctx, f.closeTimeout)
-	f.commitLocked(cctx, cl, offsets, "revoke")
+	if abandonPeriodic != nil {
+		abandonPeriodic()
+	}
+	cctx, cancel := context.WithTimeout(ctx, f.commitTimeout)
+	f.commit(cctx, cl, offsets, "revoke")
 	cancel()
 	f.log.Infof("kafka_franz: revoked partitions %s", formatPartitions(revoked))
 }
@@ -299,6 +311,8 @@ func (f *franzInput) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	f.log.Warnf("kafka_franz: lost partitions %s; records after their last commit will be consumed again", formatPartitions(lost))
 }
 
+// dropLocked forgets the partitions. Their lag drops to 0: it is another
+// member's to report now.
 func (f *franzInput) dropLocked(parts map[string][]int32) {
 	for topic, ps := range parts {
 		for _, p := range ps {
@@ -306,10 +320,50 @@ func (f *franzInput) dropLocked(parts map[string][]int32) {
 			if st := f.parts[tp]; st != nil {
 				st.drop()
 				delete(f.parts, tp)
+				f.setLagLocked(tp, 0)
 			}
 		}
 	}
 	f.roomFreed()
+}
+
+// setLagLocked sets the lag gauge of a partition. It runs under mu, so a
+// value computed before a revoke cannot land after the revoke's 0.
+func (f *franzInput) setLagLocked(tp topicPartition, lag int64) {
+	f.lag.Set(max(lag, 0), tp.topic, strconv.Itoa(int(tp.partition)))
+}
+
+// refreshLag computes the lag from the brokers' high watermarks when no
+// fetch brought them lately: while the pipeline is stalled the poll loop
+// does not poll, and the lag keeps growing unseen.
+func (f *franzInput) refreshLag(ctx context.Context, cl *kgo.Client) {
+	f.mu.Lock()
+	topics := make(map[string]bool)
+	for tp, ps := range f.parts {
+		if ps.nextFetch >= 0 {
+			topics[tp.topic] = true
+		}
+	}
+	f.mu.Unlock()
+	if len(topics) == 0 {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, f.commitTimeout)
+	defer cancel()
+	// A kadm client over ours: closing it would close ours, so it is not.
+	ends, err := kadm.NewClient(cl).ListEndOffsets(lctx, slices.Collect(maps.Keys(topics))...)
+	if err != nil {
+		f.log.Debugf("kafka_franz: listing end offsets for the lag: %v", err)
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ends.Each(func(o kadm.ListedOffset) {
+		tp := topicPartition{o.Topic, o.Partition}
+		if ps := f.parts[tp]; o.Err == nil && ps != nil && ps.nextFetch >= 0 {
+			f.setLagLocked(tp, o.Offset-ps.nextFetch)
+		}
+	})
 }
 
 func formatPartitions(m map[string][]int32) string {

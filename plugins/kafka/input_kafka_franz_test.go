@@ -175,16 +175,9 @@ func TestInputOutOfOrderAcks(t *testing.T) {
 
 func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name, batching string
-		replay         bool
-		rewindFrom     string
-	}{
-		// count 1 takes the per-fetch path, count 5 the batch policy.
-		{"ReplayOneRecordBatches", "count: 1", true, ""},
-		{"ReplayPolicyBatches", "count: 5\n  period: 10ms", true, ""},
-		{"RewindOneRecordBatches", "count: 1", false, "from offset 7"},
-		{"RewindPolicyBatches", "count: 5\n  period: 10ms", false, "from offset 5"},
+	for _, tc := range []struct{ name, batching string }{
+		{"OneRecordBatches", "count: 1"},
+		{"PolicyBatches", "count: 5\n  period: 10ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -206,9 +199,7 @@ func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
 			}
 			// The processor changes every message: a replay must start
 			// again from the record, not from the changed message.
-			ts := startStream(t, s, 4, inputConf(c, topic, group,
-				"batching:\n  "+tc.batching,
-				fmt.Sprintf("auto_replay_nacks: %v", tc.replay)),
+			ts := startStream(t, s, 4, inputConf(c, topic, group, "batching:\n  "+tc.batching),
 				"pipeline:\n  processors:\n    - mapping: 'root = content().string() + \"!\"'")
 
 			waitFor(t, "all 20 records acked", func() bool { return s.ackedCount() == 20 })
@@ -226,64 +217,56 @@ func TestInputNackedBatchIsDeliveredAgain(t *testing.T) {
 				}
 			}
 			s.mu.Unlock()
-			if tc.rewindFrom != "" && ts.logs.count("reading the partition again "+tc.rewindFrom) != 1 {
-				t.Errorf("want one rewind %s logged; logs:\n%s", tc.rewindFrom, ts.logs.String())
-			}
 		})
 	}
 }
 
-// TestInputBatchSpansPartitions runs the per-fetch path against a broker:
-// records of several partitions that are read together go out in one
-// batch, whose ack commits every partition in it and whose nack delivers
-// every record in it again.
+// TestInputBatchSpansPartitions runs the input without a batching policy
+// against a broker: records of several partitions that are read together go
+// out in one batch, whose ack commits every partition in it and whose nack
+// delivers every record in it again.
 func TestInputBatchSpansPartitions(t *testing.T) {
 	t.Parallel()
-	for _, replay := range []bool{true, false} {
-		t.Run(fmt.Sprintf("AutoReplayNacks%v", replay), func(t *testing.T) {
-			t.Parallel()
-			const topic, group, perPartition = "spans", "g-spans", 50
-			c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 3}})
-			c.ProduceN(t, topic, 3*perPartition, nil)
+	const topic, group, perPartition = "spans", "g-spans", 50
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 3}})
+	c.ProduceN(t, topic, 3*perPartition, nil)
 
-			var (
-				mu       sync.Mutex
-				rejected []offsetKey // the first batch of several partitions, nacked once
-			)
-			s := newSink(t)
-			s.write = func(_ context.Context, _ service.MessageBatch, offs []offsetKey) error {
-				parts := map[int32]bool{}
-				for _, o := range offs {
-					parts[o.partition] = true
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				if len(parts) > 1 && rejected == nil {
-					rejected = offs
-					return errors.New("rejected by test")
-				}
-				return nil
-			}
-			ts := startStream(t, s, 1, inputConf(c, topic, group, fmt.Sprintf("auto_replay_nacks: %v", replay)))
+	var (
+		mu       sync.Mutex
+		rejected []offsetKey // the first batch of several partitions, nacked once
+	)
+	s := newSink(t)
+	s.write = func(_ context.Context, _ service.MessageBatch, offs []offsetKey) error {
+		parts := map[int32]bool{}
+		for _, o := range offs {
+			parts[o.partition] = true
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(parts) > 1 && rejected == nil {
+			rejected = offs
+			return errors.New("rejected by test")
+		}
+		return nil
+	}
+	ts := startStream(t, s, 1, inputConf(c, topic, group))
 
-			waitFor(t, "every record to be acked", func() bool { return s.ackedCount() == 3*perPartition })
-			waitFor(t, "commits at the end of every partition", func() bool {
-				committed := c.Committed(t, group)[topic]
-				return committed[0] == perPartition && committed[1] == perPartition && committed[2] == perPartition
-			})
-			ts.stop(10 * time.Second)
+	waitFor(t, "every record to be acked", func() bool { return s.ackedCount() == 3*perPartition })
+	waitFor(t, "commits at the end of every partition", func() bool {
+		committed := c.Committed(t, group)[topic]
+		return committed[0] == perPartition && committed[1] == perPartition && committed[2] == perPartition
+	})
+	ts.stop(10 * time.Second)
 
-			mu.Lock()
-			defer mu.Unlock()
-			if rejected == nil {
-				t.Fatal("no batch carried records of more than one partition")
-			}
-			for _, o := range rejected {
-				if n := s.deliveries(o); n < 2 {
-					t.Errorf("record %v of the rejected batch delivered %d times, want at least 2", o, n)
-				}
-			}
-		})
+	mu.Lock()
+	defer mu.Unlock()
+	if rejected == nil {
+		t.Fatal("no batch carried records of more than one partition")
+	}
+	for _, o := range rejected {
+		if n := s.deliveries(o); n < 2 {
+			t.Errorf("record %v of the rejected batch delivered %d times, want at least 2", o, n)
+		}
 	}
 }
 
@@ -535,6 +518,9 @@ func TestInputConfigErrors(t *testing.T) {
 		"BadFetchSize":      {base + "consumer_group: g\nfetch_max_bytes: 5GiB", "fetch_max_bytes"},
 		"ZeroCommitPeriod":  {base + "consumer_group: g\ncommit_period: 0s", "commit_period"},
 		"BadBatchProcessor": {base + "consumer_group: g\nbatching:\n  count: 2\n  processors:\n    - bloblang: 'root = ('", "batching"},
+		"ZeroBufferedBytes": {base + "consumer_group: g\nmax_buffered_bytes: 0B", "max_buffered_bytes"},
+		"BadBufferedBytes":  {base + "consumer_group: g\nmax_buffered_bytes: lots", "max_buffered_bytes"},
+		"NoReplayOfNacks":   {base + "consumer_group: g\nauto_replay_nacks: false", "auto_replay_nacks"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -11,6 +11,7 @@ package kafkatest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -230,6 +232,9 @@ func (c *Cluster) Committed(t testing.TB, group string) map[string]map[int32]int
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	resp, err := c.Admin(t).FetchOffsets(ctx, group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return map[string]map[int32]int64{} // nothing committed yet
+	}
 	if err != nil {
 		t.Fatalf("kafkatest: fetching offsets of group %q: %v", group, err)
 	}
