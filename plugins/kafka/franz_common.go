@@ -28,15 +28,6 @@ const (
 	kfFieldSASLPass    = "password"
 )
 
-// Metadata keys set by the input (docs/components.md).
-const (
-	metaKey         = "kafka_key"
-	metaTopic       = "kafka_topic"
-	metaPartition   = "kafka_partition"
-	metaOffset      = "kafka_offset"
-	metaTimestampMs = "kafka_timestamp_ms"
-)
-
 func seedBrokersField() *service.ConfigField {
 	return service.NewStringListField(kfFieldSeedBrokers).
 		Description("Addresses of Kafka brokers to bootstrap from (`host:port`). Each entry may itself be a comma-separated list, so `${KAFKA_BROKERS}` can hold several brokers. The client discovers the rest of the cluster from these.").

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
@@ -52,16 +53,16 @@ func (k offsetKey) String() string { return fmt.Sprintf("%s/%d@%d", k.topic, k.p
 
 func msgOffset(t testing.TB, m *service.Message) offsetKey {
 	t.Helper()
-	topic, _ := m.MetaGet(metaTopic)
-	ps, _ := m.MetaGet(metaPartition)
-	os, _ := m.MetaGet(metaOffset)
+	topic, _ := m.MetaGet(msgmeta.KafkaTopic)
+	ps, _ := m.MetaGet(msgmeta.KafkaPartition)
+	os, _ := m.MetaGet(msgmeta.KafkaOffset)
 	p, err := strconv.ParseInt(ps, 10, 32)
 	if err != nil {
-		t.Errorf("bad %s %q", metaPartition, ps)
+		t.Errorf("bad %s %q", msgmeta.KafkaPartition, ps)
 	}
 	o, err := strconv.ParseInt(os, 10, 64)
 	if err != nil {
-		t.Errorf("bad %s %q", metaOffset, os)
+		t.Errorf("bad %s %q", msgmeta.KafkaOffset, os)
 	}
 	return offsetKey{topic, int32(p), o}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -531,13 +532,13 @@ func recordToMessage(r *kgo.Record, topic, partition any) *service.Message {
 		msg.MetaSetMut(h.Key, string(h.Value))
 	}
 	if r.Key != nil {
-		msg.MetaSetMut(metaKey, string(r.Key))
+		msg.MetaSetMut(msgmeta.KafkaKey, string(r.Key))
 	} else if len(r.Headers) > 0 {
-		msg.MetaDelete(metaKey)
+		msg.MetaDelete(msgmeta.KafkaKey)
 	}
-	msg.MetaSetMut(metaTopic, topic)
-	msg.MetaSetMut(metaPartition, partition)
-	msg.MetaSetMut(metaOffset, r.Offset)
-	msg.MetaSetMut(metaTimestampMs, r.Timestamp.UnixMilli())
+	msg.MetaSetMut(msgmeta.KafkaTopic, topic)
+	msg.MetaSetMut(msgmeta.KafkaPartition, partition)
+	msg.MetaSetMut(msgmeta.KafkaOffset, r.Offset)
+	msg.MetaSetMut(msgmeta.KafkaTimestampMs, r.Timestamp.UnixMilli())
 	return msg
 }

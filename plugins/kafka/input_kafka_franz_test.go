@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 )
 
@@ -419,7 +420,7 @@ func TestInputMessages(t *testing.T) {
 	c.Produce(t,
 		&kgo.Record{Topic: topic, Key: []byte("k1"), Value: []byte(`{"a":1}`), Timestamp: ts, Headers: []kgo.RecordHeader{
 			{Key: "trace", Value: []byte("abc")},
-			{Key: metaTopic, Value: []byte("spoofed")},
+			{Key: msgmeta.KafkaTopic, Value: []byte("spoofed")},
 		}},
 		&kgo.Record{Topic: topic, Key: []byte("k2"), Value: nil, Timestamp: ts},   // tombstone
 		&kgo.Record{Topic: topic, Value: []byte{}, Timestamp: ts},                 // empty, no key
@@ -448,8 +449,8 @@ func TestInputMessages(t *testing.T) {
 
 	m0 := byOffset[0]
 	for k, want := range map[string]string{
-		metaKey: "k1", metaTopic: topic, metaPartition: "0", metaOffset: "0",
-		metaTimestampMs: "1779330600123", "trace": "abc",
+		msgmeta.KafkaKey: "k1", msgmeta.KafkaTopic: topic, msgmeta.KafkaPartition: "0", msgmeta.KafkaOffset: "0",
+		msgmeta.KafkaTimestampMs: "1779330600123", "trace": "abc",
 	} {
 		if got, ok := meta(m0, k); !ok || got != want {
 			t.Errorf("metadata %s = %q (present %v), want %q", k, got, ok, want)
@@ -461,13 +462,13 @@ func TestInputMessages(t *testing.T) {
 	if len(body(byOffset[1])) != 0 {
 		t.Errorf("tombstone body = %q, want empty", body(byOffset[1]))
 	}
-	if k, _ := meta(byOffset[1], metaKey); k != "k2" {
+	if k, _ := meta(byOffset[1], msgmeta.KafkaKey); k != "k2" {
 		t.Errorf("tombstone key = %q, want k2", k)
 	}
 	if len(body(byOffset[2])) != 0 {
 		t.Errorf("empty value body = %q, want empty", body(byOffset[2]))
 	}
-	if _, ok := meta(byOffset[2], metaKey); ok {
+	if _, ok := meta(byOffset[2], msgmeta.KafkaKey); ok {
 		t.Error("kafka_key is set for a record without a key")
 	}
 	if !bytes.Equal(body(byOffset[3]), big) {

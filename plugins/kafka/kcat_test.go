@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 )
 
@@ -241,7 +242,7 @@ func consumeAndCompare(t *testing.T, c *kafkatest.Cluster, topic string, want ma
 	defer s.mu.Unlock()
 	got := map[string]bool{}
 	for _, m := range s.msgs {
-		key, _ := m.MetaGet(metaKey)
+		key, _ := m.MetaGet(msgmeta.KafkaKey)
 		w, ok := want[key]
 		if !ok {
 			t.Errorf("message with unexpected key %q", key)
@@ -251,7 +252,7 @@ func consumeAndCompare(t *testing.T, c *kafkatest.Cluster, topic string, want ma
 		if b, _ := m.AsBytes(); string(b) != w.value {
 			t.Errorf("message %s: value %q, want %q", key, b, w.value)
 		}
-		for h, v := range map[string]string{"codec": w.codec, "trace": "t-" + w.codec, metaTopic: topic} {
+		for h, v := range map[string]string{"codec": w.codec, "trace": "t-" + w.codec, msgmeta.KafkaTopic: topic} {
 			if g, _ := m.MetaGet(h); g != v {
 				t.Errorf("message %s: metadata %s = %q, want %q", key, h, g, v)
 			}
