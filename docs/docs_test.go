@@ -134,13 +134,8 @@ var notMetrics = map[string]string{
 // event, because their labels' values are only known then; each should be
 // pre-created at 0 by the plugin that owns it, and removed from here.
 var eventOnly = map[string]string{
-	"forwarder_attempts_total":             "plugins/httpforwarder (api_type × outcome)",
-	"forwarder_forward_latency_seconds":    "plugins/httpforwarder (api_type)",
-	"forwarder_end_to_end_latency_seconds": "plugins/httpforwarder (api_type)",
-	"forwarder_mapping_errors_total":       "plugins/httpforwarder (api_type)",
-	"forwarder_rows_persisted_total":       "plugins/outbox (status)",
-	"forwarder_missing_message_id_total":   "plugins/outbox (no labels: Incr(0) at start would do)",
-	"forwarder_direct_rows_total":          "plugins/dispatch (no labels: Incr(0) at start would do)",
+	// Partitions are only known once assigned; a fresh group has none.
+	"forwarder_kafka_consumer_lag": "plugins/kafka (topic × partition)",
 }
 
 // documentedMetrics are the forwarder_* names the pages write in code

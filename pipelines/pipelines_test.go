@@ -70,7 +70,7 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// run runs the binary in dir with the environment the CONTRACT promises lint
+// run runs the binary in dir with the environment the docs promise lint
 // works in: no credentials, and PLATFORM_TZ at its default.
 func run(t *testing.T, dir string, args ...string) (string, int) {
 	t.Helper()

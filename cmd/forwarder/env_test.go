@@ -133,11 +133,15 @@ func TestEnvironmentErrors(t *testing.T) {
 		}
 	})
 
-	t.Run("HeldRowsAboveWhatTheLeaseAllowsWarns", func(t *testing.T) {
+	t.Run("ALeaseARequestCouldOutliveIsRefused", func(t *testing.T) {
 		t.Parallel()
-		out, err := runAtRoot(t, []string{"OUTBOX_MAX_UNACKED=100000"}, lint...)
-		if err != nil || !strings.Contains(out, "warning: OUTBOX_MAX_UNACKED=100000 is above FORWARD_MAX_IN_FLIGHT × CLAIM_LEASE / FORWARD_TIMEOUT = 100 × 1m0s / 10s = 600") {
-			t.Errorf("lint with OUTBOX_MAX_UNACKED=100000: err %v, want a warning with the limit:\n%s", err, out)
+		out, err := runAtRoot(t, []string{"CLAIM_LEASE=5s", "FORWARD_TIMEOUT=5s"}, lint...)
+		if err == nil || !strings.Contains(out, "CLAIM_LEASE=5s must exceed FORWARD_TIMEOUT=5s: set CLAIM_LEASE to at least 6s") {
+			t.Errorf("lint with CLAIM_LEASE=FORWARD_TIMEOUT: err %v, want the lease refused naming both variables:\n%s", err, out)
+		}
+		// Any held row count is fine: held rows keep their leases.
+		if out, err := runAtRoot(t, []string{"OUTBOX_MAX_UNACKED=100000"}, lint...); err != nil {
+			t.Errorf("lint with OUTBOX_MAX_UNACKED=100000: %v\n%s", err, out)
 		}
 	})
 }

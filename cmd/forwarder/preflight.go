@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -33,9 +32,6 @@ func preflight(c *cli.Context) error {
 		return nil
 	}
 	res := envcheck.Check(envcheck.Scan(files...), mode, os.Getenv)
-	for _, w := range res.Warnings {
-		fmt.Fprintf(c.App.ErrWriter, "warning: %s\n", w)
-	}
 	if len(res.Problems) == 0 {
 		return nil
 	}

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -23,8 +21,6 @@ const (
 type Result struct {
 	// Problems stop the command: each names its variable.
 	Problems []error
-	// Warnings are printed and let the command go on.
-	Warnings []string
 }
 
 // Err joins the problems into one error, nil when there are none.
@@ -58,17 +54,19 @@ func Check(refs Refs, mode Mode, getenv func(string) string) Result {
 			res.Problems = append(res.Problems, fmt.Errorf("%w (%s)", err, ref.File))
 		}
 	}
-	if w := heldRowsWarning(refs, getenv); w != "" {
-		res.Warnings = append(res.Warnings, w)
+	if err := leaseProblem(refs, getenv); err != nil {
+		res.Problems = append(res.Problems, err)
 	}
 	return res
 }
 
-// heldRowsWarning warns when the dispatcher may hold more rows than the
-// output can send within their lease: OUTBOX_MAX_UNACKED above
-// FORWARD_MAX_IN_FLIGHT × CLAIM_LEASE / FORWARD_TIMEOUT, the values being
-// the environment's or the file's defaults.
-func heldRowsWarning(refs Refs, getenv func(string) string) string {
+// leaseProblem refuses a claim lease that a request could outlive:
+// CLAIM_LEASE must exceed FORWARD_TIMEOUT, the values being the
+// environment's or the file's defaults. The dispatcher renews the leases of
+// the rows it holds, so the lease only bounds how long a crashed instance's
+// rows wait; below the request timeout another instance would take them
+// while their requests may still be under way.
+func leaseProblem(refs Refs, getenv func(string) string) error {
 	value := func(name string) (string, bool) {
 		ref, ok := refs[name]
 		if !ok {
@@ -79,26 +77,15 @@ func heldRowsWarning(refs Refs, getenv func(string) string) string {
 		}
 		return ref.Default, ref.Default != ""
 	}
-	held, ok1 := value("OUTBOX_MAX_UNACKED")
-	inFlight, ok2 := value("FORWARD_MAX_IN_FLIGHT")
-	lease, ok3 := value("CLAIM_LEASE")
-	timeout, ok4 := value("FORWARD_TIMEOUT")
-	if !ok1 || !ok2 || !ok3 || !ok4 {
-		return ""
+	lease, ok1 := value("CLAIM_LEASE")
+	timeout, ok2 := value("FORWARD_TIMEOUT")
+	if !ok1 || !ok2 {
+		return nil
 	}
-	h, err1 := strconv.Atoi(held)
-	n, err2 := strconv.Atoi(inFlight)
-	l, err3 := time.ParseDuration(lease)
-	t, err4 := time.ParseDuration(timeout)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || t <= 0 || n < 1 {
-		return "" // reported as problems, or not ours to judge
+	l, err1 := time.ParseDuration(lease)
+	t, err2 := time.ParseDuration(timeout)
+	if err1 != nil || err2 != nil || l > t {
+		return nil // reported as problems of their own, or fine
 	}
-	limit := int64(n) * int64(l) / int64(t)
-	if int64(h) <= limit {
-		return ""
-	}
-	return strings.Join([]string{
-		fmt.Sprintf("OUTBOX_MAX_UNACKED=%d is above FORWARD_MAX_IN_FLIGHT × CLAIM_LEASE / FORWARD_TIMEOUT = %d × %s / %s = %d:", h, n, l, t, limit),
-		"rows held beyond that may not be sent within their lease when the platform is slow (docs/configuration.md)",
-	}, " ")
+	return fmt.Errorf("CLAIM_LEASE=%s must exceed FORWARD_TIMEOUT=%s: set CLAIM_LEASE to at least %s", lease, timeout, t+time.Second)
 }

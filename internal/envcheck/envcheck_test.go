@@ -208,8 +208,8 @@ input:
 	}
 
 	res := Check(refs, Lint, env())
-	if res.Err() != nil || len(res.Warnings) != 0 {
-		t.Errorf("lint with nothing set: %v %v", res.Err(), res.Warnings)
+	if res.Err() != nil {
+		t.Errorf("lint with nothing set: %v", res.Err())
 	}
 	res = Check(refs, Run, env())
 	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "PLATFORM_ACCESS_NAME is not set") || !strings.Contains(err.Error(), "PLATFORM_ACCESS_PWD is not set") {
@@ -220,13 +220,12 @@ input:
 		t.Errorf("run with FORWARD_TIMEOUT=abc: %v", err)
 	}
 
-	// The warning takes the file's defaults for what is not set: 100 × 60s / 10s.
-	res = Check(refs, Lint, env("OUTBOX_MAX_UNACKED=601"))
-	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "= 600") {
-		t.Errorf("601 held rows: warnings %v", res.Warnings)
+	// The lease check takes the file's defaults for what is not set (10s).
+	res = Check(refs, Lint, env("CLAIM_LEASE=10s"))
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "CLAIM_LEASE=10s must exceed FORWARD_TIMEOUT=10s: set CLAIM_LEASE to at least 11s") {
+		t.Errorf("a lease equal to the timeout: %v", err)
 	}
-	res = Check(refs, Lint, env("OUTBOX_MAX_UNACKED=1200", "CLAIM_LEASE=120s"))
-	if len(res.Warnings) != 0 {
-		t.Errorf("1200 held rows with a 120 s lease: warnings %v", res.Warnings)
+	if res = Check(refs, Lint, env("CLAIM_LEASE=3s", "FORWARD_TIMEOUT=2s")); res.Err() != nil {
+		t.Errorf("a lease a second above the timeout: %v", res.Err())
 	}
 }

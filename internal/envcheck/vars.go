@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -56,6 +58,8 @@ const (
 	Zone
 	// PostgresDSN is a libpq connection string, URL or key=value.
 	PostgresDSN
+	// ByteSize is a size such as 64MiB or 1048576, or 0.
+	ByteSize
 )
 
 // Var is a known environment variable.
@@ -97,6 +101,7 @@ var Vars = []Var{
 	{Name: "CLAIM_LEASE", Kind: Duration, Example: "60s"},
 	{Name: "OUTBOX_BATCH_SIZE", Kind: PositiveInt, Example: "300"},
 	{Name: "OUTBOX_MAX_UNACKED", Kind: PositiveInt, Example: "600"},
+	{Name: "OUTBOX_MAX_UNACKED_BYTES", Kind: ByteSize, Example: "64MiB"},
 	{Name: "OUTBOX_RETENTION", Kind: DurationDays, Example: "7d"},
 	{Name: "DEAD_LETTER_POLL_INTERVAL", Kind: Duration, Example: "5s"},
 	{Name: "LOG_LEVEL", Kind: LogLevel, Options: logLevels},
@@ -193,6 +198,10 @@ func (v Var) problem(value string) string {
 	case Zone:
 		if _, err := time.LoadLocation(value); err != nil {
 			return "not a time zone name" + eg
+		}
+	case ByteSize:
+		if _, err := humanize.ParseBytes(value); err != nil {
+			return "not a byte size" + eg
 		}
 	case PostgresDSN:
 		// pgconn's error quotes the string, password and all: only say

@@ -10,7 +10,7 @@ package outboxdb
 // Status is the life-cycle state of a forward_records row.
 type Status string
 
-// Row statuses (CONTRACT §8).
+// Row statuses (docs/architecture.md#database).
 const (
 	StatusPending    Status = "PENDING"
 	StatusInProgress Status = "IN_PROGRESS"

@@ -161,7 +161,7 @@ var ensured sync.Map // database identity -> struct{}
 
 // EnsureSchema migrates the database behind pool once per process: every
 // component that touches the outbox calls it when it connects (the schema is
-// created or upgraded on start, CONTRACT §3). Concurrent callers, here or in
+// created or upgraded on start, docs/architecture.md). Concurrent callers, here or in
 // other instances, serialise on Migrate's advisory lock. A failure is not
 // remembered, so the next Connect tries again; ErrSchemaTooNew keeps failing
 // until the binary is upgraded.

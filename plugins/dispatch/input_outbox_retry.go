@@ -15,6 +15,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
@@ -306,7 +307,7 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		return nil, err
 	}
 	m := mgr.Metrics()
-	in.d, err = dispatch.NewDispatcher(hub, cfg, mgr.Logger(), dispatch.DispatcherMetrics{
+	dm := dispatch.DispatcherMetrics{
 		Claimed:   m.NewCounter(metricClaimedRows),
 		BatchSize: m.NewGauge(metricClaimBatchSize),
 		Direct:    m.NewCounter(metricDirectRows),
@@ -316,7 +317,15 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		Compensated:         m.NewCounter(metricCompensated),
 		CompensationWaiting: m.NewGauge(metricCompWaiting),
 		Frozen:              m.NewGauge(metricFrozen),
-	})
+	}
+	// Every series at 0 from the start (internal/metricseries).
+	for _, c := range []*service.MetricCounter{dm.Claimed, dm.Direct, dm.Renewed, dm.Lost, dm.Compensated} {
+		metricseries.Counter(c)
+	}
+	for _, g := range []*service.MetricGauge{dm.BatchSize, dm.CompensationWaiting, dm.Frozen} {
+		g.Set(0)
+	}
+	in.d, err = dispatch.NewDispatcher(hub, cfg, mgr.Logger(), dm)
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// backoff is the retry schedule (CONTRACT §6): the delay before attempt n+1
+// backoff is the retry schedule (docs/configuration.md#platform-responses): the delay before attempt n+1
 // is min(initial × multiplier^(n−1), max), moved by up to ±jitter of itself
 // and never beyond max.
 type backoff struct {
@@ -52,7 +52,7 @@ func retryAfter(v string, now time.Time) (d time.Duration, ok bool) {
 }
 
 // honoursRetryAfter says whether a status's Retry-After replaces the
-// computed delay (CONTRACT §6: 429 and 503).
+// computed delay (429 and 503, docs/configuration.md#platform-responses).
 func honoursRetryAfter(status int) bool {
 	return status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/lograte"
+	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
@@ -391,16 +392,25 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	h.mEndToEnd = m.NewTimer("forwarder_end_to_end_latency_seconds", "api_type")
 	h.mMappingErrors = m.NewCounter("forwarder_mapping_errors_total", "api_type")
 	h.mReturned = m.NewCounter("forwarder_claims_returned_total", "reason")
+	// Every series at 0 from the start (internal/metricseries).
+	apiTypes := metricseries.Product([]string{outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat})
+	metricseries.Counter(h.mAttempts, metricseries.Product([]string{outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat}, outcomes)...)
+	metricseries.Timer(h.mLatency, apiTypes...)
+	metricseries.Timer(h.mEndToEnd, apiTypes...)
+	metricseries.Counter(h.mMappingErrors, apiTypes...)
+	metricseries.Counter(h.mReturned, metricseries.Product([]string{returnedLease, returnedStopping, returnedLost, returnedBreaker})...)
 	gateCfg, err := parseGate(conf, maxInFlight)
 	if err != nil {
 		return nil, err
 	}
+	probes := m.NewCounter("forwarder_platform_probes_total", "result")
 	h.gate = dispatch.NewGate(gateCfg, h.log, dispatch.GateMetrics{
 		State:  m.NewGauge("forwarder_platform_breaker_state"),
 		Limit:  m.NewGauge("forwarder_platform_concurrency_limit"),
 		Free:   m.NewGauge("forwarder_semaphore_available_permits"),
-		Probes: m.NewCounter("forwarder_platform_probes_total", "result"),
+		Probes: probes,
 	})
+	metricseries.Counter(probes, metricseries.Product([]string{"healthy", "unavailable"})...)
 	h.hub.SetGate(h.gate)
 	h.returns = lograte.New(h.log, 10*time.Second)
 	return h, nil

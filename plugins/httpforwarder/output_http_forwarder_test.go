@@ -16,7 +16,7 @@ import (
 )
 
 // TestResponseClasses sends one claimed row (first attempt of three) to a
-// platform answering each response class of CONTRACT §6 and checks the row
+// platform answering each response class of docs/configuration.md#platform-responses and checks the row
 // and its attempt log.
 func TestResponseClasses(t *testing.T) {
 	t.Parallel()

@@ -14,7 +14,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 )
 
-// Outcomes a rule can give to a platform response (CONTRACT §6).
+// Outcomes a rule can give to a platform response (docs/configuration.md#platform-responses).
 const (
 	outcomeSuccess   = "success"   // delivered: SUCCESS
 	outcomeDuplicate = "duplicate" // delivered before: SUCCESS
@@ -24,7 +24,7 @@ const (
 
 var outcomes = []string{outcomeSuccess, outcomeDuplicate, outcomeNoRetry, outcomeRetry}
 
-// defaultRules implement CONTRACT §6. The first matching rule wins; a
+// defaultRules implement the platform's documented replies (docs/configuration.md#platform-responses). The first matching rule wins; a
 // response no rule matches is retried.
 var defaultRules = []ruleSpec{
 	{When: `status >= 200 && status < 300 && body?.errcode in ["4", 4]`, Outcome: outcomeDuplicate},

@@ -7,13 +7,13 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 )
 
-// BenchmarkMappingFileVehicleEvent maps the CONTRACT §4 vehicle event with the
+// BenchmarkMappingFileVehicleEvent maps the documented vehicle event (mappings/README.md) with the
 // shipped mapping, one message per batch as the forwarder sends them.
 func BenchmarkMappingFileVehicleEvent(b *testing.B) {
 	benchmarkMappingFile(b, "../../mappings/vehicle_event.blobl", `{"messageId": "8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11", "deviceId": "CAM-0001", "parkCode": "P1001", "berthCode": "B-012", "itemId": 73421, "plateNo": "粤B12345", "plateColor": 1, "inoutType": 1, "inoutTime": 1779330600000, "plateCredible": 0.854, "pictures": [{"picType": 1, "picUrl": "jieshun/2026/05/21/P1001/a.jpg"}, {"picType": 3, "picUrl": "/jieshun/2026/05/21/P1001/b.jpg"}]}`)
 }
 
-// BenchmarkMappingFileHeartbeat maps the CONTRACT §4 heartbeat with the
+// BenchmarkMappingFileHeartbeat maps the documented heartbeat (mappings/README.md) with the
 // shipped mapping.
 func BenchmarkMappingFileHeartbeat(b *testing.B) {
 	benchmarkMappingFile(b, "../../mappings/heartbeat.blobl", `{"messageId": "0d5c8a9e-3f1b-4c55-8b52-2f7e1a9c4d60", "deviceId": "CAM-0001", "parkCode": "P1001", "berthCode": "B-012", "captureTime": 1779330900000, "picType": 3, "picUrl": "jieshun/2026/05/21/P1001/hb.jpg"}`)

@@ -12,7 +12,7 @@ import (
 
 const (
 	// platformTZEnv names the zone the platform expects event times in
-	// (CONTRACT §3); unset or empty means defaultPlatformTZ.
+	// (docs/configuration.md); unset or empty means defaultPlatformTZ.
 	platformTZEnv     = "PLATFORM_TZ"
 	defaultPlatformTZ = "Asia/Shanghai"
 )

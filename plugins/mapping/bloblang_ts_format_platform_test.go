@@ -44,7 +44,7 @@ func mustJSON(t *testing.T, in string) any {
 const platformLayout = "2006-01-02 15:04:05"
 
 func TestTsFormatPlatform(t *testing.T) {
-	// The CONTRACT §4 event time, 2026-05-21 02:30:00.999 UTC.
+	// The documented example's event time, 2026-05-21 02:30:00.999 UTC.
 	const event = `{"t": 1779330600.999}`
 
 	for _, tc := range []struct {

@@ -19,6 +19,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
@@ -213,7 +214,7 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		retryMax:     retryMax,
 		chunkBytes:   defaultChunkBytes,
 		mMissingID:   mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
-		mPersisted:   mgr.Metrics().NewCounter("forwarder_rows_persisted_total", "status"),
+		mPersisted:   persistedCounter(mgr),
 	}
 	var err error
 	if conf.Contains(opFieldKey) {
@@ -265,6 +266,7 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		return nil, fmt.Errorf("field %s: must be at least 1, got %d", opFieldMaxPayloadBytes, p.maxPayload)
 	}
 
+	metricseries.Counter(p.mMissingID)
 	if p.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
 		return nil, err
 	}
@@ -275,6 +277,14 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		return nil, err
 	}
 	return p, nil
+}
+
+// persistedCounter counts new rows by status, served at 0 for both from the
+// start.
+func persistedCounter(mgr *service.Resources) *service.MetricCounter {
+	c := mgr.Metrics().NewCounter("forwarder_rows_persisted_total", "status")
+	metricseries.Counter(c, metricseries.Product([]string{string(outboxdb.StatusPending), string(outboxdb.StatusFailed)})...)
+	return c
 }
 
 func validAPIType(t string) bool {

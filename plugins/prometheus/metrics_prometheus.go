@@ -416,7 +416,14 @@ type promTimer struct {
 	scale float64
 }
 
-func (p promTimer) Timing(ns int64) { p.o.Observe(float64(ns) * p.scale) }
+// Timing observes a duration. A negative one, which no measurement gives,
+// only creates the series: components use it to export their histograms at
+// 0 before the first event (internal/metricseries).
+func (p promTimer) Timing(ns int64) {
+	if ns >= 0 {
+		p.o.Observe(float64(ns) * p.scale)
+	}
+}
 
 type noopMetric struct{}
 

@@ -14,7 +14,7 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-// Names of the outbox record gauges (CONTRACT §10, docs/components.md).
+// Names of the outbox record gauges (docs/components.md).
 const (
 	metricRecordsPending     = "forwarder_records_pending"
 	metricRecordsInProgress  = "forwarder_records_in_progress"

@@ -23,7 +23,7 @@ import (
 )
 
 // The two baselines the forwarder is compared with. Both read the same
-// CONTRACT §3 environment as the forwarder, write the same tables and send
+// environment as the forwarder (docs/configuration.md), write the same tables and send
 // the same requests; each runs in its own process (`bench baseline -mode
 // naive|batched`), started by the bench and stopped with SIGTERM.
 
@@ -133,7 +133,7 @@ func runBaseline(ctx context.Context, args []string) error {
 	return err
 }
 
-// outcome is the result of one POST, classified as CONTRACT §6 says.
+// outcome is the result of one POST, classified as docs/configuration.md#platform-responses says.
 type outcome struct {
 	status     outboxdb.Status
 	httpStatus *int32

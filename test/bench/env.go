@@ -253,7 +253,7 @@ func (env *benchEnv) dropDB(ctx context.Context, name string) {
 	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
-// consumerEnv is the CONTRACT §3 environment of one run, given to the
+// consumerEnv is the documented environment (docs/configuration.md) of one run, given to the
 // forwarder and to the baselines alike.
 func (env *benchEnv) consumerEnv(dsn, platformURL, group, vehicle, heartbeat string) map[string]string {
 	return map[string]string{

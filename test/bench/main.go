@@ -3,7 +3,7 @@
 // local mock platform, in one run (`make bench`):
 //
 //   - forwarder: the real bin/forwarder -c pipelines/forwarder.yaml as a
-//     child process, with the CONTRACT §3 environment;
+//     child process, with the documented environment (docs/configuration.md);
 //   - naive: the textbook outbox forwarder, per message a transaction for
 //     the insert, a POST and a transaction for the result, on 32 workers;
 //   - batched: a hand-batched loop, per 500 messages one unnest insert, an

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// The baselines' mapping: CONTRACT §5 written by hand in Go, the way a
+// The baselines' mapping: the field rules of mappings/README.md written by hand in Go, the way a
 // textbook forwarder would, with encoding/json. It is not the product's
 // mapping (mappings/*.blobl); it exists so that the baselines send the same
 // requests as the forwarder, and it is cheaper than Bloblang, which favours

@@ -28,10 +28,10 @@ func load(full, short int) int {
 // moments while it ingests and delivers a realistic load (with Kafka
 // duplicates, malformed messages and messages without a messageId),
 // restarting it each time. Every message must end delivered or FAILED with
-// its reason, and no row may be left PENDING or IN_PROGRESS (CONTRACT §9.1,
+// its reason, and no row may be left PENDING or IN_PROGRESS (docs/guarantees.md #1,
 // §9.3). Duplicate deliveries (a request the crash cut short, sent again)
 // are allowed and reported. Every restart, the last one included, must
-// resume within 15 s of its kill (CONTRACT §11): the time from the SIGKILL
+// resume within 15 s of its kill (docs/guarantees.md #8): the time from the SIGKILL
 // to the moment the group is Stable with the new instance as its only member
 // and every partition assigned to it. Most of it is the 10 s session timeout
 // that expires the killed member.
@@ -92,7 +92,7 @@ func TestKillNineUnderLoad(t *testing.T) {
 	t.Logf("kill -9 x%d under %d messages: %s; settled %s after the first message; "+
 		"time from each kill to the restarted instance owning every partition: %s",
 		kills, n, r, time.Since(start).Round(time.Millisecond), summary(resumes))
-	// CONTRACT §11: a restarted instance resumes consuming within 15 s (the
+	// docs/guarantees.md #8: a restarted instance resumes consuming within 15 s (the
 	// pipeline's 10 s session timeout expires the killed member).
 	if len(resumes) != kills {
 		t.Fatalf("%d restarts timed, want %d", len(resumes), kills)
@@ -104,7 +104,7 @@ func TestKillNineUnderLoad(t *testing.T) {
 	}
 }
 
-// resumeBound is CONTRACT §11's bound on how soon a restarted instance
+// resumeBound is docs/guarantees.md #8's bound on how soon a restarted instance
 // consumes again.
 const resumeBound = 15 * time.Second
 
@@ -147,7 +147,7 @@ func (s *stack) waitOwner(dead map[string]bool, since time.Time, within time.Dur
 
 // TestOrphanedClaimsReclaimed crashes a forwarder while its requests are in
 // flight: the rows it held stay IN_PROGRESS until their lease runs out, and
-// then another instance claims them again (CONTRACT §9.3, §11), never
+// then another instance claims them again (docs/guarantees.md #3), never
 // before the lease has expired. The time from the crash to each reclaim is
 // reported.
 func TestOrphanedClaimsReclaimed(t *testing.T) {
@@ -242,7 +242,7 @@ func TestOrphanedClaimsReclaimed(t *testing.T) {
 
 // TestSigtermUnderLoad stops a busy forwarder with SIGTERM: it must exit by
 // itself with status 0 (Benthos exits 1 when its shutdown timeout runs out)
-// and leave none of its claims IN_PROGRESS (CONTRACT §9.7, §11). A restarted
+// and leave none of its claims IN_PROGRESS (docs/guarantees.md #7). A restarted
 // instance then finishes the work: nothing is lost.
 func TestSigtermUnderLoad(t *testing.T) {
 	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 20 * time.Millisecond, LatencyJitter: 200 * time.Millisecond}})

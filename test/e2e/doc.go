@@ -1,5 +1,5 @@
 // Package e2e holds the end-to-end reliability suite of the forwarder
-// (CONTRACT §9): the real bin/forwarder -c pipelines/forwarder.yaml run as
+// (docs/guarantees.md): the real bin/forwarder -c pipelines/forwarder.yaml run as
 // child processes against a real PostgreSQL (internal/testsupport/pgtest), an in-process
 // Kafka broker (kfake, living in the test process so it outlives the
 // forwarders it serves) and the mock platform (internal/dev/mockplatform). The

@@ -13,7 +13,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 )
 
-// vehicleJSON is a valid vehicle event (CONTRACT §4) with edit applied.
+// vehicleJSON is a valid vehicle event (mappings/README.md) with edit applied.
 func vehicleJSON(id string, edit func(m map[string]any)) []byte {
 	m := map[string]any{
 		"messageId": id, "deviceId": "CAM-0001", "parkCode": "P1001", "berthCode": "B-012",
@@ -34,7 +34,7 @@ func vehicleJSON(id string, edit func(m map[string]any)) []byte {
 	return b
 }
 
-// heartbeatJSON is a valid heartbeat (CONTRACT §4) with edit applied.
+// heartbeatJSON is a valid heartbeat (mappings/README.md) with edit applied.
 func heartbeatJSON(id string, edit func(m map[string]any)) []byte {
 	m := map[string]any{
 		"messageId": id, "deviceId": "CAM-0001", "parkCode": "P1001", "berthCode": "B-012",
@@ -51,7 +51,7 @@ func heartbeatJSON(id string, edit func(m map[string]any)) []byte {
 }
 
 // TestMalformedInput sends one message of each kind the forwarder cannot
-// forward (CONTRACT §7, §11): not JSON, empty, a tombstone, a JSON array or
+// forward (docs/guarantees.md #10): not JSON, empty, a tombstone, a JSON array or
 // string, invalid UTF-8, 2 MiB of broken JSON, and each mapping error. Each
 // must become a FAILED row whose last_error names the problem, and never be
 // sent; the good messages behind them in the same partitions (a 2 MiB one

@@ -109,7 +109,7 @@ func TestPostgresCrashLosesNothing(t *testing.T) {
 }
 
 // TestPlatformHang makes the platform accept connections and never answer.
-// Ingestion must go on regardless (CONTRACT §9.2): every message persisted
+// Ingestion must go on regardless (docs/guarantees.md #2): every message persisted
 // and the consumer group's offsets committed up to the end of every
 // partition while nothing at all has been delivered. Once the platform
 // answers again, everything is delivered.

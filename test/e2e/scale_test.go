@@ -12,10 +12,10 @@ import (
 )
 
 // TestThreeInstances starts three forwarders at the same moment on one
-// empty database (they race to create the schema, CONTRACT §3) and one
+// empty database (they race to create the schema, docs/architecture.md) and one
 // consumer group. Every message is delivered exactly once: SKIP LOCKED
 // claims and the leases keep any two instances from sending the same row
-// (CONTRACT §9.4).
+// (docs/guarantees.md #4).
 func TestThreeInstances(t *testing.T) {
 	// No instance dies here, so a long lease costs nothing; the stack's 3 s
 	// lease is for the crash scenarios, and three forwarders on two starved

@@ -12,7 +12,7 @@ import (
 )
 
 // TestPasswordNeverLeaks provokes every path that might print or store the
-// platform password (CONTRACT §3, DESIGN invariant 6) and then searches for
+// platform password (docs/guarantees.md #11) and then searches for
 // it in every log line of every process and in every text or binary column
 // of both outbox tables: start-up with a config the forwarder rejects,
 // debug logging, 401 answers to a wrong password, transient platform

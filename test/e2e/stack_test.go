@@ -163,7 +163,7 @@ func (s *stack) start(name string, extra map[string]string) *proc {
 }
 
 // checkLogsForPassword fails the test if any process ever wrote the
-// platform password (CONTRACT §3: never logged).
+// platform password (docs/guarantees.md #11: never logged).
 func (s *stack) checkLogsForPassword() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -82,7 +82,7 @@ type Config struct {
 	// free port.
 	HTTPAddr string
 	// Env overrides or adds to the forwarder's environment (for example
-	// FORWARD_MAX_ATTEMPTS). The stack sets the CONTRACT §3 variables, and
+	// FORWARD_MAX_ATTEMPTS). The stack sets the documented variables, and
 	// FORWARD_RETRY_INITIAL=1s and FORWARD_RETRY_MAX=30s so retries show.
 	Env map[string]string
 	// NoForwarder starts everything but the forwarder (see StartForwarder).

@@ -1,5 +1,5 @@
 // Package eventgen makes realistic parking-camera traffic: vehicle in/out
-// events and heartbeats in the formats of CONTRACT §4, with unique
+// events and heartbeats in the documented formats (mappings/README.md), with unique
 // messageIds, plus a configurable share of duplicates (earlier messages sent
 // again byte for byte, as Kafka producers retrying do) and of malformed
 // messages (not JSON, a JSON array, a bad inoutType, a missing required
@@ -19,7 +19,7 @@ import (
 	"time"
 )
 
-// Default topics (CONTRACT §3).
+// Default topics (docs/configuration.md).
 const (
 	DefaultVehicleTopic   = "device-vehicle-event"
 	DefaultHeartbeatTopic = "device-heartbeat"
@@ -93,7 +93,7 @@ func (m Message) Malformed() bool { return !m.Deliverable() && m.Flaw != FlawDup
 
 // SourceConfig configures a Source.
 type SourceConfig struct {
-	// VehicleTopic and HeartbeatTopic default to the CONTRACT's topics.
+	// VehicleTopic and HeartbeatTopic default to the documented topics.
 	VehicleTopic, HeartbeatTopic string
 	// DuplicateRate is the share of messages that repeat an earlier good
 	// message byte for byte.
@@ -252,7 +252,7 @@ func (s *Source) malformed(kind Kind, flaw Flaw) Message {
 	return m
 }
 
-// The required fields of CONTRACT §11.
+// The required fields (mappings/README.md).
 var (
 	vehicleRequired   = []string{"deviceId", "parkCode", "berthCode", "plateNo", "inoutType", "inoutTime"}
 	heartbeatRequired = []string{"deviceId", "parkCode", "berthCode", "captureTime", "picType", "picUrl"}
@@ -360,7 +360,7 @@ func (s *Source) uuid() string {
 }
 
 // object is a JSON object that keeps its field order, so messages read like
-// the CONTRACT's examples.
+// the documented examples.
 type object struct {
 	keys   []string
 	vals   map[string]any

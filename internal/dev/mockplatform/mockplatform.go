@@ -1,5 +1,5 @@
 // Package mockplatform is a stand-in for the parking platform's HTTP API
-// (CONTRACT §5, §6), for the dev stack, the end-to-end tests and the
+// (mappings/README.md, docs/configuration.md#platform-responses), for the dev stack, the end-to-end tests and the
 // benchmarks.
 //
 // It behaves like the real platform: the first request for a message_id is
@@ -51,7 +51,7 @@ const (
 // maxBody matches the largest message the forwarder consumes.
 const maxBody = 16 << 20
 
-// requiredFields are the request fields CONTRACT §5 always sends; a request
+// requiredFields are the request fields the mappings always send; a request
 // without one of them is answered 400, so a mapping bug shows up as errors.
 var requiredFields = map[string][]string{
 	PathBusiness:  {"message_id", "device_id", "park_code", "berth_code", "plate_no", "enter_state", "event_time", "credibility", "pictures"},
