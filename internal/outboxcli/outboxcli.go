@@ -32,6 +32,9 @@ func Command() *cli.Command {
 			statsCommand(),
 			requeueCommand(),
 			purgeCommand(),
+			showCommand(),
+			findCommand(),
+			consoleCommand(),
 		},
 	}
 }

@@ -407,9 +407,32 @@ func showArgs(ref string) []any {
 // ShowRecord reads the row whose message_key is ref, or, when ref is a
 // number and no key matches, whose id is ref, with its attempt log.
 func ShowRecord(ctx context.Context, db TxBeginner, ref string, opts LookupOptions) (RecordView, error) {
+	v, err := showRecord(ctx, db, opts, showArgs(ref))
+	if err != nil {
+		if errors.Is(err, ErrNoRecord) {
+			return v, fmt.Errorf("%w with message_key or id %q", ErrNoRecord, ref)
+		}
+		return v, fmt.Errorf("reading row %q: %w", ref, err)
+	}
+	return v, nil
+}
+
+// ShowRecordByID is ShowRecord by id only.
+func ShowRecordByID(ctx context.Context, db TxBeginner, id int64, opts LookupOptions) (RecordView, error) {
+	v, err := showRecord(ctx, db, opts, []any{nil, id})
+	if err != nil {
+		if errors.Is(err, ErrNoRecord) {
+			return v, fmt.Errorf("%w with id %d", ErrNoRecord, id)
+		}
+		return v, fmt.Errorf("reading row %d: %w", id, err)
+	}
+	return v, nil
+}
+
+func showRecord(ctx context.Context, db TxBeginner, opts LookupOptions, args []any) (RecordView, error) {
 	var v RecordView
 	err := ReadOnly(ctx, db, opts, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, showSQL, showArgs(ref)...)
+		rows, err := tx.Query(ctx, showSQL, args...)
 		if err != nil {
 			return err
 		}
@@ -439,11 +462,5 @@ func ShowRecord(ctx context.Context, db TxBeginner, ref string, opts LookupOptio
 		}
 		return nil
 	})
-	if err != nil {
-		if errors.Is(err, ErrNoRecord) {
-			return v, fmt.Errorf("%w with message_key or id %q", ErrNoRecord, ref)
-		}
-		return v, fmt.Errorf("reading row %q: %w", ref, err)
-	}
-	return v, nil
+	return v, err
 }
