@@ -67,7 +67,7 @@ var funcs = template.FuncMap{
 		return strconv.FormatFloat(float64(n)/float64(window), 'f', 1, 64)
 	},
 	"lower": strings.ToLower,
-	"list": func(vs ...string) []string { return vs },
+	"list":  func(vs ...string) []string { return vs },
 	"dict": func(kv ...any) map[string]any {
 		m := map[string]any{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -75,7 +75,6 @@ var funcs = template.FuncMap{
 		}
 		return m
 	},
-	"q":     url.QueryEscape,
 }
 
 func parsePages() (map[string]*template.Template, error) {
