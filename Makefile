@@ -9,7 +9,7 @@ DATE         := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS      := -s -w -X main.version=$(VERSION) -X main.dateBuilt=$(DATE)
 PG_BIN_DIR   ?= /usr/lib/postgresql/15/bin
 GOTEST_FLAGS ?= -timeout 15m
-APT_PACKAGES := postgresql prometheus kcat
+APT_PACKAGES := postgresql prometheus kcat chromium fonts-wqy-microhei
 
 .DEFAULT_GOAL := help
 
@@ -23,6 +23,8 @@ deps: ## Install what the tests and the dev stack need (Debian packages, Go modu
 	[ -x $(PG_BIN_DIR)/postgres ] || missing+=(postgresql); \
 	command -v promtool >/dev/null || missing+=(prometheus); \
 	command -v kcat >/dev/null || missing+=(kcat); \
+	command -v chromium >/dev/null || missing+=(chromium); \
+	[ -e /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || missing+=(fonts-wqy-microhei); \
 	if [ $${#missing[@]} -gt 0 ]; then \
 		echo "installing $${missing[*]}"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

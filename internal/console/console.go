@@ -173,7 +173,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	// Not no-referrer: with that policy browsers send "Origin: null" on the
+	// console's own form posts, which the CSRF check refuses. same-origin
+	// still keeps URLs (which hold plates in a search) from other sites.
+	h.Set("Referrer-Policy", "same-origin")
 	h.Set("X-Frame-Options", "DENY")
 	// Pages hold personal data (plates): never kept by a browser or proxy.
 	h.Set("Cache-Control", "no-store")

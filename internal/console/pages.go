@@ -265,6 +265,10 @@ type searchData struct {
 func (s *Server) search(_ http.ResponseWriter, r *http.Request) (string, any, error) {
 	q := r.URL.Query()
 	d := searchData{Form: q}
+	if len(q) == 0 {
+		// The empty form: nothing searched yet.
+		return "search", d, nil
+	}
 	f := outboxdb.FindFilter{Plate: strings.TrimSpace(q.Get("plate")), Park: strings.TrimSpace(q.Get("park")),
 		Berth: strings.TrimSpace(q.Get("berth")), Device: strings.TrimSpace(q.Get("device")),
 		Status: outboxdb.Status(q.Get("status")), Errcode: strings.TrimSpace(q.Get("errcode"))}
