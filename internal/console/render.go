@@ -131,6 +131,17 @@ func SafeText(s string) string {
 	return b.String()
 }
 
+// SafeLine is SafeText for one line of a table or a label: newlines, tabs
+// and carriage returns are escaped too (\n, \t, \r), so a value cannot
+// break the layout it is printed in.
+func SafeLine(s string) string {
+	s = SafeText(s)
+	if !strings.ContainsAny(s, "\n\t\r") {
+		return s
+	}
+	return strings.NewReplacer("\n", `\n`, "\t", `\t`, "\r", `\r`).Replace(s)
+}
+
 // SafeBytes is SafeText for a byte string (a Kafka key).
 func SafeBytes(b []byte) string { return SafeText(string(b)) }
 

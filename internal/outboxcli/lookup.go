@@ -88,7 +88,7 @@ func str(p *string) string {
 	if p == nil {
 		return "-"
 	}
-	return console.SafeText(*p)
+	return console.SafeLine(*p)
 }
 
 func num[T int32 | int64 | int](p *T) string {
@@ -109,8 +109,8 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 	r := v.Record
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "row\t%d\n", r.ID)
-	fmt.Fprintf(tw, "message_key\t%s\n", console.SafeText(r.MessageKey))
-	fmt.Fprintf(tw, "api_type\t%s\n", console.SafeText(r.APIType))
+	fmt.Fprintf(tw, "message_key\t%s\n", console.SafeLine(r.MessageKey))
+	fmt.Fprintf(tw, "api_type\t%s\n", console.SafeLine(r.APIType))
 	status := string(r.Status)
 	if r.FailureClass != nil {
 		status += " (" + *r.FailureClass + ")"
@@ -135,7 +135,7 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 	if r.KafkaKey != nil {
 		kafkaKey = strconv.Quote(console.SafeBytes(r.KafkaKey))
 	}
-	fmt.Fprintf(tw, "kafka\ttopic %s, partition %d, offset %d, key %s\n", console.SafeText(r.KafkaTopic), r.KafkaPartition, r.KafkaOffset, kafkaKey)
+	fmt.Fprintf(tw, "kafka\ttopic %s, partition %d, offset %d, key %s\n", console.SafeLine(r.KafkaTopic), r.KafkaPartition, r.KafkaOffset, kafkaKey)
 	if r.DeadLetteredAt != nil {
 		fmt.Fprintf(tw, "dead-lettered\t%s\n", fmtTime(r.DeadLetteredAt))
 	}
@@ -178,7 +178,7 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 	fmt.Fprintln(tw, "  AT\t#\tRESULT\tHTTP\tERRCODE\tMS\tNEXT RETRY\tERROR")
 	for _, a := range v.Attempts {
 		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.AttemptedAt.UTC().Format(timeFormat), a.AttemptNumber,
-			console.SafeText(a.ResultStatus), num(a.HTTPStatus), str(a.PlatformErrcode), num(a.DurationMS),
+			console.SafeLine(a.ResultStatus), num(a.HTTPStatus), str(a.PlatformErrcode), num(a.DurationMS),
 			fmtTime(a.NextRetryAt), str(a.ErrorMessage))
 	}
 	_ = tw.Flush()
@@ -369,8 +369,8 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 			status += " (held)"
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"),
-			status, r.AttemptCount, str(r.LastErrcode), console.SafeText(r.APIType), str(r.PlateNo), str(r.ParkCode),
-			str(r.BerthCode), str(r.DeviceID), console.SafeText(r.MessageKey), cut(str(r.LastError), 60))
+			status, r.AttemptCount, str(r.LastErrcode), console.SafeLine(r.APIType), str(r.PlateNo), str(r.ParkCode),
+			str(r.BerthCode), str(r.DeviceID), console.SafeLine(r.MessageKey), cut(str(r.LastError), 60))
 	}
 	_ = tw.Flush()
 	if len(rows) == f.Limit || (f.Limit == 0 && len(rows) == outboxdb.DefaultFindLimit) {
