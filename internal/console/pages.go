@@ -237,15 +237,20 @@ type failedData struct {
 	Classes []outboxdb.ValueCount
 	Groups  []outboxdb.FailedGroup
 	Limit   int
+	// Failed counts the FAILED rows; past Cap the groups cover the latest.
+	Failed, Cap int64
 }
 
 func (s *Server) failed(_ http.ResponseWriter, r *http.Request) (string, any, error) {
 	ctx := r.Context()
-	d := failedData{Limit: groupLimit}
+	d := failedData{Limit: groupLimit, Cap: outboxdb.FailedGroupsCap}
 	err := s.readOnly(ctx, func(tx pgx.Tx) error {
 		var err error
 		if d.Classes, err = outboxdb.FailedByClass(ctx, tx); err != nil {
 			return err
+		}
+		for _, c := range d.Classes {
+			d.Failed += c.Rows
 		}
 		d.Groups, err = outboxdb.FailedGroups(ctx, tx, groupLimit)
 		return err

@@ -22,6 +22,10 @@ var (
 // RateCap is how many rows each side of ReadRates reads at most.
 const RateCap = 200_000
 
+// FailedGroupsCap is how many FAILED rows (the most recently failed)
+// FailedGroups reads at most.
+const FailedGroupsCap = 100_000
+
 // PlatformState is the row of forward_platform_state.
 type PlatformState struct {
 	// Breaker is CLOSED, OPEN or HALF_OPEN ("" when the table has no row).
@@ -123,9 +127,10 @@ type FailedGroup struct {
 	NewestID int64 `db:"newest_id"`
 }
 
-// FailedGroups returns the largest groups of FAILED rows, at most limit.
+// FailedGroups returns the largest groups of FAILED rows, at most limit,
+// among the FailedGroupsCap most recently failed.
 func FailedGroups(ctx context.Context, q Querier, limit int) ([]FailedGroup, error) {
-	rows, err := q.Query(ctx, failedGroupsSQL, limit)
+	rows, err := q.Query(ctx, failedGroupsSQL, limit, FailedGroupsCap)
 	if err != nil {
 		return nil, fmt.Errorf("grouping FAILED rows: %w", err)
 	}

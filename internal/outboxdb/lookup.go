@@ -298,7 +298,8 @@ func Find(ctx context.Context, db TxBeginner, f FindFilter, opts LookupOptions) 
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("searching rows (%s): %w", f, err)
+		// Not the filter: a plate is personal data, and errors get logged.
+		return nil, fmt.Errorf("searching rows: %w", err)
 	}
 	return found, nil
 }
