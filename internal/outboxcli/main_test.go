@@ -3,9 +3,11 @@ package outboxcli_test
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
@@ -69,6 +71,8 @@ type row struct {
 	leaseLeft time.Duration
 	// logs are appended attempt logs: {result_status, errcode} ("" errcode: NULL).
 	logs [][2]string
+	// class is the failure class of a FAILED row ("": none).
+	class string
 }
 
 func (b *testBundle) insert(t *testing.T, rows ...row) map[string]int64 {
@@ -88,7 +92,7 @@ func (b *testBundle) insert(t *testing.T, rows ...row) map[string]int64 {
 		err := b.pool.QueryRow(ctx, `INSERT INTO forward_records
 			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status,
 			 attempt_count, next_retry_at, last_error, created_at, updated_at, succeeded_at,
-			 claim_token, claimed_by, claimed_at)
+			 claim_token, claimed_by, claimed_at, failure_class, failed_at)
 			VALUES ($1, 'VEHICLE_EVENT', 'device-vehicle-event', 0, 0, '\x7b7d', $2::text, $3,
 			 CASE $2::text WHEN 'PENDING' THEN now() - $5::bigint * interval '1 ms'
 			               WHEN 'IN_PROGRESS' THEN now() + $7::bigint * interval '1 ms' END,
@@ -97,10 +101,11 @@ func (b *testBundle) insert(t *testing.T, rows ...row) map[string]int64 {
 			 CASE WHEN $2::text = 'SUCCESS' THEN now() - $6::bigint * interval '1 ms' END,
 			 CASE WHEN $2::text = 'IN_PROGRESS' THEN gen_random_uuid() END,
 			 CASE WHEN $2::text = 'IN_PROGRESS' THEN 'holder' END,
-			 CASE WHEN $2::text = 'IN_PROGRESS' THEN now() END)
+			 CASE WHEN $2::text = 'IN_PROGRESS' THEN now() END,
+			 nullif($8, ''), CASE WHEN $2::text = 'FAILED' THEN now() - $5::bigint * interval '1 ms' END)
 			RETURNING id`,
 			r.key, string(status), r.attempts, r.lastErr, r.age.Milliseconds(), delivered.Milliseconds(),
-			r.leaseLeft.Milliseconds()).Scan(&id)
+			r.leaseLeft.Milliseconds(), r.class).Scan(&id)
 		if err != nil {
 			t.Fatalf("inserting %s: %v", r.key, err)
 		}
@@ -151,3 +156,24 @@ func (b *testBundle) count(t *testing.T, sql string, args ...any) int64 {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// lastLine is the last line of a command's output: its result, after what
+// it printed about what it was going to do.
+func lastLine(out string) string {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+// operatorLog is forward_operator_log, oldest first.
+func (b *testBundle) operatorLog(t *testing.T) []outboxdb.OperatorAction {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), "SELECT id, at, operator, action, filter, rows FROM forward_operator_log ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := pgx.CollectRows(rows, pgx.RowToStructByName[outboxdb.OperatorAction])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return as
+}

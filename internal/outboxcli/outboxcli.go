@@ -35,6 +35,9 @@ func Command() *cli.Command {
 			statsCommand(),
 			requeueCommand(),
 			purgeCommand(),
+			showCommand(),
+			findCommand(),
+			consoleCommand(),
 		},
 	}
 	// The docs write `outbox stats --database-url URL` as often as

@@ -41,9 +41,17 @@ func TestPurge(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		fixture(t, b)
-		out := b.mustRun(t, "purge", "--older-than", "7d", "--batch-size", "4")
-		if !strings.HasPrefix(out, "deleted 6 SUCCESS rows delivered before ") || !strings.Contains(out, " and 12 attempt logs, in 2 batches") {
+		out := b.mustRun(t, "purge", "--older-than", "7d", "--batch-size", "4", "--operator", "alice")
+		first, _, _ := strings.Cut(out, "\n")
+		if !strings.HasPrefix(first, "deleting 6 SUCCESS rows delivered before ") || !strings.HasSuffix(first, " (older than 7d) and their attempt logs (operator alice)") {
+			t.Errorf("output %q, want first what will be deleted and who asked", out)
+		}
+		if last := lastLine(out); !strings.HasPrefix(last, "deleted 6 SUCCESS rows delivered before ") || !strings.Contains(last, " and 12 attempt logs, in 2 batches") {
 			t.Fatalf("output %q, want 6 rows and 12 logs in 2 batches", out)
+		}
+		if log := b.operatorLog(t); len(log) != 1 || log[0].Operator != "alice" || log[0].Action != "purge" || log[0].Rows != 6 ||
+			!strings.HasPrefix(log[0].Filter, "status=SUCCESS delivered before ") || !strings.HasSuffix(log[0].Filter, " (older than 7d)") {
+			t.Errorf("operator log %+v, want one purge of 6 rows by alice", log)
 		}
 		for i := range 6 {
 			if _, ok := b.state(t, fmt.Sprintf("old-success-%d", i)); ok {
@@ -62,7 +70,7 @@ func TestPurge(t *testing.T) {
 			t.Errorf("%d orphan logs", n)
 		}
 		out = b.mustRun(t, "purge", "--older-than", "7d")
-		if !strings.HasPrefix(out, "deleted 0 SUCCESS rows") {
+		if !strings.HasPrefix(lastLine(out), "deleted 0 SUCCESS rows") {
 			t.Errorf("second purge: %q, want nothing left to delete", out)
 		}
 	})
@@ -75,16 +83,45 @@ func TestPurge(t *testing.T) {
 		if !strings.HasPrefix(out, "4 SUCCESS rows delivered before ") || !strings.Contains(out, "dry run") {
 			t.Fatalf("output %q, want 4 rows (10..15 days old, older than 12d: 12..15)", out)
 		}
+		if log := b.operatorLog(t); len(log) != 0 {
+			t.Errorf("a dry run was recorded: %+v", log)
+		}
 		if n := b.count(t, "SELECT count(*) FROM forward_records WHERE status = 'SUCCESS'"); n != 8 {
 			t.Errorf("%d SUCCESS rows after a dry run, want 8", n)
 		}
 	})
 
-	t.Run("ZeroDeletesEverySuccessRow", func(t *testing.T) {
+	t.Run("BelowTheSafeMinimumNeedsForce", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		fixture(t, b)
-		b.mustRun(t, "purge", "--older-than", "0s")
+		for _, age := range []string{"0s", "1h", "23h59m"} {
+			out, err := b.run(t, "purge", "--older-than", age)
+			if err == nil || !strings.Contains(err.Error(), "--older-than "+age+" is below the safe minimum of 1d") ||
+				!strings.Contains(err.Error(), "redelivery") || !strings.Contains(err.Error(), "--force") {
+				t.Errorf("purge --older-than %s: %v (%q), want a refusal that explains why and names --force", age, err, out)
+			}
+		}
+		if n := b.count(t, "SELECT count(*) FROM forward_records WHERE status = 'SUCCESS'"); n != 8 {
+			t.Errorf("%d SUCCESS rows after refused purges, want 8", n)
+		}
+		if log := b.operatorLog(t); len(log) != 0 {
+			t.Errorf("refused purges were recorded: %+v", log)
+		}
+		// Every SUCCESS row of the fixture was delivered a day ago or more.
+		if out := b.mustRun(t, "purge", "--older-than", "24h", "--dry-run"); !strings.HasPrefix(out, "8 SUCCESS rows") {
+			t.Errorf("24h (the minimum) without --force: %q", out)
+		}
+	})
+
+	t.Run("ZeroDeletesEverySuccessRowWithForce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		fixture(t, b)
+		b.mustRun(t, "purge", "--older-than", "0s", "--force", "--operator", "bob")
+		if log := b.operatorLog(t); len(log) != 1 || log[0].Rows != 8 || !strings.HasSuffix(log[0].Filter, "(older than 0s) --force") {
+			t.Errorf("operator log %+v, want the forced purge of 8 rows", log)
+		}
 		if n := b.count(t, "SELECT count(*) FROM forward_records WHERE status = 'SUCCESS'"); n != 0 {
 			t.Errorf("%d SUCCESS rows left, want 0", n)
 		}
@@ -117,14 +154,14 @@ func TestPurge(t *testing.T) {
 				written++
 			}
 		}()
-		out, err := b.run(t, "purge", "--older-than", "1h", "--batch-size", "1")
+		out, err := b.run(t, "purge", "--older-than", "1h", "--batch-size", "1", "--force")
 		cancel()
 		wg.Wait()
 		if err != nil || writeErr != nil {
 			t.Fatalf("purge: %v (%s); writer: %v", err, out, writeErr)
 		}
 		// The 6 old rows, recent-success and late-success (a day old each).
-		if !strings.HasPrefix(out, "deleted 8 SUCCESS rows") {
+		if !strings.HasPrefix(lastLine(out), "deleted 8 SUCCESS rows") {
 			t.Errorf("output %q, want the 8 rows delivered over an hour ago deleted", out)
 		}
 		// The last insert may have committed as its context was cancelled,

@@ -2,7 +2,11 @@ package outboxcli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,7 +19,7 @@ func requeueCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "requeue",
 		Usage:     "Set matching rows (FAILED unless --status says otherwise) back to PENDING, due now, with attempt_count 0",
-		UsageText: "forwarder outbox requeue [--status FAILED] [--errcode E] [--since D] [--key K]... [--dry-run]",
+		UsageText: "forwarder outbox requeue [--status FAILED] [--errcode E] [--since D] [--key K]... [--include-rejected] [--include-invalid] [--operator NAME] [--dry-run]",
 		Description: `Filters combine with AND. Each requeued row gets one forward_retry_logs row
 with result_status REQUEUED, written in the same transaction; the running
 dispatchers are notified and pick the rows up at once. Rows are changed in
@@ -29,7 +33,18 @@ re-sends delivered messages; the platform normally answers "duplicate".
 
 --errcode matches the platform_errcode of the row's latest attempt log
 (LEASE_EXPIRED and REQUEUED rows aside); --since D keeps rows updated within
-the last D (durations: Go syntax plus days, e.g. 7d, 36h, 90m).`,
+the last D (durations: Go syntax plus days, e.g. 7d, 36h, 90m).
+
+FAILED rows the platform refused for good (failure class REJECTED: errcode
+998, "do not resend", or a no_retry rule) and rows that failed at ingest or
+in their mapping (INVALID: they fail again unless the input or the mapping
+was fixed) are left out unless --include-rejected / --include-invalid asks
+for them; the command says how many it left out. Only rows that ran out of
+attempts on transient errors (TRANSIENT) are requeued by default.
+
+It prints what it will change (how many rows, which filter) before it
+starts, and records who ran it (--operator, default $USER), the filter and
+the number of rows in forward_operator_log.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "status", Value: "FAILED", Usage: "statuses to requeue, comma-separated"},
 			&cli.StringFlag{Name: "errcode", Usage: "only rows whose latest attempt got this platform errcode"},
@@ -37,29 +52,101 @@ the last D (durations: Go syntax plus days, e.g. 7d, 36h, 90m).`,
 			&cli.StringSliceFlag{Name: "key", Usage: "only rows with this message key (repeatable)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "only print how many rows match"},
 			&cli.IntFlag{Name: "batch-size", Value: outboxdb.DefaultAdminBatchSize, Usage: "rows per transaction"},
+			&cli.BoolFlag{Name: "include-rejected", Usage: "also requeue FAILED rows the platform refused for good (errcode 998, no_retry rules)"},
+			&cli.BoolFlag{Name: "include-invalid", Usage: "also requeue FAILED rows that failed at ingest or in their mapping"},
+			operatorFlag(),
 		},
 		Action: func(c *cli.Context) error {
 			f, err := requeueFilter(c)
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("outbox requeue: %v", err), 2)
 			}
+			operator, err := operatorName(c)
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("outbox requeue: %v", err), 2)
+			}
+			desc := describeRequeue(f)
+			w := c.App.Writer
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
+				count, err := outboxdb.CountRequeue(ctx, pool, f)
+				if err != nil {
+					return err
+				}
 				if c.Bool("dry-run") {
-					n, err := outboxdb.CountRequeue(ctx, pool, f)
-					if err != nil {
-						return err
-					}
-					fmt.Fprintf(c.App.Writer, "%d rows would be requeued (dry run, nothing changed)\n", n)
+					fmt.Fprintf(w, "%d rows would be requeued (dry run, nothing changed): %s\n", count.Rows, desc)
+					writeLeftOut(w, count)
 					return nil
 				}
-				n, err := outboxdb.Requeue(ctx, pool, f, outboxdb.RequeueOptions{BatchSize: c.Int("batch-size")})
+				fmt.Fprintf(w, "requeueing %d rows: %s (operator %s)\n", count.Rows, desc, operator)
+				writeLeftOut(w, count)
+				n, err := outboxdb.Requeue(ctx, pool, f, outboxdb.RequeueOptions{
+					BatchSize: c.Int("batch-size"), Note: "requeued by " + operator})
+				// Recorded whatever happened: the batches before an error stay.
+				if _, auditErr := outboxdb.LogOperatorAction(context.WithoutCancel(ctx), pool, outboxdb.OperatorAction{
+					Operator: operator, Action: outboxdb.ActionRequeue, Filter: desc, Rows: n}); auditErr != nil {
+					err = errors.Join(err, auditErr)
+				}
 				if err != nil {
 					return fmt.Errorf("%d rows requeued before the error: %w", n, err)
 				}
-				fmt.Fprintf(c.App.Writer, "%d rows requeued\n", n)
+				fmt.Fprintf(w, "%d rows requeued\n", n)
 				return nil
 			})
 		},
+	}
+}
+
+// describeRequeue says which rows a requeue takes, for people and for the
+// audit log.
+func describeRequeue(f outboxdb.RequeueFilter) string {
+	var parts []string
+	statuses := make([]string, len(f.Statuses))
+	for i, s := range f.Statuses {
+		statuses[i] = string(s)
+	}
+	if len(statuses) == 0 {
+		statuses = []string{string(outboxdb.StatusFailed)}
+	}
+	parts = append(parts, "status="+strings.Join(statuses, ","))
+	if slices.Contains(f.Statuses, outboxdb.StatusFailed) || len(f.Statuses) == 0 {
+		classes := []string{string(outboxdb.ClassTransient)}
+		if len(f.Classes) > 0 {
+			classes = classes[:0]
+		}
+		for _, c := range f.Classes {
+			classes = append(classes, string(c))
+		}
+		parts = append(parts, "failure_class="+strings.Join(classes, ","))
+	}
+	if f.Errcode != nil {
+		parts = append(parts, "errcode="+strconv.Quote(*f.Errcode))
+	}
+	if f.UpdatedWithin > 0 {
+		parts = append(parts, "updated within "+outboxdb.FormatDuration(f.UpdatedWithin))
+	}
+	if f.Reason != nil {
+		parts = append(parts, "reason="+strconv.Quote(*f.Reason))
+	}
+	if len(f.Keys) > 0 {
+		keys := make([]string, len(f.Keys))
+		for i, k := range f.Keys {
+			keys[i] = strconv.Quote(k)
+		}
+		parts = append(parts, "key="+strings.Join(keys, ","))
+	}
+	return strings.Join(parts, " ")
+}
+
+func writeLeftOut(w io.Writer, c outboxdb.RequeueCount) {
+	var left []string
+	if c.LeftRejected > 0 {
+		left = append(left, fmt.Sprintf("%d REJECTED by the platform (errcode 998 or a no_retry rule; --include-rejected takes them)", c.LeftRejected))
+	}
+	if c.LeftInvalid > 0 {
+		left = append(left, fmt.Sprintf("%d INVALID (bad input or a mapping error; --include-invalid takes them)", c.LeftInvalid))
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(w, "left out: %s\n", strings.Join(left, ", "))
 	}
 }
 
@@ -89,6 +176,13 @@ func requeueFilter(c *cli.Context) (outboxdb.RequeueFilter, error) {
 		f.UpdatedWithin = d
 	}
 	f.Keys = c.StringSlice("key")
+	f.Classes = []outboxdb.FailureClass{outboxdb.ClassTransient}
+	if c.Bool("include-rejected") {
+		f.Classes = append(f.Classes, outboxdb.ClassRejected)
+	}
+	if c.Bool("include-invalid") {
+		f.Classes = append(f.Classes, outboxdb.ClassInvalid)
+	}
 	if c.Int("batch-size") <= 0 {
 		return f, fmt.Errorf("--batch-size must be positive")
 	}

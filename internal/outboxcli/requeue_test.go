@@ -3,6 +3,7 @@ package outboxcli_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,26 +22,35 @@ func TestRequeue(t *testing.T) {
 		{key: "success", status: "SUCCESS", attempts: 1, logs: [][2]string{{"SUCCESS", ""}}},
 		{key: "live", status: "IN_PROGRESS", attempts: 2, leaseLeft: time.Minute},
 		{key: "expired", status: "IN_PROGRESS", attempts: 3, leaseLeft: -time.Minute},
-		{key: "f998", status: "FAILED", attempts: 1, logs: [][2]string{{"FAILED", "998"}}},
-		{key: "f998-then-999", status: "FAILED", attempts: 5,
+		{key: "f998", status: "FAILED", attempts: 1, logs: [][2]string{{"FAILED", "998"}}, class: "REJECTED"},
+		{key: "f998-then-999", status: "FAILED", attempts: 5, class: "TRANSIENT",
 			logs: [][2]string{{"PENDING", "998"}, {"FAILED", "999"}}},
-		{key: "f999-lease", status: "FAILED", attempts: 5,
+		{key: "f999-lease", status: "FAILED", attempts: 5, class: "TRANSIENT",
 			logs: [][2]string{{"FAILED", "999"}, {"LEASE_EXPIRED", ""}}},
-		{key: "fmap", status: "FAILED"},
-		{key: "f-old", status: "FAILED", attempts: 5, age: 48 * time.Hour, logs: [][2]string{{"FAILED", "999"}}},
+		{key: "fmap", status: "FAILED", class: "INVALID"},
+		{key: "f-old", status: "FAILED", attempts: 5, age: 48 * time.Hour, logs: [][2]string{{"FAILED", "999"}}, class: "TRANSIENT"},
 	}
+	// transient are the FAILED rows a requeue takes without --include-*.
+	transient := map[string]bool{"f998-then-999": true, "f999-lease": true, "f-old": true}
 
-	t.Run("FailedByDefault", func(t *testing.T) {
+	t.Run("TransientFailedByDefault", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.insert(t, mixed...)
-		out := b.mustRun(t, "requeue")
-		if strings.TrimSpace(out) != "5 rows requeued" {
-			t.Fatalf("output %q, want 5 rows requeued", out)
+		out := b.mustRun(t, "requeue", "--operator", "alice")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		want := []string{
+			"requeueing 3 rows: status=FAILED failure_class=TRANSIENT (operator alice)",
+			"left out: 1 REJECTED by the platform (errcode 998 or a no_retry rule; --include-rejected takes them), " +
+				"1 INVALID (bad input or a mapping error; --include-invalid takes them)",
+			"3 rows requeued",
+		}
+		if !slices.Equal(lines, want) {
+			t.Fatalf("output:\n%s\nwant:\n%s", out, strings.Join(want, "\n"))
 		}
 		for _, r := range mixed {
 			s, _ := b.state(t, r.key)
-			if r.status == "FAILED" {
+			if transient[r.key] {
 				if s.Status != "PENDING" || s.AttemptCount != 0 || !s.Due || s.Claimed || s.Requeues != 1 || s.Logs != len(r.logs)+1 {
 					t.Errorf("%s after requeue: %+v, want PENDING, 0 attempts, due, unclaimed, one REQUEUED log more", r.key, s)
 				}
@@ -52,13 +62,69 @@ func TestRequeue(t *testing.T) {
 		}
 		var attempt int
 		var msg string
-		if err := b.pool.QueryRow(context.Background(), `SELECT attempt_number, error_message FROM forward_retry_logs l
+		var class *string
+		if err := b.pool.QueryRow(context.Background(), `SELECT attempt_number, error_message, r.failure_class FROM forward_retry_logs l
 			JOIN forward_records r ON r.id = l.record_id
-			WHERE r.message_key = 'f-old' AND l.result_status = 'REQUEUED'`).Scan(&attempt, &msg); err != nil {
+			WHERE r.message_key = 'f-old' AND l.result_status = 'REQUEUED'`).Scan(&attempt, &msg, &class); err != nil {
 			t.Fatal(err)
 		}
-		if attempt != 5 || !strings.Contains(msg, "was FAILED after 5 attempts") {
-			t.Errorf("audit row: attempt_number %d, message %q; want 5 and the previous state", attempt, msg)
+		if attempt != 5 || msg != "requeued by alice (was FAILED after 5 attempts)" || class != nil {
+			t.Errorf("audit row: attempt_number %d, message %q, class %v; want 5, who and the previous state, no class", attempt, msg, class)
+		}
+		log := b.operatorLog(t)
+		if len(log) != 1 || log[0].Operator != "alice" || log[0].Action != "requeue" || log[0].Rows != 3 ||
+			log[0].Filter != "status=FAILED failure_class=TRANSIENT" {
+			t.Errorf("operator log %+v, want one requeue of 3 rows by alice with its filter", log)
+		}
+	})
+
+	t.Run("IncludeRejectedAndInvalid", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.insert(t, mixed...)
+		out := b.mustRun(t, "requeue", "--include-rejected", "--operator", "bob")
+		if lastLine(out) != "4 rows requeued" || strings.Contains(out, "REJECTED by") || !strings.Contains(out, "left out: 1 INVALID") {
+			t.Fatalf("with --include-rejected: %q, want 4 rows and the INVALID one left out", out)
+		}
+		if s, _ := b.state(t, "f998"); s.Status != "PENDING" {
+			t.Errorf("f998 (REJECTED) after --include-rejected: %+v", s)
+		}
+		out = b.mustRun(t, "requeue", "--include-invalid", "--operator", "bob")
+		if lastLine(out) != "1 rows requeued" {
+			t.Fatalf("with --include-invalid: %q, want the INVALID row", out)
+		}
+		if log := b.operatorLog(t); len(log) != 2 || log[1].Filter != "status=FAILED failure_class=TRANSIENT,INVALID" || log[1].Rows != 1 {
+			t.Errorf("operator log %+v", log)
+		}
+	})
+
+	t.Run("OrderingKeysKeepOneHead", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.insert(t, row{key: "a1", status: "FAILED", class: "TRANSIENT"}, row{key: "a2", status: "FAILED", class: "TRANSIENT"},
+			row{key: "b1", status: "FAILED", class: "TRANSIENT"}, row{key: "b2"}, row{key: "c1", status: "FAILED", class: "TRANSIENT"})
+		ctx := context.Background()
+		// Key A: two FAILED rows, the first blocking it. Key B: a FAILED row
+		// and a later PENDING head. Key C: one FAILED row.
+		for key, ordering := range map[string]string{"a1": "A", "a2": "A", "b1": "B", "b2": "B", "c1": "C"} {
+			if _, err := b.pool.Exec(ctx, "UPDATE forward_records SET ordering_key = $2, order_blocked = ($1 = 'a1') WHERE message_key = $1", key, ordering); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out := b.mustRun(t, "requeue"); lastLine(out) != "4 rows requeued" {
+			t.Fatalf("requeue: %q", out)
+		}
+		var heads, held, blocked int64
+		heads = b.count(t, `SELECT count(*) FROM forward_records WHERE status = 'PENDING' AND NOT order_held`)
+		held = b.count(t, `SELECT count(*) FROM forward_records WHERE order_held`)
+		blocked = b.count(t, `SELECT count(*) FROM forward_records WHERE order_blocked`)
+		if heads != 3 || held != 2 || blocked != 0 {
+			t.Errorf("%d heads, %d held, %d blocked; want a1, b2 and c1 heads, a2 and b1 held, nothing blocked", heads, held, blocked)
+		}
+		for key, wantHeld := range map[string]bool{"a1": false, "a2": true, "b1": true, "b2": false, "c1": false} {
+			if n := b.count(t, "SELECT count(*) FROM forward_records WHERE id = $1 AND order_held = $2", ids[key], wantHeld); n != 1 {
+				t.Errorf("%s: order_held is not %v", key, wantHeld)
+			}
 		}
 	})
 
@@ -67,7 +133,7 @@ func TestRequeue(t *testing.T) {
 		b := setup(t)
 		b.insert(t, mixed...)
 		out := b.mustRun(t, "requeue", "--dry-run", "--errcode", "999")
-		if !strings.HasPrefix(out, "3 rows would be requeued") {
+		if !strings.HasPrefix(out, "3 rows would be requeued (dry run, nothing changed): status=FAILED failure_class=TRANSIENT errcode=\"999\"\n") {
 			t.Fatalf("output %q, want 3 rows would be requeued", out)
 		}
 		if n := b.count(t, "SELECT count(*) FROM forward_records WHERE status = 'FAILED'"); n != 5 {
@@ -86,9 +152,14 @@ func TestRequeue(t *testing.T) {
 		want []string
 	}{
 		{"Errcode", []string{"--errcode", "999"}, []string{"f998-then-999", "f999-lease", "f-old"}},
-		{"ErrcodeLatestAttemptOnly", []string{"--errcode", "998"}, []string{"f998"}},
-		{"Since", []string{"--since", "1d"}, []string{"f998", "f998-then-999", "f999-lease", "fmap"}},
-		{"Keys", []string{"--key", "fmap", "--key", "f998", "--key", "pending"}, []string{"fmap", "f998"}},
+		{"ErrcodeLatestAttemptOnly", []string{"--errcode", "998", "--include-rejected"}, []string{"f998"}},
+		{"ErrcodeOfRejectedRowsNeedsTheFlag", []string{"--errcode", "998"}, nil},
+		{"Since", []string{"--since", "1d"}, []string{"f998-then-999", "f999-lease"}},
+		{"SinceEveryClass", []string{"--since", "1d", "--include-rejected", "--include-invalid"},
+			[]string{"f998", "f998-then-999", "f999-lease", "fmap"}},
+		{"Keys", []string{"--key", "fmap", "--key", "f998", "--key", "pending"}, nil},
+		{"KeysEveryClass", []string{"--key", "fmap", "--key", "f998", "--key", "pending", "--include-invalid", "--include-rejected"},
+			[]string{"fmap", "f998"}},
 		{"ErrcodeAndSince", []string{"--errcode", "999", "--since", "36h"}, []string{"f998-then-999", "f999-lease"}},
 		{"InProgressOnlyWhenLeaseExpired", []string{"--status", "IN_PROGRESS"}, []string{"expired"}},
 		{"StatusList", []string{"--status", "pending,success", "--key", "pending", "--key", "success", "--key", "fmap"},
@@ -103,7 +174,7 @@ func TestRequeue(t *testing.T) {
 				t.Errorf("dry run said %q, want %q", dry, want)
 			}
 			out := b.mustRun(t, append([]string{"requeue"}, c.args...)...)
-			if want := fmt.Sprintf("%d rows requeued\n", len(c.want)); out != want {
+			if want := fmt.Sprintf("%d rows requeued", len(c.want)); lastLine(out) != want {
 				t.Errorf("requeue said %q, want %q", out, want)
 			}
 			wanted := map[string]bool{}
@@ -132,8 +203,8 @@ func TestRequeue(t *testing.T) {
 		b.insert(t, rows...)
 		// Requeued PENDING rows still match --status PENDING: the batches
 		// must walk on rather than requeue the same rows again.
-		out := b.mustRun(t, "requeue", "--status", "PENDING", "--batch-size", "2")
-		if out != "7 rows requeued\n" {
+		out := b.mustRun(t, "requeue", "--status", "PENDING", "--batch-size", "2", "--operator", "dave")
+		if out != "requeueing 7 rows: status=PENDING (operator dave)\n7 rows requeued\n" {
 			t.Fatalf("output %q, want 7 rows requeued", out)
 		}
 		if n := b.count(t, "SELECT count(*) FROM forward_retry_logs WHERE result_status = 'REQUEUED'"); n != 7 {
@@ -189,4 +260,20 @@ func orPending(s outboxdb.Status) outboxdb.Status {
 		return outboxdb.StatusPending
 	}
 	return s
+}
+
+// TestRequeueOperatorDefaultsToUser: without --operator the audit names
+// $USER (not parallel: it sets the environment).
+func TestRequeueOperatorDefaultsToUser(t *testing.T) {
+	b := setup(t)
+	b.insert(t, row{key: "f-old", status: "FAILED", class: "TRANSIENT"})
+	t.Setenv("USER", "carol")
+	b.mustRun(t, "requeue", "--dry-run")
+	if log := b.operatorLog(t); len(log) != 0 {
+		t.Errorf("a dry run was recorded: %+v", log)
+	}
+	b.mustRun(t, "requeue", "--key", "f-old")
+	if log := b.operatorLog(t); len(log) != 1 || log[0].Operator != "carol" || log[0].Filter != `status=FAILED failure_class=TRANSIENT key="f-old"` {
+		t.Errorf("operator log %+v, want one row by $USER", log)
+	}
 }

@@ -132,7 +132,24 @@ type RequeueFilter struct {
 	UpdatedWithin time.Duration
 	// Keys, when not empty, keeps rows with one of these message keys.
 	Keys []string
+	// Classes are the failure classes of the FAILED rows to requeue; empty
+	// means TRANSIENT only, so a row the platform refused for good
+	// (REJECTED) or one that failed at ingest or in its mapping (INVALID) is
+	// requeued only when its class is asked for. FAILED rows without a
+	// class (from before classes existed) are always taken.
+	Classes []FailureClass
+	// Reason, when set, keeps rows whose normalised last_error
+	// (FailedGroup.Reason) is this.
+	Reason *string
 }
+
+// MinPurgeAge is the shortest retention `forwarder outbox purge` accepts
+// without --force. A delivered row's key is what makes a Kafka redelivery of
+// its message harmless (the insert finds the key and does nothing); once the
+// row is purged, a redelivery (a consumer group reset, a replay, a rebalance
+// after a crash that re-reads uncommitted offsets) is persisted and sent
+// again. A day covers the redeliveries of ordinary operation.
+const MinPurgeAge = 24 * time.Hour
 
 func (f RequeueFilter) args() ([]any, error) {
 	statuses := f.Statuses
@@ -148,6 +165,18 @@ func (f RequeueFilter) args() ([]any, error) {
 		}
 		ss[i] = string(s)
 	}
+	classes := []string{string(ClassTransient)}
+	if len(f.Classes) > 0 {
+		classes = classes[:0]
+	}
+	for _, c := range f.Classes {
+		switch c {
+		case ClassTransient, ClassRejected, ClassInvalid:
+			classes = append(classes, string(c))
+		default:
+			return nil, fmt.Errorf("unknown failure class %q: want TRANSIENT, REJECTED or INVALID", c)
+		}
+	}
 	var within, keys any
 	if f.UpdatedWithin < 0 {
 		return nil, fmt.Errorf("updated-within %s is negative", f.UpdatedWithin)
@@ -158,20 +187,30 @@ func (f RequeueFilter) args() ([]any, error) {
 	if len(f.Keys) > 0 {
 		keys = f.Keys
 	}
-	return []any{ss, f.Errcode, within, keys}, nil
+	return []any{ss, f.Errcode, within, keys, classes, f.Reason}, nil
 }
 
-// CountRequeue counts the rows Requeue would requeue now.
-func CountRequeue(ctx context.Context, q Querier, f RequeueFilter) (int64, error) {
+// RequeueCount is what CountRequeue found.
+type RequeueCount struct {
+	// Rows is how many rows Requeue would requeue now.
+	Rows int64
+	// LeftRejected and LeftInvalid count the FAILED rows that match the
+	// filter but are left out for their class (RequeueFilter.Classes).
+	LeftRejected, LeftInvalid int64
+}
+
+// CountRequeue counts the rows Requeue would requeue now, and those it
+// leaves out for their failure class.
+func CountRequeue(ctx context.Context, q Querier, f RequeueFilter) (RequeueCount, error) {
 	args, err := f.args()
 	if err != nil {
-		return 0, err
+		return RequeueCount{}, err
 	}
-	var n int64
-	if err := q.QueryRow(ctx, requeueCountSQL, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting rows to requeue: %w", err)
+	var c RequeueCount
+	if err := q.QueryRow(ctx, requeueCountSQL, args...).Scan(&c.Rows, &c.LeftRejected, &c.LeftInvalid); err != nil {
+		return RequeueCount{}, fmt.Errorf("counting rows to requeue: %w", err)
 	}
-	return n, nil
+	return c, nil
 }
 
 // RequeueOptions tunes Requeue.
@@ -205,7 +244,9 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 	for {
 		var n int64
 		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{}, func(tx pgx.Tx) error {
-			batchArgs := append(append([]any{}, args...), lastID, batch, note)
+			// admin_requeue.sql: the filter ($1-$4), the batch ($5-$7), the
+			// class and reason filters ($8, $9).
+			batchArgs := append(append([]any{}, args[:4]...), lastID, batch, note, args[4], args[5])
 			if err := tx.QueryRow(ctx, requeueSQL, batchArgs...).Scan(&n, &lastID); err != nil {
 				return err
 			}

@@ -256,7 +256,8 @@ func TestRequeueAfterOutage(t *testing.T) {
 	cmd := exec.CommandContext(ctx, bin, "outbox", "requeue")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+s.DatabaseURL)
 	out, err := cmd.CombinedOutput()
-	if err != nil || string(out) != fmt.Sprintf("%d rows requeued\n", n) {
+	// The command first says what it will change, then what it did.
+	if err != nil || !strings.HasSuffix(string(out), fmt.Sprintf("\n%d rows requeued\n", n)) {
 		t.Fatalf("outbox requeue: %v: %q", err, out)
 	}
 	if err := s.Platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted == n }); err != nil {

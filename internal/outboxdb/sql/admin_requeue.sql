@@ -14,15 +14,37 @@
 -- and its claim): a row that fails again is published again, and a dead-letter
 -- publish under way is fenced out.
 --
+-- FAILED rows are requeued only when their failure class is in $8: by
+-- default TRANSIENT, because a row the platform refused for good (REJECTED:
+-- errcode 998 or a no_retry rule) must not be re-sent unless an operator
+-- asks, and a row that failed at ingest or in its mapping (INVALID) fails
+-- again unless the input or the mapping was fixed.
+--
+-- Ordering: a requeued row with an ordering key is the key's head (due) only
+-- when the key has no head yet and it is the key's first row in the batch;
+-- otherwise it is held behind the head (order_held), like a new row of a
+-- busy key. The database admits one head per key
+-- (forward_records_order_head_key), so a requeue of several rows of one key
+-- must not make them all due. A blocked key is unblocked: its FAILED row
+-- is the one being requeued.
+--
 -- The audit row's attempt_number is the number of attempts the row had made.
 -- last_error and last_http_status are kept: they describe the last attempt
 -- until the next one replaces them.
 --
 -- $1 statuses (text[]), $2 errcode (NULL: any), $3 updated within this many
 -- milliseconds (NULL: any age), $4 message keys (NULL: any key), $5 last id
--- seen, $6 batch size, $7 audit message.
+-- seen, $6 batch size, $7 audit message, $8 failure classes of the FAILED
+-- rows to requeue (text[]; rows without a class count as requeueable),
+-- $9 normalised reason (NULL: any; the expression of
+-- console_failed_groups.sql).
 WITH picked AS (
-    SELECT r.id, r.status AS prev_status, r.attempt_count AS prev_attempts
+    SELECT r.id, r.status AS prev_status, r.attempt_count AS prev_attempts,
+           r.ordering_key, r.order_held AS was_held,
+           r.ordering_key IS NOT NULL AND EXISTS (
+               SELECT 1 FROM forward_records h
+               WHERE h.ordering_key = r.ordering_key AND h.id <> r.id
+                 AND h.status IN ('PENDING', 'IN_PROGRESS') AND NOT h.order_held) AS key_has_head
     FROM forward_records r
     WHERE r.id > $5::bigint
       AND r.status = ANY ($1::text[])
@@ -36,9 +58,19 @@ WITH picked AS (
               AND l.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
             ORDER BY l.id DESC
             LIMIT 1) = $2::text)
+      AND (r.status <> 'FAILED' OR r.failure_class IS NULL OR r.failure_class = ANY ($8::text[]))
+      AND ($9::text IS NULL OR left(regexp_replace(regexp_replace(coalesce(r.last_error, ''),
+               '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<uuid>', 'g'),
+               '[0-9]{5,}', '<n>', 'g'), 200) = $9::text)
     ORDER BY r.id
     LIMIT $6
     FOR UPDATE OF r
+), held AS (
+    SELECT id,
+           ordering_key IS NOT NULL
+           AND (was_held OR key_has_head
+                OR row_number() OVER (PARTITION BY ordering_key ORDER BY id) > 1) AS held
+    FROM picked
 ), requeued AS (
     UPDATE forward_records AS r
     SET status        = 'PENDING',
@@ -51,9 +83,13 @@ WITH picked AS (
         dead_lettered_at        = NULL,
         dead_letter_token       = NULL,
         dead_letter_lease_until = NULL,
+        failure_class = NULL,
+        failed_at     = NULL,
+        order_held    = held.held,
+        order_blocked = false,
         updated_at    = now()
-    FROM picked
-    WHERE r.id = picked.id
+    FROM held
+    WHERE r.id = held.id
     RETURNING r.id
 ), audit AS (
     INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)

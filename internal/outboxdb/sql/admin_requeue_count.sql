@@ -1,10 +1,20 @@
--- Counts the rows `forwarder outbox requeue` would requeue (its --dry-run).
--- The WHERE clause must stay identical to admin_requeue.sql's (a test runs
--- both over the same filters).
+-- Counts the rows `forwarder outbox requeue` would requeue (what it prints
+-- before it starts, and its --dry-run), and the FAILED rows that match the
+-- filter but are left out for their failure class. The WHERE clause must
+-- stay identical to admin_requeue.sql's (a test runs both over the same
+-- filters), the class condition aside, which is the FILTER here.
 --
 -- $1 statuses (text[]), $2 errcode (NULL: any), $3 updated within this many
--- milliseconds (NULL: any age), $4 message keys (NULL: any key).
-SELECT count(*)
+-- milliseconds (NULL: any age), $4 message keys (NULL: any key), $5 failure
+-- classes of the FAILED rows to requeue (text[]; rows without a class, from
+-- before the classes existed, count as requeueable), $6 normalised reason
+-- (NULL: any; the expression of console_failed_groups.sql).
+SELECT count(*) FILTER (WHERE r.status <> 'FAILED' OR r.failure_class IS NULL
+                              OR r.failure_class = ANY ($5::text[])) AS requeue,
+       count(*) FILTER (WHERE r.status = 'FAILED' AND r.failure_class = 'REJECTED'
+                              AND NOT r.failure_class = ANY ($5::text[])) AS left_rejected,
+       count(*) FILTER (WHERE r.status = 'FAILED' AND r.failure_class = 'INVALID'
+                              AND NOT r.failure_class = ANY ($5::text[])) AS left_invalid
 FROM forward_records r
 WHERE r.status = ANY ($1::text[])
   -- An IN_PROGRESS row is taken only once its lease has run out: a live
@@ -18,4 +28,7 @@ WHERE r.status = ANY ($1::text[])
         WHERE l.record_id = r.id
           AND l.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
         ORDER BY l.id DESC
-        LIMIT 1) = $2::text);
+        LIMIT 1) = $2::text)
+  AND ($6::text IS NULL OR left(regexp_replace(regexp_replace(coalesce(r.last_error, ''),
+          '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<uuid>', 'g'),
+          '[0-9]{5,}', '<n>', 'g'), 200) = $6::text);

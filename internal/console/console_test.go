@@ -1,0 +1,419 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/console"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const (
+	testToken = "console-test-token-0123456789"
+	plate     = "粤B12345"
+	vehicle   = `{"messageId":"m-1","deviceId":"CAM-0001","parkCode":"P1001","berthCode":"B-012","plateNo":"粤B12345",` +
+		`"inoutType":1,"inoutTime":1779330600000,"plateCredible":0.854,"pictures":[]}`
+)
+
+func TestCheckAddr(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		addr, token string
+		err         string
+	}{
+		{"127.0.0.1:4196", "", ""},
+		{"localhost:4196", "", ""},
+		{"[::1]:4196", "", ""},
+		{"0.0.0.0:4196", "", "CONSOLE_ADDR 0.0.0.0:4196 is not a loopback address: set CONSOLE_TOKEN"},
+		{":4196", "", "is not a loopback address: set CONSOLE_TOKEN"},
+		{"10.1.2.3:4196", "", "set CONSOLE_TOKEN"},
+		{"console.example:4196", "", "set CONSOLE_TOKEN"},
+		{"0.0.0.0:4196", testToken, ""},
+		{"0.0.0.0:4196", "short", "CONSOLE_TOKEN is 5 characters long: use at least 16"},
+		{"4196", "", "want host:port"},
+	} {
+		err := console.CheckAddr(c.addr, c.token)
+		if (c.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("CheckAddr(%q, %q) = %v, want %q", c.addr, c.token, err, c.err)
+		}
+		if err != nil && c.token != "" && strings.Contains(err.Error(), c.token) {
+			t.Errorf("the error shows the token: %v", err)
+		}
+	}
+}
+
+type testBundle struct {
+	pool *pgxpool.Pool
+	ids  map[string]int64
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	b := &testBundle{pool: pgtest.NewPool(t), ids: map[string]int64{}}
+	ctx := context.Background()
+	add := func(key, status, class, lastErr, payload, plate string) {
+		var id int64
+		if err := b.pool.QueryRow(ctx, `INSERT INTO forward_records
+			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count,
+			 next_retry_at, last_error, failure_class, failed_at, plate_no, park_code, berth_code, device_id)
+			VALUES ($1, 'VEHICLE_EVENT', 'device-vehicle-event', 0, 1, convert_to($5, 'UTF8'), $2::text, 5,
+			        CASE WHEN $2::text = 'PENDING' THEN now() END, nullif($3, ''), nullif($4, ''),
+			        CASE WHEN $2::text = 'FAILED' THEN now() END, nullif($6, ''), 'P1001', 'B-012', 'CAM-0001')
+			RETURNING id`, key, status, lastErr, class, payload, plate).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		b.ids[key] = id
+		if _, err := b.pool.Exec(ctx, `INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status, platform_errcode, error_message)
+			VALUES ($1, 5, $2, 200, '999', 'http 200: {"result":1,"errcode":"999"}')`, id, status); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("m-1", "FAILED", "TRANSIENT", `http 200: {"errcode":"999","message_id":"m-1"}`, vehicle, plate)
+	// Two rows of one reason once normalised (long numbers differ).
+	add("m-2", "FAILED", "TRANSIENT", `timeout after 10000ms on request 1234567`, `{}`, "")
+	add("m-3", "FAILED", "TRANSIENT", `timeout after 10000ms on request 7654321`, `{}`, "")
+	add("m-4", "FAILED", "REJECTED", `not retried: errcode 998`, `{}`, "")
+	add("m-5", "SUCCESS", "", "", `{}`, "")
+	return b
+}
+
+type client struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+	auth string
+}
+
+func (b *testBundle) start(t *testing.T, cfg console.Config) *client {
+	t.Helper()
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	if cfg.Operator == "" {
+		cfg.Operator = "local-op"
+	}
+	cfg.MappingsDir = "../../mappings"
+	srv, err := console.New(cfg, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	t.Cleanup(ts.Close)
+	jar, _ := cookiejar.New(nil)
+	return &client{t: t, base: ts.URL, hc: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}}
+}
+
+func (c *client) do(method, path string, form url.Values, header map[string]string) (int, http.Header, string) {
+	c.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, c.base+path, body)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if c.auth != "" {
+		req.Header.Set("Authorization", c.auth)
+	}
+	for k, v := range header {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+func (c *client) get(path string) string {
+	c.t.Helper()
+	code, _, body := c.do("GET", path, nil, nil)
+	if code != http.StatusOK {
+		c.t.Fatalf("GET %s: %d\n%s", path, code, body)
+	}
+	return body
+}
+
+var csrfRe = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+func csrfOf(t *testing.T, page string) string {
+	t.Helper()
+	m := csrfRe.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token in the page:\n%s", page)
+	}
+	return m[1]
+}
+
+func (b *testBundle) status(t *testing.T, key string) string {
+	t.Helper()
+	var s string
+	if err := b.pool.QueryRow(context.Background(), "SELECT status FROM forward_records WHERE message_key = $1", key).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (b *testBundle) operatorLog(t *testing.T) []outboxdb.OperatorAction {
+	t.Helper()
+	as, err := outboxdb.RecentOperatorActions(context.Background(), b.pool, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return as
+}
+
+func TestConsole(t *testing.T) {
+	t.Parallel()
+
+	t.Run("TokenRequired", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(t, console.Config{Token: testToken})
+		for _, p := range []string{"/", "/search?plate=" + url.QueryEscape(plate), fmt.Sprintf("/records/%d", b.ids["m-1"]), "/failed"} {
+			code, h, body := c.do("GET", p, nil, nil)
+			if code != http.StatusUnauthorized || strings.Contains(body, plate) || !strings.Contains(h.Get("WWW-Authenticate"), "Bearer") {
+				t.Errorf("GET %s without the token: %d %q", p, code, body)
+			}
+			code, h, _ = c.do("GET", p, nil, map[string]string{"Accept": "text/html"})
+			if code != http.StatusSeeOther || !strings.HasPrefix(h.Get("Location"), "/login?next=") {
+				t.Errorf("a browser without the token: %d to %q, want the login form", code, h.Get("Location"))
+			}
+			if code, _, _ = c.do("GET", p, nil, map[string]string{"Authorization": "Bearer wrong-token-wrong-token"}); code != http.StatusUnauthorized {
+				t.Errorf("GET %s with a wrong token: %d", p, code)
+			}
+		}
+		code, _, _ := c.do("POST", fmt.Sprintf("/records/%d/requeue", b.ids["m-1"]), url.Values{}, nil)
+		if code != http.StatusUnauthorized || b.status(t, "m-1") != "FAILED" {
+			t.Errorf("a requeue without the token: %d, row %s", code, b.status(t, "m-1"))
+		}
+
+		c.auth = "Bearer " + testToken
+		if body := c.get("/search?plate=" + url.QueryEscape(plate)); !strings.Contains(body, plate) {
+			t.Errorf("the bearer token does not open the search:\n%s", body)
+		}
+		c.auth = "Basic " + basic("erin", testToken)
+		if body := c.get("/"); !strings.Contains(body, `operator <b id="operator">erin</b>`) {
+			t.Errorf("basic auth: the operator is not the user name:\n%s", body)
+		}
+	})
+
+	t.Run("LoginRequeueAndAudit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(t, console.Config{Token: testToken})
+		code, _, body := c.do("POST", "/login", url.Values{"name": {"alice"}, "token": {"nope"}, "next": {"/search"}}, nil)
+		if code != http.StatusUnauthorized || !strings.Contains(body, "Wrong token.") {
+			t.Fatalf("login with a wrong token: %d", code)
+		}
+		code, h, _ := c.do("POST", "/login", url.Values{"name": {"alice"}, "token": {testToken}, "next": {"//evil.example/"}}, nil)
+		if code != http.StatusSeeOther || h.Get("Location") != "/" {
+			t.Fatalf("login: %d to %q, want / (never another site)", code, h.Get("Location"))
+		}
+		if sc := h.Get("Set-Cookie"); !strings.Contains(sc, "HttpOnly") || !strings.Contains(sc, "SameSite=Strict") || strings.Contains(sc, testToken) {
+			t.Errorf("session cookie %q", sc)
+		}
+
+		overview := c.get("/")
+		for _, want := range []string{`operator <b id="operator">alice</b>`, "Rows by status", "Breaker", "CLOSED", "FAILED rows by class"} {
+			if !strings.Contains(overview, want) {
+				t.Errorf("the overview lacks %q", want)
+			}
+		}
+		search := c.get("/search?plate=" + url.QueryEscape(plate))
+		if !strings.Contains(search, fmt.Sprintf(`href="/records/%d"`, b.ids["m-1"])) {
+			t.Fatalf("the search does not list m-1:\n%s", search)
+		}
+		record := c.get(fmt.Sprintf("/records/%d", b.ids["m-1"]))
+		for _, want := range []string{`&#34;plateNo&#34;: &#34;粤B12345&#34;`, `&#34;access_pwd&#34;: &#34;***&#34;`,
+			`&#34;credibility&#34;: &#34;85&#34;`, `id="attempts"`, `href="/records/` + fmt.Sprint(b.ids["m-1"]) + `/requeue"`} {
+			if !strings.Contains(record, want) {
+				t.Errorf("the record page lacks %s", want)
+			}
+		}
+
+		confirm := c.get(fmt.Sprintf("/records/%d/requeue", b.ids["m-1"]))
+		if !strings.Contains(confirm, "Requeue 1 row") || b.status(t, "m-1") != "FAILED" {
+			t.Fatalf("the confirmation changed something or says nothing:\n%s", confirm)
+		}
+		path := fmt.Sprintf("/records/%d/requeue", b.ids["m-1"])
+		if code, _, _ := c.do("POST", path, url.Values{}, nil); code != http.StatusForbidden || b.status(t, "m-1") != "FAILED" {
+			t.Fatalf("a POST without the CSRF token: %d", code)
+		}
+		if code, _, _ := c.do("POST", path, url.Values{"csrf": {csrfOf(t, confirm)}}, map[string]string{"Origin": "http://evil.example"}); code != http.StatusForbidden {
+			t.Fatalf("a POST from another origin: %d", code)
+		}
+		code, h, _ = c.do("POST", path, url.Values{"csrf": {csrfOf(t, confirm)}}, nil)
+		if code != http.StatusSeeOther || b.status(t, "m-1") != "PENDING" {
+			t.Fatalf("requeue: %d, row %s", code, b.status(t, "m-1"))
+		}
+		if after := c.get(h.Get("Location")); !strings.Contains(after, "Requeued: the row is PENDING") || !strings.Contains(after, `id="status">PENDING`) {
+			t.Errorf("the page after the requeue:\n%s", after)
+		}
+		log := b.operatorLog(t)
+		if len(log) != 1 || log[0].Operator != "alice" || log[0].Rows != 1 || log[0].Filter != fmt.Sprintf(`console: row %d key="m-1"`, b.ids["m-1"]) {
+			t.Errorf("operator log %+v", log)
+		}
+		var note string
+		if err := b.pool.QueryRow(context.Background(), `SELECT error_message FROM forward_retry_logs
+			WHERE record_id = $1 AND result_status = 'REQUEUED'`, b.ids["m-1"]).Scan(&note); err != nil || !strings.HasPrefix(note, "requeued by alice (console)") {
+			t.Errorf("REQUEUED attempt log %q, %v", note, err)
+		}
+	})
+
+	t.Run("RequeueAGroup", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(t, console.Config{Operator: "frank"})
+		failed := c.get("/failed")
+		const reason = "timeout after <n>ms on request <n>"
+		if !strings.Contains(failed, `<td>2</td><td>TRANSIENT</td><td class="reason">timeout after &lt;n&gt;ms on request &lt;n&gt;</td>`) {
+			t.Fatalf("no group of 2 rows for %q:\n%s", reason, failed)
+		}
+		q := "/failed/requeue?class=TRANSIENT&reason=" + url.QueryEscape(reason)
+		confirm := c.get(q)
+		if !strings.Contains(confirm, `<td id="group-rows">2</td>`) {
+			t.Fatalf("confirmation:\n%s", confirm)
+		}
+		code, h, _ := c.do("POST", "/failed/requeue", url.Values{"csrf": {csrfOf(t, confirm)}, "class": {"TRANSIENT"}, "reason": {reason}}, nil)
+		if code != http.StatusSeeOther || !strings.Contains(h.Get("Location"), url.QueryEscape("Requeued 2 rows")) {
+			t.Fatalf("group requeue: %d %q", code, h.Get("Location"))
+		}
+		for key, want := range map[string]string{"m-1": "FAILED", "m-2": "PENDING", "m-3": "PENDING", "m-4": "FAILED"} {
+			if got := b.status(t, key); got != want {
+				t.Errorf("%s is %s, want %s", key, got, want)
+			}
+		}
+		if log := b.operatorLog(t); len(log) != 1 || log[0].Operator != "frank" || log[0].Rows != 2 {
+			t.Errorf("operator log %+v", log)
+		}
+	})
+
+	t.Run("GroupsAndRequeueCountsAgree", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		groups, err := outboxdb.FailedGroups(ctx, b.pool, 100)
+		if err != nil || len(groups) != 3 {
+			t.Fatalf("%d groups, %v; want 3", len(groups), err)
+		}
+		for _, g := range groups {
+			f := outboxdb.RequeueFilter{Reason: &g.Reason, Classes: []outboxdb.FailureClass{outboxdb.FailureClass(g.Class)}}
+			c, err := outboxdb.CountRequeue(ctx, b.pool, f)
+			if err != nil || c.Rows != g.Rows {
+				t.Errorf("group %+v: requeue would take %d rows (%v)", g, c.Rows, err)
+			}
+		}
+	})
+
+	t.Run("ReadOnly", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(t, console.Config{ReadOnly: true})
+		record := c.get(fmt.Sprintf("/records/%d", b.ids["m-1"]))
+		if strings.Contains(record, "/requeue") || !strings.Contains(record, "read-only") {
+			t.Errorf("a read-only record page offers the action:\n%s", record)
+		}
+		if strings.Contains(c.get("/failed"), "requeue…") {
+			t.Error("a read-only failed page offers the action")
+		}
+		if code, _, _ := c.do("GET", fmt.Sprintf("/records/%d/requeue", b.ids["m-1"]), nil, nil); code != http.StatusForbidden {
+			t.Errorf("read-only confirmation page: %d", code)
+		}
+		code, _, _ := c.do("POST", fmt.Sprintf("/records/%d/requeue", b.ids["m-1"]), url.Values{}, nil)
+		if code != http.StatusForbidden || b.status(t, "m-1") != "FAILED" {
+			t.Errorf("read-only POST: %d, row %s", code, b.status(t, "m-1"))
+		}
+	})
+
+	t.Run("OpenOnLoopbackOnlyByAddress", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(t, console.Config{})
+		if body := c.get("/"); !strings.Contains(body, "open (loopback, no token)") || !strings.Contains(body, "local-op") {
+			t.Errorf("an open console does not say so:\n%s", body)
+		}
+		code, _, _ := c.do("GET", "/", nil, map[string]string{"Host": "rebound.example:4196"})
+		if code != http.StatusMisdirectedRequest {
+			t.Errorf("a request for another host name: %d, want 421", code)
+		}
+		_, h, _ := c.do("GET", "/", nil, nil)
+		if !strings.Contains(h.Get("Content-Security-Policy"), "frame-ancestors 'none'") || h.Get("Cache-Control") != "no-store" {
+			t.Errorf("headers %v", h)
+		}
+	})
+
+	t.Run("Errors", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(t, console.Config{})
+		for path, want := range map[string]int{"/records/999999": 404, "/records/abc": 404, "/search?status=DONE": 200,
+			"/search?since=yesterday": 200, "/nope": 404, "/failed/requeue?class=WHATEVER": 400} {
+			if code, _, _ := c.do("GET", path, nil, nil); code != want {
+				t.Errorf("GET %s: %d, want %d", path, code, want)
+			}
+		}
+		if body := c.get("/search?since=yesterday"); !strings.Contains(body, "since: ") {
+			t.Errorf("a bad since is not explained:\n%s", body)
+		}
+	})
+}
+
+func TestRunStopsOnCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	srv, err := console.New(console.Config{Addr: "127.0.0.1:0", Operator: "x"}, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, func(a string) { addr <- a }) }()
+	resp, err := http.Get("http://" + <-addr + "/")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET /: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v, want nil after a graceful stop", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+func basic(user, pass string) string {
+	req, _ := http.NewRequest("GET", "/", nil)
+	req.SetBasicAuth(user, pass)
+	return strings.TrimPrefix(req.Header.Get("Authorization"), "Basic ")
+}

@@ -1,0 +1,84 @@
+package outboxcli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v2"
+
+	"github.com/forwarder/forwarder/internal/console"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+func consoleCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "console",
+		Usage:     "Serve the operator's web console (overview, failed rows, search, row pages, requeue)",
+		UsageText: "forwarder outbox console [--addr 127.0.0.1:4196] [--read-only] [--operator NAME] [--mappings DIR]",
+		Description: `Serves a web console on CONSOLE_ADDR (default 127.0.0.1:4196) until SIGINT or
+SIGTERM. Listening on an address that is not loopback requires CONSOLE_TOKEN
+(at least 16 characters); every request must then carry it: a browser logs
+in with a name and the token (a session cookie), scripts send
+"Authorization: Bearer <token>", or basic auth with the token as password
+and their name as user. Without a token the console is open to every user
+of this machine: plates and payloads are personal data, so set a token on a
+shared host.
+
+Actions (requeue a row, requeue a group of FAILED rows) show what they will
+change first and need a confirmation; each is recorded with the operator's
+name in forward_operator_log and in the rows' attempt logs. The operator is
+the name given at login, the basic-auth user, or --operator (default
+$USER) for requests that carry no name. --read-only removes the actions.
+Every query runs with a statement timeout (--timeout) and a row limit.`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "addr", Value: console.DefaultAddr, EnvVars: []string{"CONSOLE_ADDR"}, Usage: "host:port to listen on"},
+			&cli.BoolFlag{Name: "read-only", Usage: "hide and refuse the actions"},
+			&cli.StringFlag{Name: "mappings", Value: defaultMappingsDir, Usage: "directory of the mapping files, for the request preview"},
+			operatorFlag(),
+			timeoutFlag(),
+		},
+		Action: func(c *cli.Context) error {
+			operator, err := operatorName(c)
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("outbox console: %v", err), 2)
+			}
+			cfg := console.Config{
+				Addr: c.String("addr"), Token: os.Getenv("CONSOLE_TOKEN"), ReadOnly: c.Bool("read-only"),
+				Operator: operator, MappingsDir: c.String("mappings"), StatementTimeout: c.Duration("timeout"),
+				Logger: slog.New(slog.NewTextHandler(c.App.ErrWriter, nil)),
+			}
+			// Refused before the database is touched: the address alone decides.
+			if err := console.CheckAddr(cfg.Addr, cfg.Token); err != nil {
+				return cli.Exit("outbox console: "+err.Error(), 2)
+			}
+			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return withPool(c, func(_ context.Context, pool *pgxpool.Pool) error {
+				if v, err := outboxdb.SchemaVersion(ctx, pool); err != nil {
+					return err
+				} else if v < outboxdb.LatestVersion() {
+					return fmt.Errorf("the database schema is at version %d, the console needs %d: run forwarder outbox migrate (or start the service once)", v, outboxdb.LatestVersion())
+				}
+				srv, err := console.New(cfg, pool)
+				if err != nil {
+					return err
+				}
+				return srv.Run(ctx, func(addr string) {
+					mode := "token required"
+					if cfg.Token == "" {
+						mode = "open to local users (no CONSOLE_TOKEN)"
+					}
+					if cfg.ReadOnly {
+						mode += ", read-only"
+					}
+					fmt.Fprintf(c.App.Writer, "console on http://%s/ (%s)\n", addr, mode)
+				})
+			})
+		},
+	}
+}

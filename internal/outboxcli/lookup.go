@@ -1,0 +1,436 @@
+package outboxcli
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v2"
+
+	"github.com/forwarder/forwarder/internal/console"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// The lookup commands: show and find. Both only read, in a read-only
+// transaction bounded by --timeout (outboxdb.ReadOnly).
+
+const defaultMappingsDir = "mappings"
+
+func timeoutFlag() cli.Flag {
+	return &cli.DurationFlag{Name: "timeout", Value: outboxdb.DefaultLookupTimeout,
+		Usage: "statement timeout of the lookup"}
+}
+
+func showCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "show",
+		Usage:     "Show one row: status, Kafka origin, payload, the request the current mapping would send, and its attempts",
+		UsageText: "forwarder outbox show [--mappings DIR] [--json] <message_key | id>",
+		Description: `The argument is a message_key; a number is tried as a message_key and as an
+id (the key's row wins when both exist). Exit status 1 when no row matches.
+
+The payload is printed as indented JSON when it is JSON; text that is not
+valid UTF-8, and control characters, are printed as escapes (\xNN,
+\u{NNNN}), never raw. The request body is what the mapping file for the
+row's api_type (--mappings DIR/<api_type in lower case>.blobl, as
+pipelines/forwarder.yaml names them) makes of the payload now, with
+"access_name" and "access_pwd" shown as "***": the credentials are never
+read. Times in it follow this shell's PLATFORM_TZ.`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "mappings", Value: defaultMappingsDir, Usage: "directory of the mapping files"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
+			timeoutFlag(),
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return cli.Exit("outbox show: give one message_key or id", 2)
+			}
+			ref := c.Args().First()
+			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
+				v, err := outboxdb.ShowRecord(ctx, pool, ref, outboxdb.LookupOptions{Timeout: c.Duration("timeout")})
+				if errors.Is(err, outboxdb.ErrNoRecord) {
+					return cli.Exit(fmt.Sprintf("outbox show: no row with message_key or id %s", strconv.Quote(ref)), 1)
+				}
+				if err != nil {
+					return err
+				}
+				preview := console.PreviewRequest(c.String("mappings"), v.Record)
+				if c.Bool("json") {
+					return writeShowJSON(c.App.Writer, v, preview)
+				}
+				writeShow(c.App.Writer, v, preview)
+				return nil
+			})
+		},
+	}
+}
+
+const timeFormat = "2006-01-02 15:04:05.000Z"
+
+func fmtTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(timeFormat)
+}
+
+func str(p *string) string {
+	if p == nil {
+		return "-"
+	}
+	return console.SafeLine(*p)
+}
+
+func num[T int32 | int64 | int](p *T) string {
+	if p == nil {
+		return "-"
+	}
+	return strconv.FormatInt(int64(*p), 10)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
+	r := v.Record
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "row\t%d\n", r.ID)
+	fmt.Fprintf(tw, "message_key\t%s\n", console.SafeLine(r.MessageKey))
+	fmt.Fprintf(tw, "api_type\t%s\n", console.SafeLine(r.APIType))
+	status := string(r.Status)
+	if r.FailureClass != nil {
+		status += " (" + *r.FailureClass + ")"
+	}
+	fmt.Fprintf(tw, "status\t%s\n", status)
+	fmt.Fprintf(tw, "attempts\t%d\n", r.AttemptCount)
+	fmt.Fprintf(tw, "next_retry_at\t%s\n", fmtTime(r.NextRetryAt))
+	fmt.Fprintf(tw, "last error\t%s\n", str(r.LastError))
+	fmt.Fprintf(tw, "last http status\t%s\n", num(r.LastHTTPStatus))
+	fmt.Fprintf(tw, "created\t%s\n", fmtTime(&r.CreatedAt))
+	fmt.Fprintf(tw, "updated\t%s\n", fmtTime(&r.UpdatedAt))
+	fmt.Fprintf(tw, "delivered\t%s\n", fmtTime(r.SucceededAt))
+	if r.Status == outboxdb.StatusFailed {
+		fmt.Fprintf(tw, "failed\t%s (automatic requeues so far: %d)\n", fmtTime(r.FailedAt), r.RequeueRounds)
+	}
+	if r.ClaimedBy != nil {
+		fmt.Fprintf(tw, "claimed by\t%s at %s\n", str(r.ClaimedBy), fmtTime(r.ClaimedAt))
+	}
+	fmt.Fprintf(tw, "ordering key\t%s (held: %s, blocking its key: %s)\n", str(r.OrderingKey), yesNo(r.OrderHeld), yesNo(r.OrderBlocked))
+	fmt.Fprintf(tw, "plate / park / berth / device\t%s / %s / %s / %s\n", str(r.PlateNo), str(r.ParkCode), str(r.BerthCode), str(r.DeviceID))
+	kafkaKey := "(none)"
+	if r.KafkaKey != nil {
+		kafkaKey = strconv.Quote(console.SafeBytes(r.KafkaKey))
+	}
+	fmt.Fprintf(tw, "kafka\ttopic %s, partition %d, offset %d, key %s\n", console.SafeLine(r.KafkaTopic), r.KafkaPartition, r.KafkaOffset, kafkaKey)
+	if r.DeadLetteredAt != nil {
+		fmt.Fprintf(tw, "dead-lettered\t%s\n", fmtTime(r.DeadLetteredAt))
+	}
+	_ = tw.Flush()
+	if v.OtherID != nil {
+		fmt.Fprintf(w, "(row %d has this number as its id: forwarder outbox show does not look it up while a key matches)\n", *v.OtherID)
+	}
+
+	p := console.RenderPayload(r.Payload, 0)
+	fmt.Fprintln(w)
+	switch p.Kind {
+	case "empty":
+		fmt.Fprintln(w, "payload: empty")
+	case "binary":
+		fmt.Fprintf(w, "payload (%d bytes, not valid UTF-8 from offset %d; escaped):\n%s\n", p.Size, p.BadOffset, p.Text)
+	case "json":
+		fmt.Fprintf(w, "payload (%d bytes, JSON, indented):\n%s\n", p.Size, p.Text)
+	default:
+		fmt.Fprintf(w, "payload (%d bytes, not JSON):\n%s\n", p.Size, p.Text)
+	}
+
+	fmt.Fprintln(w)
+	if preview.Err != "" {
+		fmt.Fprintf(w, "request body (%s): none: %s\n", preview.Mapping, preview.Err)
+	} else {
+		fmt.Fprintf(w, "request body the current mapping would send (%s, credentials masked):\n%s\n", preview.Mapping, preview.Body)
+	}
+
+	fmt.Fprintln(w)
+	if v.AttemptsTotal == 0 {
+		fmt.Fprintln(w, "attempts: none")
+		return
+	}
+	if int64(len(v.Attempts)) < v.AttemptsTotal {
+		fmt.Fprintf(w, "attempts (%d, the latest %d shown):\n", v.AttemptsTotal, len(v.Attempts))
+	} else {
+		fmt.Fprintf(w, "attempts (%d):\n", v.AttemptsTotal)
+	}
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  AT\t#\tRESULT\tHTTP\tERRCODE\tMS\tNEXT RETRY\tERROR")
+	for _, a := range v.Attempts {
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.AttemptedAt.UTC().Format(timeFormat), a.AttemptNumber,
+			console.SafeLine(a.ResultStatus), num(a.HTTPStatus), str(a.PlatformErrcode), num(a.DurationMS),
+			fmtTime(a.NextRetryAt), str(a.ErrorMessage))
+	}
+	_ = tw.Flush()
+}
+
+// showJSON is `outbox show --json`. The payload is there as base64 (exact
+// bytes) and, when it is JSON, as the JSON value itself.
+type showJSON struct {
+	ID             int64           `json:"id"`
+	MessageKey     string          `json:"message_key"`
+	APIType        string          `json:"api_type"`
+	Status         string          `json:"status"`
+	FailureClass   *string         `json:"failure_class"`
+	AttemptCount   int             `json:"attempt_count"`
+	NextRetryAt    *time.Time      `json:"next_retry_at"`
+	LastError      *string         `json:"last_error"`
+	LastHTTPStatus *int32          `json:"last_http_status"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+	SucceededAt    *time.Time      `json:"succeeded_at"`
+	FailedAt       *time.Time      `json:"failed_at"`
+	RequeueRounds  int             `json:"requeue_rounds"`
+	OrderingKey    *string         `json:"ordering_key"`
+	OrderHeld      bool            `json:"order_held"`
+	OrderBlocked   bool            `json:"order_blocked"`
+	PlateNo        *string         `json:"plate_no"`
+	ParkCode       *string         `json:"park_code"`
+	BerthCode      *string         `json:"berth_code"`
+	DeviceID       *string         `json:"device_id"`
+	KafkaTopic     string          `json:"kafka_topic"`
+	KafkaPartition int32           `json:"kafka_partition"`
+	KafkaOffset    int64           `json:"kafka_offset"`
+	KafkaKeyBase64 *string         `json:"kafka_key_base64"`
+	PayloadBase64  string          `json:"payload_base64"`
+	Payload        json.RawMessage `json:"payload,omitempty"`
+	Request        json.RawMessage `json:"request,omitempty"`
+	RequestError   string          `json:"request_error,omitempty"`
+	Mapping        string          `json:"mapping"`
+	AttemptsTotal  int64           `json:"attempts_total"`
+	Attempts       []attemptJSON   `json:"attempts"`
+}
+
+type attemptJSON struct {
+	AttemptedAt     time.Time  `json:"attempted_at"`
+	AttemptNumber   int        `json:"attempt_number"`
+	ResultStatus    string     `json:"result_status"`
+	HTTPStatus      *int32     `json:"http_status"`
+	PlatformErrcode *string    `json:"platform_errcode"`
+	DurationMS      *int32     `json:"duration_ms"`
+	NextRetryAt     *time.Time `json:"next_retry_at"`
+	ErrorMessage    *string    `json:"error_message"`
+}
+
+func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) error {
+	r := v.Record
+	out := showJSON{ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Status: string(r.Status),
+		FailureClass: r.FailureClass, AttemptCount: r.AttemptCount, NextRetryAt: r.NextRetryAt,
+		LastError: r.LastError, LastHTTPStatus: r.LastHTTPStatus, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		SucceededAt: r.SucceededAt, FailedAt: r.FailedAt, RequeueRounds: r.RequeueRounds,
+		OrderingKey: r.OrderingKey, OrderHeld: r.OrderHeld, OrderBlocked: r.OrderBlocked,
+		PlateNo: r.PlateNo, ParkCode: r.ParkCode, BerthCode: r.BerthCode, DeviceID: r.DeviceID,
+		KafkaTopic: r.KafkaTopic, KafkaPartition: r.KafkaPartition, KafkaOffset: r.KafkaOffset,
+		PayloadBase64: base64.StdEncoding.EncodeToString(r.Payload), Mapping: preview.Mapping,
+		RequestError: preview.Err, AttemptsTotal: v.AttemptsTotal, Attempts: []attemptJSON{}}
+	if r.KafkaKey != nil {
+		k := base64.StdEncoding.EncodeToString(r.KafkaKey)
+		out.KafkaKeyBase64 = &k
+	}
+	if json.Valid(r.Payload) {
+		out.Payload = r.Payload
+	}
+	if preview.Body != "" {
+		out.Request = json.RawMessage(preview.Body)
+	}
+	for _, a := range v.Attempts {
+		out.Attempts = append(out.Attempts, attemptJSON{AttemptedAt: a.AttemptedAt, AttemptNumber: a.AttemptNumber,
+			ResultStatus: a.ResultStatus, HTTPStatus: a.HTTPStatus, PlatformErrcode: a.PlatformErrcode,
+			DurationMS: a.DurationMS, NextRetryAt: a.NextRetryAt, ErrorMessage: a.ErrorMessage})
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+func findCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "find",
+		Usage: "List rows by plate, park, berth, device, status, errcode or time, newest first",
+		UsageText: "forwarder outbox find [--plate P] [--park P] [--berth B] [--device D] [--status S] [--errcode E]\n" +
+			"   [--since T] [--until T] [--limit N] [--json]",
+		Description: `Filters combine with AND. Every search walks one index (the most selective
+filter given picks it) and stops at --limit rows (default 50, at most 1000);
+it never reads the whole table. Rows come newest first: by id, or by
+created_at when only --since/--until narrow the search, or by last change
+when only --status (other than SUCCESS) does.
+
+--errcode E keeps rows whose latest attempt got platform errcode E (as in
+outbox stats). --since and --until bound created_at: a duration back from
+now (2h, 7d) or a time (2026-05-21, "2026-05-21 10:30", RFC 3339; times
+without a zone are UTC).
+
+Default output is a table; --json prints one JSON object per row. --explain
+prints the query plan instead (which index the search uses on this database).`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "plate", Usage: "plate number (plateNo)"},
+			&cli.StringFlag{Name: "park", Usage: "park code (parkCode)"},
+			&cli.StringFlag{Name: "berth", Usage: "berth code (berthCode)"},
+			&cli.StringFlag{Name: "device", Usage: "device id (deviceId)"},
+			&cli.StringFlag{Name: "status", Usage: "PENDING, IN_PROGRESS, SUCCESS or FAILED"},
+			&cli.StringFlag{Name: "errcode", Usage: "platform errcode of the latest attempt"},
+			&cli.StringFlag{Name: "since", Usage: "created at or after: a duration back from now (2h, 7d) or a time"},
+			&cli.StringFlag{Name: "until", Usage: "created before: a duration back from now or a time"},
+			&cli.IntFlag{Name: "limit", Value: outboxdb.DefaultFindLimit, Usage: fmt.Sprintf("rows at most (1 to %d)", outboxdb.MaxFindLimit)},
+			&cli.BoolFlag{Name: "json", Usage: "one JSON object per line"},
+			&cli.BoolFlag{Name: "explain", Usage: "print the query plan (EXPLAIN, JSON) instead of rows"},
+			timeoutFlag(),
+		},
+		Action: func(c *cli.Context) error {
+			f, err := findFilter(c, time.Now())
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("outbox find: %v", err), 2)
+			}
+			opts := outboxdb.LookupOptions{Timeout: c.Duration("timeout")}
+			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
+				if c.Bool("explain") {
+					plan, err := outboxdb.ExplainFind(ctx, pool, f, opts)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintln(c.App.Writer, plan)
+					return nil
+				}
+				rows, err := outboxdb.Find(ctx, pool, f, opts)
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					return writeFindJSON(c.App.Writer, rows)
+				}
+				writeFind(c.App.Writer, rows, f)
+				return nil
+			})
+		},
+	}
+}
+
+func findFilter(c *cli.Context, now time.Time) (outboxdb.FindFilter, error) {
+	f := outboxdb.FindFilter{
+		Plate: c.String("plate"), Park: c.String("park"), Berth: c.String("berth"), Device: c.String("device"),
+		Status: outboxdb.Status(strings.ToUpper(c.String("status"))), Errcode: c.String("errcode"), Limit: c.Int("limit"),
+	}
+	if c.Int("limit") < 1 || c.Int("limit") > outboxdb.MaxFindLimit {
+		return f, fmt.Errorf("--limit %d: want 1 to %d", c.Int("limit"), outboxdb.MaxFindLimit)
+	}
+	var err error
+	if f.Since, err = console.ParseWhen(c.String("since"), now); err != nil {
+		return f, fmt.Errorf("--since: %w", err)
+	}
+	if f.Until, err = console.ParseWhen(c.String("until"), now); err != nil {
+		return f, fmt.Errorf("--until: %w", err)
+	}
+	if err := f.Validate(); err != nil {
+		return f, err
+	}
+	return f, nil
+}
+
+func cut(s string, n int) string {
+	if len([]rune(s)) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
+
+func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
+	if len(rows) == 0 {
+		fmt.Fprintf(w, "no rows match %s\n", f)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCREATED\tSTATUS\tATTEMPTS\tERRCODE\tAPI_TYPE\tPLATE\tPARK\tBERTH\tDEVICE\tMESSAGE_KEY\tLAST_ERROR")
+	for _, r := range rows {
+		status := string(r.Status)
+		if r.FailureClass != nil {
+			status += "/" + *r.FailureClass
+		}
+		if r.OrderHeld {
+			status += " (held)"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"),
+			status, r.AttemptCount, str(r.LastErrcode), console.SafeLine(r.APIType), str(r.PlateNo), str(r.ParkCode),
+			str(r.BerthCode), str(r.DeviceID), console.SafeLine(r.MessageKey), cut(str(r.LastError), 60))
+	}
+	_ = tw.Flush()
+	if len(rows) == f.Limit || (f.Limit == 0 && len(rows) == outboxdb.DefaultFindLimit) {
+		fmt.Fprintf(w, "(%d rows shown, there may be more: --limit raises the cap, up to %d)\n", len(rows), outboxdb.MaxFindLimit)
+	}
+}
+
+type foundJSON struct {
+	ID           int64      `json:"id"`
+	MessageKey   string     `json:"message_key"`
+	APIType      string     `json:"api_type"`
+	Status       string     `json:"status"`
+	FailureClass *string    `json:"failure_class"`
+	AttemptCount int        `json:"attempt_count"`
+	LastError    *string    `json:"last_error"`
+	LastHTTP     *int32     `json:"last_http_status"`
+	LastErrcode  *string    `json:"last_errcode"`
+	PlateNo      *string    `json:"plate_no"`
+	ParkCode     *string    `json:"park_code"`
+	BerthCode    *string    `json:"berth_code"`
+	DeviceID     *string    `json:"device_id"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	NextRetryAt  *time.Time `json:"next_retry_at"`
+	SucceededAt  *time.Time `json:"succeeded_at"`
+	OrderingKey  *string    `json:"ordering_key"`
+	OrderHeld    bool       `json:"order_held"`
+	OrderBlocked bool       `json:"order_blocked"`
+}
+
+func writeFindJSON(w io.Writer, rows []outboxdb.FoundRow) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rows {
+		if err := enc.Encode(foundJSON{ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Status: string(r.Status),
+			FailureClass: r.FailureClass, AttemptCount: r.AttemptCount, LastError: r.LastError, LastHTTP: r.LastHTTPStatus,
+			LastErrcode: r.LastErrcode, PlateNo: r.PlateNo, ParkCode: r.ParkCode, BerthCode: r.BerthCode,
+			DeviceID: r.DeviceID, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, NextRetryAt: r.NextRetryAt,
+			SucceededAt: r.SucceededAt, OrderingKey: r.OrderingKey, OrderHeld: r.OrderHeld, OrderBlocked: r.OrderBlocked}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// operatorFlag names who runs a command that changes rows, for
+// forward_operator_log.
+func operatorFlag() cli.Flag {
+	return &cli.StringFlag{Name: "operator", Usage: "who is running this, for the audit log (default: $USER)"}
+}
+
+// operatorName is --operator, else $USER, else the OS account's name.
+func operatorName(c *cli.Context) (string, error) {
+	if op := strings.TrimSpace(c.String("operator")); op != "" {
+		return op, nil
+	}
+	if op := strings.TrimSpace(os.Getenv("USER")); op != "" {
+		return op, nil
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username, nil
+	}
+	return "", errors.New("cannot tell who you are for the audit log: set --operator NAME")
+}

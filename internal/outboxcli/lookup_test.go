@@ -1,0 +1,292 @@
+package outboxcli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/urfave/cli/v2"
+)
+
+// vehiclePayload is the vehicle event of the platform contract's example.
+const vehiclePayload = `{"messageId": "8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11", "deviceId": "CAM-0001",
+ "parkCode": "P1001", "berthCode": "B-012", "itemId": 73421,
+ "plateNo": "粤B12345", "plateColor": 1, "inoutType": 1,
+ "inoutTime": 1779330600000, "plateCredible": 0.854,
+ "pictures": [{"picType": 1, "picUrl": "jieshun/2026/05/21/P1001/a.jpg"},
+              {"picType": 3, "picUrl": "/jieshun/2026/05/21/P1001/b.jpg"}]}`
+
+// lookupFixture inserts rows as ingest leaves them (lookup columns filled
+// from the payload) and returns their ids by key.
+func lookupFixture(t *testing.T, b *testBundle) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	ids := map[string]int64{}
+	add := func(key, status, class string, payload []byte, plate, park, berth, device, lastErr string, attempts int) {
+		t.Helper()
+		var id int64
+		if err := b.pool.QueryRow(ctx, `INSERT INTO forward_records
+			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload, status, attempt_count,
+			 next_retry_at, last_error, failure_class, failed_at, plate_no, park_code, berth_code, device_id, last_http_status)
+			VALUES ($1, 'VEHICLE_EVENT', 'device-vehicle-event', 2, 77, '\x1b5b324a'::bytea, $2, $3::text, $4,
+			        CASE WHEN $3::text = 'PENDING' THEN now() END, nullif($5, ''), nullif($6, ''),
+			        CASE WHEN $3::text = 'FAILED' THEN now() END,
+			        nullif($7, ''), nullif($8, ''), nullif($9, ''), nullif($10, ''), 200)
+			RETURNING id`, key, payload, status, attempts, lastErr, class, plate, park, berth, device).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids[key] = id
+	}
+	add("8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11", "FAILED", "REJECTED", []byte(vehiclePayload), "粤B12345", "P1001", "B-012", "CAM-0001",
+		`not retried (rules[1] no_retry): http 200: {"errcode":"998","errmsg":"do not resend","result":1}`, 1)
+	add("other-plate", "SUCCESS", "", []byte(`{"plateNo":"粤A00001"}`), "粤A00001", "P1001", "B-013", "CAM-0002", "", 1)
+	// Not UTF-8, with an escape sequence that would clear a terminal.
+	add("binary", "FAILED", "INVALID", []byte("\xff\xfe\x1b[2Jplate"), "", "", "", "", "payload is not valid UTF-8 (first bad byte at offset 0)", 0)
+	add("bad-mapping", "FAILED", "INVALID", []byte(`{"messageId":"m","deviceId":"d","parkCode":"p","berthCode":"b","plateNo":"x","inoutType":7,"inoutTime":1}`),
+		"x", "p", "b", "d", "mapping: inoutType 7 is not 0 or 1", 0)
+	for i, l := range [][3]string{{"PENDING", "999", "http 200: busy"}, {"LEASE_EXPIRED", "", ""}, {"FAILED", "998", "do not resend"}} {
+		if _, err := b.pool.Exec(ctx, `INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status,
+			platform_errcode, error_message, duration_ms) VALUES ($1, $2, $3, 200, nullif($4, ''), nullif($5, ''), 12)`,
+			ids["8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11"], i+1, l[0], l[1], l[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// field is the value of a "label   value" line of outbox show.
+func field(out, label string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, label+"  "); ok {
+			return strings.TrimSpace(rest)
+		}
+	}
+	return ""
+}
+
+func sameJSON(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	var ca, cb bytes.Buffer
+	if err := json.Compact(&ca, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Compact(&cb, b); err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Equal(ca.Bytes(), cb.Bytes())
+}
+
+func exitCode(err error) int {
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) {
+		return ec.ExitCode()
+	}
+	return -1
+}
+
+func TestShow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := lookupFixture(t, b)
+	const key = "8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11"
+
+	t.Run("ByKey", func(t *testing.T) {
+		t.Parallel()
+		out := b.mustRun(t, "show", "--mappings", "../../mappings", key)
+		for label, want := range map[string]string{
+			"row":                           strconv.FormatInt(ids[key], 10),
+			"status":                        "FAILED (REJECTED)",
+			"last error":                    `not retried (rules[1] no_retry): http 200: {"errcode":"998","errmsg":"do not resend","result":1}`,
+			"plate / park / berth / device": "粤B12345 / P1001 / B-012 / CAM-0001",
+			// The Kafka key holds an escape sequence: shown escaped.
+			"kafka": `topic device-vehicle-event, partition 2, offset 77, key "\\u{001b}[2J"`,
+		} {
+			if got := field(out, label); got != want {
+				t.Errorf("%s: %q, want %q", label, got, want)
+			}
+		}
+		for _, want := range []string{
+			"payload (", "bytes, JSON, indented):\n{\n  \"messageId\": \"8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11\",",
+			`  "plateNo": "粤B12345",`,
+			"request body the current mapping would send (../../mappings/vehicle_event.blobl, credentials masked):\n{\n  \"access_name\": \"***\",\n  \"access_pwd\": \"***\",",
+			`  "credibility": "85",`, `  "enter_state": "1",`, `  "event_time": "2026-05-21 10:30:00",`,
+			"attempts (3):",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+		}
+		// The timeline, in order.
+		_, timeline, _ := strings.Cut(out, "attempts (3):")
+		p, l, f := strings.Index(timeline, " PENDING "), strings.Index(timeline, " LEASE_EXPIRED "), strings.Index(timeline, " FAILED ")
+		if p < 0 || l < p || f < l {
+			t.Errorf("attempts not in order PENDING, LEASE_EXPIRED, FAILED:\n%s", out)
+		}
+	})
+
+	t.Run("ByID", func(t *testing.T) {
+		t.Parallel()
+		out := b.mustRun(t, "show", "--mappings", "../../mappings", strconv.FormatInt(ids["other-plate"], 10))
+		if field(out, "message_key") != "other-plate" {
+			t.Errorf("show by id found another row:\n%s", out)
+		}
+	})
+
+	t.Run("NonUTF8AndEscapesNeverRaw", func(t *testing.T) {
+		t.Parallel()
+		out := b.mustRun(t, "show", "--mappings", "../../mappings", "binary")
+		if !utf8.ValidString(out) || strings.ContainsRune(out, 0x1b) {
+			t.Errorf("raw bytes reached the terminal: %q", out)
+		}
+		if !strings.Contains(out, "payload (11 bytes, not valid UTF-8 from offset 0; escaped):\n\\xff\\xfe\\u{001b}[2Jplate") {
+			t.Errorf("payload not shown escaped:\n%s", out)
+		}
+		if !strings.Contains(out, "request body (../../mappings/vehicle_event.blobl): none: mapping: ") {
+			t.Errorf("no mapping error for a payload that is not JSON:\n%s", out)
+		}
+	})
+
+	t.Run("MappingError", func(t *testing.T) {
+		t.Parallel()
+		out := b.mustRun(t, "show", "--mappings", "../../mappings", "bad-mapping")
+		if !strings.Contains(out, "none: mapping: inoutType 7 is not 0 or 1") || !strings.Contains(out, "attempts: none") {
+			t.Errorf("output:\n%s", out)
+		}
+	})
+
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		out := b.mustRun(t, "show", "--json", "--mappings", "../../mappings", key)
+		var v struct {
+			ID            int64           `json:"id"`
+			Status        string          `json:"status"`
+			FailureClass  string          `json:"failure_class"`
+			PayloadBase64 string          `json:"payload_base64"`
+			Payload       json.RawMessage `json:"payload"`
+			Request       map[string]any  `json:"request"`
+			Attempts      []struct {
+				ResultStatus string `json:"result_status"`
+			} `json:"attempts"`
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			t.Fatalf("%v:\n%s", err, out)
+		}
+		if v.ID != ids[key] || v.Status != "FAILED" || v.FailureClass != "REJECTED" || len(v.Attempts) != 3 ||
+			v.Request["access_pwd"] != "***" || v.Request["plate_no"] != "粤B12345" || !sameJSON(t, v.Payload, []byte(vehiclePayload)) {
+			t.Errorf("show --json: %+v", v)
+		}
+	})
+
+	t.Run("NoSuchRowExits1", func(t *testing.T) {
+		t.Parallel()
+		for _, ref := range []string{"no-such-key", "987654321"} {
+			out, err := b.run(t, "show", ref)
+			if exitCode(err) != 1 || !strings.Contains(err.Error(), "no row with message_key or id") {
+				t.Errorf("show %s: exit %d, %v (%q); want exit status 1", ref, exitCode(err), err, out)
+			}
+		}
+	})
+}
+
+func TestFind(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := lookupFixture(t, b)
+	const key = "8f14e45f-ea0b-4b6a-9a1e-5c2d7c0e9b11"
+
+	t.Run("PlateTable", func(t *testing.T) {
+		t.Parallel()
+		out := b.mustRun(t, "find", "--plate", "粤B12345")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 2 || !strings.HasPrefix(lines[0], "ID ") || !strings.Contains(lines[0], "LAST_ERROR") ||
+			!strings.HasPrefix(lines[1], strconv.FormatInt(ids[key], 10)+" ") || !strings.Contains(lines[1], "FAILED/REJECTED") ||
+			!strings.Contains(lines[1], " 998 ") || !strings.Contains(lines[1], key) {
+			t.Errorf("find --plate:\n%s", out)
+		}
+	})
+
+	t.Run("JSONLines", func(t *testing.T) {
+		t.Parallel()
+		out := b.mustRun(t, "find", "--park", "P1001", "--json")
+		var got []map[string]any
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("%v: %q", err, line)
+			}
+			got = append(got, m)
+		}
+		if len(got) != 2 || got[0]["message_key"] != "other-plate" || got[1]["message_key"] != key {
+			t.Fatalf("find --park P1001 --json: %v, want both rows of the park, newest first", got)
+		}
+		for _, field := range []string{"id", "message_key", "status", "attempt_count", "last_error", "plate_no", "park_code",
+			"berth_code", "device_id", "created_at", "api_type"} {
+			if _, ok := got[1][field]; !ok {
+				t.Errorf("no %s in %v", field, got[1])
+			}
+		}
+	})
+
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"StatusAndErrcode", []string{"--status", "failed", "--errcode", "998"}, []string{key}},
+		{"ParkAndBerth", []string{"--park", "P1001", "--berth", "B-013"}, []string{"other-plate"}},
+		{"Device", []string{"--device", "d"}, []string{"bad-mapping"}},
+		{"SinceAnHourAgo", []string{"--since", "1h", "--status", "FAILED"}, []string{"bad-mapping", "binary", key}},
+		{"UntilAnHourAgo", []string{"--until", "1h"}, nil},
+		{"Limit", []string{"--limit", "1"}, []string{"bad-mapping"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			out := b.mustRun(t, append([]string{"find", "--json"}, c.args...)...)
+			var keys []string
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				if line == "" {
+					continue
+				}
+				var m struct {
+					Key string `json:"message_key"`
+				}
+				if err := json.Unmarshal([]byte(line), &m); err != nil {
+					t.Fatal(err)
+				}
+				keys = append(keys, m.Key)
+			}
+			if strings.Join(keys, ",") != strings.Join(c.want, ",") {
+				t.Errorf("find %v: %v, want %v", c.args, keys, c.want)
+			}
+		})
+	}
+
+	t.Run("NothingFound", func(t *testing.T) {
+		t.Parallel()
+		if out := b.mustRun(t, "find", "--plate", "nobody"); out != "no rows match plate=\"nobody\"\n" {
+			t.Errorf("output %q", out)
+		}
+	})
+
+	t.Run("Explain", func(t *testing.T) {
+		t.Parallel()
+		if out := b.mustRun(t, "find", "--plate", "x", "--explain"); !strings.Contains(out, `"Index Name": "forward_records_plate_idx"`) {
+			t.Errorf("find --explain:\n%s", out)
+		}
+	})
+
+	t.Run("BadFlags", func(t *testing.T) {
+		t.Parallel()
+		for _, args := range [][]string{{"--limit", "0"}, {"--limit", "1001"}, {"--status", "DONE"}, {"--since", "yesterday"},
+			{"--since", "1h", "--until", "2h"}} {
+			if out, err := b.run(t, append([]string{"find"}, args...)...); exitCode(err) != 2 {
+				t.Errorf("find %v: %v (%q), want exit status 2", args, err, out)
+			}
+		}
+	})
+}

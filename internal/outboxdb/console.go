@@ -1,0 +1,159 @@
+package outboxdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// The console's overview and failure pages. Each runs inside ReadOnly, so
+// it is bounded by the lookup statement timeout.
+var (
+	failedGroupsSQL  = mustSQL("console_failed_groups.sql")
+	failedClassesSQL = mustSQL("console_failed_classes.sql")
+	consoleStateSQL  = mustSQL("console_state.sql")
+	consoleRatesSQL  = mustSQL("console_rates.sql")
+)
+
+// RateCap is how many rows each side of ReadRates reads at most.
+const RateCap = 200_000
+
+// FailedGroupsCap is how many FAILED rows (the most recently failed)
+// FailedGroups reads at most.
+const FailedGroupsCap = 100_000
+
+// PlatformView is the row of forward_platform_state as the console shows it.
+type PlatformView struct {
+	// Breaker is CLOSED, OPEN or HALF_OPEN ("" when the table has no row).
+	Breaker     string
+	ChangedAt   *time.Time
+	ChangedBy   *string
+	Reason      *string
+	NextProbeAt *time.Time
+	// PausedUntil is in the past (or -infinity) unless a Retry-After pause
+	// is running.
+	PausedUntil *time.Time
+}
+
+// SharedState is the breaker and the ordering state.
+type SharedState struct {
+	Platform PlatformView
+	// HeldRows are PENDING rows waiting for an earlier row of their key.
+	HeldRows int64
+	// BlockedKeys are ordering keys held by a FAILED row.
+	BlockedKeys int64
+	// Now is the database clock.
+	Now time.Time
+}
+
+// ReadSharedState reads the breaker and the ordering counts.
+func ReadSharedState(ctx context.Context, q Querier) (SharedState, error) {
+	var s SharedState
+	var breaker *string
+	var paused pgtype.Timestamptz
+	err := q.QueryRow(ctx, consoleStateSQL).Scan(&breaker, &s.Platform.ChangedAt, &s.Platform.ChangedBy,
+		&s.Platform.Reason, &s.Platform.NextProbeAt, &paused, &s.HeldRows, &s.BlockedKeys, &s.Now)
+	if err != nil {
+		return s, fmt.Errorf("reading the breaker and ordering state: %w", err)
+	}
+	if breaker != nil {
+		s.Platform.Breaker = *breaker
+	}
+	// -infinity (the default): never paused.
+	if paused.Valid && paused.InfinityModifier == pgtype.Finite {
+		s.Platform.PausedUntil = &paused.Time
+	}
+	return s, nil
+}
+
+// Rates are what happened recently (ReadRates).
+type Rates struct {
+	// Created counts rows persisted in the last minute and ten minutes.
+	Created1m, Created10m int64
+	// Delivered counts attempts that ended SUCCESS; Failed those that ended
+	// PENDING (a retry) or FAILED.
+	Delivered1m, Delivered10m int64
+	Failed1m, Failed10m       int64
+	// CreatedCapped and AttemptsCapped are set when the ten-minute figures
+	// are lower bounds (RateCap rows were read before ten minutes back).
+	CreatedCapped, AttemptsCapped bool
+}
+
+// ReadRates counts recent rows and attempts (console_rates.sql).
+func ReadRates(ctx context.Context, q Querier) (Rates, error) {
+	var r Rates
+	var capped *bool
+	err := q.QueryRow(ctx, consoleRatesSQL, RateCap).Scan(&r.Created1m, &r.Created10m, &r.CreatedCapped,
+		&r.Delivered1m, &r.Delivered10m, &r.Failed1m, &r.Failed10m, &capped)
+	if err != nil {
+		return r, fmt.Errorf("reading recent rates: %w", err)
+	}
+	r.AttemptsCapped = capped != nil && *capped
+	return r, nil
+}
+
+// OldestUnfinished returns the oldest PENDING or IN_PROGRESS row that is not
+// held behind another (as `outbox stats` shows it), nil when there is none.
+func OldestUnfinished(ctx context.Context, q Querier) (*OldestRow, error) {
+	var o OldestRow
+	var status string
+	var dbNow time.Time
+	err := q.QueryRow(ctx, statsOldestSQL).Scan(&o.ID, &o.MessageKey, &status, &o.CreatedAt, &dbNow)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("finding the oldest undelivered row: %w", err)
+	}
+	o.Status = Status(status)
+	o.Age = dbNow.Sub(o.CreatedAt)
+	return &o, nil
+}
+
+// FailedGroup is a set of FAILED rows with the same class and reason.
+type FailedGroup struct {
+	// Class is the failure class ("" for rows from before classes existed).
+	Class string `db:"class"`
+	// Reason is last_error normalised (console_failed_groups.sql): pass it
+	// as RequeueFilter.Reason to requeue the group.
+	Reason       string    `db:"reason"`
+	Rows         int64     `db:"rows"`
+	LastFailedAt time.Time `db:"last_failed_at"`
+	// NewestID is the group's newest row, an example to look at.
+	NewestID int64 `db:"newest_id"`
+}
+
+// FailedGroups returns the largest groups of FAILED rows, at most limit,
+// among the FailedGroupsCap most recently failed.
+func FailedGroups(ctx context.Context, q Querier, limit int) ([]FailedGroup, error) {
+	rows, err := q.Query(ctx, failedGroupsSQL, limit, FailedGroupsCap)
+	if err != nil {
+		return nil, fmt.Errorf("grouping FAILED rows: %w", err)
+	}
+	gs, err := pgx.CollectRows(rows, pgx.RowToStructByName[FailedGroup])
+	if err != nil {
+		return nil, fmt.Errorf("grouping FAILED rows: %w", err)
+	}
+	return gs, nil
+}
+
+// FailedByClass counts FAILED rows by class ("" for rows without one).
+func FailedByClass(ctx context.Context, q Querier) ([]ValueCount, error) {
+	rows, err := q.Query(ctx, failedClassesSQL)
+	if err != nil {
+		return nil, fmt.Errorf("counting FAILED rows by class: %w", err)
+	}
+	vs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ValueCount, error) {
+		var v ValueCount
+		err := row.Scan(&v.Value, &v.Rows)
+		return v, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("counting FAILED rows by class: %w", err)
+	}
+	return vs, nil
+}

@@ -1,0 +1,467 @@
+package outboxdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Lookups: `forwarder outbox find|show` and the console's search and record
+// pages. Every lookup is bounded: a row limit, and a statement timeout set
+// in its own read-only transaction.
+var (
+	findTemplateSQL = mustSQL("lookup_find.sql")
+	errcodesSQL     = mustSQL("lookup_errcodes.sql")
+	showSQL         = mustSQL("lookup_show.sql")
+	attemptsSQL     = mustSQL("lookup_attempts.sql")
+)
+
+// Bounds of the lookups.
+const (
+	// DefaultLookupTimeout is the statement timeout of a lookup when the
+	// caller gives none: an operator waits seconds, not minutes, and a
+	// forgotten query cannot hold a connection of a busy database.
+	DefaultLookupTimeout = 5 * time.Second
+	// DefaultFindLimit is how many rows a search returns when not told.
+	DefaultFindLimit = 50
+	// MaxFindLimit is the most rows one search returns.
+	MaxFindLimit = 1000
+	// DefaultAttemptLimit is how many attempt logs (the latest) a record
+	// lookup returns.
+	DefaultAttemptLimit = 500
+)
+
+// FindFilter selects rows for Find. Empty fields do not filter; the
+// conditions that are given combine with AND.
+type FindFilter struct {
+	Plate, Park, Berth, Device string
+	// Status is one of PENDING, IN_PROGRESS, SUCCESS, FAILED.
+	Status Status
+	// Errcode keeps rows whose latest attempt log (LEASE_EXPIRED and REQUEUED
+	// aside) has this platform_errcode.
+	Errcode string
+	// Since and Until bound created_at: Since <= created_at < Until.
+	Since, Until time.Time
+	// Limit caps the rows returned: DefaultFindLimit when 0, at most
+	// MaxFindLimit.
+	Limit int
+}
+
+// Validate checks the filter's values.
+func (f FindFilter) Validate() error {
+	switch f.Status {
+	case "", StatusPending, StatusInProgress, StatusSuccess, StatusFailed:
+	default:
+		return fmt.Errorf("status %q: want PENDING, IN_PROGRESS, SUCCESS or FAILED", f.Status)
+	}
+	if f.Limit < 0 || f.Limit > MaxFindLimit {
+		return fmt.Errorf("limit %d: want 1 to %d", f.Limit, MaxFindLimit)
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return fmt.Errorf("since %s is not before until %s", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// String describes the filter for people (an audit row, a heading).
+func (f FindFilter) String() string {
+	var parts []string
+	add := func(name, v string) {
+		if v != "" {
+			parts = append(parts, name+"="+strconv.Quote(v))
+		}
+	}
+	add("plate", f.Plate)
+	add("park", f.Park)
+	add("berth", f.Berth)
+	add("device", f.Device)
+	add("status", string(f.Status))
+	add("errcode", f.Errcode)
+	if !f.Since.IsZero() {
+		add("since", f.Since.UTC().Format(time.RFC3339))
+	}
+	if !f.Until.IsZero() {
+		add("until", f.Until.UTC().Format(time.RFC3339))
+	}
+	if len(parts) == 0 {
+		return "(all rows)"
+	}
+	return strings.Join(parts, " ")
+}
+
+// driver is the part of a search that reaches the rows: the index it walks,
+// in that index's order, so the walk stops after the limit (lookup_find.sql).
+type driver struct {
+	name, from, where, order string
+}
+
+// The drivers, most selective first; findDriver picks the first whose
+// filters are given. Placeholders as in lookup_find.sql.
+var (
+	// forward_records_plate_idx (plate_no, id).
+	driverPlate = driver{"plate", "forward_records r",
+		"r.plate_no >= $1::text AND r.plate_no <= $1::text",
+		"r.plate_no DESC, r.id DESC"}
+	// forward_records_park_idx (park_code, berth_code, id).
+	driverParkBerth = driver{"park_berth", "forward_records r",
+		"r.park_code >= $2::text AND r.park_code <= $2::text AND r.berth_code >= $3::text AND r.berth_code <= $3::text",
+		"r.park_code DESC, r.berth_code DESC, r.id DESC"}
+	// forward_records_device_idx (device_id, id).
+	driverDevice = driver{"device", "forward_records r",
+		"r.device_id >= $4::text AND r.device_id <= $4::text",
+		"r.device_id DESC, r.id DESC"}
+	// forward_records_berth_idx (berth_code, id).
+	driverBerth = driver{"berth", "forward_records r",
+		"r.berth_code >= $3::text AND r.berth_code <= $3::text",
+		"r.berth_code DESC, r.id DESC"}
+	// forward_records_park_id_idx (park_code, id).
+	driverPark = driver{"park", "forward_records r",
+		"r.park_code >= $2::text AND r.park_code <= $2::text",
+		"r.park_code DESC, r.id DESC"}
+	// forward_retry_logs_errcode_idx (platform_errcode, record_id): the logs
+	// with the errcode, newest row first, each kept only when it is its
+	// row's latest log (so every row comes once), then the row by its key.
+	driverErrcode = driver{"errcode",
+		"forward_retry_logs l JOIN forward_records r ON r.id = l.record_id",
+		`l.platform_errcode >= $6::text AND l.platform_errcode <= $6::text
+  AND l.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
+  AND NOT EXISTS (SELECT 1 FROM forward_retry_logs n
+                  WHERE n.record_id = l.record_id AND n.id > l.id
+                    AND n.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED'))`,
+		"l.platform_errcode DESC, l.record_id DESC"}
+	// forward_records_unfinished_status_idx (status, updated_at) WHERE
+	// status <> 'SUCCESS': the most recently changed rows of a status first.
+	// A row is updated no earlier than it was created, so a lower bound on
+	// created_at bounds the walk too.
+	driverStatus = driver{"status", "forward_records r",
+		`r.status >= $5::text AND r.status <= $5::text AND r.status <> 'SUCCESS'
+  AND ($7::timestamptz IS NULL OR r.updated_at >= $7::timestamptz)`,
+		"r.status DESC, r.updated_at DESC, r.id DESC"}
+	// forward_records_created_at_idx (created_at); the bounds are the
+	// filters' own.
+	driverTime = driver{"time", "forward_records r", "true", "r.created_at DESC, r.id DESC"}
+	// The primary key, newest first: no filter, or only SUCCESS, the bulk of
+	// the table, where the newest rows match at once.
+	driverAll = driver{"all", "forward_records r", "true", "r.id DESC"}
+)
+
+func findDriver(f FindFilter) driver {
+	switch {
+	case f.Plate != "":
+		return driverPlate
+	case f.Park != "" && f.Berth != "":
+		return driverParkBerth
+	case f.Device != "":
+		return driverDevice
+	case f.Berth != "":
+		return driverBerth
+	case f.Park != "":
+		return driverPark
+	case f.Errcode != "":
+		return driverErrcode
+	case f.Status != "" && f.Status != StatusSuccess:
+		return driverStatus
+	case !f.Since.IsZero() || !f.Until.IsZero():
+		return driverTime
+	default:
+		return driverAll
+	}
+}
+
+// findSQL is the search statement of each driver, built once.
+var findSQL = func() map[string]string {
+	m := map[string]string{}
+	for _, d := range []driver{driverPlate, driverParkBerth, driverDevice, driverBerth, driverPark,
+		driverErrcode, driverStatus, driverTime, driverAll} {
+		s := strings.Replace(findTemplateSQL, "/*FROM*/", d.from, 1)
+		s = strings.Replace(s, "/*DRIVER*/", d.where, 1)
+		m[d.name] = strings.Replace(s, "/*ORDER*/", d.order, 1)
+	}
+	return m
+}()
+
+func (f FindFilter) args(d driver) []any {
+	text := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	at := func(t time.Time) any {
+		if t.IsZero() {
+			return nil
+		}
+		return t
+	}
+	limit := f.Limit
+	if limit == 0 {
+		limit = DefaultFindLimit
+	}
+	return []any{text(f.Plate), text(f.Park), text(f.Berth), text(f.Device), text(string(f.Status)),
+		text(f.Errcode), at(f.Since), at(f.Until), limit, d.name == driverErrcode.name}
+}
+
+// FoundRow is one row of a search.
+type FoundRow struct {
+	ID             int64      `db:"id"`
+	MessageKey     string     `db:"message_key"`
+	APIType        string     `db:"api_type"`
+	Status         Status     `db:"status"`
+	AttemptCount   int        `db:"attempt_count"`
+	LastError      *string    `db:"last_error"`
+	LastHTTPStatus *int32     `db:"last_http_status"`
+	FailureClass   *string    `db:"failure_class"`
+	PlateNo        *string    `db:"plate_no"`
+	ParkCode       *string    `db:"park_code"`
+	BerthCode      *string    `db:"berth_code"`
+	DeviceID       *string    `db:"device_id"`
+	CreatedAt      time.Time  `db:"created_at"`
+	UpdatedAt      time.Time  `db:"updated_at"`
+	NextRetryAt    *time.Time `db:"next_retry_at"`
+	SucceededAt    *time.Time `db:"succeeded_at"`
+	OrderingKey    *string    `db:"ordering_key"`
+	OrderHeld      bool       `db:"order_held"`
+	OrderBlocked   bool       `db:"order_blocked"`
+	// LastErrcode is the platform errcode of the latest attempt, nil when
+	// there is none (no attempt, or a reply without errcode).
+	LastErrcode *string `db:"-"`
+}
+
+// LookupOptions bound one lookup.
+type LookupOptions struct {
+	// Timeout is the statement timeout (DefaultLookupTimeout when 0).
+	Timeout time.Duration
+}
+
+// ReadOnly runs fn in a read-only transaction with the lookups' settings:
+// the statement timeout of opts, a plan made for the actual values of every
+// statement (plan_cache_mode = force_custom_plan, which the searches rely on
+// to drop the filters that are not given), and neither JIT nor parallel
+// workers, which would cost an interactive query more than they save and
+// take CPU from the dispatchers. The console uses it for its own queries.
+func ReadOnly(ctx context.Context, db TxBeginner, opts LookupOptions, fn func(tx pgx.Tx) error) error {
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = DefaultLookupTimeout
+	}
+	return pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true),
+				set_config('plan_cache_mode', 'force_custom_plan', true),
+				set_config('jit', 'off', true),
+				set_config('max_parallel_workers_per_gather', '0', true)`,
+			strconv.FormatInt(timeout.Milliseconds(), 10)); err != nil {
+			return fmt.Errorf("setting up the lookup: %w", err)
+		}
+		return fn(tx)
+	})
+}
+
+// Find returns the rows matching f, newest first: by id, or by created_at
+// when only a time range narrows the search, or by updated_at when only a
+// status other than SUCCESS does (the order of the index each search walks).
+func Find(ctx context.Context, db TxBeginner, f FindFilter, opts LookupOptions) ([]FoundRow, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	var found []FoundRow
+	err := ReadOnly(ctx, db, opts, func(tx pgx.Tx) error {
+		d := findDriver(f)
+		rows, err := tx.Query(ctx, findSQL[d.name], f.args(d)...)
+		if err != nil {
+			return err
+		}
+		found, err = pgx.CollectRows(rows, pgx.RowToStructByNameLax[FoundRow])
+		if err != nil || len(found) == 0 {
+			return err
+		}
+		ids := make([]int64, len(found))
+		at := make(map[int64]int, len(found))
+		for i, r := range found {
+			ids[i] = r.ID
+			at[r.ID] = i
+		}
+		rows, err = tx.Query(ctx, errcodesSQL, ids)
+		if err != nil {
+			return err
+		}
+		var id int64
+		var code *string
+		_, err = pgx.ForEachRow(rows, []any{&id, &code}, func() error {
+			found[at[id]].LastErrcode = code
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		// Not the filter: a plate is personal data, and errors get logged.
+		return nil, fmt.Errorf("searching rows: %w", err)
+	}
+	return found, nil
+}
+
+// ExplainFind returns the plan PostgreSQL uses for Find(f), as EXPLAIN
+// (FORMAT JSON) prints it, planned in the same settings: for operators who
+// want to see which index a search walks on their database, and for the
+// plan tests.
+func ExplainFind(ctx context.Context, db TxBeginner, f FindFilter, opts LookupOptions) (string, error) {
+	if err := f.Validate(); err != nil {
+		return "", err
+	}
+	d := findDriver(f)
+	return explain(ctx, db, opts, findSQL[d.name], f.args(d)...)
+}
+
+// ExplainShow is ExplainFind for ShowRecord(ref).
+func ExplainShow(ctx context.Context, db TxBeginner, ref string, opts LookupOptions) (string, error) {
+	return explain(ctx, db, opts, showSQL, showArgs(ref)...)
+}
+
+func explain(ctx context.Context, db TxBeginner, opts LookupOptions, sql string, args ...any) (string, error) {
+	var plan string
+	err := ReadOnly(ctx, db, opts, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&plan)
+	})
+	return plan, err
+}
+
+// Record is one forward_records row with everything an operator may want
+// to see about it.
+type Record struct {
+	ID             int64      `db:"id"`
+	MessageKey     string     `db:"message_key"`
+	APIType        string     `db:"api_type"`
+	KafkaTopic     string     `db:"kafka_topic"`
+	KafkaPartition int32      `db:"kafka_partition"`
+	KafkaOffset    int64      `db:"kafka_offset"`
+	KafkaKey       []byte     `db:"kafka_key"`
+	Payload        []byte     `db:"payload"`
+	Status         Status     `db:"status"`
+	AttemptCount   int        `db:"attempt_count"`
+	NextRetryAt    *time.Time `db:"next_retry_at"`
+	LastHTTPStatus *int32     `db:"last_http_status"`
+	LastError      *string    `db:"last_error"`
+	CreatedAt      time.Time  `db:"created_at"`
+	UpdatedAt      time.Time  `db:"updated_at"`
+	SucceededAt    *time.Time `db:"succeeded_at"`
+	ClaimedBy      *string    `db:"claimed_by"`
+	ClaimedAt      *time.Time `db:"claimed_at"`
+	FailureClass   *string    `db:"failure_class"`
+	FailedAt       *time.Time `db:"failed_at"`
+	RequeueRounds  int        `db:"requeue_rounds"`
+	LeaseReturns   int        `db:"lease_returns"`
+	OrderingKey    *string    `db:"ordering_key"`
+	OrderHeld      bool       `db:"order_held"`
+	OrderBlocked   bool       `db:"order_blocked"`
+	PlateNo        *string    `db:"plate_no"`
+	ParkCode       *string    `db:"park_code"`
+	BerthCode      *string    `db:"berth_code"`
+	DeviceID       *string    `db:"device_id"`
+	DeadLetteredAt *time.Time `db:"dead_lettered_at"`
+}
+
+// Attempt is one forward_retry_logs row.
+type Attempt struct {
+	ID              int64      `db:"id"`
+	AttemptNumber   int        `db:"attempt_number"`
+	ResultStatus    string     `db:"result_status"`
+	HTTPStatus      *int32     `db:"http_status"`
+	PlatformErrcode *string    `db:"platform_errcode"`
+	ErrorMessage    *string    `db:"error_message"`
+	DurationMS      *int32     `db:"duration_ms"`
+	AttemptedAt     time.Time  `db:"attempted_at"`
+	NextRetryAt     *time.Time `db:"next_retry_at"`
+}
+
+type attemptRow struct {
+	Attempt
+	Total int64 `db:"total"`
+}
+
+// RecordView is what ShowRecord found.
+type RecordView struct {
+	Record
+	// Attempts are the latest attempt logs (at most DefaultAttemptLimit),
+	// oldest first; AttemptsTotal counts them all.
+	Attempts      []Attempt
+	AttemptsTotal int64
+	// OtherID is set when the reference was a number that is both this
+	// row's message_key and another row's id: that other row's id.
+	OtherID *int64
+}
+
+// ErrNoRecord is returned by ShowRecord when no row matches.
+var ErrNoRecord = errors.New("no such row")
+
+func showArgs(ref string) []any {
+	var id any
+	if n, err := strconv.ParseInt(ref, 10, 64); err == nil {
+		id = n
+	}
+	return []any{ref, id}
+}
+
+// ShowRecord reads the row whose message_key is ref, or, when ref is a
+// number and no key matches, whose id is ref, with its attempt log.
+func ShowRecord(ctx context.Context, db TxBeginner, ref string, opts LookupOptions) (RecordView, error) {
+	v, err := showRecord(ctx, db, opts, showArgs(ref))
+	if err != nil {
+		if errors.Is(err, ErrNoRecord) {
+			return v, fmt.Errorf("%w with message_key or id %q", ErrNoRecord, ref)
+		}
+		return v, fmt.Errorf("reading row %q: %w", ref, err)
+	}
+	return v, nil
+}
+
+// ShowRecordByID is ShowRecord by id only.
+func ShowRecordByID(ctx context.Context, db TxBeginner, id int64, opts LookupOptions) (RecordView, error) {
+	v, err := showRecord(ctx, db, opts, []any{nil, id})
+	if err != nil {
+		if errors.Is(err, ErrNoRecord) {
+			return v, fmt.Errorf("%w with id %d", ErrNoRecord, id)
+		}
+		return v, fmt.Errorf("reading row %d: %w", id, err)
+	}
+	return v, nil
+}
+
+func showRecord(ctx context.Context, db TxBeginner, opts LookupOptions, args []any) (RecordView, error) {
+	var v RecordView
+	err := ReadOnly(ctx, db, opts, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, showSQL, args...)
+		if err != nil {
+			return err
+		}
+		recs, err := pgx.CollectRows(rows, pgx.RowToStructByName[Record])
+		if err != nil {
+			return err
+		}
+		if len(recs) == 0 {
+			return ErrNoRecord
+		}
+		v.Record = recs[0]
+		if len(recs) > 1 {
+			v.OtherID = &recs[1].ID
+		}
+		rows, err = tx.Query(ctx, attemptsSQL, v.ID, DefaultAttemptLimit)
+		if err != nil {
+			return err
+		}
+		logs, err := pgx.CollectRows(rows, pgx.RowToStructByName[attemptRow])
+		if err != nil {
+			return err
+		}
+		v.Attempts = make([]Attempt, len(logs))
+		for i, l := range logs {
+			v.Attempts[i] = l.Attempt
+			v.AttemptsTotal = l.Total
+		}
+		return nil
+	})
+	return v, err
+}
