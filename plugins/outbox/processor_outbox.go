@@ -97,7 +97,9 @@ other claim. Only with ^emit: none^; ^direct_dispatch: false^ turns it off.
 
 ^forwarder_rows_persisted_total{status}^ counts new rows by status (PENDING, FAILED; rows handed
 over directly count as PENDING);
-^forwarder_missing_message_id_total^ counts messages stored under the fallback key.`)).
+^forwarder_missing_message_id_total^ counts messages stored under the fallback key;
+^forwarder_ingest_errors_total^ counts failed attempts to persist a batch (the batch is held and
+retried, and a failure that lasts is logged again at ERROR every minute).`)).
 		Fields(dispatch.DSNFields()...).
 		Fields(
 			service.NewInterpolatedStringField(opFieldKey).
@@ -170,6 +172,9 @@ const (
 	retryInitial   = 100 * time.Millisecond
 	retryMax       = 3 * time.Second
 	attemptTimeout = time.Minute
+	// defaultOutageLogEvery is how often a lasting failure to persist is
+	// logged again at ERROR.
+	defaultOutageLogEvery = time.Minute
 	// defaultChunkBytes caps the payload bytes of one statement: a bytea[]
 	// parameter cannot exceed 1 GB, and a batch of large messages would then
 	// fail forever.
@@ -197,9 +202,13 @@ type outboxProcessor struct {
 	mMissingID *service.MetricCounter
 	mPersisted *service.MetricCounter
 
-	outageMu    sync.Mutex
-	outageSince time.Time // zero while the database is reachable
-	outageTries int
+	outageMu     sync.Mutex
+	outageSince  time.Time // zero while the database is reachable
+	outageTries  int
+	outageLogged time.Time // when the outage was last logged at ERROR
+	// outageLogEvery is how often a lasting outage is logged at ERROR.
+	outageLogEvery time.Duration
+	mIngestFails *service.MetricCounter
 
 	// afterInsertClaim, when set by a test, runs after a successful
 	// InsertBatchClaim; an error it returns stands for a reply lost after
@@ -213,6 +222,8 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		retryInitial: retryInitial,
 		retryMax:     retryMax,
 		chunkBytes:   defaultChunkBytes,
+
+		outageLogEvery: defaultOutageLogEvery,
 		mMissingID:   mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
 		mPersisted:   persistedCounter(mgr),
 	}
@@ -267,6 +278,8 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 	}
 
 	metricseries.Counter(p.mMissingID)
+	p.mIngestFails = mgr.Metrics().NewCounter("forwarder_ingest_errors_total")
+	metricseries.Counter(p.mIngestFails)
 	if p.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
 		return nil, err
 	}
@@ -587,16 +600,29 @@ func (p *outboxProcessor) persist(ctx context.Context, insert func(context.Conte
 }
 
 // failed logs the first failure of an outage; the rest go to debug.
+//
+// A failure that lasts (lost permissions, a constraint, a full disk: it will
+// not go away by itself) keeps the batch held, since offsets must not move,
+// so it must not go unnoticed: it is logged again at ERROR every
+// outageLogEvery (a minute), and every failed attempt counts in
+// forwarder_ingest_errors_total (alert ForwarderIngestFailing).
 func (p *outboxProcessor) failed(err error) {
+	p.mIngestFails.Incr(1)
 	p.outageMu.Lock()
 	defer p.outageMu.Unlock()
 	p.outageTries++
-	if !p.outageSince.IsZero() {
+	now := time.Now()
+	switch {
+	case p.outageSince.IsZero():
+		p.outageSince, p.outageLogged = now, now
+		p.log.Errorf("Cannot persist to database %s, holding the batch and retrying until it is back (offsets are not committed meanwhile): %v", p.database, err)
+	case now.Sub(p.outageLogged) >= p.outageLogEvery:
+		p.outageLogged = now
+		p.log.Errorf("Still cannot persist to database %s after %s and %d attempts (offsets are not committed meanwhile): %v",
+			p.database, now.Sub(p.outageSince).Round(time.Second), p.outageTries, err)
+	default:
 		p.log.Debugf("Still cannot persist to database %s (attempt %d): %v", p.database, p.outageTries, err)
-		return
 	}
-	p.outageSince = time.Now()
-	p.log.Errorf("Cannot persist to database %s, holding the batch and retrying until it is back (offsets are not committed meanwhile): %v", p.database, err)
 }
 
 // recovered logs the end of an outage.

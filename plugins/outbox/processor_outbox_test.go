@@ -554,6 +554,31 @@ api_type: '${! meta("event_type") }'
 		if n := logs.count(slog.LevelError, "Cannot persist"); n != 1 {
 			t.Fatalf("%d error lines for one outage, want 1:\n%s", n, logs.all())
 		}
+		if n := logs.count(slog.LevelError, "Still cannot persist"); n != 0 {
+			t.Fatalf("%d repeated error lines within a minute:\n%s", n, logs.all())
+		}
+	})
+
+	t.Run("ALastingFailureIsLoggedAgainPeriodically", func(t *testing.T) {
+		t.Parallel()
+		logs := &logRecorder{}
+		p, err := newProcessor("postgres://postgres@127.0.0.1:1/forwarder?sslmode=disable&connect_timeout=2", defaultYAML, logs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close(context.Background())
+		p.retryInitial, p.retryMax, p.outageLogEvery = time.Millisecond, 5*time.Millisecond, 50*time.Millisecond
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.ProcessBatch(ctx, service.MessageBatch{kmsg(topicVehicle, 0, 1, vehicle("x"))})
+			done <- err
+		}()
+		// A permanent failure keeps the batch held; it must keep showing at
+		// ERROR, not only in its first line.
+		waitFor(t, "repeated error lines", func() bool { return logs.count(slog.LevelError, "Still cannot persist") >= 2 })
+		cancel()
+		<-done
 		if strings.Contains(logs.all(), "forwarder?sslmode") {
 			t.Fatalf("the DSN leaked into the logs:\n%s", logs.all())
 		}
