@@ -31,13 +31,17 @@ const (
 )
 
 // secretVars reach the container only from the Secret.
-var secretVars = []string{"DATABASE_URL", "PLATFORM_ACCESS_NAME", "PLATFORM_ACCESS_PWD", "CONSOLE_TOKEN"}
+var secretVars = []string{"DATABASE_URL", "PLATFORM_ACCESS_NAME", "PLATFORM_ACCESS_PWD", "KAFKA_SASL_PASSWORD", "CONSOLE_TOKEN"}
+
+// optionalSecrets may be missing from the Secret.
+var optionalSecrets = map[string]bool{"KAFKA_SASL_PASSWORD": true, "CONSOLE_TOKEN": true}
 
 // contractVars is the environment of pipelines/forwarder.yaml that
 // docs/configuration.md documents, plus the service's extras: the chart
 // sets every one (from values or from the Secret).
 var contractVars = []string{
 	"KAFKA_BROKERS", "KAFKA_GROUP", "KAFKA_TOPIC_VEHICLE", "KAFKA_TOPIC_HEARTBEAT",
+	"KAFKA_TLS", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_PASSWORD",
 	"DATABASE_URL", "PLATFORM_URL", "PLATFORM_ACCESS_NAME", "PLATFORM_ACCESS_PWD", "PLATFORM_TZ",
 	"HTTP_ADDR", "FORWARD_MAX_IN_FLIGHT", "FORWARD_TIMEOUT", "FORWARD_MAX_ATTEMPTS",
 	"FORWARD_RETRY_INITIAL", "FORWARD_RETRY_MAX", "CLAIM_LEASE", "PLATFORM_PROBE_INTERVAL",
@@ -458,8 +462,8 @@ func checkGracePeriod(t *testing.T, d *appsv1.Deployment, c corev1.Container) {
 }
 
 // checkSecretRefs: every secret variable comes from the Secret (keys maps
-// a variable to its key when it is not the variable's name); only
-// CONSOLE_TOKEN may be missing.
+// a variable to its key when it is not the variable's name); only the
+// optional ones may be missing.
 func checkSecretRefs(t *testing.T, c corev1.Container, secret string, keys map[string]string) {
 	t.Helper()
 	for _, name := range secretVars {
@@ -489,14 +493,15 @@ func checkSecretRefs(t *testing.T, c corev1.Container, secret string, keys map[s
 			t.Errorf("%s from Secret %s key %s, want %s key %s", name, ref.SecretKeyRef.Name, ref.SecretKeyRef.Key, secret, key)
 		}
 		optional := ref.SecretKeyRef.Optional != nil && *ref.SecretKeyRef.Optional
-		if optional != (name == "CONSOLE_TOKEN") {
-			t.Errorf("%s optional=%v; only CONSOLE_TOKEN may be missing", name, optional)
+		if optional != optionalSecrets[name] {
+			t.Errorf("%s optional=%v, want %v", name, optional, optionalSecrets[name])
 		}
 	}
 }
 
-// pipelineVar matches a variable reference in a Benthos config.
-var pipelineVar = regexp.MustCompile(`\$\{([A-Z][A-Z0-9_]*)`)
+// pipelineVar matches a variable reference in a Benthos config; the second
+// group is ":" when the reference has an empty default (`${NAME:}`).
+var pipelineVar = regexp.MustCompile(`\$\{([A-Z][A-Z0-9_]*)(:\})?`)
 
 // checkEnvCoversPipeline: every variable the shipped pipeline reads, and
 // every documented one, is set in the container.
@@ -507,16 +512,21 @@ func checkEnvCoversPipeline(t *testing.T, c corev1.Container) {
 		set[e.Name] = true
 	}
 	needed := map[string]bool{}
+	emptyDefault := map[string]bool{}
 	for _, m := range pipelineVar.FindAllStringSubmatch(readRepo(t, "pipelines/forwarder.yaml"), -1) {
 		needed[m[1]] = true
+		if m[2] != "" {
+			emptyDefault[m[1]] = true
+		}
 	}
 	for _, v := range contractVars {
 		needed[v] = true
 	}
 	var missing []string
 	for v := range needed {
-		// OUTBOX_RETENTION's default is empty: unset keeps rows forever.
-		if !set[v] && v != "OUTBOX_RETENTION" {
+		// A variable whose default is empty (OUTBOX_RETENTION, the CA
+		// files) may stay unset: the chart leaves empty values out.
+		if !set[v] && !emptyDefault[v] {
 			missing = append(missing, v)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/envsecret"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -227,21 +227,9 @@ func DSNFields() []*service.ConfigField {
 // dsn when set, else the environment variable named by dsn_env, else
 // DefaultDSN.
 func DSNFromParsed(conf *service.ParsedConfig) (string, error) {
-	if conf.Contains(FieldDSN) {
-		dsn, err := conf.FieldString(FieldDSN)
-		if err != nil {
-			return "", err
-		}
-		if dsn != "" {
-			return dsn, nil
-		}
-	}
-	name, err := conf.FieldString(FieldDSNEnv)
-	if err != nil {
-		return "", err
-	}
-	if v, ok := os.LookupEnv(name); ok && v != "" {
-		return v, nil
+	dsn, _, err := envsecret.Read(conf, FieldDSN)
+	if err != nil || dsn != "" {
+		return dsn, err
 	}
 	return DefaultDSN, nil
 }
@@ -249,13 +237,8 @@ func DSNFromParsed(conf *service.ParsedConfig) (string, error) {
 // DSNSource names where a component's connection string comes from, for
 // error messages (never the value).
 func DSNSource(conf *service.ParsedConfig) string {
-	if conf.Contains(FieldDSN) {
-		if dsn, _ := conf.FieldString(FieldDSN); dsn != "" {
-			return "field " + FieldDSN
-		}
-	}
-	name, _ := conf.FieldString(FieldDSNEnv)
-	return name
+	_, source, _ := envsecret.Read(conf, FieldDSN)
+	return source
 }
 
 // HubFromParsed returns the hub of the database a component's config names.

@@ -36,8 +36,8 @@ var envRef = regexp.MustCompile(`(\$?)\$\{([0-9A-Za-z_.]+)(?::((?:\$\{[^}]+\}|[^
 // blobl imports, resolved against the importing file's directory.
 var blobImport = regexp.MustCompile(`(?m)^\s*import\s+"([^"]+)"`)
 
-// Components whose PostgreSQL connection and credentials our plugins can
-// read from the environment themselves: when the field is absent, the
+// Components whose PostgreSQL connection and credentials (and kafka_franz's
+// SASL passwords) our plugins can read from the environment themselves: when the field is absent, the
 // variable named by <field>_env (default the documented name) is read.
 var (
 	dsnComponents = map[string]bool{"outbox": true, "outbox_retry": true, "outbox_dead_letter": true, "http_forwarder": true}
@@ -101,6 +101,14 @@ func (r Refs) scanConfig(file string, b []byte) {
 				ref := r.envField(file, conf, c.field, c.defaultVar)
 				if ref != nil {
 					ref.Required, ref.RequiredBy = true, "http_forwarder adds it to every request"
+				}
+			}
+		}
+		if key == "kafka_franz" {
+			sasl, _ := conf["sasl"].([]any)
+			for _, entry := range sasl {
+				if m, ok := entry.(map[string]any); ok {
+					r.envField(file, m, "password", "KAFKA_SASL_PASSWORD")
 				}
 			}
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/envsecret"
 	"github.com/forwarder/forwarder/internal/lograte"
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
@@ -38,9 +39,7 @@ const (
 	hfFieldMaxInFlight      = "max_in_flight"
 	hfFieldTLS              = "tls"
 	hfFieldAccessName       = "access_name"
-	hfFieldAccessNameEnv    = "access_name_env"
 	hfFieldAccessPwd        = "access_pwd"
-	hfFieldAccessPwdEnv     = "access_pwd_env"
 	hfFieldRules            = "rules"
 	hfFieldRuleWhen         = "when"
 	hfFieldRuleOutcome      = "outcome"
@@ -165,22 +164,10 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				Description("Requests in flight at once, over all batches of this output (`FORWARD_MAX_IN_FLIGHT`). Also the number of concurrent batches and of idle keep-alive connections kept.").
 				Default(100),
 			service.NewTLSToggledField(hfFieldTLS),
-			service.NewStringField(hfFieldAccessName).
-				Description("The platform's `access_name`, added to every request body. Leave it unset to read it from the environment variable named by `access_name_env`: a value pasted into the config by `${...}` interpolation is parsed as YAML, which breaks or cuts values holding characters such as `#`, `*`, `!` or `: `. Required at start-up; `forwarder lint` passes without it.").
-				Secret().
-				Optional(),
-			service.NewStringField(hfFieldAccessNameEnv).
-				Description("The environment variable holding `access_name`, read as is (any byte works) when `access_name` is not set.").
-				Default("PLATFORM_ACCESS_NAME").
-				Advanced(),
-			service.NewStringField(hfFieldAccessPwd).
-				Description("The platform's `access_pwd`, added to every request body. Leave it unset to read it from the environment variable named by `access_pwd_env` (see `access_name`). Required at start-up; `forwarder lint` passes without it.").
-				Secret().
-				Optional(),
-			service.NewStringField(hfFieldAccessPwdEnv).
-				Description("The environment variable holding `access_pwd`, read as is (any byte works) when `access_pwd` is not set.").
-				Default("PLATFORM_ACCESS_PWD").
-				Advanced(),
+		).
+		Fields(envsecret.Fields(hfFieldAccessName, "The platform's `access_name`, added to every request body. Required at start-up; `forwarder lint` passes without it.", "PLATFORM_ACCESS_NAME")...).
+		Fields(envsecret.Fields(hfFieldAccessPwd, "The platform's `access_pwd`, added to every request body. Required at start-up; `forwarder lint` passes without it.", "PLATFORM_ACCESS_PWD")...).
+		Fields(
 			service.NewObjectListField(hfFieldRules,
 				service.NewStringField(hfFieldRuleWhen).
 					Description("An expr expression over `status`, `headers`, `body` and `error` that must give a boolean.").
@@ -354,11 +341,11 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	if maxInFlight < 1 {
 		return nil, fmt.Errorf("field %s: must be at least 1, got %d", hfFieldMaxInFlight, maxInFlight)
 	}
-	name, err := secretField(conf, hfFieldAccessName, hfFieldAccessNameEnv)
+	name, err := secretField(conf, hfFieldAccessName)
 	if err != nil {
 		return nil, err
 	}
-	pwd, err := secretField(conf, hfFieldAccessPwd, hfFieldAccessPwdEnv)
+	pwd, err := secretField(conf, hfFieldAccessPwd)
 	if err != nil {
 		return nil, err
 	}
@@ -377,6 +364,13 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 		tlsConf = nil
 	}
 	h.transport = newTransport(h.timeout, maxInFlight, tlsConf, name, pwd)
+	// The URL as a message without metadata would have it: enough to see
+	// the scheme and host, which per-message interpolation rarely changes.
+	if u, err := h.url.TryString(service.NewMessage(nil)); err == nil {
+		if host := cleartextHost(u); host != "" {
+			h.log.Warnf("the platform URL is plain http:// to %s: access_name and access_pwd go over the network unencrypted in every request; use https://", host)
+		}
+	}
 	h.transport.copyHeaders = h.policy.rules.usesHeaders
 
 	if h.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
@@ -416,27 +410,14 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	return h, nil
 }
 
-// secretField reads a credential: the field when set, else the environment
-// variable the *_env field names, read as is. Its absence is an error naming
-// the variable; its value never appears anywhere.
-func secretField(conf *service.ParsedConfig, field, envField string) (string, error) {
-	if conf.Contains(field) {
-		v, err := conf.FieldString(field)
-		if err != nil {
-			return "", err
-		}
-		if v != "" {
-			return v, nil
-		}
+// secretField reads a required credential (internal/envsecret). Its
+// absence is an error naming the variable; its value never appears anywhere.
+func secretField(conf *service.ParsedConfig, field string) (string, error) {
+	v, source, err := envsecret.Read(conf, field)
+	if err != nil || v != "" {
+		return v, err
 	}
-	name, err := conf.FieldString(envField)
-	if err != nil {
-		return "", err
-	}
-	if v := os.Getenv(name); v != "" {
-		return v, nil
-	}
-	return "", fmt.Errorf("%s is not set: set the environment variable %s (or the field %s)", field, name, field)
+	return "", fmt.Errorf("%s is not set: set the environment variable %s (or the field %s)", field, source, field)
 }
 
 func parseLease(conf *service.ParsedConfig) (time.Duration, error) {

@@ -147,8 +147,16 @@ type captureMetric struct {
 }
 
 func (m captureMetric) Incr(n int64) { m.add(n) }
-func (m captureMetric) Timing(int64) { m.add(1) } // counts observations
-func (m captureMetric) Set(v int64)  { m.add(v) }
+
+// Timing counts observations. A negative one only creates the series at 0
+// (internal/metricseries) and is not an observation, as in the Prometheus
+// exporter.
+func (m captureMetric) Timing(d int64) {
+	if d >= 0 {
+		m.add(1)
+	}
+}
+func (m captureMetric) Set(v int64) { m.add(v) }
 
 func (m captureMetric) add(n int64) {
 	m.c.mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -180,3 +181,21 @@ func (t *transport) transportError(ctx, reqCtx context.Context, timeout time.Dur
 }
 
 func (t *transport) close() { t.conns.CloseIdleConnections() }
+
+// cleartextHost returns the host a URL would send the credentials to in
+// clear text: an http:// URL whose host is not loopback. It returns "" for
+// https://, loopback hosts and URLs that do not parse.
+func cleartextHost(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || !strings.EqualFold(u.Scheme, "http") {
+		return ""
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, "localhost") {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return ""
+	}
+	return host
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/forwarder/forwarder/internal/envsecret"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -48,7 +49,7 @@ func tlsField() *service.ConfigField {
 }
 
 func saslField() *service.ConfigField {
-	return service.NewObjectListField(kfFieldSASL,
+	fields := []*service.ConfigField{
 		service.NewStringAnnotatedEnumField(kfFieldSASLMech, map[string]string{
 			"none":          "No SASL authentication (the entry is ignored).",
 			"PLAIN":         "Plain text username and password; use it only over TLS.",
@@ -58,16 +59,14 @@ func saslField() *service.ConfigField {
 		service.NewStringField(kfFieldSASLUser).
 			Description("The username to authenticate as.").
 			Default(""),
-		service.NewStringField(kfFieldSASLPass).
-			Description("The password of the user.").
-			Default("").
-			Secret(),
-	).
+	}
+	fields = append(fields, envsecret.Fields(kfFieldSASLPass, "The password of the user.", "KAFKA_SASL_PASSWORD")...)
+	return service.NewObjectListField(kfFieldSASL, fields...).
 		Description("SASL authentication mechanisms, tried in order until one succeeds. Leave empty for none.").
 		Example([]any{map[string]any{
-			"mechanism": "SCRAM-SHA-512",
-			"username":  "forwarder",
-			"password":  "${KAFKA_PASSWORD}",
+			"mechanism":    "SCRAM-SHA-512",
+			"username":     "forwarder",
+			"password_env": "KAFKA_SASL_PASSWORD",
 		}}).
 		Optional().
 		Advanced()
@@ -124,6 +123,13 @@ func parseCommonOpts(conf *service.ParsedConfig) ([]kgo.Opt, error) {
 	return opts, nil
 }
 
+// saslMechanisms builds each supported mechanism from a user and password.
+var saslMechanisms = map[string]func(user, pass string) sasl.Mechanism{
+	"PLAIN":         func(u, p string) sasl.Mechanism { return plain.Auth{User: u, Pass: p}.AsMechanism() },
+	"SCRAM-SHA-256": func(u, p string) sasl.Mechanism { return scram.Auth{User: u, Pass: p}.AsSha256Mechanism() },
+	"SCRAM-SHA-512": func(u, p string) sasl.Mechanism { return scram.Auth{User: u, Pass: p}.AsSha512Mechanism() },
+}
+
 func parseSASL(conf *service.ParsedConfig) ([]sasl.Mechanism, error) {
 	if !conf.Contains(kfFieldSASL) {
 		return nil, nil
@@ -138,26 +144,25 @@ func parseSASL(conf *service.ParsedConfig) ([]sasl.Mechanism, error) {
 		if err != nil {
 			return nil, err
 		}
+		if mech == "none" || mech == "" {
+			continue
+		}
+		build, ok := saslMechanisms[mech]
+		if !ok {
+			return nil, fmt.Errorf("field %s[%d].%s: unsupported mechanism %q (use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", kfFieldSASL, i, kfFieldSASLMech, mech)
+		}
 		user, err := c.FieldString(kfFieldSASLUser)
 		if err != nil {
 			return nil, err
 		}
-		pass, err := c.FieldString(kfFieldSASLPass)
+		pass, source, err := envsecret.Read(c, kfFieldSASLPass)
 		if err != nil {
 			return nil, err
 		}
-		switch mech {
-		case "none", "":
-			continue
-		case "PLAIN":
-			mechs = append(mechs, plain.Auth{User: user, Pass: pass}.AsMechanism())
-		case "SCRAM-SHA-256":
-			mechs = append(mechs, scram.Auth{User: user, Pass: pass}.AsSha256Mechanism())
-		case "SCRAM-SHA-512":
-			mechs = append(mechs, scram.Auth{User: user, Pass: pass}.AsSha512Mechanism())
-		default:
-			return nil, fmt.Errorf("field %s[%d].%s: unsupported mechanism %q (use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", kfFieldSASL, i, kfFieldSASLMech, mech)
+		if pass == "" {
+			return nil, fmt.Errorf("field %s[%d]: %s needs a password: set the environment variable %s (or the field %s)", kfFieldSASL, i, mech, source, kfFieldSASLPass)
 		}
+		mechs = append(mechs, build(user, pass))
 	}
 	return mechs, nil
 }

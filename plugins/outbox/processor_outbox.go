@@ -208,7 +208,7 @@ type outboxProcessor struct {
 	outageLogged time.Time // when the outage was last logged at ERROR
 	// outageLogEvery is how often a lasting outage is logged at ERROR.
 	outageLogEvery time.Duration
-	mIngestFails *service.MetricCounter
+	mIngestFails   *service.MetricCounter
 
 	// afterInsertClaim, when set by a test, runs after a successful
 	// InsertBatchClaim; an error it returns stands for a reply lost after
@@ -224,8 +224,8 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		chunkBytes:   defaultChunkBytes,
 
 		outageLogEvery: defaultOutageLogEvery,
-		mMissingID:   mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
-		mPersisted:   persistedCounter(mgr),
+		mMissingID:     mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
+		mPersisted:     persistedCounter(mgr),
 	}
 	var err error
 	if conf.Contains(opFieldKey) {

@@ -93,7 +93,7 @@ timeout leaves in-flight claims to expire instead of being released.
     secretKeyRef:
       name: {{ include "forwarder.secretName" $ctx }}
       key: {{ index $ctx.Values.secret.keys $name | default $name }}
-      {{- if eq $name "CONSOLE_TOKEN" }}
+      {{- if has $name (list "KAFKA_SASL_PASSWORD" "CONSOLE_TOKEN") }}
       optional: true
       {{- end }}
 {{- end }}
