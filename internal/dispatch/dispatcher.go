@@ -184,17 +184,10 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 		return service.ErrEndOfInput
 	}
 	if pool != nil {
-		if err := pool.Ping(ctx); err != nil {
-			return fmt.Errorf("reconnecting to the outbox database: %w", err)
-		}
-		return nil
+		return Recheck(ctx, pool)
 	}
-	pool, err := d.hub.Retain()
+	pool, err := d.hub.Open(ctx)
 	if err != nil {
-		return err
-	}
-	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
-		d.hub.Release()
 		return err
 	}
 	d.mu.Lock()

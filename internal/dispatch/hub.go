@@ -100,6 +100,29 @@ func (h *Hub) Retain() (*pgxpool.Pool, error) {
 	return h.pool, nil
 }
 
+// Open retains the stream's pool (as Retain) and creates or upgrades the
+// schema; on error nothing is retained. Components call it from Connect.
+func (h *Hub) Open(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := h.Retain()
+	if err != nil {
+		return nil, err
+	}
+	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+		h.Release()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// Recheck is what Connect does when called again after a lost connection
+// on a pool it already holds: it only checks that the database is back.
+func Recheck(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("reconnecting to the outbox database: %w", err)
+	}
+	return nil
+}
+
 // Release drops one user of the pool; the last one closes it.
 func (h *Hub) Release() {
 	h.mu.Lock()

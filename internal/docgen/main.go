@@ -317,40 +317,24 @@ Ours, in addition to Bloblang's own (<https://docs.redpanda.com/redpanda-connect
 Method{{if .Status}}, {{.Status}}{{end}}.
 
 {{trim .Description}}
-{{if .Params.Definitions}}
-| parameter | type | meaning |
-|---|---|---|
-{{range .Params.Definitions}}| ` + "`{{.Name}}`" + ` | {{.ValueType}}{{if .IsOptional}}, optional{{end}}{{if .DefaultMarshalled}}, default ` + "`{{.DefaultMarshalled}}`" + `{{end}} | {{oneline .Description}} |
-{{end}}{{end}}{{range .Categories}}{{range .Examples}}
-{{trim .Summary}}
-
-` + "```coffee" + `
-{{trim .Mapping}}
-` + "```" + `
-{{range .Results}}
-- ` + "`{{index . 0}}` → `{{index . 1}}`" + `{{end}}
-{{end}}{{end}}{{range .Examples}}
-{{trim .Summary}}
-
-` + "```coffee" + `
-{{trim .Mapping}}
-` + "```" + `
-{{range .Results}}
-- ` + "`{{index . 0}}` → `{{index . 1}}`" + `{{end}}
-{{end}}{{end}}{{range .Functions}}
+{{template "params" .Params}}{{range .Categories}}{{template "examples" .Examples}}{{end}}{{template "examples" .Examples}}{{end}}{{range .Functions}}
 ## {{.Name}}
 
 Function{{if .Status}}, {{.Status}}{{end}}.
 
 {{trim .Description}}
-{{if .Params.Definitions}}
+{{template "params" .Params}}{{template "examples" .Examples}}{{end}}
+{{- define "params"}}{{if .Definitions}}
 | parameter | type | meaning |
 |---|---|---|
-{{range .Params.Definitions}}| ` + "`{{.Name}}`" + ` | {{.ValueType}}{{if .IsOptional}}, optional{{end}}{{if .DefaultMarshalled}}, default ` + "`{{.DefaultMarshalled}}`" + `{{end}} | {{oneline .Description}} |
-{{end}}{{end}}{{range .Examples}}
+{{range .Definitions}}| ` + "`{{.Name}}`" + ` | {{.ValueType}}{{if .IsOptional}}, optional{{end}}{{if .DefaultMarshalled}}, default ` + "`{{.DefaultMarshalled}}`" + `{{end}} | {{oneline .Description}} |
+{{end}}{{end}}{{end}}
+{{- define "examples"}}{{range .}}
 {{trim .Summary}}
 
 ` + "```coffee" + `
 {{trim .Mapping}}
 ` + "```" + `
+{{range .Results}}
+- ` + "`{{index . 0}}` → `{{index . 1}}`" + `{{end}}
 {{end}}{{end}}`))

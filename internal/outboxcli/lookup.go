@@ -378,37 +378,10 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 	}
 }
 
-type foundJSON struct {
-	ID           int64      `json:"id"`
-	MessageKey   string     `json:"message_key"`
-	APIType      string     `json:"api_type"`
-	Status       string     `json:"status"`
-	FailureClass *string    `json:"failure_class"`
-	AttemptCount int        `json:"attempt_count"`
-	LastError    *string    `json:"last_error"`
-	LastHTTP     *int32     `json:"last_http_status"`
-	LastErrcode  *string    `json:"last_errcode"`
-	PlateNo      *string    `json:"plate_no"`
-	ParkCode     *string    `json:"park_code"`
-	BerthCode    *string    `json:"berth_code"`
-	DeviceID     *string    `json:"device_id"`
-	CreatedAt    time.Time  `json:"created_at"`
-	UpdatedAt    time.Time  `json:"updated_at"`
-	NextRetryAt  *time.Time `json:"next_retry_at"`
-	SucceededAt  *time.Time `json:"succeeded_at"`
-	OrderingKey  *string    `json:"ordering_key"`
-	OrderHeld    bool       `json:"order_held"`
-	OrderBlocked bool       `json:"order_blocked"`
-}
-
 func writeFindJSON(w io.Writer, rows []outboxdb.FoundRow) error {
 	enc := json.NewEncoder(w)
 	for _, r := range rows {
-		if err := enc.Encode(foundJSON{ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Status: string(r.Status),
-			FailureClass: r.FailureClass, AttemptCount: r.AttemptCount, LastError: r.LastError, LastHTTP: r.LastHTTPStatus,
-			LastErrcode: r.LastErrcode, PlateNo: r.PlateNo, ParkCode: r.ParkCode, BerthCode: r.BerthCode,
-			DeviceID: r.DeviceID, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, NextRetryAt: r.NextRetryAt,
-			SucceededAt: r.SucceededAt, OrderingKey: r.OrderingKey, OrderHeld: r.OrderHeld, OrderBlocked: r.OrderBlocked}); err != nil {
+		if err := enc.Encode(r); err != nil {
 			return err
 		}
 	}

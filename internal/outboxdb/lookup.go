@@ -206,30 +206,30 @@ func (f FindFilter) args(d driver) []any {
 		text(f.Errcode), at(f.Since), at(f.Until), limit, d.name == driverErrcode.name}
 }
 
-// FoundRow is one row of a search.
+// FoundRow is one row of a search; `outbox find --json` prints it as is.
 type FoundRow struct {
-	ID             int64      `db:"id"`
-	MessageKey     string     `db:"message_key"`
-	APIType        string     `db:"api_type"`
-	Status         Status     `db:"status"`
-	AttemptCount   int        `db:"attempt_count"`
-	LastError      *string    `db:"last_error"`
-	LastHTTPStatus *int32     `db:"last_http_status"`
-	FailureClass   *string    `db:"failure_class"`
-	PlateNo        *string    `db:"plate_no"`
-	ParkCode       *string    `db:"park_code"`
-	BerthCode      *string    `db:"berth_code"`
-	DeviceID       *string    `db:"device_id"`
-	CreatedAt      time.Time  `db:"created_at"`
-	UpdatedAt      time.Time  `db:"updated_at"`
-	NextRetryAt    *time.Time `db:"next_retry_at"`
-	SucceededAt    *time.Time `db:"succeeded_at"`
-	OrderingKey    *string    `db:"ordering_key"`
-	OrderHeld      bool       `db:"order_held"`
-	OrderBlocked   bool       `db:"order_blocked"`
+	ID             int64      `db:"id" json:"id"`
+	MessageKey     string     `db:"message_key" json:"message_key"`
+	APIType        string     `db:"api_type" json:"api_type"`
+	Status         Status     `db:"status" json:"status"`
+	AttemptCount   int        `db:"attempt_count" json:"attempt_count"`
+	LastError      *string    `db:"last_error" json:"last_error"`
+	LastHTTPStatus *int32     `db:"last_http_status" json:"last_http_status"`
+	FailureClass   *string    `db:"failure_class" json:"failure_class"`
+	PlateNo        *string    `db:"plate_no" json:"plate_no"`
+	ParkCode       *string    `db:"park_code" json:"park_code"`
+	BerthCode      *string    `db:"berth_code" json:"berth_code"`
+	DeviceID       *string    `db:"device_id" json:"device_id"`
+	CreatedAt      time.Time  `db:"created_at" json:"created_at"`
+	UpdatedAt      time.Time  `db:"updated_at" json:"updated_at"`
+	NextRetryAt    *time.Time `db:"next_retry_at" json:"next_retry_at"`
+	SucceededAt    *time.Time `db:"succeeded_at" json:"succeeded_at"`
+	OrderingKey    *string    `db:"ordering_key" json:"ordering_key"`
+	OrderHeld      bool       `db:"order_held" json:"order_held"`
+	OrderBlocked   bool       `db:"order_blocked" json:"order_blocked"`
 	// LastErrcode is the platform errcode of the latest attempt, nil when
 	// there is none (no attempt, or a reply without errcode).
-	LastErrcode *string `db:"-"`
+	LastErrcode *string `db:"-" json:"last_errcode"`
 }
 
 // LookupOptions bound one lookup.

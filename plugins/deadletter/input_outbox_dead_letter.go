@@ -152,17 +152,10 @@ func (in *deadLetter) Connect(ctx context.Context) error {
 		return service.ErrEndOfInput
 	}
 	if pool != nil {
-		if err := pool.Ping(ctx); err != nil {
-			return fmt.Errorf("reconnecting to the outbox database: %w", err)
-		}
-		return nil
+		return dispatch.Recheck(ctx, pool)
 	}
-	pool, err := in.hub.Retain()
+	pool, err := in.hub.Open(ctx)
 	if err != nil {
-		return err
-	}
-	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
-		in.hub.Release()
 		return err
 	}
 	in.mu.Lock()

@@ -540,12 +540,8 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 	if h.pool.Load() != nil {
 		return nil
 	}
-	pool, err := h.hub.Retain()
+	pool, err := h.hub.Open(ctx)
 	if err != nil {
-		return err
-	}
-	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
-		h.hub.Release()
 		return err
 	}
 	h.recorder.Store(dispatch.NewRecorder(func(ctx context.Context, results []outboxdb.Result) ([]int64, error) {

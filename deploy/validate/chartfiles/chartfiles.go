@@ -57,47 +57,25 @@ func Pairs(root string) ([]Pair, error) {
 // Stale lists what differs: copies whose content is not their source's,
 // missing copies, and mapping copies whose source is gone.
 func Stale(root string) ([]string, error) {
-	pairs, err := Pairs(root)
-	if err != nil {
-		return nil, err
-	}
-	var stale []string
-	want := map[string]bool{}
-	for _, p := range pairs {
-		want[p.Copy] = true
-		src, err := os.ReadFile(filepath.Join(root, p.Source))
-		if err != nil {
-			return nil, err
-		}
-		cp, err := os.ReadFile(filepath.Join(root, p.Copy))
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			stale = append(stale, p.Copy+" is missing (copy of "+p.Source+")")
-		case err != nil:
-			return nil, err
-		case !bytes.Equal(src, cp):
-			stale = append(stale, p.Copy+" differs from "+p.Source)
-		}
-	}
-	extra, err := extraMappings(root, want)
-	if err != nil {
-		return nil, err
-	}
-	for _, name := range extra {
-		stale = append(stale, name+" has no source in mappings/")
-	}
+	stale, err := reconcile(root, false)
 	sort.Strings(stale)
-	return stale, nil
+	return stale, err
 }
 
 // Sync copies every source over its copy and removes mapping copies whose
 // source is gone. It returns what it changed.
 func Sync(root string) ([]string, error) {
+	return reconcile(root, true)
+}
+
+// reconcile compares every copy with its source and, when fix is set, makes
+// it equal. It returns one line per difference (or change).
+func reconcile(root string, fix bool) ([]string, error) {
 	pairs, err := Pairs(root)
 	if err != nil {
 		return nil, err
 	}
-	var changed []string
+	var diffs []string
 	want := map[string]bool{}
 	for _, p := range pairs {
 		want[p.Copy] = true
@@ -106,28 +84,41 @@ func Sync(root string) ([]string, error) {
 			return nil, err
 		}
 		dst := filepath.Join(root, p.Copy)
-		if cp, err := os.ReadFile(dst); err == nil && bytes.Equal(cp, src) {
+		cp, err := os.ReadFile(dst)
+		switch {
+		case err == nil && bytes.Equal(src, cp):
 			continue
-		}
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		case err != nil && !errors.Is(err, fs.ErrNotExist):
 			return nil, err
+		case fix:
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return nil, err
+			}
+			if err := os.WriteFile(dst, src, 0o644); err != nil {
+				return nil, err
+			}
+			diffs = append(diffs, p.Copy)
+		case err != nil:
+			diffs = append(diffs, p.Copy+" is missing (copy of "+p.Source+")")
+		default:
+			diffs = append(diffs, p.Copy+" differs from "+p.Source)
 		}
-		if err := os.WriteFile(dst, src, 0o644); err != nil {
-			return nil, err
-		}
-		changed = append(changed, p.Copy)
 	}
 	extra, err := extraMappings(root, want)
 	if err != nil {
 		return nil, err
 	}
 	for _, name := range extra {
+		if !fix {
+			diffs = append(diffs, name+" has no source in mappings/")
+			continue
+		}
 		if err := os.Remove(filepath.Join(root, name)); err != nil {
 			return nil, err
 		}
-		changed = append(changed, name+" (removed)")
+		diffs = append(diffs, name+" (removed)")
 	}
-	return changed, nil
+	return diffs, nil
 }
 
 // extraMappings are files in the chart's mappings copy that no source maps to.
