@@ -1,35 +1,17 @@
 package lograte
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/redpanda-data/benthos/v4/public/service"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
-}
-
 func TestBurst(t *testing.T) {
-	out := &lockedBuffer{}
+	out := &logbuf.Buffer{}
 	log := service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(out, nil)))
 	b := New(log, time.Minute)
 	now := time.Unix(1000, 0)
@@ -39,18 +21,18 @@ func TestBurst(t *testing.T) {
 		b.Warn("lease", "row "+string(rune('a'+i%26))+" given back")
 	}
 	b.Warn("other", "another kind")
-	if lines := out.lines(); len(lines) != 2 {
+	if lines := out.Lines(); len(lines) != 2 {
 		t.Fatalf("1000 warnings of one kind and one of another logged %d lines, want 2:\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 	now = now.Add(2 * time.Minute)
 	b.Warn("lease", "row z given back")
-	lines := out.lines()
+	lines := out.Lines()
 	if len(lines) != 4 || !strings.Contains(lines[2], "999 more like it") {
 		t.Fatalf("after the window: %q, want the count of the 999 held back, then the new one", lines)
 	}
 	b.Warn("lease", "row y given back")
 	b.Flush()
-	if lines := out.lines(); len(lines) != 5 || !strings.Contains(lines[4], "1 more like it, the last: row y given back") {
+	if lines := out.Lines(); len(lines) != 5 || !strings.Contains(lines[4], "1 more like it, the last: row y given back") {
 		t.Fatalf("Flush: %q", lines)
 	}
 }

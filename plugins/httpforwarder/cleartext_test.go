@@ -3,6 +3,8 @@ package httpforwarder
 import (
 	"strings"
 	"testing"
+
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 )
 
 func TestCleartextHost(t *testing.T) {
@@ -35,7 +37,7 @@ func TestCleartextWarning(t *testing.T) {
 		{"https://platform.example.com", false},
 		{"http://127.0.0.1:8080", false},
 	} {
-		logs := &syncBuffer{}
+		logs := &logbuf.Buffer{}
 		newTestOutput(t, baseYAML("postgres://localhost:1/none", tc.base, ""), logs)
 		got := logs.String()
 		if warned := strings.Contains(got, "unencrypted"); warned != tc.warn {

@@ -1,7 +1,6 @@
 package httpforwarder
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -82,7 +82,7 @@ type testBundle struct {
 	dsn      string
 	platform *platform
 	out      *httpForwarder
-	logs     *syncBuffer
+	logs     *logbuf.Buffer
 }
 
 type setupOpts struct {
@@ -123,7 +123,7 @@ func withDefaults(extra string) string {
 
 func setup(t *testing.T, o setupOpts) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: context.Background(), dsn: pgtest.NewDB(t), logs: &syncBuffer{}}
+	b := &testBundle{ctx: context.Background(), dsn: pgtest.NewDB(t), logs: &logbuf.Buffer{}}
 	pool, err := outboxdb.Open(b.ctx, b.dsn, outboxdb.PoolConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -297,22 +297,4 @@ func num(p *int) string {
 		return "<nil>"
 	}
 	return strconv.Itoa(*p)
-}
-
-// syncBuffer collects log output from concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }

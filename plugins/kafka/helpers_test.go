@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
@@ -152,24 +152,9 @@ func (s *sink) ackedSet() map[offsetKey]bool {
 }
 
 // logBuffer collects a stream's log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+type logBuffer struct{ logbuf.Buffer }
 
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func (l *logBuffer) count(substr string) int { return strings.Count(l.String(), substr) }
+func (l *logBuffer) count(substr string) int { return l.Count(substr) }
 
 // firstTime returns the time of the first log line that contains substr.
 func (l *logBuffer) firstTime(substr string) (time.Time, bool) {

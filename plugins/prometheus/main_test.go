@@ -1,14 +1,12 @@
 package prometheus
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -16,6 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -97,33 +96,17 @@ next:
 }
 
 // logBuffer captures a Benthos logger's output for assertions.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+type logBuffer struct{ logbuf.Buffer }
 
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
+// count is the number of lines at level that contain substr.
 func (l *logBuffer) count(level, substr string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	n := 0
-	for _, line := range strings.Split(l.buf.String(), "\n") {
+	for _, line := range l.Lines() {
 		if strings.Contains(line, "level="+level) && strings.Contains(line, substr) {
 			n++
 		}
 	}
 	return n
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 func newTestLogger() (*service.Logger, *logBuffer) {

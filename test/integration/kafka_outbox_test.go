@@ -5,7 +5,6 @@
 package integration_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	_ "github.com/forwarder/forwarder/plugins/outbox"
 
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -43,24 +43,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// lockedBuffer collects a stream's log lines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func vehicle(id string) []byte {
@@ -110,7 +92,7 @@ func TestKafkaToOutboxOffsetsFollowRows(t *testing.T) {
 	}
 
 	// The stream: what pipelines/forwarder.yaml runs as its ingest input.
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	sb := service.NewStreamBuilder()
 	sb.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	conf := fmt.Sprintf(`

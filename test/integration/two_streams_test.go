@@ -19,6 +19,7 @@ import (
 	_ "github.com/forwarder/forwarder/plugins/all"
 
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -123,14 +124,14 @@ func TestTwoStreamsTwoDatabases(t *testing.T) {
 		platform *platformLog
 		dsn      string
 		pool     *pgxpool.Pool
-		logs     *lockedBuffer
+		logs     *logbuf.Buffer
 	}
 	sides := make([]side, len(names))
 	ctx := context.Background()
 	for i, name := range names {
 		p, url := newPlatformLog(t)
 		dsn, pool := pgtest.NewDBPool(t)
-		sides[i] = side{platform: p, dsn: dsn, pool: pool, logs: &lockedBuffer{}}
+		sides[i] = side{platform: p, dsn: dsn, pool: pool, logs: &logbuf.Buffer{}}
 		stream := fullStream(t, sides[i].logs, kc.Brokers(), name, sides[i].dsn, url)
 		done := make(chan error, 1)
 		go func() { done <- stream.Run(ctx) }()

@@ -1,7 +1,6 @@
 package childproc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -9,33 +8,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 )
 
-// syncBuffer is an Output the test can read while the child writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func sh(t *testing.T, script string, env map[string]string, environ []string) (*Process, *syncBuffer) {
+func sh(t *testing.T, script string, env map[string]string, environ []string) (*Process, *logbuf.Buffer) {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	p, err := Start(Spec{Path: "/bin/sh", Args: []string{"-c", script}, Dir: t.TempDir(),
 		Environ: environ, Env: env, Output: out, ParentDeath: syscall.SIGKILL})
 	if err != nil {
