@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -56,6 +57,11 @@ const (
 	Zone
 	// PostgresDSN is a libpq connection string, URL or key=value.
 	PostgresDSN
+	// JSONText is any valid UTF-8 text: a value sent inside a JSON string,
+	// which cannot carry other bytes unchanged (encoding/json would replace
+	// them with U+FFFD, and the platform would refuse the credentials for
+	// ever).
+	JSONText
 )
 
 // Var is a known environment variable.
@@ -84,8 +90,8 @@ var Vars = []Var{
 	{Name: "KAFKA_TOPIC_DEAD_LETTER", Kind: Text},
 	{Name: "DATABASE_URL", Kind: PostgresDSN, Secret: true},
 	{Name: "PLATFORM_URL", Kind: HTTPURL, Example: "https://platform.example.com"},
-	{Name: "PLATFORM_ACCESS_NAME", Kind: Text, Secret: true},
-	{Name: "PLATFORM_ACCESS_PWD", Kind: Text, Secret: true},
+	{Name: "PLATFORM_ACCESS_NAME", Kind: JSONText, Secret: true},
+	{Name: "PLATFORM_ACCESS_PWD", Kind: JSONText, Secret: true},
 	{Name: "PLATFORM_TZ", Kind: Zone, Example: "Asia/Shanghai"},
 	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
 	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4196"},
@@ -193,6 +199,10 @@ func (v Var) problem(value string) string {
 	case Zone:
 		if _, err := time.LoadLocation(value); err != nil {
 			return "not a time zone name" + eg
+		}
+	case JSONText:
+		if !utf8.ValidString(value) {
+			return "not valid UTF-8 text: it is sent inside a JSON request body, which holds only UTF-8, so these bytes would arrive altered"
 		}
 	case PostgresDSN:
 		// pgconn's error quotes the string, password and all: only say
