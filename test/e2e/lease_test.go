@@ -34,7 +34,10 @@ func TestShortLeaseKillNine(t *testing.T) {
 			"FORWARD_TIMEOUT":      "2s",
 			"FORWARD_MAX_ATTEMPTS": "5",
 		},
-		faults: mockplatform.Faults{Latency: 20 * time.Millisecond, LatencyJitter: 200 * time.Millisecond},
+		// 600 rows held behind 100 requests of 100–500 ms wait up to about
+		// two seconds: longer than the lease minus the timeout, so the
+		// claims that wait are kept by renewal.
+		faults: mockplatform.Faults{Latency: 100 * time.Millisecond, LatencyJitter: 400 * time.Millisecond},
 	})
 	n := load(30_000, 6_000)
 	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01}), n)
