@@ -240,7 +240,7 @@ func DSNFields() []*service.ConfigField {
 			Secret().
 			Optional(),
 		service.NewStringField(FieldDSNEnv).
-			Description("The environment variable holding the connection string, read as is (any byte works) when `dsn` is not set. When the variable is unset too, `" + DefaultDSN + "`.").
+			Description("The environment variable holding the connection string, read as is (any character works) when `dsn` is not set. When the variable is unset too, `" + DefaultDSN + "`.").
 			Default(DefaultDSNEnv).
 			Advanced(),
 	}

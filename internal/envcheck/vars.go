@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dustin/go-humanize"
 
@@ -60,6 +61,11 @@ const (
 	PostgresDSN
 	// ByteSize is a size such as 64MiB or 1048576, or 0.
 	ByteSize
+	// JSONText is any valid UTF-8 text: a value sent inside a JSON string,
+	// which cannot carry other bytes unchanged (encoding/json would replace
+	// them with U+FFFD, and the platform would refuse the credentials for
+	// ever).
+	JSONText
 )
 
 // Var is a known environment variable.
@@ -93,8 +99,8 @@ var Vars = []Var{
 	{Name: "KAFKA_SASL_PASSWORD", Kind: Text, Secret: true},
 	{Name: "DATABASE_URL", Kind: PostgresDSN, Secret: true},
 	{Name: "PLATFORM_URL", Kind: HTTPURL, Example: "https://platform.example.com"},
-	{Name: "PLATFORM_ACCESS_NAME", Kind: Text, Secret: true},
-	{Name: "PLATFORM_ACCESS_PWD", Kind: Text, Secret: true},
+	{Name: "PLATFORM_ACCESS_NAME", Kind: JSONText, Secret: true},
+	{Name: "PLATFORM_ACCESS_PWD", Kind: JSONText, Secret: true},
 	{Name: "PLATFORM_TLS_CA_FILE", Kind: Text},
 	{Name: "PLATFORM_TZ", Kind: Zone, Example: "Asia/Shanghai"},
 	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
@@ -208,6 +214,10 @@ func (v Var) problem(value string) string {
 	case ByteSize:
 		if _, err := humanize.ParseBytes(value); err != nil {
 			return "not a byte size" + eg
+		}
+	case JSONText:
+		if !utf8.ValidString(value) {
+			return "not valid UTF-8 text: it is sent inside a JSON request body, which holds only UTF-8, so these bytes would arrive altered"
 		}
 	case PostgresDSN:
 		// pgconn's error quotes the string, password and all: only say

@@ -25,7 +25,7 @@ func Fields(field, valueDoc, defaultEnv string) []*service.ConfigField {
 			Secret().
 			Optional(),
 		service.NewStringField(field + "_env").
-			Description("The environment variable holding `" + field + "`, read as is (any byte works) when `" + field + "` is not set.").
+			Description("The environment variable holding `" + field + "`, read as is (any character works) when `" + field + "` is not set.").
 			Default(defaultEnv).
 			Advanced(),
 	}

@@ -23,6 +23,7 @@
 //	go run ./test/bench -scenarios forwarder -phases throughput -pprof /tmp/prof
 //	go run ./test/bench -set input.broker.inputs.1.outbox_retry.batch_size=500
 //	go run ./test/bench scale -rows 10000000             # claim and gauge costs at 10 M rows
+//	go run ./test/bench memory                           # peak RSS with 16 MiB messages
 package main
 
 import (
@@ -49,6 +50,8 @@ func main() {
 		err = runBaseline(ctx, os.Args[2:])
 	case len(os.Args) > 1 && os.Args[1] == "scale":
 		err = runScale(ctx, os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "memory":
+		err = runMemory(ctx, os.Args[2:])
 	default:
 		err = runBench(ctx, os.Args[1:])
 	}

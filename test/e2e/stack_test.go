@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -46,6 +47,10 @@ type stackOptions struct {
 	env map[string]string
 	// faults are the mock platform's initial faults.
 	faults mockplatform.Faults
+	// accessName and accessPwd replace the platform credentials (the
+	// forwarders' PLATFORM_ACCESS_NAME and PLATFORM_ACCESS_PWD, and what the
+	// mock platform checks); empty keeps accessName and accessPwd.
+	accessName, accessPwd string
 }
 
 // stack is one scenario's world: its own database, Kafka cluster (with both
@@ -64,6 +69,9 @@ type stack struct {
 	group    string
 	env      map[string]string
 	exp      *expected
+	// accessName and accessPwd are the platform credentials of the
+	// scenario; the password is searched for in every log and row.
+	accessName, accessPwd string
 	// allowAuthFailures accepts 401 answers at the platform (a scenario that
 	// runs a forwarder with a wrong password on purpose).
 	allowAuthFailures bool
@@ -75,7 +83,8 @@ type stack struct {
 // newStack builds a scenario's stack; nothing is started until start.
 func newStack(t *testing.T, opts stackOptions) *stack {
 	t.Helper()
-	s := &stack{t: t, seed: scenarioSeed(t), exp: newExpected()}
+	s := &stack{t: t, seed: scenarioSeed(t), exp: newExpected(),
+		accessName: cmp.Or(opts.accessName, accessName), accessPwd: cmp.Or(opts.accessPwd, accessPwd)}
 	s.rng = rand.New(rand.NewPCG(s.seed, s.seed^0x5bd1e995))
 	t.Logf("seed %d (E2E_SEED=%d reproduces the scenario's choices)", s.seed, baseSeed)
 
@@ -105,8 +114,8 @@ func newStack(t *testing.T, opts stackOptions) *stack {
 	)
 
 	s.platform, err = mockplatform.Start(mockplatform.Config{
-		AccessName: accessName,
-		AccessPwd:  accessPwd,
+		AccessName: s.accessName,
+		AccessPwd:  s.accessPwd,
 		Faults:     opts.faults,
 		Seed:       s.seed,
 	})
@@ -123,8 +132,8 @@ func newStack(t *testing.T, opts stackOptions) *stack {
 		"KAFKA_TOPIC_HEARTBEAT": topicHeartbeat,
 		"DATABASE_URL":          s.dsn,
 		"PLATFORM_URL":          s.platform.URL,
-		"PLATFORM_ACCESS_NAME":  accessName,
-		"PLATFORM_ACCESS_PWD":   accessPwd,
+		"PLATFORM_ACCESS_NAME":  s.accessName,
+		"PLATFORM_ACCESS_PWD":   s.accessPwd,
 		"FORWARD_RETRY_INITIAL": "200ms",
 		"FORWARD_RETRY_MAX":     "2s",
 		"CLAIM_LEASE":           "3s",
@@ -168,7 +177,7 @@ func (s *stack) checkLogsForPassword() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range s.procs {
-		if n := p.countLines(accessPwd); n > 0 {
+		if n := p.countLines(s.accessPwd); n > 0 {
 			s.t.Errorf("%s logged the platform password on %d lines (%s)", p.name, n, p.logPath)
 		}
 	}

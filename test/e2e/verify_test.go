@@ -242,14 +242,24 @@ func (s *stack) verify() report {
 	return r
 }
 
-// passwordInRows lists the columns of the outbox tables (every text-like or
-// binary column, found in the catalogue) where some row holds the password.
+// passwordInRows lists the columns of the schema's tables (every text-like
+// or binary column, found in the catalogue) where some row holds the
+// platform password.
 func (s *stack) passwordInRows(ctx context.Context) []string {
+	s.t.Helper()
+	return s.secretInRows(ctx, s.accessPwd)
+}
+
+// secretInRows lists the columns of the tables of the schema (the outbox
+// tables, the platform state, the operator log, ...) where some row holds
+// secret.
+func (s *stack) secretInRows(ctx context.Context, secret string) []string {
 	s.t.Helper()
 	rows, err := s.pool.Query(ctx, `
 		SELECT table_name, column_name, data_type FROM information_schema.columns
 		WHERE table_schema = current_schema()
-		  AND table_name IN ('forward_records', 'forward_retry_logs')
+		  AND table_name IN (SELECT table_name FROM information_schema.tables
+		                     WHERE table_schema = current_schema() AND table_type = 'BASE TABLE')
 		  AND data_type IN ('text', 'character varying', 'character', 'bytea', 'json', 'jsonb', 'uuid')
 		ORDER BY table_name, ordinal_position`)
 	if err != nil {
@@ -264,7 +274,7 @@ func (s *stack) passwordInRows(ctx context.Context) []string {
 		s.t.Fatalf("listing the outbox columns: %v", err)
 	}
 	if len(cols) < 8 {
-		s.t.Fatalf("found only %d text or binary columns in the outbox tables: %v", len(cols), cols)
+		s.t.Fatalf("found only %d text or binary columns in the schema's tables: %v", len(cols), cols)
 	}
 	var leaks []string
 	for _, c := range cols {
@@ -275,8 +285,8 @@ func (s *stack) passwordInRows(ctx context.Context) []string {
 		}
 		var n int
 		q := "SELECT count(*) FROM " + pgx.Identifier{c.table}.Sanitize() + " WHERE " + cond
-		if err := s.pool.QueryRow(ctx, q, accessPwd).Scan(&n); err != nil {
-			s.t.Fatalf("searching %s.%s for the password: %v", c.table, c.name, err)
+		if err := s.pool.QueryRow(ctx, q, secret).Scan(&n); err != nil {
+			s.t.Fatalf("searching %s.%s for a secret: %v", c.table, c.name, err)
 		}
 		if n > 0 {
 			leaks = append(leaks, fmt.Sprintf("%s.%s (%d rows)", c.table, c.name, n))

@@ -1,0 +1,140 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+)
+
+// TestThreeInstancesShortLease is TestThreeInstances with the shortest
+// lease start-up accepts instead of 20 s: CLAIM_LEASE 3 s with
+// FORWARD_TIMEOUT 1 s (FORWARD_MAX_IN_FLIGHT × lease / timeout = 300, below
+// the 600 rows each instance holds, so rows wait in memory longer than a
+// lease). The held leases are renewed, so no row may expire while its
+// instance is alive and be sent by another: every message is delivered
+// exactly once (docs/guarantees.md), no LEASE_EXPIRED attempt log, no
+// claim lost. The platform takes a little time per request so that the
+// instances do hold rows behind their requests.
+func TestThreeInstancesShortLease(t *testing.T) {
+	s := newStack(t, stackOptions{
+		emptyDB: true,
+		env:     map[string]string{"CLAIM_LEASE": "3s", "FORWARD_TIMEOUT": "1s"},
+		faults:  mockplatform.Faults{Latency: 300 * time.Millisecond, LatencyJitter: 400 * time.Millisecond},
+	})
+	n := load(9_000, 3_000)
+	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MalformedRate: 0.01, MissingIDRate: 0.01}), n)
+
+	start := time.Now()
+	procs := make([]*proc, 3)
+	for i := range procs {
+		procs[i] = startProc(t, fmt.Sprintf("forwarder-%c", 'a'+i), s.env)
+	}
+	s.mu.Lock()
+	s.procs = append(s.procs, procs...)
+	s.mu.Unlock()
+	for _, p := range procs {
+		p.waitUp(t, 60*time.Second)
+	}
+	s.waitSettled(4 * time.Minute)
+	took := time.Since(start)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var renewed, lost float64
+	var returned []string
+	for _, p := range procs {
+		m := scrapeMetrics(ctx, p)
+		renewed += m.sum("forwarder_leases_renewed_total")
+		lost += m.sum("forwarder_claims_lost_total")
+		returned = append(returned, p.name+": "+m.describe("forwarder_claims_returned_total"))
+	}
+	r := s.verify()
+
+	if r.dupDeliveries > 0 {
+		t.Errorf("%d duplicate deliveries (%d messages sent more than once) with three instances, a 3 s lease and no crash; want none",
+			r.dupDeliveries, r.dupMessages)
+		s.explainDuplicates(ctx)
+	}
+	var expired int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM forward_retry_logs WHERE result_status = 'LEASE_EXPIRED'`).Scan(&expired); err != nil {
+		t.Fatal(err)
+	}
+	if expired > 0 {
+		t.Errorf("%d LEASE_EXPIRED attempt logs with every instance alive: held claims ran out", expired)
+	}
+	if lost > 0 {
+		t.Errorf("forwarder_claims_lost_total = %v over the instances: renewals found held claims taken by another", lost)
+	}
+
+	shares := s.deliveredBy(ctx)
+	if len(shares) < 2 {
+		t.Errorf("rows were delivered by %d instance(s) (%s); want the work shared", len(shares), strings.Join(shares, ", "))
+	}
+	t.Logf("3 instances, lease 3s, timeout 1s, %d messages, settled in %s: %s; leases renewed %v, claims lost %v, LEASE_EXPIRED logs %d; "+
+		"give-backs %s; delivered rows by instance: %s",
+		n, took.Round(time.Millisecond), r, renewed, lost, expired, strings.Join(returned, "; "), strings.Join(shares, ", "))
+}
+
+// deliveredBy lists "<claimer>: <rows>" for the SUCCESS rows by their last
+// claimer.
+func (s *stack) deliveredBy(ctx context.Context) []string {
+	s.t.Helper()
+	rows, err := s.pool.Query(ctx, `SELECT coalesce(claimed_by, '(none)'), count(*) FROM forward_records
+		WHERE status = 'SUCCESS' GROUP BY 1`)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer rows.Close()
+	var shares []string
+	for rows.Next() {
+		var who string
+		var c int
+		if err := rows.Scan(&who, &c); err != nil {
+			s.t.Fatal(err)
+		}
+		shares = append(shares, fmt.Sprintf("%s: %d", who, c))
+	}
+	if err := rows.Err(); err != nil {
+		s.t.Fatal(err)
+	}
+	sort.Strings(shares)
+	return shares
+}
+
+// explainDuplicates logs, for a few messages the platform received more
+// than once, the row's attempt history: which claimer sent it when, and how
+// each attempt ended, for a failure to say why.
+func (s *stack) explainDuplicates(ctx context.Context) {
+	shown := 0
+	for _, d := range s.platform.Deliveries() {
+		if d.Count < 2 || shown == 5 {
+			continue
+		}
+		shown++
+		rows, err := s.pool.Query(ctx, `SELECT l.attempt_number, l.result_status, coalesce(l.error_message, ''),
+			l.attempted_at, coalesce(r.claimed_by, '')
+			FROM forward_records r JOIN forward_retry_logs l ON l.record_id = r.id
+			WHERE r.message_key = $1 ORDER BY l.id`, d.MessageID)
+		if err != nil {
+			s.t.Logf("attempt history of %s: %v", d.MessageID, err)
+			continue
+		}
+		var lines []string
+		for rows.Next() {
+			var n int
+			var status, msg, by string
+			var at time.Time
+			if rows.Scan(&n, &status, &msg, &at, &by) == nil {
+				lines = append(lines, fmt.Sprintf("attempt %d %s at %s (last claimer %s): %q", n, status, at.Format(time.StampMilli), by, msg))
+			}
+		}
+		rows.Close()
+		s.t.Logf("%s accepted %d times (first %s, last %s):\n  %s", d.MessageID, d.Count,
+			d.FirstAt.Format(time.StampMilli), d.LastAt.Format(time.StampMilli), strings.Join(lines, "\n  "))
+	}
+}
