@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 )
 
@@ -41,8 +42,16 @@ func TestThreeInstancesShortLease(t *testing.T) {
 	for _, p := range procs {
 		p.waitUp(t, 60*time.Second)
 	}
+	peakConns := s.sampleConnections()
 	s.waitSettled(4 * time.Minute)
 	took := time.Since(start)
+	// Each instance holds its stream's pool, the LISTEN connection and the
+	// metrics exporter's one (docs/configuration.md), whatever the load.
+	if peak, limit := peakConns(), 3*(dispatch.DefaultMaxConns+2); peak > int(limit) {
+		t.Errorf("three instances held %d PostgreSQL connections at the peak; want at most %d", peak, limit)
+	} else {
+		t.Logf("PostgreSQL connections of the three instances at the peak: %d (at most %d)", peak, limit)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var renewed, lost float64
@@ -78,6 +87,36 @@ func TestThreeInstancesShortLease(t *testing.T) {
 	t.Logf("3 instances, lease 3s, timeout 1s, %d messages, settled in %s: %s; leases renewed %v, claims lost %v, LEASE_EXPIRED logs %d; "+
 		"give-backs %s; delivered rows by instance: %s",
 		n, took.Round(time.Millisecond), r, renewed, lost, expired, strings.Join(returned, "; "), strings.Join(shares, ", "))
+}
+
+// sampleConnections counts the forwarders' connections to the scenario's
+// database every 100 ms until the returned function is called, which
+// returns the peak.
+func (s *stack) sampleConnections() (peak func() int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	go func() {
+		max := 0
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			var n int
+			if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name LIKE 'forwarder%'`).Scan(&n); err == nil && n > max {
+				max = n
+			}
+			select {
+			case <-ctx.Done():
+				done <- max
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() int {
+		cancel()
+		return <-done
+	}
 }
 
 // deliveredBy lists "<claimer>: <rows>" for the SUCCESS rows by their last
