@@ -57,6 +57,9 @@ type Stats struct {
 	// FailureErrcodes are the most frequent platform errcodes of FAILED rows:
 	// the platform_errcode of each row's latest attempt log ("" when none).
 	FailureErrcodes []ValueCount
+	// Ordering counts the rows held behind an earlier row of their key and
+	// the keys blocked by a FAILED row.
+	Ordering OrderingStats
 }
 
 // ReadStats reads the outbox statistics in one read-only snapshot, so the
@@ -102,7 +105,8 @@ func ReadStats(ctx context.Context, db TxBeginner, top int) (Stats, error) {
 		if st.FailureErrcodes, err = topValues(ctx, tx, statsErrcodesSQL, top); err != nil {
 			return fmt.Errorf("counting failure errcodes: %w", err)
 		}
-		return nil
+		st.Ordering, err = readOrderingStats(ctx, tx, top)
+		return err
 	})
 	return st, err
 }
@@ -227,6 +231,13 @@ type RequeueOptions struct {
 // row per record into forward_retry_logs and notifies NotifyChannel in the
 // same transaction, so dispatchers wake as soon as it commits. It returns how
 // many rows it requeued; on error, the batches already committed stay.
+//
+// A requeued row with an ordering key is held behind its key's head, or a
+// row blocking the key, or an earlier row of the same batch, so the rows of
+// a key keep their id order (see admin_requeue.sql). Each batch holds the
+// ordering barrier exclusively (order_lock.sql): inserts and result writes
+// of ordered rows wait for it, which is what lets a requeue picked by
+// filters see its keys as they are.
 func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOptions) (int64, error) {
 	args, err := f.args()
 	if err != nil {
@@ -244,6 +255,11 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 	for {
 		var n int64
 		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			if !skipOrderLocks {
+				if _, err := tx.Exec(ctx, orderBarrierExclusive); err != nil {
+					return fmt.Errorf("taking the ordering barrier: %w", err)
+				}
+			}
 			// admin_requeue.sql: the filter ($1-$4), the batch ($5-$7), the
 			// class and reason filters ($8, $9).
 			batchArgs := append(append([]any{}, args[:4]...), lastID, batch, note, args[4], args[5])

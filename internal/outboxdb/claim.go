@@ -144,13 +144,14 @@ func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error
 
 // FailExhausted records the exhausted rows of a claim FAILED (class
 // TRANSIENT: automatic compensation may requeue them), each with the reason
-// the claim gave it, through the result write, and returns the ids written.
-func FailExhausted(ctx context.Context, q Querier, rows []ExhaustedRow) ([]int64, error) {
+// the claim gave it, through the result write (which releases or blocks
+// their ordering keys as opts say), and returns the ids written.
+func FailExhausted(ctx context.Context, q Querier, rows []ExhaustedRow, opts RecordOptions) ([]int64, error) {
 	results := make([]Result, len(rows))
 	for i, r := range rows {
 		results[i] = Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: StatusFailed, Class: ClassTransient, Error: r.LastError}
 	}
-	return RecordResults(ctx, q, results)
+	return RecordResults(ctx, q, results, opts)
 }
 
 // Claim takes up to limit due rows for claimer, leasing them for lease, with

@@ -57,3 +57,44 @@ func BenchmarkClaim(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkClaimWithHotKey measures one claim of 100 rows of other keys
+// while one ordering key has 0 or 100 000 rows held behind its head (a
+// berth whose head keeps failing, say). The two should give about the same
+// figures: held rows are not in the claim's index at all, so a long queue
+// behind one key costs the claims of every other key nothing.
+//
+//	go test ./internal/outboxdb -run '^$' -bench BenchmarkClaimWithHotKey
+func BenchmarkClaimWithHotKey(b *testing.B) {
+	const batch = 100
+	for _, held := range []int{0, 100_000} {
+		tb := setupClaimTest(b)
+		tb.Insert(fixture.Row{Key: "hot-head", Status: "IN_PROGRESS", OrderingKey: "P0001/B-001"})
+		if held > 0 {
+			tb.InsertHeld("P0001/B-001", held)
+		}
+		runs := 0
+		b.Run(fmt.Sprintf("held=%d", held), func(b *testing.B) {
+			runs++ // b.Run may call this more than once
+			tb.InsertDue(fmt.Sprintf("other-%d", runs), b.N*batch)
+			if _, err := tb.Pool.Exec(tb.Ctx, "VACUUM (ANALYZE) forward_records"); err != nil {
+				b.Fatal(err)
+			}
+			p := outboxdb.ClaimParams{Limit: batch, Lease: time.Minute, Claimer: "bench", MaxAttempts: 5}
+			claimed := 0
+			b.ResetTimer()
+			for range b.N {
+				res, err := outboxdb.ClaimDue(tb.Ctx, tb.Pool, p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				claimed += len(res.Claimed)
+			}
+			b.StopTimer()
+			if claimed != b.N*batch {
+				b.Fatalf("claimed %d rows, want %d: a held row was claimed, or a due one missed", claimed, b.N*batch)
+			}
+			b.ReportMetric(float64(claimed)/b.Elapsed().Seconds(), "claims/s")
+		})
+	}
+}

@@ -208,7 +208,7 @@ func TestClaimDue(t *testing.T) {
 		if len(res.Claimed) != 0 || len(res.Exhausted) != 1 || res.Exhausted[0].ID != id {
 			t.Fatalf("claim after the last attempt: %+v, want the row reported exhausted, not sent", res)
 		}
-		if recorded, err := outboxdb.FailExhausted(b.Ctx, b.Pool, res.Exhausted); err != nil || len(recorded) != 1 {
+		if recorded, err := outboxdb.FailExhausted(b.Ctx, b.Pool, res.Exhausted, outboxdb.RecordOptions{}); err != nil || len(recorded) != 1 {
 			t.Fatalf("FailExhausted: %v, %v", recorded, err)
 		}
 		s := b.State(id)
@@ -253,7 +253,7 @@ func TestClaimDue(t *testing.T) {
 		if s := b.State(ids[0]); s.AttemptCount != 5 {
 			t.Fatalf("the exhausted row's claim counted an attempt: %+v", s)
 		}
-		if _, err := outboxdb.FailExhausted(b.Ctx, b.Pool, res.Exhausted); err != nil {
+		if _, err := outboxdb.FailExhausted(b.Ctx, b.Pool, res.Exhausted, outboxdb.RecordOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		s := b.State(ids[0])

@@ -47,6 +47,12 @@ type RecordGauges struct {
 	// retry time has come, or an IN_PROGRESS row whose lease ran out) has
 	// been waiting for a dispatcher; 0 when no row is due.
 	OldestDueAge time.Duration
+	// OrderHeld counts the rows held behind an earlier row of their
+	// ordering key (they count in Pending too), OrderBlockedKeys the keys
+	// blocked by a FAILED row; OldestHeldAge is how long the held row with
+	// the lowest id has been held, 0 when none is.
+	OrderHeld, OrderBlockedKeys int64
+	OldestHeldAge               time.Duration
 	// TakenAt is the database's clock when the snapshot was read.
 	TakenAt time.Time
 }
@@ -70,6 +76,7 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 	var (
 		g             RecordGauges
 		oldestDueSecs float64
+		oldestHeld    float64
 		liveTuples    int64
 		liveComplete  bool
 		reltuples     float64
@@ -86,7 +93,7 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 			return err
 		}
 		if err := tx.QueryRow(ctx, gaugesSQL).Scan(&g.Pending, &g.InProgress, &g.Failed, &oldestDueSecs,
-			&liveTuples, &liveComplete, &reltuples, &relpages, &pages, &g.TakenAt); err != nil {
+			&g.OrderHeld, &g.OrderBlockedKeys, &oldestHeld, &liveTuples, &liveComplete, &reltuples, &relpages, &pages, &g.TakenAt); err != nil {
 			return err
 		}
 		if maxPages >= 0 && pages <= maxPages {
@@ -99,6 +106,7 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 		return RecordGauges{}, fmt.Errorf("reading outbox record gauges: %w", err)
 	}
 	g.OldestDueAge = time.Duration(oldestDueSecs * float64(time.Second))
+	g.OldestHeldAge = time.Duration(oldestHeld * float64(time.Second))
 	if g.SuccessSource == SuccessExact {
 		return g, nil
 	}

@@ -48,6 +48,12 @@ type NewRecord struct {
 	// PlateNo, ParkCode, BerthCode and DeviceID are copied from the payload
 	// for lookups (outbox find, the console); empty when absent.
 	PlateNo, ParkCode, BerthCode, DeviceID string
+	// OrderingKey, when set on a PENDING record, orders the row after every
+	// earlier row with the same key (docs/architecture.md, "Ordering"): it
+	// is inserted held while one of them is unfinished or blocks the key.
+	// Records of one batch with the same key are ordered as in the batch.
+	// Ignored for FAILED records.
+	OrderingKey string
 }
 
 // InsertResult is what InsertBatch did for one input record.
@@ -214,10 +220,19 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 			pos[i] = j
 		}
 		statuses, tokens, n := args[argStatus].([]string), args[argToken].([]string), 0
+		// A record whose ordering key an earlier record of the batch has will
+		// be held behind it: it takes no claim, which goes to the next head.
+		seenKeys := map[string]bool{}
 		for i := range recs {
 			j, ok := pos[i]
 			if !ok || n == len(c.Tokens) || statuses[j] != string(StatusPending) {
 				continue
+			}
+			if k := recs[i].OrderingKey; k != "" {
+				if seenKeys[k] {
+					continue
+				}
+				seenKeys[k] = true
 			}
 			if n < c.Limit {
 				statuses[j] = string(StatusInProgress)
@@ -230,7 +245,7 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 		counts  InsertCounts
 		claimed []ClaimedRow
 	)
-	err = runInsert(ctx, q, args, c, false, func(r insertedRow) error {
+	err = runInsert(ctx, q, args, orderLockKeys(recs, unique), c, false, func(r insertedRow) error {
 		if r.Status != StatusInProgress {
 			return nil
 		}
@@ -264,16 +279,12 @@ type insertedRow struct {
 	Due     *time.Time
 }
 
-// runInsert runs insert.sql with args (insertArgs) and the claim c, calls
-// each for every row it sends back (every inserted one when all is true,
-// else the claimed ones) and adds the inserted PENDING and FAILED rows to
-// counts.
-func runInsert(ctx context.Context, q Querier, args []any, c DirectClaim, all bool, each func(insertedRow) error, counts *InsertCounts) error {
+// runInsert runs insert.sql with args (insertArgs) and the claim c, after
+// locking the ordering keys keys (see queryLocked), calls each for every row
+// it sends back (every inserted one when all is true, else the claimed
+// ones) and adds the inserted PENDING and FAILED rows to counts.
+func runInsert(ctx context.Context, q Querier, args []any, keys []string, c DirectClaim, all bool, each func(insertedRow) error, counts *InsertCounts) error {
 	args = append(args, NotifyChannel, c.Lease.Milliseconds(), c.Claimer, c.Retry, all)
-	rows, err := q.Query(ctx, insertSQL, args...)
-	if err != nil {
-		return fmt.Errorf("inserting outbox rows: %w", err)
-	}
 	var (
 		id             *int64
 		key            *string
@@ -282,17 +293,20 @@ func runInsert(ctx context.Context, q Querier, args []any, c DirectClaim, all bo
 		created        *time.Time
 		pending, faild *int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &key, &status, &r.Token, &created, &r.Due, &pending, &faild}, func() error {
-		if status == "" { // the summary
-			counts.Pending += int(*pending)
-			counts.Failed += int(*faild)
-			return nil
-		}
-		if id == nil || key == nil || created == nil {
-			return errors.New("insert returned a row without id, key or creation time")
-		}
-		r.ID, r.Key, r.Status, r.Created = *id, *key, Status(status), *created
-		return each(r)
+	err := queryLocked(ctx, q, keys, nil, insertSQL, args, func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &key, &status, &r.Token, &created, &r.Due, &pending, &faild}, func() error {
+			if status == "" { // the summary
+				counts.Pending += int(*pending)
+				counts.Failed += int(*faild)
+				return nil
+			}
+			if id == nil || key == nil || created == nil {
+				return errors.New("insert returned a row without id, key or creation time")
+			}
+			r.ID, r.Key, r.Status, r.Created = *id, *key, Status(status), *created
+			return each(r)
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("inserting outbox rows: %w", err)
@@ -319,7 +333,38 @@ func dedupe(recs []NewRecord) (first map[string]int, unique []int, err error) {
 		}
 	}
 	slices.SortFunc(unique, func(a, b int) int { return strings.Compare(recs[a].MessageKey, recs[b].MessageKey) })
+	keepBatchOrderPerOrderingKey(recs, unique)
 	return first, unique, nil
+}
+
+// keepBatchOrderPerOrderingKey reorders, in place, the records of unique
+// that share an ordering key so that they follow batch order, each key's
+// records taking the slots its records had: rows are inserted, and get
+// their ids, in the order of unique, and a key's rows are delivered in id
+// order. The other records keep their key order, which is what keeps
+// concurrent inserters of the same messages from deadlocking; two inserters
+// of one ordered message cannot meet, since both lock its ordering key
+// first (order_lock.sql).
+func keepBatchOrderPerOrderingKey(recs []NewRecord, unique []int) {
+	slots := map[string][]int{}
+	for pos, i := range unique {
+		if k := orderingKeyOf(&recs[i]); k != "" {
+			slots[k] = append(slots[k], pos)
+		}
+	}
+	for _, ps := range slots {
+		if len(ps) < 2 {
+			continue
+		}
+		idx := make([]int, len(ps))
+		for j, pos := range ps {
+			idx[j] = unique[pos]
+		}
+		slices.Sort(idx) // batch order
+		for j, pos := range ps {
+			unique[pos] = idx[j]
+		}
+	}
 }
 
 // Positions of insertArgs's arrays in insert.sql's parameters.
@@ -364,6 +409,7 @@ func insertArgs(recs []NewRecord, idx []int) []any {
 		statuses[j] = string(r.Status)
 		lastErrors[j] = r.LastError
 		plates[j], parks[j], berths[j], devices[j] = r.PlateNo, r.ParkCode, r.BerthCode, r.DeviceID
+		orderKeys[j] = orderingKeyOf(r)
 	}
 	return []any{keys, apiTypes, topics, partitions, offsets, kafkaKeys, payloads, statuses, lastErrors,
 		tokens, plates, parks, berths, devices, orderKeys}
@@ -373,7 +419,7 @@ func insertArgs(recs []NewRecord, idx []int) []any {
 // it inserted.
 func insertRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, first map[string]int, results []InsertResult) error {
 	var counts InsertCounts
-	return runInsert(ctx, q, insertArgs(recs, idx), DirectClaim{}, true, func(r insertedRow) error {
+	return runInsert(ctx, q, insertArgs(recs, idx), orderLockKeys(recs, idx), DirectClaim{}, true, func(r insertedRow) error {
 		i, ok := first[r.Key]
 		if !ok {
 			return fmt.Errorf("insert returned unknown key %q", r.Key)

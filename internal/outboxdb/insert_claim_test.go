@@ -81,7 +81,8 @@ func TestInsertBatchClaim(t *testing.T) {
 		// recorded, and so it counts as an attempt of the dispatcher's.
 		ids, err := outboxdb.RecordResults(ctx, pool, []outboxdb.Result{{
 			ID: claimed[0].ID, ClaimToken: claimed[0].ClaimToken, Status: outboxdb.StatusSuccess, Sent: true,
-		}})
+		}}, outboxdb.RecordOptions{})
+
 		if err != nil || len(ids) != 1 {
 			t.Fatalf("recording the claimed row: %v %v", ids, err)
 		}

@@ -95,7 +95,7 @@ func TestGiveBacksForLackOfLeaseAreBounded(t *testing.T) {
 		if _, err := outboxdb.RecordResults(db.Ctx, db.Pool, []outboxdb.Result{{
 			ID: c[0].ID, ClaimToken: c[0].ClaimToken, Status: outboxdb.StatusPending,
 			Undo: true, ForLease: true, Error: "not sent: lease",
-		}}); err != nil {
+		}}, outboxdb.RecordOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -120,7 +120,7 @@ func TestGiveBacksForLackOfLeaseAreBounded(t *testing.T) {
 	c := db.ClaimN(1)
 	if _, err := outboxdb.RecordResults(db.Ctx, db.Pool, []outboxdb.Result{{
 		ID: c[0].ID, ClaimToken: c[0].ClaimToken, Status: outboxdb.StatusPending, Sent: true, HTTPStatus: 503,
-	}}); err != nil {
+	}}, outboxdb.RecordOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if s := db.State(id); s.LeaseReturns != 0 {
@@ -138,7 +138,7 @@ func TestFailedResultsCarryTheirClass(t *testing.T) {
 		{ID: c[1].ID, ClaimToken: c[1].ClaimToken, Status: outboxdb.StatusFailed, Class: outboxdb.ClassInvalid, Error: "mapping: x"},
 		{ID: c[2].ID, ClaimToken: c[2].ClaimToken, Status: outboxdb.StatusFailed, Error: "giving up"},
 	}
-	if _, err := outboxdb.RecordResults(db.Ctx, db.Pool, results); err != nil {
+	if _, err := outboxdb.RecordResults(db.Ctx, db.Pool, results, outboxdb.RecordOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i, want := range []string{"REJECTED", "INVALID", "TRANSIENT"} {

@@ -66,7 +66,7 @@ func BenchmarkRowLifecycle(b *testing.B) {
 					results = append(results, outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken,
 						Status: outboxdb.StatusSuccess, Sent: true, Duration: time.Millisecond, HTTPStatus: 200})
 				}
-				recorded, err := outboxdb.RecordResults(tb.Ctx, tb.Pool, results)
+				recorded, err := outboxdb.RecordResults(tb.Ctx, tb.Pool, results, outboxdb.RecordOptions{})
 				if err != nil {
 					b.Fatal(err)
 				}

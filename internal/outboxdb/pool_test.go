@@ -67,7 +67,7 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	ids, tokens := []int64{1, 2}, []string{"a", "b"}
 	recordArgs := []any{ids, tokens, []string{"SUCCESS", "SUCCESS"}, []*int64{nil, nil}, []*int32{nil, nil},
 		[]*string{nil, nil}, []*string{nil, nil}, []*int32{nil, nil}, []bool{false, false},
-		[]*string{nil, nil}, []bool{false, false}, outboxdb.MaxLeaseReturns, []bool{false, false}}
+		[]*string{nil, nil}, []bool{false, false}, outboxdb.MaxLeaseReturns, []bool{false, false}, "skip", outboxdb.NotifyChannel}
 	statements := []struct {
 		name string
 		sql  string
@@ -77,6 +77,7 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
 		{"claim", outboxdb.ClaimSQL(), []any{100, time.Minute.Milliseconds(), "me", 5, int64(-1)}},
 		{"renew", outboxdb.RenewSQL(), []any{ids, tokens, time.Minute.Milliseconds()}},
+		{"order_lock", outboxdb.OrderLockSQL(), []any{[]string{"P1/B1"}, ids}},
 	}
 	for _, st := range statements {
 		plan := genericPlan(t, dsn, outboxdb.PoolConfig{NoSeqScan: true}, st.sql, st.args...)
@@ -85,14 +86,16 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 		}
 	}
 
-	// The outbox processor's pool runs without the setting: a retried direct
-	// insert still finds its claims by key, one index probe each.
+	// The outbox processor shares the stream's pool (internal/dispatch.Hub),
+	// which has the setting too: a retried direct insert still finds its
+	// claims by key, and an ordered row finds its key's active rows and
+	// whether it is new, one index probe each.
 	one := []string{""}
 	insertClaimArgs := []any{[]string{"k1"}, []string{"VEHICLE_EVENT"}, []string{"t"}, []int32{0}, []int64{1},
 		[][]byte{nil}, [][]byte{[]byte("{}")}, []string{"IN_PROGRESS"}, one,
-		[]string{"00000000-0000-4000-8000-000000000001"}, one, one, one, one, one,
+		[]string{"00000000-0000-4000-8000-000000000001"}, one, one, one, one, []string{"P1/B1"},
 		outboxdb.NotifyChannel, time.Minute.Milliseconds(), "me", true, false}
-	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{}, outboxdb.InsertSQL(), insertClaimArgs...); strings.Contains(plan, "Seq Scan on forward_records") {
+	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{NoSeqScan: true}, outboxdb.InsertSQL(), insertClaimArgs...); strings.Contains(plan, "Seq Scan on forward_records") {
 		t.Errorf("insert_claim: the generic plan scans forward_records sequentially:\n%s", plan)
 	}
 

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
 )
 
 var recordSQL = mustSQL("record.sql")
@@ -80,6 +82,13 @@ const MaxLeaseReturns = 3
 // RecordSQL is the result statement, exported for plan tests.
 func RecordSQL() string { return recordSQL }
 
+// RecordOptions tunes RecordResults.
+type RecordOptions struct {
+	// OnFailed is what a row with an ordering key that ends FAILED does to
+	// the rows held behind it (OrderSkip when empty).
+	OnFailed OrderOnFailed
+}
+
 // RecordResults writes a batch of attempt results in one statement: every row
 // whose claim the caller still holds (same claim_token, still IN_PROGRESS)
 // takes its new status, next_retry_at, last_http_status, last_error and, for
@@ -87,11 +96,20 @@ func RecordSQL() string { return recordSQL }
 // = the row's attempt_count); an undone claim (Result.Undo) only goes back to
 // PENDING. Rows whose claim was lost are left untouched.
 //
+// A row with an ordering key that ends SUCCESS, or FAILED with
+// opts.OnFailed skip, releases the next row held behind it; with block a
+// FAILED one keeps holding its key (see record.sql). The ordering keys of
+// the rows it finishes are locked first, in the same round trip.
+//
 // It returns the ids that were written. Calling it again with the same
 // results records nothing more, so a caller may retry after an error. The
 // write commits without waiting for the WAL flush (see record.sql): inside a
 // transaction, that transaction does too.
-func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, error) {
+func RecordResults(ctx context.Context, q Querier, results []Result, opts RecordOptions) ([]int64, error) {
+	onFailed, err := ParseOrderOnFailed(string(opts.OnFailed))
+	if err != nil {
+		return nil, fmt.Errorf("recording results: on_failed: %w", err)
+	}
 	if len(results) == 0 {
 		return nil, nil
 	}
@@ -110,6 +128,8 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		forLease   = make([]bool, n)
 		logged     = make([]bool, n)
 		seen       = make(map[int64]struct{}, n)
+		// finishing rows may release or block their ordering keys.
+		finishing []int64
 	)
 	for i, r := range results {
 		if _, dup := seen[r.ID]; dup {
@@ -118,6 +138,7 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 		seen[r.ID] = struct{}{}
 		switch r.Status {
 		case StatusSuccess, StatusFailed:
+			finishing = append(finishing, r.ID)
 		case StatusPending:
 			ms := max(r.RetryIn.Milliseconds(), 0)
 			retryIn[i] = &ms
@@ -152,21 +173,20 @@ func RecordResults(ctx context.Context, q Querier, results []Result) ([]int64, e
 			durations[i] = &d
 		}
 	}
-	rows, err := q.Query(ctx, recordSQL, ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations, undo,
-		classes, forLease, MaxLeaseReturns, logged)
-	if err != nil {
-		return nil, fmt.Errorf("recording results: %w", err)
-	}
-	defer rows.Close()
+	args := []any{ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations, undo,
+		classes, forLease, MaxLeaseReturns, logged, string(onFailed), NotifyChannel}
 	recorded := make([]int64, 0, n)
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("recording results: %w", err)
+	err = queryLocked(ctx, q, nil, finishing, recordSQL, args, func(rows pgx.Rows) error {
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			recorded = append(recorded, id)
 		}
-		recorded = append(recorded, id)
-	}
-	if err := rows.Err(); err != nil {
+		return rows.Err()
+	})
+	if err != nil {
 		return nil, fmt.Errorf("recording results: %w", err)
 	}
 	return recorded, nil

@@ -118,7 +118,7 @@ func TestRecordResults(t *testing.T) {
 			{ID: claimed[2].ID, ClaimToken: claimed[2].ClaimToken, Status: outboxdb.StatusPending,
 				RetryIn: 30 * time.Second, Sent: true, Duration: 3 * time.Millisecond, HTTPStatus: 500, Error: "http 500"},
 		}
-		recorded, err := outboxdb.RecordResults(b.ctx, b.pool, results)
+		recorded, err := outboxdb.RecordResults(b.ctx, b.pool, results, outboxdb.RecordOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,7 +172,8 @@ func TestRecordResults(t *testing.T) {
 
 		recorded, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
 			{ID: first.ID, ClaimToken: first.ClaimToken, Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200},
-		})
+		}, outboxdb.RecordOptions{})
+
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,7 +197,8 @@ func TestRecordResults(t *testing.T) {
 		recorded, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
 			{ID: c[0].ID, ClaimToken: "not-a-uuid", Status: outboxdb.StatusSuccess},
 			{ID: c[1].ID, ClaimToken: c[1].ClaimToken, Status: outboxdb.StatusSuccess},
-		})
+		}, outboxdb.RecordOptions{})
+
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,10 +212,10 @@ func TestRecordResults(t *testing.T) {
 		b := setupRecordTest(t)
 		c := b.claimN(t, 1)[0]
 		res := []outboxdb.Result{{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusPending, Error: "x"}}
-		if got, err := outboxdb.RecordResults(b.ctx, b.pool, res); err != nil || len(got) != 1 {
+		if got, err := outboxdb.RecordResults(b.ctx, b.pool, res, outboxdb.RecordOptions{}); err != nil || len(got) != 1 {
 			t.Fatalf("first write: %v %v", got, err)
 		}
-		if got, err := outboxdb.RecordResults(b.ctx, b.pool, res); err != nil || len(got) != 0 {
+		if got, err := outboxdb.RecordResults(b.ctx, b.pool, res, outboxdb.RecordOptions{}); err != nil || len(got) != 0 {
 			t.Fatalf("second write: %v %v", got, err)
 		}
 		r := b.row(t, c.ID)
@@ -232,7 +234,7 @@ func TestRecordResults(t *testing.T) {
 		// A first attempt failed and was recorded...
 		if _, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
 			{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusPending, Sent: true, HTTPStatus: 500, Error: "http 500"},
-		}); err != nil {
+		}, outboxdb.RecordOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() WHERE id = $1`, c.ID); err != nil {
@@ -245,7 +247,8 @@ func TestRecordResults(t *testing.T) {
 		}
 		recorded, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
 			{ID: c.ID, ClaimToken: second[0].ClaimToken, Status: outboxdb.StatusPending, Undo: true, Error: "not sent"},
-		})
+		}, outboxdb.RecordOptions{})
+
 		if err != nil || len(recorded) != 1 {
 			t.Fatalf("undo: %v %v", recorded, err)
 		}
@@ -256,7 +259,7 @@ func TestRecordResults(t *testing.T) {
 		}
 		if _, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
 			{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusFailed, Undo: true},
-		}); err == nil {
+		}, outboxdb.RecordOptions{}); err == nil {
 			t.Error("an undone FAILED result was accepted")
 		}
 	})
@@ -268,7 +271,7 @@ func TestRecordResults(t *testing.T) {
 		msg := "bad\x00bytes\xff" + strings.Repeat("é", outboxdb.MaxErrorLen)
 		if _, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
 			{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusFailed, Error: msg},
-		}); err != nil {
+		}, outboxdb.RecordOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		r := b.row(t, c.ID)
@@ -284,13 +287,13 @@ func TestRecordResults(t *testing.T) {
 		c := b.claimN(t, 1)[0]
 		if _, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
 			{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusInProgress},
-		}); err == nil || !strings.Contains(err.Error(), "IN_PROGRESS") {
+		}, outboxdb.RecordOptions{}); err == nil || !strings.Contains(err.Error(), "IN_PROGRESS") {
 			t.Errorf("IN_PROGRESS result: err = %v", err)
 		}
 		if _, err := outboxdb.RecordResults(b.ctx, b.pool, []outboxdb.Result{
 			{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusFailed},
 			{ID: c.ID, ClaimToken: c.ClaimToken, Status: outboxdb.StatusFailed},
-		}); err == nil || !strings.Contains(err.Error(), "twice") {
+		}, outboxdb.RecordOptions{}); err == nil || !strings.Contains(err.Error(), "twice") {
 			t.Errorf("duplicate id: err = %v", err)
 		}
 		if r := b.row(t, c.ID); r.status != "IN_PROGRESS" || len(r.logStatuses) != 0 {
@@ -327,7 +330,7 @@ func TestRecordPlan(t *testing.T) {
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	rows, err := tx.Query(b.ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+outboxdb.RecordSQL(), ids, tokens, statuses,
 		make([]*int64, n), make([]*int32, n), make([]*string, n), make([]*string, n), make([]*int32, n), make([]bool, n),
-		make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n))
+		make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,7 +133,7 @@ func dbCeilings(ctx context.Context, env *benchEnv, n, batch int) (insert, claim
 			results[i] = outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: outboxdb.StatusSuccess,
 				Sent: true, Duration: time.Millisecond, HTTPStatus: 200}
 		}
-		if _, err := outboxdb.RecordResults(ctx, pool, results); err != nil {
+		if _, err := outboxdb.RecordResults(ctx, pool, results, outboxdb.RecordOptions{}); err != nil {
 			return 0, 0, err
 		}
 		claimed += len(res.Claimed)

@@ -272,7 +272,7 @@ func claimAndRecord(ctx context.Context, pool *pgxpool.Pool, limit int, claims, 
 		results[i] = outboxdb.Result{ID: row.ID, ClaimToken: row.ClaimToken, Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200}
 	}
 	start = time.Now()
-	if _, err := outboxdb.RecordResults(ctx, pool, results); err != nil {
+	if _, err := outboxdb.RecordResults(ctx, pool, results, outboxdb.RecordOptions{}); err != nil {
 		return err
 	}
 	if records != nil {

@@ -20,13 +20,17 @@
 -- asks, and a row that failed at ingest or in its mapping (INVALID) fails
 -- again unless the input or the mapping was fixed.
 --
--- Ordering: a requeued row with an ordering key is the key's head (due) only
--- when the key has no head yet and it is the key's first row in the batch;
--- otherwise it is held behind the head (order_held), like a new row of a
--- busy key. The database admits one head per key
--- (forward_records_order_head_key), so a requeue of several rows of one key
--- must not make them all due. A blocked key is unblocked: its FAILED row
--- is the one being requeued.
+-- Ordering (docs/architecture.md, "Ordering"): the caller holds the
+-- ordering barrier exclusively (order_lock.sql), so no insert or result
+-- write changes any key meanwhile and this statement's snapshot is current.
+-- A requeued row with an ordering key is held when its key has another head
+-- (a row due or in flight that is not held), another blocked row that is not
+-- requeued here, or an earlier (lower id) row requeued in this batch: the
+-- rows of one key keep their id order, promotion being by id, and the
+-- database admits one head per key (forward_records_order_head_key). A row
+-- that is the head of its key already stays the head. A requeued row no
+-- longer blocks its key (order_blocked is cleared), so requeueing a blocked
+-- row makes it the head again.
 --
 -- The audit row's attempt_number is the number of attempts the row had made.
 -- last_error and last_http_status are kept: they describe the last attempt
@@ -39,12 +43,8 @@
 -- $9 normalised reason (NULL: any; the expression of
 -- console_failed_groups.sql).
 WITH picked AS (
-    SELECT r.id, r.status AS prev_status, r.attempt_count AS prev_attempts,
-           r.ordering_key, r.order_held AS was_held,
-           r.ordering_key IS NOT NULL AND EXISTS (
-               SELECT 1 FROM forward_records h
-               WHERE h.ordering_key = r.ordering_key AND h.id <> r.id
-                 AND h.status IN ('PENDING', 'IN_PROGRESS') AND NOT h.order_held) AS key_has_head
+    SELECT r.id, r.status AS prev_status, r.attempt_count AS prev_attempts, r.ordering_key,
+           (r.status IN ('PENDING', 'IN_PROGRESS') AND NOT r.order_held) AS was_head
     FROM forward_records r
     WHERE r.id > $5::bigint
       AND r.status = ANY ($1::text[])
@@ -66,11 +66,19 @@ WITH picked AS (
     LIMIT $6
     FOR UPDATE OF r
 ), held AS (
-    SELECT id,
-           ordering_key IS NOT NULL
-           AND (was_held OR key_has_head
-                OR row_number() OVER (PARTITION BY ordering_key ORDER BY id) > 1) AS held
-    FROM picked
+    SELECT p.id,
+           p.ordering_key IS NOT NULL AND NOT p.was_head AND (
+               EXISTS (SELECT 1
+                       FROM forward_records o
+                       WHERE o.ordering_key = p.ordering_key
+                         AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
+                         AND o.id <> p.id
+                         AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held)
+                              OR (o.order_blocked AND o.id NOT IN (SELECT q.id FROM picked q))))
+               OR EXISTS (SELECT 1
+                          FROM picked q
+                          WHERE q.ordering_key = p.ordering_key AND q.id < p.id)) AS held
+    FROM picked p
 ), requeued AS (
     UPDATE forward_records AS r
     SET status        = 'PENDING',

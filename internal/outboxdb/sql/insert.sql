@@ -34,6 +34,20 @@
 -- snapshot, so none comes back twice. With $19 false the recovery is not run
 -- at all (a one-time filter).
 --
+-- Ordering (docs/architecture.md, "Ordering"): a PENDING row with an
+-- ordering key ($15) is inserted held (order_held, not due, left out of
+-- forward_records_due_idx) while its key has an active row, unfinished or a
+-- FAILED row blocking it, or when an earlier record of this batch (lower
+-- position, hence lower id: the caller lays a key's records out in batch
+-- order) has the same key and is new. "New" means its message_key is not
+-- stored yet; under the key lock (order_lock.sql, taken by an earlier
+-- statement of this transaction) no other transaction can be inserting it,
+-- and this statement's snapshot sees every row of the key committed before.
+-- A held row asked for as IN_PROGRESS is inserted PENDING and held instead,
+-- and does not come back claimed: direct dispatch only hands over heads.
+-- FAILED rows are never ordered. Rows are inserted in the arrays' order
+-- (ORDER BY n), so their ids follow it.
+--
 -- What comes back: the claimed rows (inserted or recovered), every inserted
 -- row when $20 is true, and last one summary row (status '') counting the
 -- PENDING and FAILED rows inserted. Rows whose key already existed do not
@@ -48,33 +62,70 @@
 -- key ('' for none), $16 the notification channel, $17 lease in
 -- milliseconds, $18 claimer, $19 this is a retry, $20 return every inserted
 -- row.
-WITH ins AS (
+WITH batch AS (
+    SELECT u.*,
+           CASE WHEN u.status <> 'FAILED' THEN nullif(u.ordering_key, '') END AS okey
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[],
+                $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
+                $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
+         WITH ORDINALITY
+         AS u(message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
+              kafka_key, payload, status, last_error, claim_token,
+              plate_no, park_code, berth_code, device_id, ordering_key, n)
+), planned AS (
+    -- The probes are LATERAL subqueries with LIMIT 1, so that each record
+    -- costs one index probe (forward_records_message_key_key, and
+    -- forward_records_order_idx for an active row of its key) whatever the
+    -- statistics say: as plain EXISTS tests the planner may hash every
+    -- unfinished row, or every key, once per statement instead.
+    SELECT f.*,
+           f.okey IS NOT NULL AND (
+               active.found IS NOT NULL
+               OR coalesce(bool_or(f.new_ordered) OVER (
+                      PARTITION BY f.okey ORDER BY f.n
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false)
+           ) AS held
+    FROM (SELECT b.*, b.okey IS NOT NULL AND stored.found IS NULL AS new_ordered
+          FROM batch b
+          LEFT JOIN LATERAL (
+              SELECT 1 AS found
+              FROM forward_records s
+              WHERE b.okey IS NOT NULL AND s.message_key = b.message_key
+              LIMIT 1) AS stored ON true) AS f
+    LEFT JOIN LATERAL (
+        SELECT 1 AS found
+        FROM forward_records a
+        WHERE f.okey IS NOT NULL
+          AND a.ordering_key = f.okey
+          AND (a.status IN ('PENDING', 'IN_PROGRESS') OR a.order_blocked)
+        LIMIT 1) AS active ON true
+), ins AS (
     INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
                                  kafka_offset, kafka_key, payload, status,
                                  attempt_count, next_retry_at, claim_token,
                                  claimed_by, claimed_at, last_error, failure_class, failed_at,
-                                 plate_no, park_code, berth_code, device_id)
-    SELECT u.message_key, u.api_type, u.kafka_topic, u.kafka_partition,
-           u.kafka_offset, u.kafka_key, u.payload, u.status,
-           CASE WHEN u.status = 'IN_PROGRESS' THEN 1 ELSE 0 END,
-           CASE u.status WHEN 'PENDING' THEN now()
-                         WHEN 'IN_PROGRESS' THEN now() + $17::bigint * interval '1 millisecond' END,
-           CASE WHEN u.status = 'IN_PROGRESS' THEN u.claim_token::uuid END,
-           CASE WHEN u.status = 'IN_PROGRESS' THEN $18::text END,
-           CASE WHEN u.status = 'IN_PROGRESS' THEN now() END,
-           nullif(u.last_error, ''),
-           CASE WHEN u.status = 'FAILED' THEN 'INVALID' END,
-           CASE WHEN u.status = 'FAILED' THEN now() END,
-           nullif(u.plate_no, ''), nullif(u.park_code, ''), nullif(u.berth_code, ''),
-           nullif(u.device_id, '')
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[],
-                $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
-                $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
-         AS u(message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
-              kafka_key, payload, status, last_error, claim_token,
-              plate_no, park_code, berth_code, device_id, ordering_key)
+                                 plate_no, park_code, berth_code, device_id,
+                                 ordering_key, order_held)
+    SELECT p.message_key, p.api_type, p.kafka_topic, p.kafka_partition,
+           p.kafka_offset, p.kafka_key, p.payload, p.st,
+           CASE WHEN p.st = 'IN_PROGRESS' THEN 1 ELSE 0 END,
+           CASE p.st WHEN 'PENDING' THEN now()
+                     WHEN 'IN_PROGRESS' THEN now() + $17::bigint * interval '1 millisecond' END,
+           CASE WHEN p.st = 'IN_PROGRESS' THEN p.claim_token::uuid END,
+           CASE WHEN p.st = 'IN_PROGRESS' THEN $18::text END,
+           CASE WHEN p.st = 'IN_PROGRESS' THEN now() END,
+           nullif(p.last_error, ''),
+           CASE WHEN p.st = 'FAILED' THEN 'INVALID' END,
+           CASE WHEN p.st = 'FAILED' THEN now() END,
+           nullif(p.plate_no, ''), nullif(p.park_code, ''), nullif(p.berth_code, ''),
+           nullif(p.device_id, ''),
+           p.okey, p.held
+    -- st: the status the row gets, PENDING for a held row asked IN_PROGRESS.
+    FROM (SELECT planned.*, CASE WHEN planned.held THEN 'PENDING' ELSE planned.status END AS st
+          FROM planned) AS p
+    ORDER BY p.n
     ON CONFLICT (message_key) DO NOTHING
-    RETURNING id, message_key, status, claim_token, created_at, next_retry_at
+    RETURNING id, message_key, status, claim_token, created_at, next_retry_at, order_held
 ), recovered AS (
     SELECT r.id, r.message_key, r.status, r.claim_token, r.created_at, r.next_retry_at
     FROM unnest($1::text[], $10::text[]) AS k(message_key, claim_token)
@@ -92,7 +143,7 @@ WITH ins AS (
 ), notified AS (
     SELECT pg_notify($16, '')
     FROM ins
-    WHERE status = 'PENDING'
+    WHERE status = 'PENDING' AND NOT order_held
     LIMIT 1
 )
 SELECT id, message_key, status, claim_token::text, created_at, next_retry_at,

@@ -37,12 +37,25 @@
 -- again, which the platform answers as a duplicate (docs/guarantees.md,
 -- "What may commit asynchronously").
 --
+-- Ordering (docs/architecture.md, "Ordering"): a row with an ordering key
+-- that ends SUCCESS, or FAILED with $14 = 'skip', releases the next row held
+-- behind it: the held row of its key with the lowest id is promoted (no
+-- longer held, due now), and the dispatchers are notified on channel $15. A
+-- row released by a FAILED one gets an ORDER_RELEASED attempt log naming
+-- it. With $14 = 'block' a FAILED row is marked order_blocked instead and
+-- keeps holding its key until an operator requeues or releases it. The
+-- caller locks the keys of the rows it finishes first (order_lock.sql, an
+-- earlier statement of the same transaction), so this statement's snapshot
+-- holds every row of those keys that an insert committed before.
+--
 -- $1 ids, $2 claim tokens, $3 statuses left (SUCCESS | FAILED | PENDING),
 -- $4 retry delays in ms (used for PENDING), $5 HTTP statuses, $6 errors
 -- (last_error and the log's error_message), $7 platform errcodes,
 -- $8 request durations in ms, $9 undo flags, $10 failure classes (for
 -- FAILED), $11 the undo is for lack of lease, $12 give-backs allowed in a
--- row, $13 an undone attempt is logged. $4..$8 and $10 may hold NULLs.
+-- row, $13 an undone attempt is logged, $14 what a FAILED ordered row does
+-- (skip | block), $15 the notification channel. $4..$8 and $10 may hold
+-- NULLs.
 WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true) AS done
 ), result AS (
@@ -73,6 +86,8 @@ WITH async AS (
         failure_class    = CASE WHEN result.status = 'FAILED' THEN coalesce(result.failure_class, 'TRANSIENT') END,
         failed_at        = CASE WHEN result.status = 'FAILED' THEN now() ELSE r.failed_at END,
         succeeded_at     = CASE WHEN result.status = 'SUCCESS' THEN now() END,
+        order_blocked    = (result.status = 'FAILED' AND r.ordering_key IS NOT NULL
+                            AND $14::text = 'block'),
         updated_at       = now()
     FROM result
     WHERE r.id = result.id
@@ -82,7 +97,7 @@ WITH async AS (
       -- IN_PROGRESS row of every instance through the status index, which
       -- the planner would pick whenever its statistics saw few of them.
       AND (r.status = 'IN_PROGRESS') IS TRUE
-    RETURNING r.id, r.attempt_count, r.status, r.next_retry_at,
+    RETURNING r.id, r.attempt_count, r.status, r.next_retry_at, r.ordering_key, r.last_error,
               -- An undo for lack of lease past the bound kept its attempt:
               -- it is logged like one.
               (result.undo AND NOT result.logged
@@ -95,7 +110,46 @@ WITH async AS (
     FROM recorded
     JOIN result ON result.id = recorded.id
     WHERE NOT recorded.unlogged
+), finished AS (
+    -- Rows whose end releases their key; one per key (a key has one head).
+    SELECT DISTINCT ON (ordering_key) id, status, ordering_key, last_error
+    FROM recorded
+    WHERE ordering_key IS NOT NULL
+      AND (status = 'SUCCESS' OR (status = 'FAILED' AND $14::text <> 'block'))
+), successor AS (
+    SELECT finished.*,
+           (SELECT h.id
+            FROM forward_records h
+            WHERE h.ordering_key = finished.ordering_key
+              AND h.status = 'PENDING' AND h.order_held
+            ORDER BY h.id
+            LIMIT 1) AS next_id
+    FROM finished
+), promoted AS (
+    UPDATE forward_records AS h
+    SET order_held    = false,
+        next_retry_at = now(),
+        updated_at    = now()
+    FROM successor
+    -- = ANY(ARRAY(...)) as in claim.sql: the rows are read through the
+    -- primary key, never by hashing every held row.
+    WHERE h.id = ANY (ARRAY(SELECT next_id FROM successor))
+      AND h.id = successor.next_id
+      AND h.order_held
+    RETURNING h.id, h.attempt_count, successor.id AS by_id, successor.status AS by_status,
+              successor.last_error AS by_error
+), released AS (
+    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
+    SELECT id, attempt_count, 'ORDER_RELEASED',
+           left('released by on_failed skip: row ' || by_id || ', earlier in the ordering key, ended FAILED: '
+                || coalesce(by_error, 'no error recorded'), 1024),
+           now()
+    FROM promoted
+    WHERE by_status = 'FAILED'
+), notified AS (
+    SELECT pg_notify($15::text, 'released')
+    WHERE EXISTS (SELECT 1 FROM promoted)
 )
 SELECT recorded.id
-FROM recorded, async
+FROM recorded, async, (SELECT count(*) FROM notified) AS n
 WHERE async.done = 'off';

@@ -1,0 +1,9 @@
+package outboxdb
+
+// SkipOrderLocks leaves the ordering key locks out until the returned
+// function is called, for the tests that show what the locks prevent. Tests
+// using it must not run in parallel with others.
+func SkipOrderLocks() (restore func()) {
+	skipOrderLocks = true
+	return func() { skipOrderLocks = false }
+}

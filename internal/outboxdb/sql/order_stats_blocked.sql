@@ -1,0 +1,16 @@
+-- The ordering keys blocked by a FAILED row (ordering with on_failed:
+-- block), longest blocked first, for `forwarder outbox stats`: what
+-- `forwarder outbox release` or `requeue` would unblock. Reads
+-- forward_records_order_blocked_idx and, per key, the rows held behind it
+-- through forward_records_order_idx.
+--
+-- $1 most keys listed.
+SELECT b.ordering_key, b.id, b.message_key, b.failed_at, now() AS db_now,
+       coalesce(b.last_error, '') AS last_error,
+       (SELECT count(*)
+        FROM forward_records h
+        WHERE h.ordering_key = b.ordering_key AND h.status = 'PENDING' AND h.order_held) AS held
+FROM forward_records b
+WHERE b.order_blocked
+ORDER BY b.failed_at, b.id
+LIMIT $1;
