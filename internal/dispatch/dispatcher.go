@@ -41,6 +41,11 @@ type DispatcherConfig struct {
 	NackDelay time.Duration
 	// Compensation requeues rows FAILED on transient errors.
 	Compensation CompensationConfig
+	// OrderOnFailed is what a row with an ordering key that ends FAILED
+	// does to the rows of its key held behind it: release the next one
+	// (outboxdb.OrderSkip, the default) or keep the key blocked
+	// (outboxdb.OrderBlock). The output of the stream reads it here.
+	OrderOnFailed outboxdb.OrderOnFailed
 }
 
 func (c DispatcherConfig) withDefaults() DispatcherConfig {
@@ -48,6 +53,7 @@ func (c DispatcherConfig) withDefaults() DispatcherConfig {
 	c.Lease = cmp.Or(c.Lease, 60*time.Second)
 	c.PollInterval = cmp.Or(c.PollInterval, 5*time.Second)
 	c.MaxUnacked = cmp.Or(c.MaxUnacked, 300)
+	c.OrderOnFailed = cmp.Or(c.OrderOnFailed, outboxdb.OrderSkip)
 	return c
 }
 
@@ -81,6 +87,9 @@ type DispatcherMetrics struct {
 	Compensated         *service.MetricCounter
 	CompensationWaiting *service.MetricGauge
 	Frozen              *service.MetricGauge
+	// OrderRepairs counts held rows the ordering repair released (rows
+	// nothing held: never expected).
+	OrderRepairs *service.MetricCounter
 }
 
 // Dispatcher claims due outbox rows and hands them out, together with the
@@ -159,6 +168,12 @@ func NewDispatcher(hub *Hub, cfg DispatcherConfig, log *service.Logger, m Dispat
 // Config returns the dispatcher's settings.
 func (d *Dispatcher) Config() DispatcherConfig { return d.cfg }
 
+// RecordOptions are the options of every result write for rows this
+// stream dispatches (the ordering policy).
+func (d *Dispatcher) RecordOptions() outboxdb.RecordOptions {
+	return outboxdb.RecordOptions{OnFailed: d.cfg.OrderOnFailed}
+}
+
 // Ledger returns the dispatcher's account of held rows.
 func (d *Dispatcher) Ledger() *Ledger { return d.ledger }
 
@@ -221,7 +236,7 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 			d.compensationLoop(lctx, pool)
 		}()
 	}
-	d.done.Add(2)
+	d.done.Add(3)
 	go func() {
 		defer d.done.Done()
 		listener.Run(lctx)
@@ -229,6 +244,10 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 	go func() {
 		defer d.done.Done()
 		d.renewLoop(lctx, pool)
+	}()
+	go func() {
+		defer d.done.Done()
+		d.orderRepairLoop(lctx, pool)
 	}()
 	return nil
 }
@@ -384,7 +403,7 @@ func (d *Dispatcher) claim(ctx context.Context, pool *pgxpool.Pool, limit int, m
 	if len(res.Exhausted) > 0 {
 		// Claimed without an attempt: they end FAILED now. Should this
 		// write fail, their lease brings them back, exhausted again.
-		if _, err := outboxdb.FailExhausted(claimCtx, pool, res.Exhausted); err != nil {
+		if _, err := outboxdb.FailExhausted(claimCtx, pool, res.Exhausted, d.RecordOptions()); err != nil {
 			d.log.Errorf("Could not mark %d rows out of attempts FAILED (they come back when their lease expires): %v", len(res.Exhausted), err)
 		}
 	}

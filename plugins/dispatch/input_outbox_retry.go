@@ -29,6 +29,7 @@ const (
 	orFieldMaxUnackedBytes = "max_unacked_bytes"
 	orFieldMaxAttempts     = "max_attempts"
 	orFieldNackDelay       = "nack_delay"
+	orFieldOrderOnFailed   = "order_on_failed"
 	orFieldRetention       = "retention"
 	orFieldRequeue         = "failed_requeue"
 	orFieldRequeueAfter    = "after"
@@ -49,6 +50,7 @@ const (
 	metricCompensated    = "forwarder_compensation_requeued_total"
 	metricCompWaiting    = "forwarder_compensation_waiting_rows"
 	metricFrozen         = "forwarder_records_frozen"
+	metricOrderRepairs   = "forwarder_ordering_repairs_total"
 )
 
 func outboxRetrySpec() *service.ConfigSpec {
@@ -120,6 +122,20 @@ requeued automatically. Instances share the work (`+"`FOR UPDATE SKIP LOCKED`"+`
 `+"`forwarder_compensation_waiting_rows`"+` (rows that will still be requeued) and `+"`forwarder_records_frozen`"+`, counter
 `+"`forwarder_compensation_requeued_total`"+`.
 
+### Ordering
+
+Rows that the `+"`outbox`"+` processor stored with an ordering key (a berth, with `+"`ordering: berth`"+`) are
+claimed one at a time per key, in the order they were persisted: a row waits, held, while an earlier row
+of its key is unfinished (`+"`PENDING`"+`, waiting for a retry, or `+"`IN_PROGRESS`"+`), and is not even in the
+index the claim reads, so a key with a long queue costs the claims of other keys nothing. When a row ends
+`+"`SUCCESS`"+` the next one of its key is due at once. `+"`order_on_failed`"+` says what a row that ends
+`+"`FAILED`"+` does: `+"`skip`"+` releases the next one (whose attempt log gets an `+"`ORDER_RELEASED`"+` row saying
+why), `+"`block`"+` keeps the key held until an operator requeues the row (`+"`forwarder outbox requeue`"+`) or
+releases the key (`+"`forwarder outbox release`"+`). The `+"`http_forwarder`"+` output of the same stream
+applies it when it records results. Once a minute the input also looks for held rows whose key nothing
+holds (which the database's lock protocol never leaves; a row changed by hand might), releases them,
+logs them and counts them in `+"`forwarder_ordering_repairs_total`"+`.
+
 ### Retention
 
 With `+"`retention.older_than`"+` set, the input also deletes `+"`SUCCESS`"+` rows delivered (`+"`succeeded_at`"+`) longer
@@ -137,7 +153,8 @@ answers "duplicate"), so keep `+"`older_than`"+` longer than the topics' retenti
 
 `+"`forwarder_claimed_rows_total`"+` (counter), `+"`forwarder_claim_batch_size`"+` (gauge, rows taken
 by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_renewed_total`"+` and
-`+"`forwarder_claims_lost_total`"+` (held claims a renewal found taken by another instance).`).
+`+"`forwarder_claims_lost_total`"+` (held claims a renewal found taken by another instance) and
+`+"`forwarder_ordering_repairs_total`"+` (held rows released by the ordering repair; expected 0).`).
 		Fields(dispatch.DSNFields()...).
 		Fields(
 			service.NewIntField(orFieldBatchSize).
@@ -178,6 +195,13 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 					Example("${FAILED_REQUEUE_ROUNDS:3}"),
 			).
 				Description("Automatic compensation (see Compensation above)."),
+			service.NewStringAnnotatedEnumField(orFieldOrderOnFailed, map[string]string{
+				string(outboxdb.OrderSkip):  "A row that ends FAILED releases the next row of its ordering key; the released row's attempt log says so (ORDER_RELEASED).",
+				string(outboxdb.OrderBlock): "A row that ends FAILED keeps its ordering key blocked until an operator requeues it (`forwarder outbox requeue`) or releases the key (`forwarder outbox release`).",
+			}).
+				Description("What a row with an ordering key (see Ordering) that ends `FAILED` does to the later rows of its key (`ORDER_ON_FAILED`).").
+				Default(string(outboxdb.OrderSkip)).
+				Example("${ORDER_ON_FAILED:skip}"),
 			service.NewObjectField(orFieldRetention,
 				service.NewStringField(orFieldRetentionOlderThan).
 					Description("Deletes `SUCCESS` rows delivered longer ago than this, with their attempt logs. Go duration syntax plus days (`7d`, `36h`, `1d12h`). Empty: no periodic cleaning.").
@@ -279,6 +303,13 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		return nil, fmt.Errorf("field %s: after (%v) and rounds (%d) must not be negative (FAILED_REQUEUE_AFTER, FAILED_REQUEUE_ROUNDS)",
 			orFieldRequeue, cfg.Compensation.After, cfg.Compensation.Rounds)
 	}
+	onFailed, err := conf.FieldString(orFieldOrderOnFailed)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.OrderOnFailed, err = outboxdb.ParseOrderOnFailed(onFailed); err != nil {
+		return nil, fmt.Errorf("field %s (ORDER_ON_FAILED in the shipped pipeline): %w", orFieldOrderOnFailed, err)
+	}
 	switch {
 	case cfg.BatchSize < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldBatchSize, cfg.BatchSize)
@@ -317,9 +348,10 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		Compensated:         m.NewCounter(metricCompensated),
 		CompensationWaiting: m.NewGauge(metricCompWaiting),
 		Frozen:              m.NewGauge(metricFrozen),
+		OrderRepairs:        m.NewCounter(metricOrderRepairs),
 	}
 	// Every series at 0 from the start (internal/metricseries).
-	for _, c := range []*service.MetricCounter{dm.Claimed, dm.Direct, dm.Renewed, dm.Lost, dm.Compensated} {
+	for _, c := range []*service.MetricCounter{dm.Claimed, dm.Direct, dm.Renewed, dm.Lost, dm.Compensated, dm.OrderRepairs} {
 		metricseries.Counter(c)
 	}
 	for _, g := range []*service.MetricGauge{dm.BatchSize, dm.CompensationWaiting, dm.Frozen} {

@@ -545,7 +545,13 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 		return err
 	}
 	h.recorder.Store(dispatch.NewRecorder(func(ctx context.Context, results []outboxdb.Result) ([]int64, error) {
-		return outboxdb.RecordResults(ctx, pool, results)
+		// The ordering policy is the dispatcher's (order_on_failed);
+		// without one, a FAILED row releases the next row of its key.
+		var opts outboxdb.RecordOptions
+		if d := h.hub.Dispatcher(); d != nil {
+			opts = d.RecordOptions()
+		}
+		return outboxdb.RecordResults(ctx, pool, results, opts)
 	}, maxResultsPerStatement))
 	if err := h.gate.Start(ctx, pool); err != nil {
 		h.hub.Release()

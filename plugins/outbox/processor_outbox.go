@@ -31,9 +31,13 @@ const (
 	opFieldEmit            = "emit"
 	opFieldMaxPayloadBytes = "max_payload_bytes"
 	opFieldDirectDispatch  = "direct_dispatch"
+	opFieldOrdering        = "ordering"
 
 	emitNone = "none"
 	emitNew  = "new"
+
+	orderingBerth = "berth"
+	orderingOff   = "off"
 
 	// apiTypeUnknown is stored for a FAILED row whose API type could not be
 	// resolved; api_type is NOT NULL.
@@ -93,6 +97,17 @@ has no room for is inserted ^PENDING^ and claimed from the database as usual, so
 waits for the dispatcher, and a crash before a result is written is recovered by the lease like any
 other claim. Only with ^emit: none^; ^direct_dispatch: false^ turns it off.
 
+### Ordering
+
+With ^ordering: berth^ (the default) a vehicle event whose payload has both a top-level ^parkCode^ and
+a top-level ^berthCode^ (strings) is stored with the ordering key ^<parkCode>/<berthCode>^: it is
+not sent while an earlier row of its berth (persisted before it: for one Kafka partition, in offset
+order) is unfinished, and the berths' events reach the platform in that order, one at a time per berth,
+while other berths flow freely. Heartbeats, messages stored FAILED and events without both codes are not
+ordered. ^ordering: off^ stores no key. The ^outbox_retry^ input's ^order_on_failed^ says what a FAILED
+row does to the rows of its berth after it. Rows of one key within a batch keep batch order. A row that
+has to wait is not handed over by direct dispatch.
+
 ### Metrics
 
 ^forwarder_rows_persisted_total{status}^ counts new rows by status (PENDING, FAILED; rows handed
@@ -124,6 +139,13 @@ retried, and a failure that lasts is logged again at ERROR every minute).`)).
 				Description("Hand new rows, inserted already claimed, to an `outbox_retry` input of the same process and `dsn` when it has room (see Direct dispatch). Only with `emit: none`.").
 				Default(true).
 				Advanced(),
+			service.NewStringAnnotatedEnumField(opFieldOrdering, map[string]string{
+				orderingBerth: "Vehicle events are delivered in order per berth (`parkCode` + `berthCode`); see Ordering.",
+				orderingOff:   "No ordering: every row is sent as soon as it is due.",
+			}).
+				Description("Which rows are delivered in order, one at a time per key (`ORDERING`).").
+				Default(orderingBerth).
+				Example("${ORDERING:berth}"),
 			service.NewIntField(opFieldMaxPayloadBytes).
 				Description("Payloads larger than this are stored FAILED instead of being parsed.").
 				Default(1<<20).
@@ -191,6 +213,8 @@ type outboxProcessor struct {
 	apiType    *service.InterpolatedString // nil: apiTypes
 	emitNew    bool
 	maxPayload int
+	// orderBerth gives vehicle events their berth as ordering key.
+	orderBerth bool
 	// hub finds the stream's dispatcher for direct dispatch.
 	hub       *dispatch.Hub
 	direct    bool
@@ -270,6 +294,16 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		return nil, err
 	}
 	p.direct = direct && !p.emitNew
+	ordering, err := conf.FieldString(opFieldOrdering)
+	if err != nil {
+		return nil, err
+	}
+	switch ordering {
+	case orderingBerth, orderingOff:
+		p.orderBerth = ordering == orderingBerth
+	default:
+		return nil, fmt.Errorf("field %s (ORDERING in the shipped pipeline): %q is not %s or %s", opFieldOrdering, ordering, orderingBerth, orderingOff)
+	}
 	if p.maxPayload, err = conf.FieldInt(opFieldMaxPayloadBytes); err != nil {
 		return nil, err
 	}
@@ -561,6 +595,10 @@ func (p *outboxProcessor) record(i int, msg *service.Message, keyExec, typeExec 
 	if len(reasons) > 0 {
 		rec.Status = outboxdb.StatusFailed
 		rec.LastError = strings.Join(reasons, "; ")
+	}
+	if p.orderBerth && rec.Status == outboxdb.StatusPending && rec.APIType == outboxdb.APITypeVehicleEvent &&
+		rec.ParkCode != "" && rec.BerthCode != "" {
+		rec.OrderingKey = rec.ParkCode + "/" + rec.BerthCode
 	}
 	return rec
 }

@@ -281,7 +281,8 @@ func TestOutboxProcessor(t *testing.T) {
 			attempt_count = 1, succeeded_at = now() WHERE message_key = 'ok'`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.pool.Exec(ctx, `UPDATE forward_records SET status = 'FAILED', next_retry_at = NULL,
+		// ko is held behind ok (same berth) until ok finishes.
+		if _, err := b.pool.Exec(ctx, `UPDATE forward_records SET status = 'FAILED', next_retry_at = NULL, order_held = false,
 			attempt_count = 5, last_error = 'platform said 998' WHERE message_key = 'ko'`); err != nil {
 			t.Fatal(err)
 		}

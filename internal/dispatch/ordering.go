@@ -1,0 +1,58 @@
+package dispatch
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+const (
+	// orderRepairInterval is how often the dispatcher looks for rows held
+	// behind nothing. The lock protocol never leaves any (docs/architecture.md,
+	// "Ordering"), so this is a slow safety net, one walk of the ordering
+	// index a minute.
+	orderRepairInterval = time.Minute
+	// orderRepairTimeout bounds one repair.
+	orderRepairTimeout = 30 * time.Second
+)
+
+// orderRepairLoop runs orderRepairOnce every orderRepairInterval until ctx
+// ends.
+func (d *Dispatcher) orderRepairLoop(ctx context.Context, pool *pgxpool.Pool) {
+	t := time.NewTicker(orderRepairInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := d.orderRepairOnce(ctx, pool); err != nil && ctx.Err() == nil {
+			d.log.Warnf("Looking for held rows without a head failed (trying again in %v): %v", orderRepairInterval, err)
+		}
+	}
+}
+
+// orderRepairOnce releases the held rows whose ordering key nothing holds,
+// counts them in forwarder_ordering_repairs_total and logs them: each one
+// is a bug or a row changed by hand, worth a look.
+func (d *Dispatcher) orderRepairOnce(ctx context.Context, pool *pgxpool.Pool) ([]outboxdb.RepairedRow, error) {
+	rctx, cancel := context.WithTimeout(ctx, orderRepairTimeout)
+	defer cancel()
+	repaired, err := outboxdb.RepairOrdering(rctx, pool, outboxdb.DefaultRepairLimit)
+	if err != nil || len(repaired) == 0 {
+		return nil, err
+	}
+	if d.m.OrderRepairs != nil {
+		d.m.OrderRepairs.Incr(int64(len(repaired)))
+	}
+	const show = 10
+	shown := repaired[:min(len(repaired), show)]
+	d.log.Warnf("Released %d held rows whose ordering key nothing held (no head, no blocked row; a row changed by hand?): %+v", len(repaired), shown)
+	d.claimNeeded.Store(true)
+	signal(d.nudge)
+	return repaired, nil
+}
