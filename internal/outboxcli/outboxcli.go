@@ -1,5 +1,5 @@
 // Package outboxcli is the `forwarder outbox` command: schema migrations and
-// the operator's tools (stats, requeue, purge) on the outbox tables.
+// the operator's tools (stats, requeue, purge, release) on the outbox tables.
 package outboxcli
 
 import (
@@ -38,6 +38,7 @@ func Command() *cli.Command {
 			showCommand(),
 			findCommand(),
 			consoleCommand(),
+			releaseCommand(),
 		},
 	}
 	// The docs write `outbox stats --database-url URL` as often as

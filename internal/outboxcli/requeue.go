@@ -31,6 +31,10 @@ expired: a live holder may be talking to the platform, and its result would
 race the requeue (its late result write is fenced out either way). SUCCESS
 re-sends delivered messages; the platform normally answers "duplicate".
 
+A requeued berth event (ordering key) waits behind the head of its berth,
+if any, and rows of one berth requeued together keep their order; a FAILED
+row that blocks its berth (ORDER_ON_FAILED=block) becomes its head again.
+
 --errcode matches the platform_errcode of the row's latest attempt log
 (LEASE_EXPIRED and REQUEUED rows aside); --since D keeps rows updated within
 the last D (durations: Go syntax plus days, e.g. 7d, 36h, 90m).

@@ -20,7 +20,10 @@ func statsCommand() *cli.Command {
 		Description: `Reads the outbox in one consistent snapshot. The oldest undelivered row is
 the oldest PENDING or IN_PROGRESS row by created_at. Failure reasons are the
 last_error of FAILED rows; a FAILED row's errcode is the platform_errcode of
-its latest attempt log ("(none)" for mapping errors, timeouts and HTTP errors).`,
+its latest attempt log ("(none)" for mapping errors, timeouts and HTTP errors).
+Ordering: the rows held behind an earlier row of their berth (they count in
+PENDING) and the berths blocked by a FAILED row (ORDER_ON_FAILED=block),
+longest blocked first, with the row to release or requeue.`,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "top", Value: 10, Usage: "how many failure reasons and errcodes to list"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of text"},
@@ -56,6 +59,7 @@ func writeStats(w io.Writer, st outboxdb.Stats) {
 		fmt.Fprintf(w, "oldest undelivered row: %s old (id %d, key %s, %s, created %s)\n",
 			outboxdb.FormatDuration(o.Age), o.ID, o.MessageKey, o.Status, o.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"))
 	}
+	writeOrdering(w, st.Ordering)
 	writeTop(w, "top failure reasons (FAILED rows, last_error)", st.FailureReasons)
 	writeTop(w, "top platform errcodes (FAILED rows, latest attempt)", st.FailureErrcodes)
 }
@@ -77,12 +81,50 @@ func writeTop(w io.Writer, title string, vs []outboxdb.ValueCount) {
 	_ = tw.Flush()
 }
 
+// writeOrdering prints the rows held behind an earlier row of their berth
+// and the berths blocked by a FAILED row (ORDER_ON_FAILED=block), longest
+// blocked first, with what unblocks them.
+func writeOrdering(w io.Writer, o outboxdb.OrderingStats) {
+	fmt.Fprintf(w, "ordering: %d rows held behind an earlier row of their key (counted in PENDING), %d keys blocked by a FAILED row\n",
+		o.HeldRows, o.BlockedKeys)
+	if len(o.Blocked) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  blocked key\tFAILED row\tmessage key\tblocked for\theld\tlast error")
+	for _, b := range o.Blocked {
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%d\t%s\n", b.Key, b.ID, b.MessageKey, outboxdb.FormatDuration(b.Age), b.Held,
+			outboxdb.CleanText(b.LastError, 80))
+	}
+	_ = tw.Flush()
+	if int64(len(o.Blocked)) < o.BlockedKeys {
+		fmt.Fprintf(w, "  ... and %d more\n", o.BlockedKeys-int64(len(o.Blocked)))
+	}
+	fmt.Fprintln(w, "  unblock with: forwarder outbox release --key K (skip the FAILED row) or forwarder outbox requeue --key <message key> (send it again)")
+}
+
 type statsJSON struct {
 	Rows            map[outboxdb.Status]int64 `json:"rows"`
 	Total           int64                     `json:"total"`
 	Oldest          *oldestJSON               `json:"oldest_undelivered"`
 	FailureReasons  []valueCountJSON          `json:"failure_reasons"`
 	FailureErrcodes []valueCountJSON          `json:"failure_errcodes"`
+	Ordering        orderingJSON              `json:"ordering"`
+}
+
+type orderingJSON struct {
+	HeldRows    int64            `json:"held_rows"`
+	BlockedKeys int64            `json:"blocked_keys"`
+	Blocked     []blockedKeyJSON `json:"blocked"`
+}
+
+type blockedKeyJSON struct {
+	Key        string  `json:"ordering_key"`
+	ID         int64   `json:"id"`
+	MessageKey string  `json:"message_key"`
+	AgeSeconds float64 `json:"blocked_seconds"`
+	Held       int64   `json:"held_rows"`
+	LastError  string  `json:"last_error"`
 }
 
 type oldestJSON struct {
@@ -109,6 +151,11 @@ func writeStatsJSON(w io.Writer, st outboxdb.Stats) error {
 	}
 	for _, v := range st.FailureErrcodes {
 		out.FailureErrcodes = append(out.FailureErrcodes, valueCountJSON(v))
+	}
+	out.Ordering = orderingJSON{HeldRows: st.Ordering.HeldRows, BlockedKeys: st.Ordering.BlockedKeys, Blocked: []blockedKeyJSON{}}
+	for _, b := range st.Ordering.Blocked {
+		out.Ordering.Blocked = append(out.Ordering.Blocked, blockedKeyJSON{Key: b.Key, ID: b.ID, MessageKey: b.MessageKey,
+			AgeSeconds: b.Age.Seconds(), Held: b.Held, LastError: b.LastError})
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -154,7 +154,7 @@ type ReleaseOptions struct {
 }
 
 // ErrNotBlocked is returned by ReleaseKey when nothing blocks the key.
-var ErrNotBlocked = errors.New("no FAILED row blocks this ordering key")
+var ErrNotBlocked = errors.New("no FAILED row blocks it")
 
 // ReleaseKey ends the block of an ordering key held by a FAILED row
 // (on_failed: block): the row stays FAILED but no longer holds the key, and
@@ -187,6 +187,9 @@ func ReleaseKey(ctx context.Context, db TxBeginner, o ReleaseOptions) (KeyReleas
 				return fmt.Errorf("row %d has no ordering key", o.ID)
 			case key != "" && key != *rowKey:
 				return fmt.Errorf("row %d has ordering key %q, not %q", o.ID, *rowKey, key)
+			case status != string(StatusFailed) || !blocked:
+				res.Key = *rowKey
+				return fmt.Errorf("row %d is %s and not blocking: %w", o.ID, status, ErrNotBlocked)
 			}
 			key = *rowKey
 		}
@@ -209,9 +212,9 @@ func ReleaseKey(ctx context.Context, db TxBeginner, o ReleaseOptions) (KeyReleas
 		}
 		if len(res.Unblocked) == 0 {
 			if o.ID != 0 {
-				return fmt.Errorf("row %d does not block ordering key %q: %w", o.ID, key, ErrNotBlocked)
+				return fmt.Errorf("row %d is not the FAILED row blocking it: %w", o.ID, ErrNotBlocked)
 			}
-			return fmt.Errorf("ordering key %q: %w", key, ErrNotBlocked)
+			return ErrNotBlocked
 		}
 		if o.DryRun {
 			return errRollback
@@ -221,10 +224,14 @@ func ReleaseKey(ctx context.Context, db TxBeginner, o ReleaseOptions) (KeyReleas
 	if errors.Is(err, errRollback) {
 		err = nil
 	}
-	if err != nil {
-		return res, fmt.Errorf("releasing an ordering key: %w", err)
+	switch {
+	case err == nil:
+		return res, nil
+	case res.Key != "":
+		return res, fmt.Errorf("releasing ordering key %q: %w", res.Key, err)
+	default:
+		return res, fmt.Errorf("releasing the ordering key of row %d: %w", o.ID, err)
 	}
-	return res, nil
 }
 
 // RepairedRow is a held row the ordering repair released.
