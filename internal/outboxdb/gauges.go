@@ -50,9 +50,10 @@ type RecordGauges struct {
 	// OrderHeld counts the rows held behind an earlier row of their
 	// ordering key (they count in Pending too), OrderBlockedKeys the keys
 	// blocked by a FAILED row; OldestHeldAge is how long the held row with
-	// the lowest id has been held, 0 when none is.
-	OrderHeld, OrderBlockedKeys int64
-	OldestHeldAge               time.Duration
+	// the lowest id has been held, OldestBlockedAge how long the longest
+	// blocked key has been blocked (since its row failed), 0 when none is.
+	OrderHeld, OrderBlockedKeys     int64
+	OldestHeldAge, OldestBlockedAge time.Duration
 	// TakenAt is the database's clock when the snapshot was read.
 	TakenAt time.Time
 }
@@ -77,6 +78,7 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 		g             RecordGauges
 		oldestDueSecs float64
 		oldestHeld    float64
+		oldestBlocked float64
 		liveTuples    int64
 		liveComplete  bool
 		reltuples     float64
@@ -93,7 +95,7 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 			return err
 		}
 		if err := tx.QueryRow(ctx, gaugesSQL).Scan(&g.Pending, &g.InProgress, &g.Failed, &oldestDueSecs,
-			&g.OrderHeld, &g.OrderBlockedKeys, &oldestHeld, &liveTuples, &liveComplete, &reltuples, &relpages, &pages, &g.TakenAt); err != nil {
+			&g.OrderHeld, &g.OrderBlockedKeys, &oldestHeld, &oldestBlocked, &liveTuples, &liveComplete, &reltuples, &relpages, &pages, &g.TakenAt); err != nil {
 			return err
 		}
 		if maxPages >= 0 && pages <= maxPages {
@@ -107,6 +109,7 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 	}
 	g.OldestDueAge = time.Duration(oldestDueSecs * float64(time.Second))
 	g.OldestHeldAge = time.Duration(oldestHeld * float64(time.Second))
+	g.OldestBlockedAge = time.Duration(oldestBlocked * float64(time.Second))
 	if g.SuccessSource == SuccessExact {
 		return g, nil
 	}

@@ -460,8 +460,9 @@ func TestOrdering(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g.OrderHeld != 3 || g.OrderBlockedKeys != 1 || g.Pending != 3 || g.OldestHeldAge < 119*time.Second || g.OldestHeldAge > time.Hour {
-			t.Errorf("gauges %+v: want 3 held (all PENDING), 1 blocked key, the oldest held about 2 minutes", g)
+		if g.OrderHeld != 3 || g.OrderBlockedKeys != 1 || g.Pending != 3 || g.OldestHeldAge < 119*time.Second || g.OldestHeldAge > time.Hour ||
+			g.OldestBlockedAge < 59*time.Minute || g.OldestBlockedAge > 2*time.Hour {
+			t.Errorf("gauges %+v: want 3 held (all PENDING), 1 blocked key for about an hour, the oldest held about 2 minutes", g)
 		}
 	})
 }

@@ -348,7 +348,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	for _, need := range []string{"ForwarderFailedRowsIncreasing", "ForwarderBacklogGrowing", "ForwarderOldestPendingTooOld", "ForwarderInstanceDown"} {
+	for _, need := range []string{"ForwarderFailedRowsIncreasing", "ForwarderBacklogGrowing", "ForwarderOldestPendingTooOld", "ForwarderInstanceDown", "ForwarderOrderingKeyBlocked"} {
 		if !slices.Contains(alerts, need) {
 			t.Errorf("alert %s missing; have %v", need, alerts)
 		}

@@ -75,7 +75,9 @@ With the `+"`outbox`"+` block, a background refresher reads `+"`forward_records`
 `+"`forwarder_records_pending`"+`, `+"`forwarder_records_in_progress`"+`, `+"`forwarder_records_failed`"+`
 (exact), `+"`forwarder_records_success`"+` (exact on small tables, an estimate with an error well under 1 %
 on large ones) and `+"`forwarder_oldest_pending_age_seconds`"+` (how long the earliest-due row has waited
-for a dispatcher; 0 when none is due), all single unlabelled series, plus
+for a dispatcher; 0 when none is due), the ordering gauges `+"`forwarder_ordering_held_rows`"+`,
+`+"`forwarder_ordering_blocked_keys`"+`, `+"`forwarder_ordering_oldest_held_age_seconds`"+` and
+`+"`forwarder_ordering_oldest_blocked_age_seconds`"+`, all single unlabelled series, plus
 `+"`forwarder_outbox_gauges_last_refresh_timestamp_seconds`"+`. The refresh reads no SUCCESS row: it costs
 about a millisecond at 10 M finished rows (plugins/prometheus/README.md gives the accuracy of each gauge).
 The series appear after the first successful refresh; while the database is unreachable the last

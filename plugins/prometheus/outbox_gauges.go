@@ -22,6 +22,10 @@ const (
 	metricRecordsFailed      = "forwarder_records_failed"
 	metricOldestPendingAge   = "forwarder_oldest_pending_age_seconds"
 	metricGaugesLastRefresh  = "forwarder_outbox_gauges_last_refresh_timestamp_seconds"
+	metricOrderingHeld       = "forwarder_ordering_held_rows"
+	metricOrderingBlocked    = "forwarder_ordering_blocked_keys"
+	metricOrderingOldestHeld = "forwarder_ordering_oldest_held_age_seconds"
+	metricOrderingBlockedAge = "forwarder_ordering_oldest_blocked_age_seconds"
 	defaultRefreshInterval   = 15 * time.Second
 	defaultRefreshTimeoutMax = 30 * time.Second
 )
@@ -37,6 +41,14 @@ var (
 		"Rows of forward_records in FAILED (exact, as of the last refresh).", nil, nil)
 	descOldestPendingAge = prometheus.NewDesc(metricOldestPendingAge,
 		"Seconds the earliest-due row (PENDING past its next_retry_at, or IN_PROGRESS past its lease) has waited for a dispatcher; 0 when none is due.", nil, nil)
+	descOrderingHeld = prometheus.NewDesc(metricOrderingHeld,
+		"PENDING rows held behind an earlier row of their ordering key (a berth); they count in forwarder_records_pending too.", nil, nil)
+	descOrderingBlocked = prometheus.NewDesc(metricOrderingBlocked,
+		"Ordering keys blocked by a FAILED row (ORDER_ON_FAILED=block) until an operator requeues it or runs forwarder outbox release.", nil, nil)
+	descOrderingOldestHeld = prometheus.NewDesc(metricOrderingOldestHeld,
+		"Seconds the held row with the lowest id has waited behind its key (since it was persisted or requeued); 0 when no row is held.", nil, nil)
+	descOrderingBlockedAge = prometheus.NewDesc(metricOrderingBlockedAge,
+		"Seconds the longest blocked ordering key has been blocked (since its row became FAILED); 0 when none is.", nil, nil)
 	descLastRefresh = prometheus.NewDesc(metricGaugesLastRefresh,
 		"Unix time of the last successful refresh of the outbox record gauges.", nil, nil)
 )
@@ -181,7 +193,8 @@ func (o *outboxGauges) snapshot() (outboxdb.RecordGauges, time.Time, bool) {
 
 // Describe implements prometheus.Collector.
 func (o *outboxGauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descInProgress, descSuccess, descFailed, descOldestPendingAge, descLastRefresh} {
+	for _, d := range []*prometheus.Desc{descPending, descInProgress, descSuccess, descFailed, descOldestPendingAge,
+		descOrderingHeld, descOrderingBlocked, descOrderingOldestHeld, descOrderingBlockedAge, descLastRefresh} {
 		ch <- d
 	}
 }
@@ -201,5 +214,9 @@ func (o *outboxGauges) Collect(ch chan<- prometheus.Metric) {
 	gauge(descSuccess, float64(g.Success))
 	gauge(descFailed, float64(g.Failed))
 	gauge(descOldestPendingAge, g.OldestDueAge.Seconds())
+	gauge(descOrderingHeld, float64(g.OrderHeld))
+	gauge(descOrderingBlocked, float64(g.OrderBlockedKeys))
+	gauge(descOrderingOldestHeld, g.OldestHeldAge.Seconds())
+	gauge(descOrderingBlockedAge, g.OldestBlockedAge.Seconds())
 	gauge(descLastRefresh, float64(at.UnixNano())/float64(time.Second))
 }

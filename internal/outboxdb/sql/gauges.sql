@@ -9,10 +9,11 @@
 --   same index walk the claim starts with: one index probe.
 -- * Ordering: rows held behind an earlier row of their key (counted through
 --   forward_records_order_held_idx), keys blocked by a FAILED row (through
---   forward_records_order_blocked_idx), and how long the held row with the
+--   forward_records_order_blocked_idx), how long the held row with the
 --   lowest id has been held (since it was inserted or requeued: its
---   updated_at), one probe of the held index. Held rows are PENDING and
---   count in pending as well.
+--   updated_at), one probe of the held index, and how long the longest
+--   blocked key has been blocked (the blocked rows are few). Held rows are
+--   PENDING and count in pending as well.
 -- * SUCCESS is derived in Go (gauges.go) from the live-row count of the
 --   statistics system or the planner's size estimate, minus the exact
 --   unfinished counts; the inputs come from pg_class and pg_stat functions,
@@ -37,6 +38,10 @@ SELECT u.pending,
            WHERE order_held
            ORDER BY id
            LIMIT 1)), 0), 0)::float8                            AS oldest_held_age_seconds,
+       coalesce(greatest(extract(epoch FROM now() - (
+           SELECT min(failed_at)
+           FROM forward_records
+           WHERE order_blocked)), 0), 0)::float8                AS oldest_blocked_age_seconds,
        pg_stat_get_live_tuples(c.oid)                           AS live_tuples,
        -- Live-row statistics are discarded by a crash or pg_stat_reset() and
        -- restart from zero; they are a full count again once the table has
