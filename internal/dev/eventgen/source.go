@@ -81,7 +81,12 @@ type Message struct {
 	Value []byte
 	// MessageID is the messageId in Value, "" when it has none.
 	MessageID string
-	Flaw      Flaw
+	// Berth is a vehicle event's parkCode + "/" + berthCode (the
+	// forwarder's ordering key), "" for a heartbeat.
+	Berth string
+	// Enter says a vehicle event is an enter (inoutType 1), not an exit.
+	Enter bool
+	Flaw  Flaw
 }
 
 // Deliverable reports whether the platform should receive the message
@@ -109,6 +114,14 @@ type SourceConfig struct {
 	StringNumberRate float64
 	// Devices is the number of cameras (default 50), ten per car park.
 	Devices int
+	// Berths, when positive, makes vehicle events enter/exit pairs of this
+	// many berths, four per camera (Devices becomes Berths/4, rounded up):
+	// a berth's enter (inoutType 1) is followed, later, by its exit
+	// (inoutType 0) with the same plate, and every berth has one pair per
+	// round of 2×Berths vehicle events, interleaved at random with the
+	// other berths'. Without it a vehicle event is an enter or an exit at
+	// random, on a random berth of its camera.
+	Berths int
 	// Seed makes the sequence reproducible; 0 picks a random seed. Runs that
 	// share a database need different seeds, or their messageIds repeat.
 	Seed uint64
@@ -123,6 +136,43 @@ type Source struct {
 	n      int64
 	recent []Message // recent good messages, the pool duplicates are drawn from
 	next   int
+	pairs  pairs
+}
+
+// pairs is the state of the berths in pair mode (SourceConfig.Berths).
+type pairs struct {
+	unused []int          // berths without an enter in this round
+	open   []int          // berths with a car in
+	plate  map[int]string // the plate of each open berth
+}
+
+// step picks the next vehicle event: an exit of a random open berth or the
+// enter of a random berth not yet used in this round, evenly.
+func (s *Source) step() (berth int, enter bool, plate string) {
+	p := &s.pairs
+	if len(p.open) > 0 && (len(p.unused) == 0 || s.rng.IntN(2) == 0) {
+		i := s.rng.IntN(len(p.open))
+		berth = p.open[i]
+		p.open[i] = p.open[len(p.open)-1]
+		p.open = p.open[:len(p.open)-1]
+		plate = p.plate[berth]
+		delete(p.plate, berth)
+		return berth, false, plate
+	}
+	if len(p.unused) == 0 {
+		p.unused = make([]int, s.cfg.Berths)
+		for i := range p.unused {
+			p.unused[i] = i
+		}
+	}
+	i := s.rng.IntN(len(p.unused))
+	berth = p.unused[i]
+	p.unused[i] = p.unused[len(p.unused)-1]
+	p.unused = p.unused[:len(p.unused)-1]
+	plate = s.plate()
+	p.open = append(p.open, berth)
+	p.plate[berth] = plate
+	return berth, true, plate
 }
 
 // NewSource returns a Source.
@@ -135,6 +185,12 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	}
 	if cfg.Devices <= 0 {
 		cfg.Devices = 50
+	}
+	if cfg.Berths < 0 {
+		return nil, fmt.Errorf("eventgen: %d berths", cfg.Berths)
+	}
+	if cfg.Berths > 0 {
+		cfg.Devices = (cfg.Berths + 3) / 4
 	}
 	if cfg.StringNumberRate == 0 {
 		cfg.StringNumberRate = 0.05
@@ -154,7 +210,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	return &Source{cfg: cfg, rng: rand.New(rand.NewPCG(seed, ^seed))}, nil
+	return &Source{cfg: cfg, rng: rand.New(rand.NewPCG(seed, ^seed)), pairs: pairs{plate: map[int]string{}}}, nil
 }
 
 // recentSize bounds the memory kept for duplicates.
@@ -202,6 +258,10 @@ func (s *Source) message(kind Kind, ev *object, flaw Flaw) Message {
 	}
 	if id, ok := ev.get("messageId").(string); ok {
 		m.MessageID = id
+	}
+	if kind == Vehicle {
+		m.Berth = ev.berth
+		m.Enter = ev.get("inoutType") == json.Number("1")
 	}
 	return m
 }
@@ -263,7 +323,21 @@ var provinces = []rune("京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂�
 const plateLetters = "ABCDEFGHJKLMNPQRSTUVWXYZ" // no I or O on plates
 
 func (s *Source) event(kind Kind) *object {
+	var (
+		paired      bool
+		pairBerth   int
+		enter       bool
+		pairedPlate string
+	)
+	if kind == Vehicle && s.cfg.Berths > 0 {
+		paired = true
+		pairBerth, enter, pairedPlate = s.step()
+	}
 	dev := s.rng.IntN(s.cfg.Devices)
+	berthNo := 0
+	if paired {
+		dev, berthNo = pairBerth/4, pairBerth/4%10*4+pairBerth%4+1
+	}
 	park := fmt.Sprintf("P%04d", 1001+dev/10)
 	now := s.cfg.Now()
 	device := fmt.Sprintf("CAM-%04d", dev+1)
@@ -271,9 +345,14 @@ func (s *Source) event(kind Kind) *object {
 		"messageId", s.uuid(),
 		"deviceId", device,
 		"parkCode", park,
-		"berthCode", fmt.Sprintf("B-%03d", dev%10*4+s.rng.IntN(4)+1),
 	)
+	if !paired {
+		berthNo = dev%10*4 + s.rng.IntN(4) + 1
+	}
+	berthCode := fmt.Sprintf("B-%03d", berthNo)
+	ev.set("berthCode", berthCode)
 	ev.device = device
+	ev.berth = park + "/" + berthCode
 	if kind == Heartbeat {
 		// Heartbeats are 5-minute snapshots: on the minute boundary.
 		capture := now.Truncate(5 * time.Minute)
@@ -294,11 +373,22 @@ func (s *Source) event(kind Kind) *object {
 		item = "73421" + strconv.FormatUint(s.rng.Uint64(), 10) // beyond int64: passed on digit for digit
 	}
 	ev.set("itemId", num(item))
-	ev.set("plateNo", s.plate())
+	if paired {
+		ev.set("plateNo", pairedPlate)
+	} else {
+		ev.set("plateNo", s.plate())
+	}
 	if s.rng.IntN(20) != 0 {
 		ev.set("plateColor", num(strconv.Itoa(1+s.rng.IntN(5))))
 	}
-	ev.set("inoutType", json.Number(strconv.Itoa(s.rng.IntN(2))))
+	inout := "0" // exit
+	switch {
+	case !paired:
+		inout = strconv.Itoa(s.rng.IntN(2))
+	case enter:
+		inout = "1"
+	}
+	ev.set("inoutType", json.Number(inout))
 	ev.set("inoutTime", json.Number(strconv.FormatInt(now.Add(-time.Duration(s.rng.IntN(3000))*time.Millisecond).UnixMilli(), 10)))
 	if s.rng.IntN(30) != 0 {
 		ev.set("plateCredible", num(strconv.FormatFloat(0.5+float64(s.rng.IntN(500))/1000, 'f', 3, 64)))
@@ -365,6 +455,7 @@ type object struct {
 	keys   []string
 	vals   map[string]any
 	device string // the camera that sent it, the record key
+	berth  string // parkCode/berthCode
 }
 
 func newObject(kv ...any) *object {

@@ -286,3 +286,63 @@ func checkBad(t *testing.T, m eventgen.Message) {
 		t.Fatalf("unknown flaw %q", m.Flaw)
 	}
 }
+
+// TestSourceBerthPairs: with Berths set, each round of 2×Berths vehicle
+// events is one enter then one exit, same plate, of every berth; a berth
+// always belongs to the same camera (the Kafka key), so its events share a
+// partition.
+func TestSourceBerthPairs(t *testing.T) {
+	t.Parallel()
+	const berths = 200
+	src, err := eventgen.NewSource(eventgen.SourceConfig{Berths: berths, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type state struct {
+		events []eventgen.Message
+		device string
+	}
+	seen := map[string]*state{}
+	vehicles := 0
+	for vehicles < 2*berths {
+		m := src.Next()
+		if m.Kind != eventgen.Vehicle {
+			continue
+		}
+		vehicles++
+		var ev map[string]any
+		if err := json.Unmarshal(m.Value, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if want := ev["parkCode"].(string) + "/" + ev["berthCode"].(string); m.Berth != want {
+			t.Fatalf("message berth %q, payload says %q", m.Berth, want)
+		}
+		st := seen[m.Berth]
+		if st == nil {
+			st = &state{device: string(m.Key)}
+			seen[m.Berth] = st
+		}
+		if string(m.Key) != st.device {
+			t.Errorf("berth %s moved from camera %s to %s", m.Berth, st.device, m.Key)
+		}
+		if inout, _ := ev["inoutType"].(float64); m.Enter != (len(st.events)%2 == 0) || m.Enter != (inout == 1) {
+			t.Errorf("berth %s event %d: enter %v, inoutType %v", m.Berth, len(st.events), m.Enter, ev["inoutType"])
+		}
+		if len(st.events)%2 == 1 {
+			var enter map[string]any
+			_ = json.Unmarshal(st.events[len(st.events)-1].Value, &enter)
+			if enter["plateNo"] != ev["plateNo"] {
+				t.Errorf("berth %s: exit plate %v, enter plate %v", m.Berth, ev["plateNo"], enter["plateNo"])
+			}
+		}
+		st.events = append(st.events, m)
+	}
+	if len(seen) != berths {
+		t.Fatalf("%d berths in a round, want %d", len(seen), berths)
+	}
+	for b, st := range seen {
+		if len(st.events) != 2 {
+			t.Errorf("berth %s has %d events in a round, want an enter and an exit", b, len(st.events))
+		}
+	}
+}

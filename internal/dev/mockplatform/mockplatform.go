@@ -7,10 +7,12 @@
 // {"result":1,"errcode":"4"}. Faults can be injected at configurable rates
 // (errcode "998", errcode "999", HTTP 500, added latency) and switched on at
 // will: Down answers 503 (with an optional Retry-After), Hang accepts
-// requests and holds them unanswered until Release. It checks the
-// credentials, counts everything, keeps every accepted delivery per
-// message_id (with duplicates counted) and measures the peak number of
-// concurrent requests.
+// requests and holds them unanswered until Release, Reject answers 998 for
+// chosen message_ids. It checks the credentials, counts everything, keeps
+// every accepted delivery per message_id (with duplicates counted), keeps,
+// on demand, every business request per berth in the order it was answered
+// (to check per-berth ordering), and measures the peak number of concurrent
+// requests.
 //
 //	srv, err := mockplatform.Start(mockplatform.Config{AccessName: "dev", AccessPwd: pwd})
 //	...
@@ -70,10 +72,15 @@ type Faults struct {
 	// Latency is added to every answer, plus a uniform random part up to
 	// LatencyJitter.
 	Latency, LatencyJitter time.Duration
+	// FirstTry999 answers the first request of a message_id errcode 999
+	// (busy, retry) with this probability, rolled once per message_id; its
+	// later requests are not affected. A platform that fails a share of
+	// first attempts transiently.
+	FirstTry999 float64
 }
 
 func (f Faults) validate() error {
-	for name, r := range map[string]float64{"Errcode998": f.Errcode998, "Errcode999": f.Errcode999, "HTTP5xx": f.HTTP5xx} {
+	for name, r := range map[string]float64{"Errcode998": f.Errcode998, "Errcode999": f.Errcode999, "HTTP5xx": f.HTTP5xx, "FirstTry999": f.FirstTry999} {
 		if r < 0 || r > 1 {
 			return fmt.Errorf("mockplatform: %s rate %v is not in [0, 1]", name, r)
 		}
@@ -103,6 +110,9 @@ type Config struct {
 	// NumericErrcode sends errcode as a JSON number instead of a string
 	// (the real platform has been seen doing both).
 	NumericErrcode bool
+	// RecordBerths keeps every business request per berth (park_code +
+	// "/" + berth_code), in the order they were answered (BerthLog).
+	RecordBerths bool
 }
 
 // Stats are the platform's counters since New or Reset.
@@ -161,6 +171,28 @@ type Platform struct {
 	hang       chan struct{} // non-nil while hanging; closed by Release
 	deliveries map[string]*Delivery
 	changed    chan struct{} // closed and replaced when a counter moves
+	rejected   map[string]bool
+	// tried holds the message_ids that had a request (for FirstTry999).
+	tried  map[string]bool
+	berths map[string][]BerthRequest
+}
+
+// Outcomes of a request in a berth's log.
+const (
+	OutcomeAccepted  = "accepted"
+	OutcomeDuplicate = "duplicate"
+	OutcomeRejected  = "998"
+	OutcomeBusy      = "999"
+	OutcomeHTTP5xx   = "500"
+)
+
+// BerthRequest is one business request of a berth, as answered.
+type BerthRequest struct {
+	MessageID string
+	// Outcome is OutcomeAccepted, OutcomeDuplicate, OutcomeRejected,
+	// OutcomeBusy or OutcomeHTTP5xx.
+	Outcome string
+	At      time.Time
 }
 
 // New returns a platform. It panics on invalid fault rates, a programming
@@ -179,6 +211,48 @@ func New(cfg Config) *Platform {
 		rng:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		deliveries: map[string]*Delivery{},
 		changed:    make(chan struct{}),
+		rejected:   map[string]bool{},
+		tried:      map[string]bool{},
+		berths:     map[string][]BerthRequest{},
+	}
+}
+
+// Reject answers every request for these message_ids errcode 998 (do not
+// resend), until Accept. They count in Errcode998.
+func (p *Platform) Reject(messageIDs ...string) {
+	p.mu.Lock()
+	for _, id := range messageIDs {
+		p.rejected[id] = true
+	}
+	p.mu.Unlock()
+}
+
+// Accept ends Reject for these message_ids.
+func (p *Platform) Accept(messageIDs ...string) {
+	p.mu.Lock()
+	for _, id := range messageIDs {
+		delete(p.rejected, id)
+	}
+	p.mu.Unlock()
+}
+
+// BerthLog returns the business requests of every berth (with
+// Config.RecordBerths), each berth's in the order they were answered.
+func (p *Platform) BerthLog() map[string][]BerthRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string][]BerthRequest, len(p.berths))
+	for b, rs := range p.berths {
+		out[b] = append([]BerthRequest(nil), rs...)
+	}
+	return out
+}
+
+// noteBerth adds a business request's answer to its berth's log; p.mu is
+// held.
+func (p *Platform) noteBerth(berth, id, outcome string, at time.Time) {
+	if p.cfg.RecordBerths && berth != "" {
+		p.berths[berth] = append(p.berths[berth], BerthRequest{MessageID: id, Outcome: outcome, At: at})
 	}
 }
 
@@ -289,6 +363,8 @@ func (p *Platform) Deliveries() []Delivery {
 func (p *Platform) Reset() {
 	p.mu.Lock()
 	p.deliveries = map[string]*Delivery{}
+	p.tried = map[string]bool{}
+	p.berths = map[string][]BerthRequest{}
 	p.mu.Unlock()
 	for _, c := range []*atomic.Int64{&p.requests, &p.business, &p.heartbeat, &p.duplicates, &p.err998,
 		&p.err999, &p.err5xx, &p.unavailable, &p.hung, &p.authFailures, &p.badRequests} {
@@ -404,6 +480,13 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	var berth string
+	if r.URL.Path == PathBusiness {
+		park, _ := req["park_code"].(string)
+		code, _ := req["berth_code"].(string)
+		berth = park + "/" + code
+	}
+
 	p.mu.Lock()
 	f := p.faults
 	roll := p.rng.Float64()
@@ -411,7 +494,18 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.LatencyJitter > 0 {
 		jitter = time.Duration(p.rng.Int64N(int64(f.LatencyJitter)))
 	}
+	rejected := p.rejected[id]
+	var firstTryFails bool
+	if f.FirstTry999 > 0 { // remembering the ids tried costs memory: only when asked
+		firstTryFails = !p.tried[id] && p.rng.Float64() < f.FirstTry999
+		p.tried[id] = true
+	}
 	p.mu.Unlock()
+	failed := func(outcome string) {
+		p.mu.Lock()
+		p.noteBerth(berth, id, outcome, time.Now())
+		p.mu.Unlock()
+	}
 	if d := f.Latency + jitter; d > 0 {
 		t := time.NewTimer(d)
 		select {
@@ -422,16 +516,19 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	switch {
-	case roll < f.Errcode998:
+	case rejected || roll < f.Errcode998:
 		p.err998.Add(1)
+		failed(OutcomeRejected)
 		p.answer(w, http.StatusOK, ErrcodeRejected, "do not resend")
 		return
-	case roll < f.Errcode998+f.Errcode999:
+	case firstTryFails || roll < f.Errcode998+f.Errcode999:
 		p.err999.Add(1)
+		failed(OutcomeBusy)
 		p.answer(w, http.StatusOK, ErrcodeBusy, "system busy, try again later")
 		return
 	case roll < f.Errcode998+f.Errcode999+f.HTTP5xx:
 		p.err5xx.Add(1)
+		failed(OutcomeHTTP5xx)
 		http.Error(w, "internal server error", http.StatusInternalServerError)
 		return
 	}
@@ -449,6 +546,11 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		p.deliveries[id] = d
 	}
+	outcome := OutcomeAccepted
+	if seen {
+		outcome = OutcomeDuplicate
+	}
+	p.noteBerth(berth, id, outcome, now)
 	p.mu.Unlock()
 	if seen {
 		p.duplicates.Add(1)
