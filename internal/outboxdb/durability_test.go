@@ -77,7 +77,7 @@ func TestOnlyTheInsertWaitsForTheWALFlush(t *testing.T) {
 	})
 	results := measure("result write", func(i int) {
 		if _, err := outboxdb.RecordResults(ctx, pool, []outboxdb.Result{{ID: claimed[i].ID, ClaimToken: claimed[i].ClaimToken,
-			Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200}}); err != nil {
+			Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200}}, outboxdb.RecordOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	})

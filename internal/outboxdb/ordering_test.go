@@ -803,3 +803,27 @@ func TestOrderLockCostsNoRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestCompensationKeepsOrdering: a row requeued by automatic compensation
+// waits behind its key's head like a requeued one, and a blocked row it
+// requeues becomes its key's head again.
+func TestCompensationKeepsOrdering(t *testing.T) {
+	t.Parallel()
+	b := setupOrdering(t)
+	ids := b.Insert(
+		fixture.Row{Key: "failed", Status: "FAILED", OrderingKey: "P1/B1", Attempts: 5, Age: time.Hour},
+		fixture.Row{Key: "head", Status: "IN_PROGRESS", OrderingKey: "P1/B1"},
+		fixture.Row{Key: "blocked", Status: "FAILED", OrderingKey: "P1/B2", OrderBlocked: true, Attempts: 5, Age: time.Hour},
+		fixture.Row{Key: "behind-blocked", OrderingKey: "P1/B2", OrderHeld: true},
+	)
+	if n, err := outboxdb.Compensate(b.Ctx, b.Pool, 3, 30*time.Minute, 100); err != nil || n != 2 {
+		t.Fatalf("compensated %d (%v), want 2", n, err)
+	}
+	b.wantHeld(map[string]bool{"failed": true, "blocked": false, "behind-blocked": true})
+	if s := b.State(ids[2]); s.Status != "PENDING" || s.OrderBlocked {
+		t.Errorf("the compensated blocked row: %+v", s)
+	}
+	if keys, _ := b.claimKeys(); strings.Join(keys, ",") != "blocked" {
+		t.Errorf("claimed %v, want only the compensated blocked row", keys)
+	}
+}

@@ -11,12 +11,21 @@
 -- other or on an operator's requeue of the same rows. Requeued rows are
 -- announced like new ones.
 --
+-- Ordering (docs/architecture.md, "Ordering"): the candidates come from
+-- compensate_pick.sql ($5) and their ordering keys are locked first
+-- (order_lock.sql, an earlier statement of this transaction), so this
+-- statement sees the keys as they are. A requeued row with an ordering key
+-- is held, as with an operator's requeue (admin_requeue.sql), when its key
+-- has a head, another blocked row, or an earlier row requeued in this
+-- batch; it no longer blocks its key.
+--
 -- $1 rounds, $2 delay after the failure in milliseconds, $3 batch size,
--- $4 notification channel.
+-- $4 notification channel, $5 the candidate ids.
 WITH picked AS (
-    SELECT id, attempt_count, requeue_rounds
+    SELECT id, attempt_count, requeue_rounds, ordering_key
     FROM forward_records
-    WHERE status = 'FAILED'
+    WHERE id = ANY ($5::bigint[])
+      AND status = 'FAILED'
       AND failure_class = 'TRANSIENT'
       AND requeue_rounds < $1::integer
       AND failed_at <= now() - $2::bigint * interval '1 millisecond'
@@ -36,6 +45,17 @@ WITH picked AS (
         dead_lettered_at        = NULL,
         dead_letter_token       = NULL,
         dead_letter_lease_until = NULL,
+        order_blocked           = false,
+        order_held              = picked.ordering_key IS NOT NULL AND (
+            EXISTS (SELECT 1
+                    FROM forward_records o
+                    WHERE o.ordering_key = picked.ordering_key
+                      AND o.id <> picked.id
+                      AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held)
+                           OR (o.order_blocked AND o.id NOT IN (SELECT p.id FROM picked p))))
+            OR EXISTS (SELECT 1
+                       FROM picked p
+                       WHERE p.ordering_key = picked.ordering_key AND p.id < picked.id)),
         updated_at              = now()
     FROM picked
     WHERE r.id = picked.id
