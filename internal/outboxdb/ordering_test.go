@@ -827,3 +827,91 @@ func TestCompensationKeepsOrdering(t *testing.T) {
 		t.Errorf("claimed %v, want only the compensated blocked row", keys)
 	}
 }
+
+// TestOrderingPlans: the ordering probes of the insert and of the result
+// write read one key's entries of forward_records_order_idx (and the
+// message_key index), one probe per row, even with 20 000 due unordered
+// rows and a held backlog in the statistics: never every PENDING row
+// through the status index per finished row, which made a result write
+// that released 150 rows 15 times slower.
+func TestOrderingPlans(t *testing.T) {
+	t.Parallel()
+	b := setupOrdering(t)
+	b.InsertDue("backlog", 20_000)
+	b.Exec(`UPDATE forward_records SET next_retry_at = now() + interval '1 hour'`) // due later: not claimed here
+	b.InsertHeld("P0/B0", 2_000)
+	// The pool the components share has enable_seqscan off (see
+	// outboxdb.PoolConfig.NoSeqScan): plans are read as it makes them.
+	pool, err := outboxdb.Open(b.Ctx, b.Pool.Config().ConnString(), outboxdb.PoolConfig{NoSeqScan: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	recs := make([]outboxdb.NewRecord, 300)
+	for i := range recs {
+		recs[i] = orderedRec(fmt.Sprintf("r-%d", i), fmt.Sprintf("P1/B%d", i%150), int64(i))
+	}
+	b.Exec("ANALYZE forward_records")
+	explain := func(sql string, args ...any) string {
+		t.Helper()
+		tx, err := pool.Begin(b.Ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(b.Ctx) }()
+		rows, err := tx.Query(b.Ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+sql, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+
+	// The insert: 300 rows of 150 keys.
+	keys, statuses, empty := make([]string, len(recs)), make([]string, len(recs)), make([]string, len(recs))
+	okeys, msgKeys := make([]string, len(recs)), make([]string, len(recs))
+	payloads, kafkaKeys := make([][]byte, len(recs)), make([][]byte, len(recs))
+	parts, offsets, types, topics := make([]int32, len(recs)), make([]int64, len(recs)), make([]string, len(recs)), make([]string, len(recs))
+	for i, r := range recs {
+		msgKeys[i], statuses[i], okeys[i], payloads[i], types[i], topics[i], offsets[i] = r.MessageKey, "PENDING", r.OrderingKey, r.Payload, r.APIType, r.KafkaTopic, r.KafkaOffset
+		keys[i] = r.MessageKey
+	}
+	plan := explain(outboxdb.InsertSQL(), msgKeys, types, topics, parts, offsets, kafkaKeys, payloads, statuses, empty,
+		empty, empty, empty, empty, empty, okeys, outboxdb.NotifyChannel, int64(60000), "me", false, false)
+	for _, want := range []string{"Index Only Scan using forward_records_order_idx", "Index Only Scan using forward_records_message_key_key"} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("the insert's ordering probes do not use %q:\n%s", want, plan)
+		}
+	}
+
+	// The result write of 150 heads, each releasing the row behind it.
+	b.insert(recs...)
+	claimed := b.ClaimN(1000)
+	var heads []outboxdb.ClaimedRow
+	for _, c := range claimed {
+		if strings.HasPrefix(c.MessageKey, "r-") {
+			heads = append(heads, c)
+		}
+	}
+	if len(heads) != 150 {
+		t.Fatalf("claimed %d heads, want 150", len(heads))
+	}
+	n := len(heads)
+	ids, tokens, sts := make([]int64, n), make([]string, n), make([]string, n)
+	for i, c := range heads {
+		ids[i], tokens[i], sts[i] = c.ID, c.ClaimToken, "SUCCESS"
+	}
+	plan = explain(outboxdb.RecordSQL(), ids, tokens, sts, make([]*int64, n), make([]*int32, n), make([]*string, n),
+		make([]*string, n), make([]*int32, n), make([]bool, n), make([]*string, n), make([]bool, n),
+		outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel)
+	if !strings.Contains(plan, "Index Scan using forward_records_order_idx on forward_records h") ||
+		strings.Contains(plan, "Rows Removed by Filter: 2") && strings.Contains(plan, "unfinished_status_idx on forward_records h") {
+		t.Errorf("the result write does not find each key's next row through forward_records_order_idx:\n%s", plan)
+	}
+	if strings.Contains(plan, "forward_records_unfinished_status_idx on forward_records h") {
+		t.Errorf("the result write reads every PENDING row to find a key's next row:\n%s", plan)
+	}
+}

@@ -118,6 +118,8 @@ func newStack(t *testing.T, opts stackOptions) *stack {
 		AccessPwd:  s.accessPwd,
 		Faults:     opts.faults,
 		Seed:       s.seed,
+		// Every berth's requests, in order, for the ordering checks.
+		RecordBerths: true,
 	})
 	if err != nil {
 		t.Fatalf("starting the mock platform: %v", err)

@@ -50,6 +50,7 @@ WITH picked AS (
             EXISTS (SELECT 1
                     FROM forward_records o
                     WHERE o.ordering_key = picked.ordering_key
+                      AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
                       AND o.id <> picked.id
                       AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held)
                            OR (o.order_blocked AND o.id NOT IN (SELECT p.id FROM picked p))))

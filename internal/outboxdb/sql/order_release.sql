@@ -27,6 +27,7 @@ WITH unblocked AS (
         SELECT 1
         FROM forward_records o
         WHERE o.ordering_key = $1::text
+          AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
           AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held)
                OR (o.order_blocked AND o.id NOT IN (SELECT id FROM unblocked)))
     ) AS held
@@ -34,8 +35,11 @@ WITH unblocked AS (
     SELECT h.id
     FROM forward_records h
     WHERE h.ordering_key = $1::text
-      AND h.status = 'PENDING' AND h.order_held
-    ORDER BY h.id
+      AND coalesce(h.order_held, false)
+      -- order_idx's predicate, and coalesce() so that order_held_idx does not
+      -- qualify: one key's entries of order_idx, never every held row in id order.
+      AND (h.status IN ('PENDING', 'IN_PROGRESS') OR h.order_blocked)
+    ORDER BY h.ordering_key, h.id
     LIMIT 1
 ), promoted AS (
     UPDATE forward_records AS h

@@ -10,21 +10,23 @@ WITH orphaned AS (
     SELECT k.key,
            (SELECT h.id
             FROM forward_records h
-            WHERE h.ordering_key = k.key AND h.status = 'PENDING' AND h.order_held
-            ORDER BY h.id
+            WHERE h.ordering_key = k.key AND coalesce(h.order_held, false)
+              -- order_idx's predicate, and coalesce() so that order_held_idx does not
+              -- qualify: one key's entries of order_idx, never every held row in id order.
+              AND (h.status IN ('PENDING', 'IN_PROGRESS') OR h.order_blocked)
+            ORDER BY h.ordering_key, h.id
             LIMIT 1) AS next_id
     FROM (SELECT DISTINCT unnest($1::text[]) AS key) AS k
     WHERE NOT EXISTS (SELECT 1 FROM forward_records o
                       WHERE o.ordering_key = k.key
+                        AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
                         AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held) OR o.order_blocked))
 ), promoted AS (
     UPDATE forward_records AS h
     SET order_held    = false,
         next_retry_at = now(),
         updated_at    = now()
-    FROM orphaned
-    WHERE h.id = ANY (ARRAY(SELECT next_id FROM orphaned))
-      AND h.id = orphaned.next_id
+    WHERE h.id = ANY (ARRAY(SELECT next_id FROM orphaned WHERE next_id IS NOT NULL))
       AND h.order_held
     RETURNING h.id, h.attempt_count, h.ordering_key
 ), released AS (

@@ -32,8 +32,12 @@ SELECT k.ordering_key
 FROM keys k
 WHERE k.ordering_key IS NOT NULL
   AND EXISTS (SELECT 1 FROM forward_records h
-              WHERE h.ordering_key = k.ordering_key AND h.status = 'PENDING' AND h.order_held)
+              WHERE h.ordering_key = k.ordering_key AND coalesce(h.order_held, false)
+                -- order_idx's predicate, and coalesce() so that order_held_idx does not
+                -- qualify: one key's entries of order_idx, never every held row in id order.
+                AND (h.status IN ('PENDING', 'IN_PROGRESS') OR h.order_blocked))
   AND NOT EXISTS (SELECT 1 FROM forward_records o
                   WHERE o.ordering_key = k.ordering_key
+                    AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
                     AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held) OR o.order_blocked))
 LIMIT $1;

@@ -9,7 +9,10 @@ SELECT b.ordering_key, b.id, b.message_key, b.failed_at, now() AS db_now,
        coalesce(b.last_error, '') AS last_error,
        (SELECT count(*)
         FROM forward_records h
-        WHERE h.ordering_key = b.ordering_key AND h.status = 'PENDING' AND h.order_held) AS held
+        WHERE h.ordering_key = b.ordering_key AND coalesce(h.order_held, false)
+          -- order_idx's predicate, and coalesce() so that order_held_idx does not
+          -- qualify: one key's entries of order_idx, never every held row in id order.
+          AND (h.status IN ('PENDING', 'IN_PROGRESS') OR h.order_blocked)) AS held
 FROM forward_records b
 WHERE b.order_blocked
 ORDER BY b.failed_at, b.id

@@ -121,8 +121,11 @@ WITH async AS (
            (SELECT h.id
             FROM forward_records h
             WHERE h.ordering_key = finished.ordering_key
-              AND h.status = 'PENDING' AND h.order_held
-            ORDER BY h.id
+              AND coalesce(h.order_held, false)
+              -- order_idx's predicate, and coalesce() so that order_held_idx does not
+              -- qualify: one key's entries of order_idx, never every held row in id order.
+              AND (h.status IN ('PENDING', 'IN_PROGRESS') OR h.order_blocked)
+            ORDER BY h.ordering_key, h.id
             LIMIT 1) AS next_id
     FROM finished
 ), promoted AS (
@@ -130,22 +133,20 @@ WITH async AS (
     SET order_held    = false,
         next_retry_at = now(),
         updated_at    = now()
-    FROM successor
     -- = ANY(ARRAY(...)) as in claim.sql: the rows are read through the
-    -- primary key, never by hashing every held row.
-    WHERE h.id = ANY (ARRAY(SELECT next_id FROM successor))
-      AND h.id = successor.next_id
+    -- primary key, one probe each, never by hashing every held row.
+    WHERE h.id = ANY (ARRAY(SELECT next_id FROM successor WHERE next_id IS NOT NULL))
       AND h.order_held
-    RETURNING h.id, h.attempt_count, successor.id AS by_id, successor.status AS by_status,
-              successor.last_error AS by_error
+    RETURNING h.id, h.attempt_count
 ), released AS (
     INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
-    SELECT id, attempt_count, 'ORDER_RELEASED',
-           left('released by on_failed skip: row ' || by_id || ', earlier in the ordering key, ended FAILED: '
-                || coalesce(by_error, 'no error recorded'), 1024),
+    SELECT p.id, p.attempt_count, 'ORDER_RELEASED',
+           left('released by on_failed skip: row ' || s.id || ', earlier in the ordering key, ended FAILED: '
+                || coalesce(s.last_error, 'no error recorded'), 1024),
            now()
-    FROM promoted
-    WHERE by_status = 'FAILED'
+    FROM promoted p
+    JOIN successor s ON s.next_id = p.id
+    WHERE s.status = 'FAILED'
 ), notified AS (
     SELECT pg_notify($15::text, 'released')
     WHERE EXISTS (SELECT 1 FROM promoted)
