@@ -153,7 +153,7 @@ func (env *benchEnv) createTopics(ctx context.Context, prefix string) (vehicle, 
 // 4:1, every message good and unique, so every row must end SUCCESS.
 func (env *benchEnv) newSource(vehicle, heartbeat string, seed uint64) (*eventgen.Source, error) {
 	return eventgen.NewSource(eventgen.SourceConfig{
-		VehicleTopic: vehicle, HeartbeatTopic: heartbeat, Seed: seed, Devices: 500,
+		VehicleTopic: vehicle, HeartbeatTopic: heartbeat, Seed: seed, Devices: sourceDevices(env.cfg.Berths),
 	})
 }
 
@@ -293,11 +293,12 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 	var path string
 	var args []string
 	switch scenario {
-	case scenarioForwarder:
+	case scenarioForwarder, scenarioUnordered:
 		if c.httpAddr, err = childproc.FreeAddr(); err != nil {
 			return nil, err
 		}
 		all["HTTP_ADDR"] = c.httpAddr
+		maps.Copy(all, orderingEnv(scenario))
 		for _, kv := range env.cfg.Env {
 			k, v, _ := strings.Cut(kv, "=")
 			all[k] = v

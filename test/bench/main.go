@@ -98,13 +98,16 @@ type benchConfig struct {
 	LogLevel        string
 	SelfProfile     string
 	Root            string
+	// Berths spreads the traffic over this many berths (0: 2 000).
+	Berths int
 }
 
 func parseBenchFlags(args []string) (benchConfig, error) {
 	var c benchConfig
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.IntVar(&c.N, "n", 200_000, "messages in the Kafka backlog of each throughput run")
-	scenarios := fs.String("scenarios", "forwarder,naive,batched", "scenarios to run, in order: forwarder, naive, batched")
+	scenarios := fs.String("scenarios", "forwarder,naive,batched", "scenarios to run, in order: forwarder, naive, batched, forwarder-unordered (ORDERING=off)")
+	fs.IntVar(&c.Berths, "berths", 0, "berths the traffic is spread over, four per camera (0: 2000); see test/bench/ordering.go")
 	phases := fs.String("phases", "throughput,latency", "phases to run for each scenario: throughput, latency")
 	fs.Float64Var(&c.Rate, "rate", 2000, "messages per second of the latency phase")
 	fs.DurationVar(&c.LatencyDuration, "latency-duration", 30*time.Second, "measured part of the latency phase")
@@ -141,10 +144,10 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case scenarioForwarder, scenarioNaive, scenarioBatched:
+		case scenarioForwarder, scenarioNaive, scenarioBatched, scenarioUnordered:
 			c.Scenarios = append(c.Scenarios, s)
 		default:
-			return c, fmt.Errorf("-scenarios: unknown scenario %q (forwarder, naive, batched)", s)
+			return c, fmt.Errorf("-scenarios: unknown scenario %q (forwarder, naive, batched, forwarder-unordered)", s)
 		}
 	}
 	c.Phases = map[string]bool{}
@@ -243,7 +246,7 @@ func runBench(ctx context.Context, args []string) error {
 		}
 	}
 	rep.loadAfter = loadAvg()
-	out := rep.markdown()
+	out := rep.markdown() + orderingSummary(rep)
 	fmt.Println()
 	fmt.Println(out)
 	if cfg.Markdown != "" {

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Ordering on against ordering off, in one run (docs/benchmarks.md,
+// "Ordering"):
+//
+//	go run ./test/bench -scenarios forwarder,forwarder-unordered -berths 5000
+//
+// runs the shipped pipeline twice on the same backlog and at the same
+// steady rate, with ORDERING=berth (its default) and with ORDERING=off, on
+// traffic spread over -berths berths (four per camera), and prints the
+// ratio of the two.
+
+// scenarioUnordered is the forwarder with ORDERING=off.
+const scenarioUnordered = "forwarder-unordered"
+
+func init() {
+	scenarioTitles[scenarioUnordered] = "forwarder, ORDERING=off"
+}
+
+// orderingEnv is what a forwarder scenario adds to the environment.
+func orderingEnv(scenario string) map[string]string {
+	if scenario == scenarioUnordered {
+		return map[string]string{"ORDERING": "off"}
+	}
+	return nil
+}
+
+// sourceDevices is the number of cameras of the bench's traffic: -berths
+// (four berths per camera) when set, else 500 (2 000 berths).
+func sourceDevices(berths int) int {
+	if berths > 0 {
+		return (berths + 3) / 4
+	}
+	return 500
+}
+
+// orderingSummary compares the two forwarder scenarios when both ran: the
+// throughput ratio and the latencies side by side, as markdown.
+func orderingSummary(r *report) string {
+	tp := map[string]throughputResult{}
+	for _, t := range r.throughput {
+		tp[t.Scenario] = t
+	}
+	lat := map[string]latencyResult{}
+	for _, l := range r.latency {
+		lat[l.Scenario] = l
+	}
+	on, onOK := tp[scenarioForwarder]
+	off, offOK := tp[scenarioUnordered]
+	lon, lonOK := lat[scenarioForwarder]
+	loff, loffOK := lat[scenarioUnordered]
+	if !(onOK && offOK) && !(lonOK && loffOK) {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n### Ordering: ORDERING=berth against ORDERING=off, %d berths\n\n", sourceDevices(r.cfg.Berths)*4)
+	if onOK && offOK {
+		fmt.Fprintf(&b, "Throughput: %.0f msgs/s ordered, %.0f unordered: **%.2f×**.\n", on.MsgsPerSec, off.MsgsPerSec, on.MsgsPerSec/off.MsgsPerSec)
+	}
+	if lonOK && loffOK {
+		fmt.Fprintf(&b, "Latency at %.0f msgs/s: p50 %s / %s, p99 **%s** / %s, max %s / %s (ordered / unordered).\n",
+			r.cfg.Rate, ms(lon.P50), ms(loff.P50), ms(lon.P99), ms(loff.P99), ms(lon.Max), ms(loff.Max))
+	}
+	return b.String()
+}
