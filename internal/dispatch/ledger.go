@@ -134,6 +134,26 @@ func (l *Ledger) Reserve(sizes []int) Grant {
 	return g
 }
 
+// ReserveChain grants n rows to a result write that may claim the rows it
+// releases for the dispatcher (chained dispatch), beyond the room left: each
+// of them takes the place of a row of its own key that the same write
+// finishes, and that row leaves the ledger once its batch is acknowledged,
+// so the excess is bounded by the results being written and short-lived.
+// Unlike Reserve it grants rows while the dispatcher waits for room: a
+// chain keeps the slot its key had, so the room left for rows due in the
+// database is the same as without it. Nothing is granted once closed.
+// Payload bytes are counted when the rows are delivered. Every grant must
+// be ended by one Deliver.
+func (l *Ledger) ReserveChain(n int) Grant {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || n <= 0 {
+		return Grant{}
+	}
+	l.reserved += n
+	return Grant{Rows: n}
+}
+
 // Deliver ends the reservation g and takes the rows inserted claimed under
 // it; rows may be fewer than granted (keys that existed, a failed insert),
 // and more only when a retried insert recovered claims its lost attempt had

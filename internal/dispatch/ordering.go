@@ -19,6 +19,46 @@ const (
 	orderRepairTimeout = 30 * time.Second
 )
 
+// RecordResults writes the results of rows d dispatched (d may be nil: no
+// dispatcher in the stream) with the stream's ordering policy, and hands
+// the rows the write releases to d at once, claimed in the same statement
+// (chained dispatch, see outboxdb.RecordOptions.Chain): the next event of a
+// berth costs no claim and no wake-up. Without a dispatcher the released
+// rows are only made due.
+func RecordResults(ctx context.Context, q outboxdb.Querier, d *Dispatcher, results []outboxdb.Result) ([]int64, error) {
+	if d == nil {
+		return outboxdb.RecordResults(ctx, q, results, outboxdb.RecordOptions{})
+	}
+	finishing := 0
+	for _, r := range results {
+		if r.Status == outboxdb.StatusSuccess || r.Status == outboxdb.StatusFailed {
+			finishing++
+		}
+	}
+	opts := d.RecordOptions()
+	g := d.ledger.ReserveChain(finishing)
+	opts.Chain = d.DirectClaim()
+	opts.Chain.Limit = g.Rows
+	out, err := outboxdb.RecordResultsChained(ctx, q, results, opts)
+	if err != nil {
+		d.ledger.Deliver(g, nil)
+		return nil, err
+	}
+	if !d.Deliver(g, out.Claimed) && len(out.Claimed) > 0 {
+		// Closed meanwhile: give them back as if never claimed.
+		refs := make([]outboxdb.ClaimRef, len(out.Claimed))
+		for i, r := range out.Claimed {
+			refs[i] = r.Ref()
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		if _, err := outboxdb.ReleaseUnsent(rctx, q, refs); err != nil {
+			d.log.Warnf("Could not give back %d rows claimed for a dispatcher that stopped (they come back when their lease expires): %v", len(refs), err)
+		}
+	}
+	return out.Recorded, nil
+}
+
 // orderRepairLoop runs orderRepairOnce every orderRepairInterval until ctx
 // ends.
 func (d *Dispatcher) orderRepairLoop(ctx context.Context, pool *pgxpool.Pool) {

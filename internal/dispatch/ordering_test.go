@@ -58,6 +58,37 @@ func TestOrdering(t *testing.T) {
 		}
 	})
 
+	t.Run("ReleasedRowsAreHandedOverClaimed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.db.Insert(
+			fixture.Row{Key: "enter", OrderingKey: "P1/B1"},
+			fixture.Row{Key: "exit", OrderingKey: "P1/B1", OrderHeld: true},
+		)
+		d := b.dispatcher(t, DispatcherConfig{Claimer: "me"})
+		rows := b.next(t, d)
+		if len(rows) != 1 || rows[0].ID != ids[0] {
+			t.Fatalf("handed out %+v, want the enter", rows)
+		}
+		claims := 0
+		d.OnClaim = func() { claims++ }
+		recorded, err := RecordResults(b.ctx, d.Pool(), d, []outboxdb.Result{{ID: rows[0].ID, ClaimToken: rows[0].ClaimToken, Status: outboxdb.StatusSuccess}})
+		if err != nil || len(recorded) != 1 {
+			t.Fatalf("recorded %v (%v)", recorded, err)
+		}
+		d.Done(b.ctx, []outboxdb.ClaimRef{rows[0].Ref()}, nil)
+		next := b.next(t, d)
+		if len(next) != 1 || next[0].ID != ids[1] || claims != 0 {
+			t.Fatalf("handed out %+v after %d claims, want the exit handed over without a claim", next, claims)
+		}
+		if s := b.db.State(ids[1]); s.Status != "IN_PROGRESS" || fixture.Str(s.ClaimedBy) != "me" || s.AttemptCount != 1 {
+			t.Errorf("the exit is %+v, want claimed for this dispatcher", s)
+		}
+		if held := d.Ledger().Held(); held != 1 {
+			t.Errorf("the ledger holds %d rows, want the exit", held)
+		}
+	})
+
 	t.Run("TheDefaultPolicyIsSkip", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -66,4 +97,35 @@ func TestOrdering(t *testing.T) {
 			t.Errorf("default policy %q, want skip", got)
 		}
 	})
+}
+
+// TestLedgerReserveChain: a chained reservation is granted beyond the room
+// left (each row replaces one the same write finishes), even while the
+// dispatcher waits for room, but not once closed.
+func TestLedgerReserveChain(t *testing.T) {
+	t.Parallel()
+	l := NewLedger(2, 0)
+	l.Hold([]outboxdb.ClaimedRow{row(1, 10), row(2, 10)})
+	g := l.ReserveChain(2)
+	if g.Rows != 2 {
+		t.Fatalf("granted %d with a full ledger, want 2", g.Rows)
+	}
+	l.Deliver(g, []outboxdb.ClaimedRow{row(3, 10)})
+	if l.Held() != 3 || l.Queued() != 1 {
+		t.Fatalf("held %d, queued %d after delivering one chained row", l.Held(), l.Queued())
+	}
+	l.Settle([]outboxdb.ClaimRef{row(1, 10).Ref(), row(2, 10).Ref()})
+	if rows, _ := l.Room(); rows != 1 {
+		t.Errorf("room %d once the finished rows left, want 1", rows)
+	}
+	l.SetWaitForRoom(true)
+	g = l.ReserveChain(1)
+	if g.Rows != 1 {
+		t.Errorf("granted %d while the dispatcher waits for room, want 1", g.Rows)
+	}
+	l.Deliver(g, nil)
+	l.Close()
+	if g := l.ReserveChain(5); g.Rows != 0 {
+		t.Errorf("granted %d once closed", g.Rows)
+	}
 }

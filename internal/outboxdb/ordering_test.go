@@ -214,6 +214,46 @@ func TestOrdering(t *testing.T) {
 		}
 	})
 
+	t.Run("ChainedDispatchClaimsTheReleasedRows", func(t *testing.T) {
+		t.Parallel()
+		b := setupOrdering(t)
+		b.insert(orderedRec("a1", berth, 1), orderedRec("a2", berth, 2), orderedRec("b1", other, 3), orderedRec("b2", other, 4),
+			orderedRec("c1", third, 5), orderedRec("c2", third, 6))
+		conn := listen(t, b.DB)
+		_, rows := b.claimKeys()
+		drainNotifications(conn)
+		// Three heads end (one FAILED, skip); room for two chained claims.
+		out, err := outboxdb.RecordResultsChained(b.Ctx, b.Pool, []outboxdb.Result{success(rows["a1"]), rejected(rows["b1"]), success(rows["c1"])},
+			outboxdb.RecordOptions{Chain: outboxdb.DirectClaim{Limit: 2, Lease: time.Minute, Claimer: "chain"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Recorded) != 3 || len(out.Claimed) != 2 || out.Claimed[0].MessageKey != "a2" || out.Claimed[1].MessageKey != "b2" {
+			t.Fatalf("outcome %+v, want 3 recorded and a2, b2 claimed", out)
+		}
+		for _, c := range out.Claimed {
+			s := b.State(c.ID)
+			if s.Status != "IN_PROGRESS" || s.OrderHeld || s.AttemptCount != 1 || fixture.Str(s.ClaimToken) != c.ClaimToken ||
+				fixture.Str(s.ClaimedBy) != "chain" || c.AttemptCount != 1 || len(c.Payload) == 0 || c.LeaseExpiresAt.Before(time.Now().Add(50*time.Second)) {
+				t.Errorf("chained row %s: %+v (claim %+v)", c.MessageKey, s, c)
+			}
+		}
+		// The FAILED head's successor says so, once.
+		if logs := b.Logs(b.ID("b2")); len(logs) != 1 || logs[0].Status != "ORDER_RELEASED" || logs[0].Attempt != 0 {
+			t.Errorf("b2's logs %+v, want one ORDER_RELEASED at attempt 0", logs)
+		}
+		// The one past the limit is due for any dispatcher, and announced.
+		b.wantHeld(map[string]bool{"c2": false})
+		if s := b.State(b.ID("c2")); s.Status != "PENDING" {
+			t.Errorf("c2 is %s, want PENDING, due", s.Status)
+		}
+		if err := waitNotification(conn, "released"); err != nil {
+			t.Errorf("no notification for the row left due: %v", err)
+		}
+		// A chained claim is a claim: its result is fenced by its token.
+		b.record(outboxdb.RecordOptions{}, success(out.Claimed[0]))
+	})
+
 	t.Run("RetriesKeepTheKey", func(t *testing.T) {
 		t.Parallel()
 		b := setupOrdering(t)
@@ -906,7 +946,7 @@ func TestOrderingPlans(t *testing.T) {
 	}
 	plan = explain(outboxdb.RecordSQL(), ids, tokens, sts, make([]*int64, n), make([]*int32, n), make([]*string, n),
 		make([]*string, n), make([]*int32, n), make([]bool, n), make([]*string, n), make([]bool, n),
-		outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel)
+		outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel, "me", int64(60000), 100)
 	if !strings.Contains(plan, "Index Scan using forward_records_order_idx on forward_records h") ||
 		strings.Contains(plan, "Rows Removed by Filter: 2") && strings.Contains(plan, "unfinished_status_idx on forward_records h") {
 		t.Errorf("the result write does not find each key's next row through forward_records_order_idx:\n%s", plan)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -87,6 +88,21 @@ type RecordOptions struct {
 	// OnFailed is what a row with an ordering key that ends FAILED does to
 	// the rows held behind it (OrderSkip when empty).
 	OnFailed OrderOnFailed
+	// Chain, when its Limit is positive, claims up to Limit of the rows the
+	// write releases (the next rows of the keys it finishes) for
+	// Chain.Claimer with Chain.Lease, as ClaimDue would: they come back in
+	// RecordOutcome.Claimed for the caller's dispatcher to hand over in
+	// memory (chained dispatch). The others are due at once, for any
+	// dispatcher. Tokens and Retry are not used.
+	Chain DirectClaim
+}
+
+// RecordOutcome is what RecordResultsChained did.
+type RecordOutcome struct {
+	// Recorded are the ids whose result was written.
+	Recorded []int64
+	// Claimed are released rows claimed for RecordOptions.Chain, by id.
+	Claimed []ClaimedRow
 }
 
 // RecordResults writes a batch of attempt results in one statement: every row
@@ -106,12 +122,20 @@ type RecordOptions struct {
 // write commits without waiting for the WAL flush (see record.sql): inside a
 // transaction, that transaction does too.
 func RecordResults(ctx context.Context, q Querier, results []Result, opts RecordOptions) ([]int64, error) {
+	out, err := RecordResultsChained(ctx, q, results, opts)
+	return out.Recorded, err
+}
+
+// RecordResultsChained is RecordResults that also returns the released rows
+// it claimed for opts.Chain. Should it fail after committing (a lost
+// reply), those rows stay claimed until their lease runs out.
+func RecordResultsChained(ctx context.Context, q Querier, results []Result, opts RecordOptions) (RecordOutcome, error) {
 	onFailed, err := ParseOrderOnFailed(string(opts.OnFailed))
 	if err != nil {
-		return nil, fmt.Errorf("recording results: on_failed: %w", err)
+		return RecordOutcome{}, fmt.Errorf("recording results: on_failed: %w", err)
 	}
 	if len(results) == 0 {
-		return nil, nil
+		return RecordOutcome{}, nil
 	}
 	n := len(results)
 	var (
@@ -133,7 +157,7 @@ func RecordResults(ctx context.Context, q Querier, results []Result, opts Record
 	)
 	for i, r := range results {
 		if _, dup := seen[r.ID]; dup {
-			return nil, fmt.Errorf("recording results: row %d appears twice in one batch", r.ID)
+			return RecordOutcome{}, fmt.Errorf("recording results: row %d appears twice in one batch", r.ID)
 		}
 		seen[r.ID] = struct{}{}
 		switch r.Status {
@@ -143,10 +167,10 @@ func RecordResults(ctx context.Context, q Querier, results []Result, opts Record
 			ms := max(r.RetryIn.Milliseconds(), 0)
 			retryIn[i] = &ms
 		default:
-			return nil, fmt.Errorf("recording results: row %d: status %q is not SUCCESS, FAILED or PENDING", r.ID, r.Status)
+			return RecordOutcome{}, fmt.Errorf("recording results: row %d: status %q is not SUCCESS, FAILED or PENDING", r.ID, r.Status)
 		}
 		if r.Undo && r.Status != StatusPending {
-			return nil, fmt.Errorf("recording results: row %d: an undone claim must go back to PENDING, not %s", r.ID, r.Status)
+			return RecordOutcome{}, fmt.Errorf("recording results: row %d: an undone claim must go back to PENDING, not %s", r.ID, r.Status)
 		}
 		undo[i], forLease[i], logged[i] = r.Undo, r.Undo && r.ForLease, r.Undo && r.Logged
 		if r.Status == StatusFailed {
@@ -173,23 +197,54 @@ func RecordResults(ctx context.Context, q Querier, results []Result, opts Record
 			durations[i] = &d
 		}
 	}
+	chain := opts.Chain
+	if chain.Limit <= 0 {
+		chain = DirectClaim{}
+	}
 	args := []any{ids, tokens, statuses, retryIn, httpStatus, errs, errcodes, durations, undo,
-		classes, forLease, MaxLeaseReturns, logged, string(onFailed), NotifyChannel}
-	recorded := make([]int64, 0, n)
+		classes, forLease, MaxLeaseReturns, logged, string(onFailed), NotifyChannel,
+		chain.Claimer, chain.Lease.Milliseconds(), max(chain.Limit, 0)}
+	out := RecordOutcome{Recorded: make([]int64, 0, n)}
 	err = queryLocked(ctx, q, nil, finishing, recordSQL, args, func(rows pgx.Rows) error {
 		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
+			var (
+				kind      string
+				r         ClaimedRow
+				key, typ  *string
+				topic     *string
+				partition *int32
+				offset    *int64
+				attempt   *int32
+				token     *string
+				created   *time.Time
+				lease     *time.Time
+			)
+			if err := rows.Scan(&kind, &r.ID, &key, &typ, &topic, &partition, &offset, &r.KafkaKey, &r.Payload,
+				&attempt, &token, &created, &lease); err != nil {
 				return err
 			}
-			recorded = append(recorded, id)
+			if kind == "r" {
+				out.Recorded = append(out.Recorded, r.ID)
+				continue
+			}
+			if key == nil || typ == nil || topic == nil || partition == nil || offset == nil || attempt == nil ||
+				token == nil || created == nil || lease == nil {
+				return fmt.Errorf("a chained claim of row %d came back incomplete", r.ID)
+			}
+			r.MessageKey, r.APIType, r.KafkaTopic, r.KafkaPartition, r.KafkaOffset = *key, *typ, *topic, *partition, *offset
+			r.AttemptCount, r.ClaimToken, r.CreatedAt, r.LeaseExpiresAt = int(*attempt), *token, *created, *lease
+			if r.Payload == nil {
+				r.Payload = []byte{}
+			}
+			out.Claimed = append(out.Claimed, r)
 		}
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("recording results: %w", err)
+		return RecordOutcome{}, fmt.Errorf("recording results: %w", err)
 	}
-	return recorded, nil
+	slices.SortFunc(out.Claimed, func(a, b ClaimedRow) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
 }
 
 // CleanText makes s storable in a text column and short: invalid UTF-8 and

@@ -330,7 +330,7 @@ func TestRecordPlan(t *testing.T) {
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	rows, err := tx.Query(b.ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+outboxdb.RecordSQL(), ids, tokens, statuses,
 		make([]*int64, n), make([]*int32, n), make([]*string, n), make([]*string, n), make([]*int32, n), make([]bool, n),
-		make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel)
+		make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel, "", int64(0), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -545,13 +545,9 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 		return err
 	}
 	h.recorder.Store(dispatch.NewRecorder(func(ctx context.Context, results []outboxdb.Result) ([]int64, error) {
-		// The ordering policy is the dispatcher's (order_on_failed);
-		// without one, a FAILED row releases the next row of its key.
-		var opts outboxdb.RecordOptions
-		if d := h.hub.Dispatcher(); d != nil {
-			opts = d.RecordOptions()
-		}
-		return outboxdb.RecordResults(ctx, pool, results, opts)
+		// With the stream's ordering policy (the dispatcher's
+		// order_on_failed), handing the rows it releases to the dispatcher.
+		return dispatch.RecordResults(ctx, pool, h.hub.Dispatcher(), results)
 	}, maxResultsPerStatement))
 	if err := h.gate.Start(ctx, pool); err != nil {
 		h.hub.Release()

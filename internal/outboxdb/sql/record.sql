@@ -48,14 +48,22 @@
 -- earlier statement of the same transaction), so this statement's snapshot
 -- holds every row of those keys that an insert committed before.
 --
+-- Chained dispatch: up to $18 of the released rows are claimed here for the
+-- caller's dispatcher ($16 claimer, $17 lease in milliseconds) and come
+-- back (kind 'c') for it to hand over in memory, like direct dispatch: a
+-- key's next row costs no claim statement and no second row version, and
+-- it is sent without waiting for a notification. Should the reply be lost,
+-- their lease brings them back like any claim.
+--
 -- $1 ids, $2 claim tokens, $3 statuses left (SUCCESS | FAILED | PENDING),
 -- $4 retry delays in ms (used for PENDING), $5 HTTP statuses, $6 errors
 -- (last_error and the log's error_message), $7 platform errcodes,
 -- $8 request durations in ms, $9 undo flags, $10 failure classes (for
 -- FAILED), $11 the undo is for lack of lease, $12 give-backs allowed in a
 -- row, $13 an undone attempt is logged, $14 what a FAILED ordered row does
--- (skip | block), $15 the notification channel. $4..$8 and $10 may hold
--- NULLs.
+-- (skip | block), $15 the notification channel, $16 claimer, $17 lease in
+-- milliseconds and $18 most rows for chained dispatch (0: none). $4..$8
+-- and $10 may hold NULLs.
 WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true) AS done
 ), result AS (
@@ -128,16 +136,44 @@ WITH async AS (
             ORDER BY h.ordering_key, h.id
             LIMIT 1) AS next_id
     FROM finished
-), promoted AS (
+), chained AS (
+    -- The released rows, in id order; the first $18 are claimed at once for
+    -- the caller's dispatcher ($16), the rest are due for any dispatcher.
+    SELECT next_id AS id, row_number() OVER (ORDER BY next_id) <= $18::integer AS claim
+    FROM successor
+    WHERE next_id IS NOT NULL
+), promoted_claimed AS (
+    -- Claimed as claim.sql would: an attempt counts, a fresh token fences
+    -- its result, and the lease starts now. One row version instead of a
+    -- promotion and a claim.
+    UPDATE forward_records AS h
+    SET order_held    = false,
+        status        = 'IN_PROGRESS',
+        attempt_count = h.attempt_count + 1,
+        next_retry_at = now() + $17::bigint * interval '1 millisecond',
+        claim_token   = gen_random_uuid(),
+        claimed_by    = $16::text,
+        claimed_at    = now(),
+        updated_at    = now()
+    -- = ANY(ARRAY(...)) as in claim.sql: the rows are read through the
+    -- primary key, one probe each, never by hashing every held row.
+    WHERE h.id = ANY (ARRAY(SELECT id FROM chained WHERE claim))
+      AND h.order_held
+    RETURNING h.id, h.message_key, h.api_type, h.kafka_topic, h.kafka_partition, h.kafka_offset,
+              h.kafka_key, h.payload, h.attempt_count, h.claim_token::text AS claim_token, h.created_at,
+              h.next_retry_at AS lease_expires_at
+), promoted_due AS (
     UPDATE forward_records AS h
     SET order_held    = false,
         next_retry_at = now(),
         updated_at    = now()
-    -- = ANY(ARRAY(...)) as in claim.sql: the rows are read through the
-    -- primary key, one probe each, never by hashing every held row.
-    WHERE h.id = ANY (ARRAY(SELECT next_id FROM successor WHERE next_id IS NOT NULL))
+    WHERE h.id = ANY (ARRAY(SELECT id FROM chained WHERE NOT claim))
       AND h.order_held
     RETURNING h.id, h.attempt_count
+), promoted AS (
+    SELECT id, attempt_count - 1 AS attempt_count FROM promoted_claimed
+    UNION ALL
+    SELECT id, attempt_count FROM promoted_due
 ), released AS (
     INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
     SELECT p.id, p.attempt_count, 'ORDER_RELEASED',
@@ -148,9 +184,19 @@ WITH async AS (
     JOIN successor s ON s.next_id = p.id
     WHERE s.status = 'FAILED'
 ), notified AS (
+    -- Rows claimed here go to the caller's dispatcher; the others are due for
+    -- any.
     SELECT pg_notify($15::text, 'released')
-    WHERE EXISTS (SELECT 1 FROM promoted)
+    WHERE EXISTS (SELECT 1 FROM promoted_due)
 )
-SELECT recorded.id
+-- The recorded ids, then the rows claimed for the caller (kind 'c').
+SELECT 'r' AS kind, recorded.id, NULL::text AS message_key, NULL::text AS api_type, NULL::text AS kafka_topic,
+       NULL::integer AS kafka_partition, NULL::bigint AS kafka_offset, NULL::bytea AS kafka_key, NULL::bytea AS payload,
+       NULL::integer AS attempt_count, NULL::text AS claim_token, NULL::timestamptz AS created_at,
+       NULL::timestamptz AS lease_expires_at
 FROM recorded, async, (SELECT count(*) FROM notified) AS n
-WHERE async.done = 'off';
+WHERE async.done = 'off'
+UNION ALL
+SELECT 'c', id, message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload,
+       attempt_count, claim_token, created_at, lease_expires_at
+FROM promoted_claimed;
