@@ -269,6 +269,10 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 	return counts, claimed, nil
 }
 
+// maxOrderConflictTries bounds the attempts of one insert that keeps
+// meeting keys gaining active rows under it (see insert.sql).
+const maxOrderConflictTries = 5
+
 // insertedRow is one row insert.sql sent back.
 type insertedRow struct {
 	ID      int64
@@ -292,24 +296,47 @@ func runInsert(ctx context.Context, q Querier, args []any, keys []string, c Dire
 		r              insertedRow
 		created        *time.Time
 		pending, faild *int64
+		// One attempt's rows, kept until it succeeds: an attempt that fails
+		// may have sent some back before the error.
+		got   []insertedRow
+		total InsertCounts
 	)
-	err := queryLocked(ctx, q, keys, nil, insertSQL, args, func(rows pgx.Rows) error {
+	read := func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&id, &key, &status, &r.Token, &created, &r.Due, &pending, &faild}, func() error {
 			if status == "" { // the summary
-				counts.Pending += int(*pending)
-				counts.Failed += int(*faild)
+				total.Pending += int(*pending)
+				total.Failed += int(*faild)
 				return nil
 			}
 			if id == nil || key == nil || created == nil {
 				return errors.New("insert returned a row without id, key or creation time")
 			}
 			r.ID, r.Key, r.Status, r.Created = *id, *key, Status(status), *created
-			return each(r)
+			got = append(got, r)
+			return nil
 		})
 		return err
-	})
+	}
+	// A key that gained an active row between the lock statement and the
+	// insert fails the insert, which then committed nothing: run it again
+	// (it then locks the key).
+	var err error
+	for try := 1; ; try++ {
+		got, total = got[:0], InsertCounts{}
+		err = queryInsertLocked(ctx, q, keys, insertSQL, args, read)
+		if err == nil || !isOrderConflict(err) || try == maxOrderConflictTries {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("inserting outbox rows: %w", err)
+	}
+	counts.Pending += total.Pending
+	counts.Failed += total.Failed
+	for _, r := range got {
+		if err := each(r); err != nil {
+			return fmt.Errorf("inserting outbox rows: %w", err)
+		}
 	}
 	return nil
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Per-key ordering (docs/architecture.md, "Ordering"): rows with the same
@@ -19,6 +20,7 @@ import (
 
 var (
 	orderLockSQL          = mustSQL("order_lock.sql")
+	orderLockActiveSQL    = mustSQL("order_lock_active.sql")
 	orderReleaseSQL       = mustSQL("order_release.sql")
 	orderRepairFindSQL    = mustSQL("order_repair_find.sql")
 	orderRepairSQL        = mustSQL("order_repair.sql")
@@ -65,7 +67,28 @@ var skipOrderLocks bool
 // snapshot is taken after they were granted. Without keys and ids it runs
 // sql alone. each reads sql's rows.
 func queryLocked(ctx context.Context, q Querier, keys []string, ids []int64, sql string, args []any, each func(pgx.Rows) error) error {
-	if (len(keys) == 0 && len(ids) == 0) || skipOrderLocks {
+	return pipelineLocked(ctx, q, orderLockSQL, []any{keys, ids}, len(keys)+len(ids) > 0, sql, args, each)
+}
+
+// queryInsertLocked is queryLocked for insert.sql: keys, one per ordered
+// record, go to order_lock_active.sql, which locks the keys whose rows the
+// insert may hold.
+func queryInsertLocked(ctx context.Context, q Querier, keys []string, sql string, args []any, each func(pgx.Rows) error) error {
+	return pipelineLocked(ctx, q, orderLockActiveSQL, []any{keys}, len(keys) > 0, sql, args, each)
+}
+
+// skipLocksSQL stands for order_lock_active.sql when the locks are left out
+// (tests): it declares every key locked, so insert.sql holds rows as if.
+const skipLocksSQL = `SELECT set_config('forwarder.order_locked',
+	coalesce((SELECT string_agg(DISTINCT hashtext(k)::text, ',') FROM unnest($1::text[]) k WHERE k <> ''), ''), true)`
+
+func pipelineLocked(ctx context.Context, q Querier, lockSQL string, lockArgs []any, lock bool, sql string, args []any, each func(pgx.Rows) error) error {
+	if skipOrderLocks && lockSQL == orderLockActiveSQL {
+		lockSQL = skipLocksSQL
+	} else if skipOrderLocks {
+		lock = false
+	}
+	if !lock {
 		rows, err := q.Query(ctx, sql, args...)
 		if err != nil {
 			return err
@@ -77,14 +100,20 @@ func queryLocked(ctx context.Context, q Querier, keys []string, ids []int64, sql
 		rows.Close()
 		return rows.Err()
 	}
-	if keys == nil {
-		keys = []string{}
-	}
-	if ids == nil {
-		ids = []int64{}
+	for i, a := range lockArgs {
+		switch v := a.(type) {
+		case []string:
+			if v == nil {
+				lockArgs[i] = []string{}
+			}
+		case []int64:
+			if v == nil {
+				lockArgs[i] = []int64{}
+			}
+		}
 	}
 	b := &pgx.Batch{}
-	b.Queue(orderLockSQL, keys, ids)
+	b.Queue(lockSQL, lockArgs...)
 	b.Queue(sql, args...)
 	br := q.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -351,8 +380,8 @@ func readOrderingStats(ctx context.Context, q Querier, top int) (OrderingStats, 
 	return st, nil
 }
 
-// orderLockKeys lists the distinct ordering keys of the PENDING records
-// among recs[idx...], sorted (the lock statement sorts by lock id anyway).
+// orderLockKeys lists the ordering keys of the PENDING records among
+// recs[idx...], one per record (order_lock_active.sql counts them).
 func orderLockKeys(recs []NewRecord, idx []int) []string {
 	var keys []string
 	for _, i := range idx {
@@ -360,9 +389,27 @@ func orderLockKeys(recs []NewRecord, idx []int) []string {
 			keys = append(keys, k)
 		}
 	}
-	slices.Sort(keys)
-	return slices.Compact(keys)
+	return keys
 }
+
+// isOrderConflict says the insert failed because a key it did not lock
+// gained an active row meanwhile: insert.sql's refusal to hold a row behind
+// it (forward_records_order_conflict), or a second head refused by the
+// unique index when another inserter made the key's first row concurrently
+// (the violation is reported once that inserter committed). Nothing was
+// committed; run the insert again: it then sees the row and locks the key.
+func isOrderConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return (pgErr.Code == "40001" && strings.Contains(pgErr.Message, "gained an active row")) ||
+		(pgErr.Code == "23505" && pgErr.ConstraintName == "forward_records_order_head_key")
+}
+
+// OrderLockActiveSQL is the insert's key-lock statement, exported for
+// tests.
+func OrderLockActiveSQL() string { return orderLockActiveSQL }
 
 // orderingKeyOf is the ordering key a record is stored with: FAILED rows are
 // never ordered.

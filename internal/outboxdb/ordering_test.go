@@ -899,6 +899,11 @@ func TestOrderingPlans(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(b.Ctx) }()
+		if sql == outboxdb.InsertSQL() { // the keys it may hold rows of are locked first
+			if _, err := tx.Exec(b.Ctx, outboxdb.OrderLockActiveSQL(), args[14]); err != nil {
+				t.Fatal(err)
+			}
+		}
 		rows, err := tx.Query(b.Ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+sql, args...)
 		if err != nil {
 			t.Fatal(err)
@@ -953,5 +958,76 @@ func TestOrderingPlans(t *testing.T) {
 	}
 	if strings.Contains(plan, "forward_records_unfinished_status_idx on forward_records h") {
 		t.Errorf("the result write reads every PENDING row to find a key's next row:\n%s", plan)
+	}
+}
+
+// TestInsertLocksOnlyKeysItMayHold: an insert locks the ordering keys that
+// have an active row (or several records in its batch), not the others, so
+// a result write finishing some key never makes the insert of a new key
+// wait; and the insert refuses to hold a row behind a key it did not lock
+// (an active row that appeared after it chose its locks).
+func TestInsertLocksOnlyKeysItMayHold(t *testing.T) {
+	t.Parallel()
+	b := setupOrdering(t)
+	b.insert(orderedRec("head", "P1/B1", 1))
+
+	// Another transaction holds both keys' locks, as a result write would.
+	tx, err := b.Pool.Begin(b.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	if _, err := tx.Exec(b.Ctx, `SELECT pg_advisory_xact_lock(1869767787, hashtext('P1/B1')),
+		pg_advisory_xact_lock(1869767787, hashtext('P2/B2'))`); err != nil {
+		t.Fatal(err)
+	}
+	// A new key: no wait.
+	if _, err := outboxdb.InsertBatchCount(b.Ctx, b.Pool, []outboxdb.NewRecord{orderedRec("new-key", "P2/B2", 2)}); err != nil {
+		t.Fatal(err)
+	}
+	// A key with an active row: waits for the lock.
+	done := make(chan error, 1)
+	go func() {
+		_, err := outboxdb.InsertBatchCount(b.Ctx, b.Pool, []outboxdb.NewRecord{orderedRec("behind-head", "P1/B1", 3)})
+		done <- err
+	}()
+	waitLockWaiter(t, b.DB)
+	select {
+	case err := <-done:
+		t.Fatalf("the insert behind an active row did not wait for its key's lock (%v)", err)
+	default:
+	}
+	if err := tx.Commit(b.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	b.wantHeld(map[string]bool{"new-key": false, "behind-head": true})
+
+	// The guard: a key with no active row when the locks were chosen, and
+	// one when the insert reads it.
+	conn, err := b.Pool.Acquire(b.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	gtx, err := conn.Begin(b.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = gtx.Rollback(b.Ctx) }()
+	if _, err := gtx.Exec(b.Ctx, outboxdb.OrderLockActiveSQL(), []string{"P3/B3"}); err != nil {
+		t.Fatal(err)
+	}
+	b.Insert(fixture.Row{Key: "appeared", Status: "IN_PROGRESS", OrderingKey: "P3/B3"})
+	r := orderedRec("late", "P3/B3", 4)
+	one := []string{""}
+	_, err = gtx.Exec(b.Ctx, outboxdb.InsertSQL(), []string{r.MessageKey}, []string{r.APIType}, []string{r.KafkaTopic},
+		[]int32{0}, []int64{4}, [][]byte{nil}, [][]byte{r.Payload}, []string{"PENDING"}, one, one, one, one, one, one,
+		[]string{"P3/B3"}, outboxdb.NotifyChannel, int64(60000), "me", false, false)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+		t.Fatalf("holding a row of a key not locked: %v, want serialization_failure", err)
 	}
 }

@@ -72,6 +72,18 @@ CREATE UNIQUE INDEX forward_records_order_head_key ON forward_records (ordering_
 CREATE INDEX forward_records_order_idx ON forward_records (ordering_key, id)
     WHERE ordering_key IS NOT NULL AND (status IN ('PENDING', 'IN_PROGRESS') OR order_blocked);
 
+-- Raised by the insert (insert.sql) when a new row would wait behind an
+-- active row of an ordering key whose lock it did not take: the row became
+-- active after the insert chose its locks (order_lock_active.sql). The
+-- insert is run again, and then takes the lock.
+CREATE FUNCTION forward_records_order_conflict(key text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'ordering key % gained an active row after the insert chose its locks', key
+        USING ERRCODE = 'serialization_failure';
+END
+$$;
+
 -- Exact, cheap counts for the ordering gauges.
 CREATE INDEX forward_records_order_held_idx ON forward_records (id) WHERE order_held;
 CREATE INDEX forward_records_order_blocked_idx ON forward_records (ordering_key) WHERE order_blocked;

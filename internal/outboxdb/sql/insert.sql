@@ -40,10 +40,14 @@
 -- FAILED row blocking it, or when an earlier record of this batch (lower
 -- position, hence lower id: the caller lays a key's records out in batch
 -- order) has the same key and is new. "New" means its message_key is not
--- stored yet; under the key lock (order_lock.sql, taken by an earlier
--- statement of this transaction) no other transaction can be inserting it,
+-- stored yet; under the key lock no other transaction can be inserting it,
 -- and this statement's snapshot sees every row of the key committed before.
--- A held row asked for as IN_PROGRESS is inserted PENDING and held instead,
+-- The caller locks, in an earlier statement of this transaction
+-- (order_lock_active.sql), the keys that have an active row or several
+-- records here: the keys whose rows may be held. A row that would be held
+-- behind a key it did not lock (an active row appeared since) fails the
+-- statement with serialization_failure, and the caller runs it again. A
+-- held row asked for as IN_PROGRESS is inserted PENDING and held instead,
 -- and does not come back claimed: direct dispatch only hands over heads.
 -- FAILED rows are never ordered. Rows are inserted in the arrays' order
 -- (ORDER BY n), so their ids follow it.
@@ -84,7 +88,17 @@ WITH batch AS (
                OR coalesce(bool_or(f.new_ordered) OVER (
                       PARTITION BY f.okey ORDER BY f.n
                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false)
-           ) AS held
+           ) AS held,
+           -- Held behind a row of a key this transaction did not lock
+           -- (order_lock_active.sql): an active row appeared since; start
+           -- again.
+           CASE WHEN (active.found IS NOT NULL
+                      OR bool_or(f.new_ordered) OVER (
+                             PARTITION BY f.okey ORDER BY f.n
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING))
+                     AND NOT hashtext(f.okey) = ANY (locks.hs)
+                THEN forward_records_order_conflict(f.okey)
+                ELSE false END AS conflict
     FROM (SELECT b.*, b.okey IS NOT NULL AND stored.found IS NULL AS new_ordered
           FROM batch b
           LEFT JOIN LATERAL (
@@ -99,6 +113,8 @@ WITH batch AS (
           AND a.ordering_key = f.okey
           AND (a.status IN ('PENDING', 'IN_PROGRESS') OR a.order_blocked)
         LIMIT 1) AS active ON true
+    CROSS JOIN (SELECT coalesce(string_to_array(nullif(current_setting('forwarder.order_locked', true), ''), ',')::integer[],
+                                '{}') AS hs) AS locks
 ), ins AS (
     INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
                                  kafka_offset, kafka_key, payload, status,
@@ -123,6 +139,7 @@ WITH batch AS (
     -- st: the status the row gets, PENDING for a held row asked IN_PROGRESS.
     FROM (SELECT planned.*, CASE WHEN planned.held THEN 'PENDING' ELSE planned.status END AS st
           FROM planned) AS p
+    WHERE NOT p.conflict
     ORDER BY p.n
     ON CONFLICT (message_key) DO NOTHING
     RETURNING id, message_key, status, claim_token, created_at, next_retry_at, order_held
