@@ -76,6 +76,10 @@ WITH batch AS (
          AS u(message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
               kafka_key, payload, status, last_error, claim_token,
               plate_no, park_code, berth_code, device_id, ordering_key, n)
+), locks AS MATERIALIZED (
+    -- The lock ids order_lock_active.sql took, parsed once.
+    SELECT coalesce(string_to_array(nullif(current_setting('forwarder.order_locked', true), ''), ',')::integer[],
+                    '{}') AS hs
 ), planned AS (
     -- The probes are LATERAL subqueries with LIMIT 1, so that each record
     -- costs one index probe (forward_records_message_key_key, and
@@ -100,11 +104,12 @@ WITH batch AS (
                 THEN forward_records_order_conflict(f.okey)
                 ELSE false END AS conflict
     FROM (SELECT b.*, b.okey IS NOT NULL AND stored.found IS NULL AS new_ordered
-          FROM batch b
+          -- Only a key with several records here needs to know which are new.
+          FROM (SELECT batch.*, count(*) OVER (PARTITION BY batch.okey) > 1 AS repeated FROM batch) AS b
           LEFT JOIN LATERAL (
               SELECT 1 AS found
               FROM forward_records s
-              WHERE b.okey IS NOT NULL AND s.message_key = b.message_key
+              WHERE b.okey IS NOT NULL AND b.repeated AND s.message_key = b.message_key
               LIMIT 1) AS stored ON true) AS f
     LEFT JOIN LATERAL (
         SELECT 1 AS found
@@ -113,8 +118,7 @@ WITH batch AS (
           AND a.ordering_key = f.okey
           AND (a.status IN ('PENDING', 'IN_PROGRESS') OR a.order_blocked)
         LIMIT 1) AS active ON true
-    CROSS JOIN (SELECT coalesce(string_to_array(nullif(current_setting('forwarder.order_locked', true), ''), ',')::integer[],
-                                '{}') AS hs) AS locks
+    CROSS JOIN locks
 ), ins AS (
     INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
                                  kafka_offset, kafka_key, payload, status,
