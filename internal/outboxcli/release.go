@@ -26,7 +26,8 @@ it. release gives up on the FAILED row: it stays FAILED (never sent again)
 but no longer holds the key, and the next held row of the key (the earliest
 persisted) is due at once, with an ORDER_RELEASED attempt log naming the
 operator. To send the FAILED row again instead, in its place at the head of
-the key, requeue it: forwarder outbox requeue --key <its message key>.
+the key, requeue it: forwarder outbox requeue --key <its message key> (with
+--include-rejected when the platform refused it, errcode 998).
 
 --key names the ordering key, as "outbox stats" lists blocked keys; --id the
 FAILED row. The release is one transaction, safe while the service runs, and

@@ -100,7 +100,7 @@ func writeOrdering(w io.Writer, o outboxdb.OrderingStats) {
 	if int64(len(o.Blocked)) < o.BlockedKeys {
 		fmt.Fprintf(w, "  ... and %d more\n", o.BlockedKeys-int64(len(o.Blocked)))
 	}
-	fmt.Fprintln(w, "  unblock with: forwarder outbox release --key K (skip the FAILED row) or forwarder outbox requeue --key <message key> (send it again)")
+	fmt.Fprintln(w, "  unblock with: forwarder outbox release --key K (skip the FAILED row) or forwarder outbox requeue --key <message key> [--include-rejected] (send it again)")
 }
 
 type statsJSON struct {

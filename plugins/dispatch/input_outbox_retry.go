@@ -99,7 +99,8 @@ emitted like claimed rows (same metadata, attempt 1) without a claim statement, 
 `+"`forwarder_direct_rows_total`"+`. While due rows of the database wait for room, no rows are handed over, so
 retries are not starved by new traffic. Components find each other through the stream's resources: two
 streams of one process never hand rows to each other. A stream may have one `+"`outbox_retry`"+` input per
-database.
+database. The rows the `+"`http_forwarder`"+` output's result writes claim for this input, the next rows of the
+keys they finish (see Ordering), are handed over the same way and counted there too.
 
 ### Acknowledgements
 
@@ -132,7 +133,8 @@ index the claim reads, so a key with a long queue costs the claims of other keys
 `+"`FAILED`"+` does: `+"`skip`"+` releases the next one (whose attempt log gets an `+"`ORDER_RELEASED`"+` row saying
 why), `+"`block`"+` keeps the key held until an operator requeues the row (`+"`forwarder outbox requeue`"+`) or
 releases the key (`+"`forwarder outbox release`"+`). The `+"`http_forwarder`"+` output of the same stream
-applies it when it records results. Once a minute the input also looks for held rows whose key nothing
+applies it when it records results, and claims the row it releases for this input (chained dispatch: no
+claim statement, no wake-up). Once a minute the input also looks for held rows whose key nothing
 holds (which the database's lock protocol never leaves; a row changed by hand might), releases them,
 logs them and counts them in `+"`forwarder_ordering_repairs_total`"+`.
 

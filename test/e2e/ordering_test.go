@@ -364,7 +364,10 @@ func TestOrderingFailedHead(t *testing.T) {
 
 		// Requeue: the enter goes again, first; the exit after it.
 		s.platform.Accept("enter-B-001")
-		cli(s, "requeue", "--key", "enter-B-001")
+		// Refused for good (998): a requeue must ask for it.
+		if out := cli(s, "requeue", "--key", "enter-B-001", "--include-rejected"); !strings.Contains(out, "1 rows requeued") {
+			t.Fatalf("outbox requeue said:\n%s", out)
+		}
 		waitStatus(s, "exit-B-001", "SUCCESS")
 		or := s.platform.BerthLog()["P1001/B-001"]
 		if len(or) < 3 || or[len(or)-2].MessageID != "enter-B-001" || or[len(or)-2].Outcome != mockplatform.OutcomeAccepted ||
