@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
-	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/dispatch"
 )
 
 // TestThreeInstancesShortLease is TestThreeInstances with the shortest
