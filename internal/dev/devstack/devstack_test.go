@@ -199,11 +199,14 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
-// TestRequeueAfterOutage is the operator's morning after: the platform was
-// down until every row ran out of attempts; once it is back, `forwarder
-// outbox requeue` (the real command) sets them PENDING and the running
-// forwarder, woken by the requeue's NOTIFY, delivers them all.
-func TestRequeueAfterOutage(t *testing.T) {
+// TestRequeueAfterBusyPlatform is the operator's morning after: the
+// platform answered every request "busy, retry" (errcode 999) until every
+// row ran out of attempts (an outage would not do it: while the platform is
+// unavailable the breaker keeps attempts from being spent); once it answers
+// normally, `forwarder outbox requeue` (the real command) sets them PENDING
+// and the running forwarder, woken by the requeue's NOTIFY, delivers them
+// all.
+func TestRequeueAfterBusyPlatform(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	bin := buildForwarder(t, root)
@@ -222,7 +225,9 @@ func TestRequeueAfterOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Stop()
-	s.Platform.SetDown(true, 0)
+	if err := s.Platform.SetFaults(mockplatform.Faults{Errcode999: 1}); err != nil {
+		t.Fatal(err)
+	}
 
 	const n = 30
 	g, err := eventgen.New(eventgen.Config{Brokers: s.Brokers, Count: n})
@@ -248,11 +253,13 @@ func TestRequeueAfterOutage(t *testing.T) {
 		}
 	}
 	waitRows("every row FAILED", func(p outboxdb.Progress) bool { return p.Failed == n })
-	if st := s.Platform.Stats(); st.Accepted != 0 || st.Unavailable < 2*n {
-		t.Fatalf("platform during the outage: %+v, want %d refused attempts and nothing accepted", st, 2*n)
+	if st := s.Platform.Stats(); st.Accepted != 0 || st.Errcode999 < 2*n {
+		t.Fatalf("platform while busy: %+v, want %d busy answers and nothing accepted", st, 2*n)
 	}
 
-	s.Platform.SetDown(false, 0)
+	if err := s.Platform.SetFaults(mockplatform.Faults{}); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.CommandContext(ctx, bin, "outbox", "requeue")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+s.DatabaseURL)
 	out, err := cmd.CombinedOutput()
