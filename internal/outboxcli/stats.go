@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
@@ -23,14 +24,20 @@ last_error of FAILED rows; a FAILED row's errcode is the platform_errcode of
 its latest attempt log ("(none)" for mapping errors, timeouts and HTTP errors).
 Ordering: the rows held behind an earlier row of their berth (they count in
 PENDING) and the berths blocked by a FAILED row (ORDER_ON_FAILED=block),
-longest blocked first, with the row to release or requeue.`,
+longest blocked first, with the row to release or requeue.
+Platform: the circuit breaker every instance shares (CLOSED: sending; OPEN:
+only probes; HALF_OPEN: ramping up after a probe succeeded) and any pause a
+Retry-After asked for. Rows FAILED on transient errors: those automatic
+requeue will still take, and the frozen ones whose rounds are used up.`,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "top", Value: 10, Usage: "how many failure reasons and errcodes to list"},
+			&cli.IntFlag{Name: "requeue-rounds", Value: 3, EnvVars: []string{"FAILED_REQUEUE_ROUNDS"},
+				Usage: "automatic requeues a row gets, as the service is configured: splits waiting rows from frozen ones"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of text"},
 		},
 		Action: func(c *cli.Context) error {
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
-				st, err := outboxdb.ReadStats(ctx, pool, c.Int("top"))
+				st, err := outboxdb.ReadStats(ctx, pool, outboxdb.StatsOptions{Top: c.Int("top"), RequeueRounds: c.Int("requeue-rounds")})
 				if err != nil {
 					return err
 				}
@@ -59,6 +66,9 @@ func writeStats(w io.Writer, st outboxdb.Stats) {
 		fmt.Fprintf(w, "oldest undelivered row: %s old (id %d, key %s, %s, created %s)\n",
 			outboxdb.FormatDuration(o.Age), o.ID, o.MessageKey, o.Status, o.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"))
 	}
+	writePlatform(w, st.Platform)
+	fmt.Fprintf(w, "failed on transient errors: %d waiting for automatic requeue, %d frozen (requeue rounds used up)\n",
+		st.Compensation.Waiting, st.Compensation.Frozen)
 	writeOrdering(w, st.Ordering)
 	writeTop(w, "top failure reasons (FAILED rows, last_error)", st.FailureReasons)
 	writeTop(w, "top platform errcodes (FAILED rows, latest attempt)", st.FailureErrcodes)
@@ -79,6 +89,23 @@ func writeTop(w io.Writer, title string, vs []outboxdb.ValueCount) {
 		fmt.Fprintf(tw, "  %d\t%s\n", v.Rows, value)
 	}
 	_ = tw.Flush()
+}
+
+// writePlatform prints the shared breaker state and any pause, with times
+// relative to the database clock.
+func writePlatform(w io.Writer, p outboxdb.PlatformState) {
+	since := func(d time.Duration) string { return outboxdb.FormatDuration(max(0, d).Round(time.Second)) }
+	fmt.Fprintf(w, "platform: breaker %s for %s", p.Breaker, since(p.Now.Sub(p.ChangedAt)))
+	if p.Reason != "" {
+		fmt.Fprintf(w, " (%s)", outboxdb.CleanText(p.Reason, 120))
+	}
+	if p.Breaker == "OPEN" {
+		fmt.Fprintf(w, ", next probe in %s", since(p.NextProbeAt.Sub(p.Now)))
+	}
+	if p.PausedUntil.After(p.Now) {
+		fmt.Fprintf(w, "; sending paused for %s (Retry-After)", since(p.PausedUntil.Sub(p.Now)))
+	}
+	fmt.Fprintln(w)
 }
 
 // writeOrdering prints the rows held behind an earlier row of their berth
@@ -110,6 +137,21 @@ type statsJSON struct {
 	FailureReasons  []valueCountJSON          `json:"failure_reasons"`
 	FailureErrcodes []valueCountJSON          `json:"failure_errcodes"`
 	Ordering        orderingJSON              `json:"ordering"`
+	Platform        platformJSON              `json:"platform"`
+	Compensation    compensationJSON          `json:"failed_transient"`
+}
+
+type platformJSON struct {
+	Breaker     string     `json:"breaker"`
+	Since       time.Time  `json:"since"`
+	Reason      string     `json:"reason"`
+	NextProbeAt *time.Time `json:"next_probe_at"`
+	PausedUntil *time.Time `json:"paused_until"`
+}
+
+type compensationJSON struct {
+	Waiting int64 `json:"waiting_requeue"`
+	Frozen  int64 `json:"frozen"`
 }
 
 type orderingJSON struct {
@@ -157,6 +199,17 @@ func writeStatsJSON(w io.Writer, st outboxdb.Stats) error {
 		out.Ordering.Blocked = append(out.Ordering.Blocked, blockedKeyJSON{Key: b.Key, ID: b.ID, MessageKey: b.MessageKey,
 			AgeSeconds: b.Age.Seconds(), Held: b.Held, LastError: b.LastError})
 	}
+	p := st.Platform
+	out.Platform = platformJSON{Breaker: p.Breaker, Since: p.ChangedAt.UTC(), Reason: p.Reason}
+	if p.Breaker == "OPEN" {
+		at := p.NextProbeAt.UTC()
+		out.Platform.NextProbeAt = &at
+	}
+	if p.PausedUntil.After(p.Now) {
+		until := p.PausedUntil.UTC()
+		out.Platform.PausedUntil = &until
+	}
+	out.Compensation = compensationJSON{Waiting: st.Compensation.Waiting, Frozen: st.Compensation.Frozen}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)

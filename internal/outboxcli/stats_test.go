@@ -1,11 +1,14 @@
 package outboxcli_test
 
 import (
+	"context"
 	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 func TestStats(t *testing.T) {
@@ -75,6 +78,67 @@ func TestStats(t *testing.T) {
 		}
 		if len(js.FailureErrcodes) != 1 || js.FailureErrcodes[0].Value != "998" || js.FailureErrcodes[0].Rows != 2 {
 			t.Errorf("--top 1 errcodes = %+v, want only 998 x2", js.FailureErrcodes)
+		}
+	})
+
+	t.Run("PlatformAndTransientFailures", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		out := b.mustRun(t, "stats")
+		if !regexp.MustCompile(`platform: breaker CLOSED for \S+\n`).MatchString(out) ||
+			!strings.Contains(out, "failed on transient errors: 0 waiting for automatic requeue, 0 frozen") {
+			t.Errorf("a quiet platform and no failures:\n%s", out)
+		}
+
+		if _, err := outboxdb.SetBreaker(ctx, b.pool, []string{"CLOSED"}, "OPEN", "test", "HTTP 503 from the platform", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := outboxdb.PausePlatform(ctx, b.pool, 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		b.insert(t,
+			row{key: "t0", status: "FAILED", lastErr: "platform busy: errcode 999"},
+			row{key: "t2", status: "FAILED", lastErr: "platform busy: errcode 999"},
+			row{key: "t3", status: "FAILED", lastErr: "platform busy: errcode 999"},
+			row{key: "r", status: "FAILED", lastErr: "platform rejected: errcode 998"},
+		)
+		if _, err := b.pool.Exec(ctx, `UPDATE forward_records SET failure_class = 'TRANSIENT',
+			requeue_rounds = substr(message_key, 2)::int WHERE message_key LIKE 't%'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.pool.Exec(ctx, `UPDATE forward_records SET failure_class = 'REJECTED' WHERE message_key = 'r'`); err != nil {
+			t.Fatal(err)
+		}
+
+		out = b.mustRun(t, "stats", "--requeue-rounds", "3")
+		for _, re := range []string{
+			`platform: breaker OPEN for \S+ \(HTTP 503 from the platform\), next probe in \S+; sending paused for (1m\d+s|2m0s) \(Retry-After\)\n`,
+			`failed on transient errors: 2 waiting for automatic requeue, 1 frozen \(requeue rounds used up\)\n`,
+		} {
+			if !regexp.MustCompile(re).MatchString(out) {
+				t.Errorf("output does not match %s:\n%s", re, out)
+			}
+		}
+		// Compensation off (FAILED_REQUEUE_ROUNDS=0): every such row is frozen.
+		var js struct {
+			Platform struct {
+				Breaker     string     `json:"breaker"`
+				Reason      string     `json:"reason"`
+				NextProbeAt *time.Time `json:"next_probe_at"`
+				PausedUntil *time.Time `json:"paused_until"`
+			} `json:"platform"`
+			Failed struct {
+				Waiting int64 `json:"waiting_requeue"`
+				Frozen  int64 `json:"frozen"`
+			} `json:"failed_transient"`
+		}
+		if err := json.Unmarshal([]byte(b.mustRun(t, "stats", "--json", "--requeue-rounds", "0")), &js); err != nil {
+			t.Fatal(err)
+		}
+		if js.Platform.Breaker != "OPEN" || js.Platform.Reason != "HTTP 503 from the platform" ||
+			js.Platform.NextProbeAt == nil || js.Platform.PausedUntil == nil || js.Failed.Waiting != 0 || js.Failed.Frozen != 3 {
+			t.Errorf("json stats = %+v", js)
 		}
 	})
 }

@@ -60,11 +60,27 @@ type Stats struct {
 	// Ordering counts the rows held behind an earlier row of their key and
 	// the keys blocked by a FAILED row.
 	Ordering OrderingStats
+	// Platform is the state every instance shares: the breaker, a pause.
+	Platform PlatformState
+	// Compensation splits the rows FAILED on transient errors: those
+	// automatic requeue will still take (Waiting) and those it is done with
+	// (Frozen).
+	Compensation struct{ Waiting, Frozen int64 }
+}
+
+// StatsOptions shape ReadStats.
+type StatsOptions struct {
+	// Top bounds the top-N lists (10 when 0).
+	Top int
+	// RequeueRounds is the number of automatic requeues a row gets
+	// (FAILED_REQUEUE_ROUNDS), which splits waiting rows from frozen ones.
+	RequeueRounds int
 }
 
 // ReadStats reads the outbox statistics in one read-only snapshot, so the
-// numbers agree with each other. top bounds the two top-N lists.
-func ReadStats(ctx context.Context, db TxBeginner, top int) (Stats, error) {
+// numbers agree with each other.
+func ReadStats(ctx context.Context, db TxBeginner, opts StatsOptions) (Stats, error) {
+	top := opts.Top
 	if top <= 0 {
 		top = 10
 	}
@@ -105,7 +121,13 @@ func ReadStats(ctx context.Context, db TxBeginner, top int) (Stats, error) {
 		if st.FailureErrcodes, err = topValues(ctx, tx, statsErrcodesSQL, top); err != nil {
 			return fmt.Errorf("counting failure errcodes: %w", err)
 		}
-		st.Ordering, err = readOrderingStats(ctx, tx, top)
+		if st.Ordering, err = readOrderingStats(ctx, tx, top); err != nil {
+			return err
+		}
+		if st.Platform, err = ReadPlatformState(ctx, tx); err != nil {
+			return err
+		}
+		st.Compensation.Waiting, st.Compensation.Frozen, err = CompensationCounts(ctx, tx, opts.RequeueRounds)
 		return err
 	})
 	return st, err

@@ -484,7 +484,7 @@ func TestOrdering(t *testing.T) {
 			fixture.Row{Key: "head", Status: "IN_PROGRESS", OrderingKey: other},
 			fixture.Row{Key: "w3", OrderingKey: other, OrderHeld: true},
 		)
-		st, err := outboxdb.ReadStats(b.Ctx, b.Pool, 10)
+		st, err := outboxdb.ReadStats(b.Ctx, b.Pool, outboxdb.StatsOptions{RequeueRounds: 3})
 		if err != nil {
 			t.Fatal(err)
 		}

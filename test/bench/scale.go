@@ -378,7 +378,7 @@ func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix
 	r.GaugesP50, r.GaugesP95 = quantile(gauges, 0.5), quantile(gauges, 0.95)
 
 	start := time.Now()
-	if _, err := outboxdb.ReadStats(ctx, pool, 10); err != nil {
+	if _, err := outboxdb.ReadStats(ctx, pool, outboxdb.StatsOptions{RequeueRounds: 3}); err != nil {
 		return fmt.Errorf("outbox stats: %w", err)
 	}
 	r.StatsDuration = time.Since(start)
