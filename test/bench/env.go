@@ -53,7 +53,9 @@ type benchEnv struct {
 	prefilled                    int
 }
 
-func startEnv(ctx context.Context, cfg benchConfig) (env *benchEnv, err error) {
+// startEnv starts the run's PostgreSQL and Kafka broker; kafkaOpts are
+// added to the broker's defaults.
+func startEnv(ctx context.Context, cfg benchConfig, kafkaOpts ...kfake.Opt) (env *benchEnv, err error) {
 	env = &benchEnv{cfg: cfg, dir: cfg.Dir}
 	defer func() {
 		if err != nil {
@@ -81,7 +83,7 @@ func startEnv(ctx context.Context, cfg benchConfig) (env *benchEnv, err error) {
 	if env.pgPID, err = postmasterPID(env.pg.Dir()); err != nil {
 		return nil, err
 	}
-	if env.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second)); err != nil {
+	if env.kafka, err = kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second)}, kafkaOpts...)...); err != nil {
 		return nil, fmt.Errorf("starting the Kafka broker: %w", err)
 	}
 	env.brokers = strings.Join(env.kafka.ListenAddrs(), ",")

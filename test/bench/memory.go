@@ -12,12 +12,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
-	"github.com/forwarder/forwarder/internal/dev/pgcluster"
 	"github.com/forwarder/forwarder/internal/testsupport/bigmsg"
 )
 
@@ -109,7 +107,8 @@ func runMemory(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	env, err := startMemoryEnv(ctx, cfg.bench)
+	env, err := startEnv(ctx, cfg.bench,
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(2 * bigmsg.MaxSize)}))
 	if err != nil {
 		return err
 	}
@@ -137,45 +136,6 @@ func runMemory(ctx context.Context, args []string) error {
 			r.Phase, r.Messages, mib(r.PeakRSS), outage, r.HeldMax, r.PeakInFlight, r.CPU, r.Wall.Seconds(), r.GoMemLimit)
 	}
 	return nil
-}
-
-// startMemoryEnv starts PostgreSQL and a Kafka broker that takes records up
-// to twice the largest message.
-func startMemoryEnv(ctx context.Context, cfg benchConfig) (env *benchEnv, err error) {
-	env = &benchEnv{cfg: cfg, dir: cfg.Dir}
-	defer func() {
-		if err != nil {
-			env.close()
-		}
-	}()
-	if env.dir == "" {
-		if env.dir, err = os.MkdirTemp("", "forwarder-bench-memory-"); err != nil {
-			return nil, err
-		}
-		env.ownDir = true
-	}
-	if env.accessPwd, err = randomHex(12); err != nil {
-		return nil, err
-	}
-	logf("starting PostgreSQL in %s", filepath.Join(env.dir, "pg"))
-	if env.pg, err = pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(env.dir, "pg")}); err != nil {
-		return nil, err
-	}
-	if env.pgPID, err = postmasterPID(env.pg.Dir()); err != nil {
-		return nil, err
-	}
-	maxBytes := strconv.Itoa(2 * bigmsg.MaxSize)
-	if env.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
-		kfake.BrokerConfigs(map[string]string{"message.max.bytes": maxBytes})); err != nil {
-		return nil, fmt.Errorf("starting the Kafka broker: %w", err)
-	}
-	env.brokers = strings.Join(env.kafka.ListenAddrs(), ",")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(env.kafka.ListenAddrs()...))
-	if err != nil {
-		return nil, fmt.Errorf("creating the Kafka admin client: %w", err)
-	}
-	env.admin = kadm.NewClient(cl)
-	return env, nil
 }
 
 // memoryPhase runs one phase on a fresh database, topics, platform and
