@@ -248,7 +248,7 @@ func (b *baseline) naiveOne(ctx context.Context, r *kgo.Record, tr *offsetTracke
 	var id int64
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, naiveInsertSQL, m.Key, m.APIType, m.Topic, m.Partition, m.Offset,
-			m.KafkaKey, m.Payload, string(status), lastErr).Scan(&id)
+			m.KafkaKey, m.Payload, string(status), lastErr, m.Plate, m.Park, m.Berth, m.Device).Scan(&id)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = nil // already stored: a redelivery
@@ -368,6 +368,7 @@ func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
 	n := len(ms)
 	var (
 		keys, apiTypes, topics, statuses, lastErrs = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		plates, parks, berths, devices             = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		parts                                      = make([]int32, n)
 		offsets                                    = make([]int64, n)
 		kafkaKeys, payloads                        = make([][]byte, n), make([][]byte, n)
@@ -377,8 +378,10 @@ func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
 		st, le := m.status()
 		keys[i], apiTypes[i], topics[i], statuses[i], lastErrs[i] = m.Key, m.APIType, m.Topic, string(st), le
 		parts[i], offsets[i], kafkaKeys[i], payloads[i] = m.Partition, m.Offset, m.KafkaKey, m.Payload
+		plates[i], parks[i], berths[i], devices[i] = m.Plate, m.Park, m.Berth, m.Device
 	}
-	rows, err := b.pool.Query(ctx, batchedInsertSQL, keys, apiTypes, topics, parts, offsets, kafkaKeys, payloads, statuses, lastErrs)
+	rows, err := b.pool.Query(ctx, batchedInsertSQL, keys, apiTypes, topics, parts, offsets, kafkaKeys, payloads, statuses, lastErrs,
+		plates, parks, berths, devices)
 	if err != nil {
 		return fmt.Errorf("inserting a batch: %w", err)
 	}

@@ -224,7 +224,7 @@ func (env *benchEnv) createDB(ctx context.Context, name string) (dsn string, poo
 	if pool, err = outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{MaxConns: 2, ApplicationName: "forwarder-bench"}); err != nil {
 		return "", nil, err
 	}
-	if _, err := outboxdb.Migrate(ctx, pool); err != nil {
+	if err := env.migrate(ctx, name, pool, dsn); err != nil {
 		pool.Close()
 		return "", nil, err
 	}
@@ -294,8 +294,9 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 	}
 	var path string
 	var args []string
+	dir := env.cfg.Root
 	switch scenario {
-	case scenarioForwarder, scenarioUnordered:
+	case scenarioForwarder, scenarioUnordered, scenarioPrevious:
 		if c.httpAddr, err = childproc.FreeAddr(); err != nil {
 			return nil, err
 		}
@@ -314,6 +315,13 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 			args = append(args, "--set", s)
 		}
 		path = resolve(env.cfg.Root, env.cfg.Forwarder)
+		if scenario == scenarioPrevious {
+			// Its own pipeline and mappings: an earlier binary may not
+			// know today's fields.
+			dir = env.cfg.Previous
+			path = filepath.Join(dir, "bin", "forwarder")
+			args[1] = "pipelines/forwarder.yaml"
+		}
 	default:
 		if path, err = os.Executable(); err != nil {
 			return nil, err
@@ -325,7 +333,7 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 	}
 	// Should the bench die, its consumer dies with it.
 	c.Process, err = childproc.Start(childproc.Spec{
-		Path: path, Args: args, Dir: env.cfg.Root,
+		Path: path, Args: args, Dir: dir,
 		Environ: os.Environ(), Env: all, Output: logFile, ParentDeath: syscall.SIGKILL,
 	})
 	if err != nil {

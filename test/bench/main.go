@@ -100,13 +100,16 @@ type benchConfig struct {
 	Root            string
 	// Berths spreads the traffic over this many berths (0: 2 000).
 	Berths int
+	// Previous is the checkout the forwarder-previous scenario runs.
+	Previous string
 }
 
 func parseBenchFlags(args []string) (benchConfig, error) {
 	var c benchConfig
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.IntVar(&c.N, "n", 200_000, "messages in the Kafka backlog of each throughput run")
-	scenarios := fs.String("scenarios", "forwarder,naive,batched", "scenarios to run, in order: forwarder, naive, batched, forwarder-unordered (ORDERING=off)")
+	scenarios := fs.String("scenarios", "forwarder,naive,batched", "scenarios to run, in order: forwarder, naive, batched, forwarder-unordered (ORDERING=off), forwarder-previous (-previous)")
+	fs.StringVar(&c.Previous, "previous", "", "a checkout of an earlier revision with bin/forwarder built, for the forwarder-previous scenario")
 	fs.IntVar(&c.Berths, "berths", 0, "berths the traffic is spread over, four per camera (0: 2000); see test/bench/ordering.go")
 	phases := fs.String("phases", "throughput,latency", "phases to run for each scenario: throughput, latency")
 	fs.Float64Var(&c.Rate, "rate", 2000, "messages per second of the latency phase")
@@ -146,8 +149,14 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 		case "":
 		case scenarioForwarder, scenarioNaive, scenarioBatched, scenarioUnordered:
 			c.Scenarios = append(c.Scenarios, s)
+		case scenarioPrevious:
+			if err := checkPrevious(c.Previous); err != nil {
+				return c, err
+			}
+			scenarioTitles[scenarioPrevious] = previousTitle(c.Previous)
+			c.Scenarios = append(c.Scenarios, s)
 		default:
-			return c, fmt.Errorf("-scenarios: unknown scenario %q (forwarder, naive, batched, forwarder-unordered)", s)
+			return c, fmt.Errorf("-scenarios: unknown scenario %q (forwarder, naive, batched, forwarder-unordered, forwarder-previous)", s)
 		}
 	}
 	c.Phases = map[string]bool{}

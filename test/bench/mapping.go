@@ -22,6 +22,9 @@ type mapped struct {
 	Partition           int32
 	Offset              int64
 	KafkaKey, Payload   []byte
+	// Plate, Park, Berth and Device are the lookup columns `outbox find`
+	// searches, stored as the forwarder stores them ("" for NULL).
+	Plate, Park, Berth, Device string
 	// Path and Body are the platform request; Err a mapping error (the row
 	// is then stored FAILED and never sent).
 	Path string
@@ -109,6 +112,7 @@ func (mp *mapper) mapMessage(topic string, partition int32, offset int64, key, v
 		var in vehicleIn
 		if m.Err = json.Unmarshal(value, &in); m.Err == nil {
 			id = in.MessageID
+			m.Plate, m.Park, m.Berth, m.Device = in.PlateNo, in.ParkCode, in.BerthCode, in.DeviceID
 			m.Body, m.Err = mp.vehicle(&in, fallbackKey(id, topic, partition, offset))
 		}
 	} else {
@@ -116,6 +120,7 @@ func (mp *mapper) mapMessage(topic string, partition int32, offset int64, key, v
 		var in heartbeatIn
 		if m.Err = json.Unmarshal(value, &in); m.Err == nil {
 			id = in.MessageID
+			m.Park, m.Berth, m.Device = in.ParkCode, in.BerthCode, in.DeviceID
 			m.Body, m.Err = mp.heartbeat(&in, fallbackKey(id, topic, partition, offset))
 		}
 	}

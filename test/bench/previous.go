@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// scenarioPrevious is an earlier build of the forwarder, run from its own
+// checkout (-previous DIR: DIR/bin/forwarder with DIR's pipeline and
+// mappings) in the same run as today's, so that a change is measured
+// against what it replaced on the same server, minutes apart:
+//
+//	git worktree add /tmp/before <rev> && make -C /tmp/before build
+//	go run ./test/bench -previous /tmp/before -scenarios forwarder,forwarder-previous
+const scenarioPrevious = "forwarder-previous"
+
+func init() {
+	scenarioTitles[scenarioPrevious] = "forwarder, previous build"
+}
+
+// previousTitle names the previous build by its checkout's commit.
+func previousTitle(dir string) string {
+	out, err := exec.Command("git", "-C", dir, "log", "-1", "--format=%h %s").Output()
+	if err != nil {
+		return "forwarder, previous build (" + dir + ")"
+	}
+	line := strings.TrimSpace(string(out))
+	if len(line) > 60 {
+		line = line[:57] + "..."
+	}
+	return "forwarder at " + line
+}
+
+// checkPrevious says what is missing from a -previous checkout.
+func checkPrevious(dir string) error {
+	if dir == "" {
+		return fmt.Errorf("-scenarios %s needs -previous DIR, a checkout with bin/forwarder built", scenarioPrevious)
+	}
+	for _, f := range []string{"bin/forwarder", "pipelines/forwarder.yaml"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return fmt.Errorf("-previous %s: %w (build it with make -C %s build)", dir, err, dir)
+		}
+	}
+	return nil
+}
+
+// migrate creates the schema of a run's database: the previous build's own
+// for its runs (named after the scenario), today's for every other.
+func (env *benchEnv) migrate(ctx context.Context, run string, pool *pgxpool.Pool, dsn string) error {
+	if !strings.HasSuffix(run, "_"+scenarioPrevious) {
+		_, err := outboxdb.Migrate(ctx, pool)
+		return err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(env.cfg.Previous, "bin", "forwarder"), "outbox", "migrate")
+	cmd.Dir = env.cfg.Previous
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("migrating %s with the previous build: %w\n%s", run, err, out)
+	}
+	return nil
+}
