@@ -27,15 +27,11 @@ func init() {
 
 // previousTitle names the previous build by its checkout's commit.
 func previousTitle(dir string) string {
-	out, err := exec.Command("git", "-C", dir, "log", "-1", "--format=%h %s").Output()
+	out, err := exec.Command("git", "-C", dir, "log", "-1", "--format=%h").Output()
 	if err != nil {
 		return "forwarder, previous build (" + dir + ")"
 	}
-	line := strings.TrimSpace(string(out))
-	if len(line) > 60 {
-		line = line[:57] + "..."
-	}
-	return "forwarder at " + line
+	return "forwarder at " + strings.TrimSpace(string(out))
 }
 
 // checkPrevious says what is missing from a -previous checkout.
