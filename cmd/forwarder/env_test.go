@@ -59,6 +59,7 @@ func TestEnvironmentErrors(t *testing.T) {
 		{name: "URL", env: []string{"PLATFORM_URL=platform.example.com"}, want: "PLATFORM_URL=platform.example.com: not an http:// or https:// URL"},
 		{name: "LogLevel", env: []string{"LOG_LEVEL=loud"}, want: "LOG_LEVEL=loud: not a log level"},
 		{name: "RetentionDays", env: []string{"OUTBOX_RETENTION=a week"}, want: `OUTBOX_RETENTION="a week": not a duration (Go's syntax plus days`},
+		{name: "RetentionBelowADay", env: []string{"OUTBOX_RETENTION=7m"}, want: "OUTBOX_RETENTION=7m is below the safe minimum of 1d"},
 		{name: "ShutdownTimeout", env: []string{"SHUTDOWN_TIMEOUT=30"}, want: "SHUTDOWN_TIMEOUT=30: not a duration"},
 		{
 			name: "DatabaseURLURL", env: []string{"DATABASE_URL=postgres://forwarder:S3cret-Pw@db:port/forwarder"},

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 // Mode says what the config is checked for.
@@ -54,10 +56,48 @@ func Check(refs Refs, mode Mode, getenv func(string) string) Result {
 			res.Problems = append(res.Problems, fmt.Errorf("%w (%s)", err, ref.File))
 		}
 	}
-	if err := leaseProblem(refs, getenv); err != nil {
-		res.Problems = append(res.Problems, err)
+	for _, cross := range []func(Refs, func(string) string) error{leaseProblem, retentionProblem} {
+		if err := cross(refs, getenv); err != nil {
+			res.Problems = append(res.Problems, err)
+		}
 	}
 	return res
+}
+
+// value is a variable's value: the environment's, else the file's default;
+// ok is false when the config does not use it or both are empty.
+func value(refs Refs, getenv func(string) string, name string) (v string, ok bool) {
+	ref, used := refs[name]
+	if !used {
+		return "", false
+	}
+	if v := getenv(name); v != "" {
+		return v, true
+	}
+	return ref.Default, ref.Default != ""
+}
+
+// retentionProblem refuses a retention shorter than a day unless
+// OUTBOX_RETENTION_FORCE is true: a delivered row's key is what makes a
+// Kafka redelivery of its message harmless, and redeliveries happen in
+// ordinary operation (docs/operations.md, "Retention").
+func retentionProblem(refs Refs, getenv func(string) string) error {
+	retention, ok := value(refs, getenv, "OUTBOX_RETENTION")
+	if !ok {
+		return nil
+	}
+	d, err := outboxdb.ParseDuration(retention)
+	if err != nil || d >= outboxdb.MinPurgeAge {
+		return nil // reported as a problem of its own, or fine
+	}
+	if force, _ := value(refs, getenv, "OUTBOX_RETENTION_FORCE"); force == "true" {
+		return nil
+	}
+	minimum := outboxdb.FormatDuration(outboxdb.MinPurgeAge)
+	return fmt.Errorf("OUTBOX_RETENTION=%s is below the safe minimum of %s: a delivered row's key is what makes "+
+		"a Kafka redelivery of its message harmless, and a message redelivered after its row is deleted is sent to "+
+		"the platform again; set OUTBOX_RETENTION to %s or more, or OUTBOX_RETENTION_FORCE=true to accept it",
+		retention, minimum, minimum)
 }
 
 // leaseProblem refuses a claim lease that a request could outlive:
@@ -67,18 +107,8 @@ func Check(refs Refs, mode Mode, getenv func(string) string) Result {
 // rows wait; below the request timeout another instance would take them
 // while their requests may still be under way.
 func leaseProblem(refs Refs, getenv func(string) string) error {
-	value := func(name string) (string, bool) {
-		ref, ok := refs[name]
-		if !ok {
-			return "", false
-		}
-		if v := getenv(name); v != "" {
-			return v, true
-		}
-		return ref.Default, ref.Default != ""
-	}
-	lease, ok1 := value("CLAIM_LEASE")
-	timeout, ok2 := value("FORWARD_TIMEOUT")
+	lease, ok1 := value(refs, getenv, "CLAIM_LEASE")
+	timeout, ok2 := value(refs, getenv, "FORWARD_TIMEOUT")
 	if !ok1 || !ok2 {
 		return nil
 	}

@@ -194,6 +194,9 @@ output:
 input:
   outbox_retry:
     max_unacked: ${OUTBOX_MAX_UNACKED:600}
+    retention:
+      older_than: ${OUTBOX_RETENTION:}
+      force: ${OUTBOX_RETENTION_FORCE:false}
 `)
 	refs := Scan(p)
 	env := func(kv ...string) func(string) string {
@@ -227,5 +230,24 @@ input:
 	}
 	if res = Check(refs, Lint, env("CLAIM_LEASE=3s", "FORWARD_TIMEOUT=2s")); res.Err() != nil {
 		t.Errorf("a lease a second above the timeout: %v", res.Err())
+	}
+
+	// A retention below a day deletes the keys that make redeliveries
+	// harmless: refused unless forced, naming both variables.
+	for _, ok := range [][]string{{"OUTBOX_RETENTION=1d"}, {"OUTBOX_RETENTION=7d"}, {"OUTBOX_RETENTION=7m", "OUTBOX_RETENTION_FORCE=true"}} {
+		if res = Check(refs, Lint, env(ok...)); res.Err() != nil {
+			t.Errorf("%v: %v", ok, res.Err())
+		}
+	}
+	for _, bad := range [][]string{{"OUTBOX_RETENTION=7m"}, {"OUTBOX_RETENTION=0s"}, {"OUTBOX_RETENTION=23h", "OUTBOX_RETENTION_FORCE=false"}} {
+		res = Check(refs, Lint, env(bad...))
+		want := bad[0] + " is below the safe minimum of 1d"
+		if err := res.Err(); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "or OUTBOX_RETENTION_FORCE=true to accept it") {
+			t.Errorf("%v: %v, want an error saying %q and how to accept it", bad, err, want)
+		}
+	}
+	res = Check(refs, Lint, env("OUTBOX_RETENTION_FORCE=yes"))
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "OUTBOX_RETENTION_FORCE=yes: not one of false, true") {
+		t.Errorf("OUTBOX_RETENTION_FORCE=yes: %v", err)
 	}
 }

@@ -115,6 +115,7 @@ var Vars = []Var{
 	{Name: "OUTBOX_MAX_UNACKED", Kind: PositiveInt, Example: "600"},
 	{Name: "OUTBOX_MAX_UNACKED_BYTES", Kind: ByteSize, Example: "64MiB"},
 	{Name: "OUTBOX_RETENTION", Kind: DurationDays, Example: "7d"},
+	{Name: "OUTBOX_RETENTION_FORCE", Kind: Enum, Options: []string{"false", "true"}},
 	{Name: "DEAD_LETTER_POLL_INTERVAL", Kind: Duration, Example: "5s"},
 	{Name: "LOG_LEVEL", Kind: LogLevel, Options: logLevels},
 	{Name: "SHUTDOWN_TIMEOUT", Kind: Duration, Example: "30s"},

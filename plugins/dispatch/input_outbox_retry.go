@@ -38,6 +38,7 @@ const (
 	orFieldRetentionOlderThan = "older_than"
 	orFieldRetentionInterval  = "interval"
 	orFieldRetentionBatchSize = "batch_size"
+	orFieldRetentionForce     = "force"
 )
 
 // Metric names (docs/reference/outbox_retry.md).
@@ -149,7 +150,9 @@ instances configured alike, one purges at a time: each run first takes a Postgre
 logged at INFO level.
 
 A message that Kafka redelivers after its row was purged is persisted and sent again (the platform
-answers "duplicate"), so keep `+"`older_than`"+` longer than the topics' retention when that matters.
+answers "duplicate"), so keep `+"`older_than`"+` longer than the topics' retention when that matters. An
+`+"`older_than`"+` below a day is refused unless `+"`retention.force`"+` is true: redeliveries happen in
+ordinary operation (a rebalance after a crash re-reads the offsets not yet committed).
 
 ### Metrics
 
@@ -215,6 +218,10 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 				service.NewIntField(orFieldRetentionBatchSize).
 					Description("Rows deleted per transaction: small enough that each holds its locks briefly while the service runs.").
 					Default(outboxdb.DefaultAdminBatchSize),
+				service.NewBoolField(orFieldRetentionForce).
+					Description("Accept an `older_than` below the safe minimum of a day. A delivered row's key is what makes a Kafka redelivery of its message harmless; a message redelivered after its row is deleted is sent to the platform again.").
+					Default(false).
+					Advanced(),
 			).
 				Description("An optional periodic cleaner of delivered rows (see Retention above). Off unless `older_than` is set."),
 		).
@@ -449,6 +456,17 @@ func parseRetention(conf *service.ParsedConfig) (*retentionConfig, error) {
 	var rc retentionConfig
 	if rc.OlderThan, err = outboxdb.ParseDuration(olderThan); err != nil {
 		return nil, fmt.Errorf("field %s: %w", field(orFieldRetentionOlderThan), err)
+	}
+	force, err := conf.FieldBool(orFieldRetentionForce)
+	if err != nil {
+		return nil, err
+	}
+	if rc.OlderThan < outboxdb.MinPurgeAge && !force {
+		return nil, fmt.Errorf("field %s: %s is below the safe minimum of %s: a delivered row's key is what makes "+
+			"a Kafka redelivery of its message harmless, and a message redelivered after its row is deleted is sent "+
+			"to the platform again; set it to %s or more, or %s: true to accept it",
+			field(orFieldRetentionOlderThan), olderThan, outboxdb.FormatDuration(outboxdb.MinPurgeAge),
+			outboxdb.FormatDuration(outboxdb.MinPurgeAge), field(orFieldRetentionForce))
 	}
 	interval, err := conf.FieldString(orFieldRetentionInterval)
 	if err != nil {

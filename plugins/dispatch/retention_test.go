@@ -184,7 +184,9 @@ func TestRetention(t *testing.T) {
 			"retention: {older_than: ''}": nil,
 			"retention: {older_than: 7d}": {OlderThan: week, Interval: time.Hour, BatchSize: 5000},
 			"retention: {older_than: 1d12h, interval: 15m, batch_size: 100}": {OlderThan: 36 * time.Hour, Interval: 15 * time.Minute, BatchSize: 100},
-			"retention: {older_than: 0s, interval: 1d}":                      {Interval: 24 * time.Hour, BatchSize: 5000},
+			"retention: {older_than: 1d, interval: 1d}":                      {OlderThan: 24 * time.Hour, Interval: 24 * time.Hour, BatchSize: 5000},
+			"retention: {older_than: 7m, force: true}":                       {OlderThan: 7 * time.Minute, Interval: time.Hour, BatchSize: 5000},
+			"retention: {older_than: 0s, interval: 1d, force: true}":         {Interval: 24 * time.Hour, BatchSize: 5000},
 		} {
 			in, err := parse(yaml)
 			if err != nil {
@@ -201,6 +203,10 @@ func TestRetention(t *testing.T) {
 			"retention: {older_than: 7d, interval: 0s}":   "retention.interval",
 			"retention: {older_than: 7d, interval: soon}": "retention.interval",
 			"retention: {older_than: 7d, batch_size: 0}":  "retention.batch_size",
+			// Below a day without force: the message says why and how.
+			"retention: {older_than: 7m}":                "retention.older_than: 7m is below the safe minimum of 1d",
+			"retention: {older_than: 0s}":                "or retention.force: true to accept it",
+			"retention: {older_than: 23h, force: false}": "retention.older_than: 23h is below the safe minimum",
 		} {
 			if _, err := parse(yaml); err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("%q: error %v, want one naming %s", yaml, err, want)
