@@ -188,6 +188,20 @@ func TestLimiter(t *testing.T) {
 			t.Fatal("a slot beyond a lowered limit")
 		}
 	})
+
+	t.Run("AcquireAfterTheContextEndedFails", func(t *testing.T) {
+		t.Parallel()
+		l := NewLimiter(2)
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		// A slot is free, but a stopping output must start no new request.
+		if err := l.Acquire(done); err == nil {
+			t.Fatal("a slot taken with an ended context")
+		}
+		if l.InFlight() != 0 {
+			t.Fatalf("%d in flight after a refused acquire", l.InFlight())
+		}
+	})
 }
 
 func TestRateLimit(t *testing.T) {

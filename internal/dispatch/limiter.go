@@ -35,10 +35,14 @@ func NewLimiter(max int) *Limiter {
 	return &Limiter{max: max, limit: float64(max), wake: make(chan struct{}), now: time.Now}
 }
 
-// Acquire takes a slot, waiting while the limit is reached; it fails only
-// when ctx ends first.
+// Acquire takes a slot, waiting while the limit is reached; it fails when
+// ctx has ended, even if a slot is free: a stopping output starts no new
+// request.
 func (l *Limiter) Acquire(ctx context.Context) error {
 	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		l.mu.Lock()
 		if l.inFlight < l.current() {
 			l.inFlight++

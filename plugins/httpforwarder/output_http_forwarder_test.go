@@ -1,6 +1,7 @@
 package httpforwarder
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net"
@@ -319,6 +320,62 @@ func TestNotSent(t *testing.T) {
 		// One warning for the burst, not one per row.
 		if n := strings.Count(b.logs.String(), `level=WARN msg="not sent: the claim lease ends in`); n != 1 {
 			t.Errorf("%d warnings about unsent claims, want 1 per burst:\n%s", n, b.logs.String())
+		}
+	})
+
+	t.Run("StoppingGivesBackTheWaitingAndCountsTheCutShort", func(t *testing.T) {
+		t.Parallel()
+		arrived := make(chan struct{}, 2)
+		b := setup(t, setupOpts{extra: "max_in_flight: 1\ntimeout: 5s", handler: func(w http.ResponseWriter, r *http.Request, _ []byte) {
+			arrived <- struct{}{}
+			select {
+			case <-r.Context().Done():
+			case <-time.After(10 * time.Second):
+			}
+		}})
+		rows := b.claim(t, 2, outboxdb.APITypeVehicleEvent)
+		ctx, stop := context.WithCancel(b.ctx)
+		defer stop()
+		written := make(chan error, 1)
+		go func() {
+			written <- b.out.WriteBatch(ctx, service.MessageBatch{message(rows[0], mappedBody(rows[0])), message(rows[1], mappedBody(rows[1]))})
+		}()
+		// The first request is at the platform and holds the only slot;
+		// the second row waits for it. Then the output stops.
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no request reached the platform")
+		}
+		stop()
+		select {
+		case err := <-written:
+			if err != nil {
+				t.Fatalf("WriteBatch while stopping: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("WriteBatch did not return after the output stopped")
+		}
+		// The request cut short may have reached the platform: its attempt
+		// counts and is logged, and the row is due again at once.
+		cut := b.row(t, rows[0].ID)
+		if cut.Status != "PENDING" || cut.AttemptCount != 1 || len(cut.Logs) != 1 || cut.Due == nil || *cut.Due > 0 ||
+			!strings.Contains(str(cut.LastError), "the output stopped during the request") {
+			t.Errorf("row cut short: %s, %d attempts, due in %v, logs %+v, last error %q; want PENDING due now, the attempt counted and logged",
+				cut.Status, cut.AttemptCount, cut.Due, cut.Logs, str(cut.LastError))
+		}
+		// The row that never got a slot was not sent: given back, its
+		// claim undone, nothing logged.
+		waiting := b.row(t, rows[1].ID)
+		if waiting.Status != "PENDING" || waiting.AttemptCount != 0 || len(waiting.Logs) != 0 || waiting.Due == nil || *waiting.Due > 0 {
+			t.Errorf("row waiting for a slot: %s, %d attempts, due in %v, logs %+v; want PENDING due now, the claim undone",
+				waiting.Status, waiting.AttemptCount, waiting.Due, waiting.Logs)
+		}
+		if n := len(b.platform.received()); n != 1 {
+			t.Errorf("%d requests reached the platform, want 1", n)
+		}
+		if !strings.Contains(b.logs.String(), "not sent: the output is stopping") {
+			t.Errorf("no warning about the row given back:\n%s", b.logs.String())
 		}
 	})
 
