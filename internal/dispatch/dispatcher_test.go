@@ -109,20 +109,26 @@ func TestDispatcher(t *testing.T) {
 	t.Run("LeasesOfHeldRowsAreRenewed", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		b.db.InsertDue("l", 3)
+		b.db.InsertDue("l", 4)
 		d := b.dispatcher(t, DispatcherConfig{Lease: 2 * time.Second})
 		rows := b.next(t, d)
-		if len(rows) != 3 {
+		if len(rows) != 4 {
 			t.Fatalf("claimed %d rows", len(rows))
 		}
 		// Another instance took row 1 after its lease ran out, unseen.
 		b.db.Exec(`UPDATE forward_records SET claim_token = gen_random_uuid(), claimed_by = 'other' WHERE id = $1`, rows[0].ID)
+		// This instance's output wrote row 4's result, and its
+		// acknowledgement has not reached the dispatcher yet: settled, not
+		// lost.
+		if _, err := outboxdb.RecordResults(b.ctx, b.db.Pool, []outboxdb.Result{{ID: rows[3].ID, ClaimToken: rows[3].ClaimToken, Status: outboxdb.StatusSuccess, Sent: true}}, outboxdb.RecordOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		// Held three leases long: without renewals every claim would have
 		// run out twice.
 		deadline := time.Now().Add(6 * time.Second)
 		for time.Now().Before(deadline) {
 			time.Sleep(200 * time.Millisecond)
-			for _, r := range rows[1:] {
+			for _, r := range rows[1:3] {
 				if s := b.db.State(r.ID); s.Status != "IN_PROGRESS" || *s.DueInMs <= 0 || *s.ClaimToken != r.ClaimToken {
 					t.Fatalf("held row %d lost its lease: %+v", r.ID, s)
 				}
@@ -130,6 +136,9 @@ func TestDispatcher(t *testing.T) {
 		}
 		if st, _, _ := d.LeaseFor(rows[0].Ref()); st != LeaseLost {
 			t.Errorf("the stolen claim is reported %d, want LeaseLost", st)
+		}
+		if st, _, _ := d.LeaseFor(rows[3].Ref()); st == LeaseLost {
+			t.Error("a claim whose result this instance wrote is reported lost")
 		}
 		st, deadlineHeld, renewing := d.LeaseFor(rows[1].Ref())
 		if st != LeaseHeld || !renewing || time.Until(deadlineHeld) <= 0 {

@@ -75,6 +75,10 @@ type Gate struct {
 	nextProbeAt time.Time
 	probes      map[int64]struct{}
 	changed     chan struct{}
+	// decisions counts this instance's own changes of the breaker and
+	// pauses: a shared state read before one of them is older than it and
+	// must not undo it (see sync).
+	decisions uint64
 	pool        *pgxpool.Pool
 	stop        context.CancelFunc
 	done        chan struct{}
@@ -161,15 +165,21 @@ func (g *Gate) syncLoop(ctx context.Context) {
 	}
 }
 
+// syncReadTimeout bounds one read of the shared state: longer than the
+// interval, so that a loaded database still answers (a late state beats
+// none), short enough that a stuck read does not stop the loop for long.
+const syncReadTimeout = 5 * time.Second
+
 // sync reads the shared state and follows it.
 func (g *Gate) sync(ctx context.Context) {
 	g.mu.Lock()
 	pool := g.pool
+	seen := g.decisions
 	g.mu.Unlock()
 	if pool == nil {
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, g.cfg.SyncInterval)
+	rctx, cancel := context.WithTimeout(ctx, max(g.cfg.SyncInterval, syncReadTimeout))
 	defer cancel()
 	localNow := time.Now()
 	s, err := outboxdb.ReadPlatformState(rctx, pool)
@@ -179,12 +189,26 @@ func (g *Gate) sync(ctx context.Context) {
 		}
 		return
 	}
-	skew := s.Now.Sub(localNow)
+	g.follow(s, s.Now.Sub(localNow), seen)
+}
+
+// follow takes the shared state s, read with the database clock skew ahead
+// of the local one, unless this instance decided something since the read
+// began (seen is decisions then): the state may predate that decision, and
+// following it would, for instance, close a breaker this instance has just
+// opened, so that a row on its last attempt fails during an outage. The
+// next read shows the decision. A pause only ever lengthens.
+func (g *Gate) follow(s outboxdb.PlatformState, skew time.Duration, seen uint64) {
 	g.mu.Lock()
-	g.pausedUntil = s.PausedUntil.Add(-skew)
+	defer g.mu.Unlock()
+	if until := s.PausedUntil.Add(-skew); until.After(g.pausedUntil) {
+		g.pausedUntil = until
+	}
+	if g.decisions != seen {
+		return
+	}
 	g.nextProbeAt = s.NextProbeAt.Add(-skew)
 	g.followLocked(parseBreakerState(s.Breaker), s.Reason)
-	g.mu.Unlock()
 }
 
 // followLocked takes state as the breaker's, whoever changed it.
@@ -284,6 +308,7 @@ func (g *Gate) Report(ctx context.Context, id int64, p Permit, unavailable bool,
 	from := g.b.state
 	t := g.b.observe(time.Now(), unavailable)
 	if t != stay {
+		g.decisions++
 		g.changedLocked(from, g.b.state, why)
 	}
 	g.mu.Unlock()
@@ -329,6 +354,7 @@ func (g *Gate) setShared(ctx context.Context, from []BreakerState, to BreakerSta
 		}
 	}
 	g.mu.Lock()
+	g.decisions++
 	g.followLocked(to, reason)
 	g.mu.Unlock()
 }
@@ -336,6 +362,7 @@ func (g *Gate) setShared(ctx context.Context, from []BreakerState, to BreakerSta
 func (g *Gate) pause(ctx context.Context, d time.Duration) {
 	g.mu.Lock()
 	pool := g.pool
+	g.decisions++
 	if until := time.Now().Add(d); until.After(g.pausedUntil) {
 		g.pausedUntil = until
 		close(g.changed)

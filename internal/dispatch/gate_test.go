@@ -166,3 +166,46 @@ func TestGateSharedByInstances(t *testing.T) {
 		}
 	})
 }
+
+// TestGateIgnoresAStateReadBeforeItsOwnDecision: a read of the shared state
+// that began before this instance opened the breaker (or was told to pause)
+// returns the state from before, and must not undo the decision; the
+// breaker closed for a moment would let a row on its last attempt fail
+// during the outage. Reads that began after it are followed.
+func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := NewGate(GateConfig{MaxInFlight: 10, ProbeInterval: time.Hour}, quietLog, GateMetrics{})
+	decisions := func() uint64 {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.decisions
+	}
+
+	before := decisions() // a sync starts reading: CLOSED
+	for range 5 {
+		g.Report(ctx, 0, Send, true, 0, "http 503")
+	}
+	if g.State() != BreakerOpen {
+		t.Fatalf("state %v after 5 unavailable replies", g.State())
+	}
+	g.follow(outboxdb.PlatformState{Breaker: "CLOSED"}, 0, before) // ... and returns
+	if g.State() != BreakerOpen || !g.Down() || g.Allow(1) != Deny {
+		t.Fatalf("a state read before the breaker opened closed it again: state %v, down %v", g.State(), g.Down())
+	}
+
+	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN"}, 0, decisions())
+	if g.State() != BreakerHalfOpen {
+		t.Fatalf("a state read after the decision was not followed: %v", g.State())
+	}
+
+	// A pause asked for here is not shortened by a read that predates it,
+	// nor by a later read of a shorter one.
+	before = decisions()
+	g.pause(ctx, time.Minute)
+	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN"}, 0, before)
+	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN", PausedUntil: time.Now().Add(time.Second)}, 0, decisions())
+	if g.Allow(1) != Deny {
+		t.Fatal("a read of the shared state ended a pause early")
+	}
+}

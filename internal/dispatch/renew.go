@@ -56,6 +56,9 @@ func (d *Dispatcher) renewOnce(ctx context.Context, pool *pgxpool.Pool) (renewRe
 		return renewResult{Asked: len(asked)}, err
 	}
 	d.markRenewed()
+	if len(renewed) < len(asked) {
+		asked = d.withoutSettled(rctx, pool, asked, renewed)
+	}
 	lost := d.ledger.Renewed(asked, renewed)
 	if d.m.Renewed != nil {
 		d.m.Renewed.Incr(int64(len(renewed)))
@@ -67,6 +70,32 @@ func (d *Dispatcher) renewOnce(ctx context.Context, pool *pgxpool.Pool) (renewRe
 		d.log.Warnf("%d held claims were lost (their lease had run out and the rows were claimed again, or requeued): they will not be sent by this instance", lost)
 	}
 	return renewResult{Asked: len(asked), Renewed: len(renewed), Lost: lost}, nil
+}
+
+// withoutSettled leaves out of asked the claims the renewal did not find
+// IN_PROGRESS because this instance's output had already written their
+// result (the acknowledgement that settles them in the ledger comes after
+// the write): they are not lost. When the check fails they are judged lost,
+// which only keeps the output from sending them.
+func (d *Dispatcher) withoutSettled(ctx context.Context, pool *pgxpool.Pool, asked []outboxdb.ClaimRef, renewed map[int64]time.Time) []outboxdb.ClaimRef {
+	var missing []outboxdb.ClaimRef
+	for _, r := range asked {
+		if _, ok := renewed[r.ID]; !ok {
+			missing = append(missing, r)
+		}
+	}
+	settled, err := outboxdb.SettledClaims(ctx, pool, missing)
+	if err != nil {
+		d.log.Debugf("%v", err)
+		return asked
+	}
+	kept := asked[:0:0]
+	for _, r := range asked {
+		if !settled[r.ID] {
+			kept = append(kept, r)
+		}
+	}
+	return kept
 }
 
 func (d *Dispatcher) markRenewed() {

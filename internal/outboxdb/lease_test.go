@@ -79,6 +79,54 @@ func TestRenewLeases(t *testing.T) {
 	}
 }
 
+// TestSettledClaims: of the claims a renewal did not find IN_PROGRESS, those
+// finished by a result written under the same claim (the holder's own
+// output was faster than its acknowledgement) are settled; one taken by
+// another dispatcher after its lease ran out, and one given back, are not.
+func TestSettledClaims(t *testing.T) {
+	t.Parallel()
+	db := setupClaimTest(t)
+	db.InsertDue("s", 4)
+	held := db.Claim(outboxdb.ClaimParams{Limit: 4, Lease: time.Second, Claimer: "me"}).Claimed
+	if len(held) != 4 {
+		t.Fatalf("claimed %d rows, want 4", len(held))
+	}
+	// Row 0 SUCCESS and row 1 retried (PENDING) by this holder's results.
+	if _, err := outboxdb.RecordResults(db.Ctx, db.Pool, []outboxdb.Result{
+		{ID: held[0].ID, ClaimToken: held[0].ClaimToken, Status: outboxdb.StatusSuccess, Sent: true},
+		{ID: held[1].ID, ClaimToken: held[1].ClaimToken, Status: outboxdb.StatusPending, RetryIn: time.Minute, Sent: true, Error: "busy"},
+	}, outboxdb.RecordOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Row 2 lost: its lease ran out and another dispatcher claimed it.
+	db.Exec(`UPDATE forward_records SET next_retry_at = now() - interval '1 second' WHERE id = $1`, held[2].ID)
+	if stolen := db.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "other"}).Claimed; len(stolen) != 1 || stolen[0].ID != held[2].ID {
+		t.Fatalf("the other dispatcher claimed %+v", stolen)
+	}
+	// Row 3 given back (release clears the claim).
+	if _, err := outboxdb.ReleaseUnsent(db.Ctx, db.Pool, []outboxdb.ClaimRef{held[3].Ref()}); err != nil {
+		t.Fatal(err)
+	}
+
+	refs := []outboxdb.ClaimRef{held[0].Ref(), held[1].Ref(), held[2].Ref(), held[3].Ref()}
+	renewed, err := outboxdb.RenewLeases(db.Ctx, db.Pool, refs, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(renewed) != 0 {
+		t.Fatalf("renewed %v: none of them is IN_PROGRESS under its claim", renewed)
+	}
+	settled, err := outboxdb.SettledClaims(db.Ctx, db.Pool, refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]bool{held[0].ID: true, held[1].ID: true}
+	if len(settled) != len(want) || !settled[held[0].ID] || !settled[held[1].ID] {
+		t.Fatalf("settled %v, want rows %d and %d (finished under the same claim), not %d (claimed by another) or %d (given back)",
+			settled, held[0].ID, held[1].ID, held[2].ID, held[3].ID)
+	}
+}
+
 // TestGiveBacksForLackOfLeaseAreBounded: a claim given back unsent for lack
 // of lease keeps the row's attempts, up to MaxLeaseReturns times in a row;
 // the next one counts (and is logged), so a row is never returned forever.

@@ -77,6 +77,7 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
 		{"claim", outboxdb.ClaimSQL(), []any{100, time.Minute.Milliseconds(), "me", 5, int64(-1)}},
 		{"renew", outboxdb.RenewSQL(), []any{ids, tokens, time.Minute.Milliseconds()}},
+		{"renew_settled", outboxdb.RenewSettledSQL(), []any{ids, tokens}},
 		{"order_lock", outboxdb.OrderLockSQL(), []any{[]string{"P1/B1"}, ids}},
 	}
 	for _, st := range statements {

@@ -8,7 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var renewSQL = mustSQL("renew.sql")
+var (
+	renewSQL        = mustSQL("renew.sql")
+	renewSettledSQL = mustSQL("renew_settled.sql")
+)
 
 // RenewSQL is the lease renewal, exported for plan tests.
 func RenewSQL() string { return renewSQL }
@@ -41,4 +44,35 @@ func RenewLeases(ctx context.Context, q Querier, refs []ClaimRef, lease time.Dur
 		return nil, fmt.Errorf("renewing %d leases: %w", len(refs), err)
 	}
 	return renewed, nil
+}
+
+// RenewSettledSQL is the check of unrenewed claims, exported for plan tests.
+func RenewSettledSQL() string { return renewSettledSQL }
+
+// SettledClaims returns which of refs, claims a renewal did not find
+// IN_PROGRESS, were finished by a result written under that same claim (by
+// the holder's own output, before its dispatcher heard of it) rather than
+// lost to another dispatcher (see renew_settled.sql).
+func SettledClaims(ctx context.Context, q Querier, refs []ClaimRef) (map[int64]bool, error) {
+	settled := make(map[int64]bool, len(refs))
+	if len(refs) == 0 {
+		return settled, nil
+	}
+	ids := make([]int64, len(refs))
+	tokens := make([]string, len(refs))
+	for i, r := range refs {
+		ids[i], tokens[i] = r.ID, r.ClaimToken
+	}
+	rows, err := q.Query(ctx, renewSettledSQL, ids, tokens)
+	if err != nil {
+		return nil, fmt.Errorf("checking %d unrenewed claims: %w", len(refs), err)
+	}
+	var id int64
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+		settled[id] = true
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("checking %d unrenewed claims: %w", len(refs), err)
+	}
+	return settled, nil
 }
