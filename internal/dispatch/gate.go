@@ -79,10 +79,10 @@ type Gate struct {
 	// pauses: a shared state read before one of them is older than it and
 	// must not undo it (see sync).
 	decisions uint64
-	pool        *pgxpool.Pool
-	stop        context.CancelFunc
-	done        chan struct{}
-	users       int
+	pool      *pgxpool.Pool
+	stop      context.CancelFunc
+	done      chan struct{}
+	users     int
 }
 
 // NewGate returns a gate; Start connects it to the database.
