@@ -146,11 +146,14 @@ func (b *breaker) judgedDown() bool {
 // ratio over the whole window, so that random errors under load never make
 // it flap), this looks at the last MinReplies replies only: at the start of
 // an outage the window is still full of healthy replies for seconds, and a
-// row with short retry delays could use all its attempts meanwhile. Being
+// row with short retry delays could use all its attempts meanwhile. Two
+// unavailable replies in a row say so too: under light load, or on one of
+// several instances, the window fills too slowly for the ratio, and a row
+// whose attempts all met the first second of an outage would fail. Being
 // wrong here only retries a row once more without counting the attempt.
 func (b *breaker) down(now time.Time) bool {
 	b.expire(now)
-	if b.state != BreakerClosed || b.judgedDown() {
+	if b.state != BreakerClosed || b.judgedDown() || b.consecutive >= 2 {
 		return true
 	}
 	n := len(b.replies)

@@ -99,6 +99,27 @@ func TestBreaker(t *testing.T) {
 		}
 	})
 
+	t.Run("TwoUnavailableRepliesInARowSayDownUnderLightLoad", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		b.observe(t0, false)
+		b.observe(t0, true)
+		if b.down(t0) {
+			t.Fatal("one unavailable reply is judged down")
+		}
+		b.observe(t0, true)
+		if !b.down(t0) {
+			t.Fatal("two unavailable replies in a row, few replies in the window: not judged down, so a row on its last attempt would fail")
+		}
+		if b.state != BreakerClosed {
+			t.Fatalf("two unavailable replies opened the breaker: %v", b.state)
+		}
+		b.observe(t0, false)
+		if b.down(t0) {
+			t.Fatal("still judged down after a healthy reply")
+		}
+	})
+
 	t.Run("HalfOpenClosesAfterHealthyRepliesAndReopensOnAFailure", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)

@@ -70,15 +70,17 @@ type Gate struct {
 	mu sync.Mutex
 	b  *breaker
 	// pausedUntil and nextProbeAt are on the local clock (the shared state
-	// is read with the database clock and shifted by the skew).
+	// says how much time is left of each; see follow).
 	pausedUntil time.Time
 	nextProbeAt time.Time
 	probes      map[int64]struct{}
 	changed     chan struct{}
 	// decisions counts this instance's own changes of the breaker and
-	// pauses: a shared state read before one of them is older than it and
-	// must not undo it (see sync).
+	// pauses, and sharing counts its writes of the breaker under way: a
+	// shared state read before one of them is older than it and must not
+	// undo it (see follow).
 	decisions uint64
+	sharing   int
 	pool      *pgxpool.Pool
 	stop      context.CancelFunc
 	done      chan struct{}
@@ -181,7 +183,6 @@ func (g *Gate) sync(ctx context.Context) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, max(g.cfg.SyncInterval, syncReadTimeout))
 	defer cancel()
-	localNow := time.Now()
 	s, err := outboxdb.ReadPlatformState(rctx, pool)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -189,25 +190,28 @@ func (g *Gate) sync(ctx context.Context) {
 		}
 		return
 	}
-	g.follow(s, s.Now.Sub(localNow), seen)
+	g.follow(s, time.Now(), seen)
 }
 
-// follow takes the shared state s, read with the database clock skew ahead
-// of the local one, unless this instance decided something since the read
-// began (seen is decisions then): the state may predate that decision, and
+// follow takes the shared state s, whose reply arrived at the local time
+// arrived, unless this instance decided something since the read began
+// (seen is decisions then) or is writing a decision now: the state may
+// predate that decision, and
 // following it would, for instance, close a breaker this instance has just
 // opened, so that a row on its last attempt fails during an outage. The
-// next read shows the decision. A pause only ever lengthens.
-func (g *Gate) follow(s outboxdb.PlatformState, skew time.Duration, seen uint64) {
+// next read shows the decision. The times left in s count from arrived: a
+// reply slowed by a loaded machine makes a pause last longer here, never
+// shorter. A pause only ever lengthens.
+func (g *Gate) follow(s outboxdb.PlatformState, arrived time.Time, seen uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if until := s.PausedUntil.Add(-skew); until.After(g.pausedUntil) {
+	if until := arrived.Add(s.PausedFor); s.PausedFor > 0 && until.After(g.pausedUntil) {
 		g.pausedUntil = until
 	}
-	if g.decisions != seen {
+	if g.decisions != seen || g.sharing > 0 {
 		return
 	}
-	g.nextProbeAt = s.NextProbeAt.Add(-skew)
+	g.nextProbeAt = arrived.Add(s.ProbeIn)
 	g.followLocked(parseBreakerState(s.Breaker), s.Reason)
 }
 
@@ -340,6 +344,8 @@ func (g *Gate) probed(ctx context.Context, unavailable bool, why string) {
 func (g *Gate) setShared(ctx context.Context, from []BreakerState, to BreakerState, reason string) {
 	g.mu.Lock()
 	pool := g.pool
+	g.sharing++
+	g.decisions++
 	g.mu.Unlock()
 	if pool != nil {
 		names := make([]string, len(from))
@@ -354,6 +360,7 @@ func (g *Gate) setShared(ctx context.Context, from []BreakerState, to BreakerSta
 		}
 	}
 	g.mu.Lock()
+	g.sharing--
 	g.decisions++
 	g.followLocked(to, reason)
 	g.mu.Unlock()

@@ -189,12 +189,25 @@ func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
 	if g.State() != BreakerOpen {
 		t.Fatalf("state %v after 5 unavailable replies", g.State())
 	}
-	g.follow(outboxdb.PlatformState{Breaker: "CLOSED"}, 0, before) // ... and returns
+	g.follow(outboxdb.PlatformState{Breaker: "CLOSED"}, time.Now(), before) // ... and returns
 	if g.State() != BreakerOpen || !g.Down() || g.Allow(1) != Deny {
 		t.Fatalf("a state read before the breaker opened closed it again: state %v, down %v", g.State(), g.Down())
 	}
 
-	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN"}, 0, decisions())
+	// A read that begins and ends while this instance writes its decision
+	// to the database sees the state before it.
+	g.mu.Lock()
+	g.sharing++
+	g.mu.Unlock()
+	g.follow(outboxdb.PlatformState{Breaker: "CLOSED"}, time.Now(), decisions())
+	g.mu.Lock()
+	g.sharing--
+	g.mu.Unlock()
+	if g.State() != BreakerOpen {
+		t.Fatalf("a state read during this instance's write of its decision was followed: %v", g.State())
+	}
+
+	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN"}, time.Now(), decisions())
 	if g.State() != BreakerHalfOpen {
 		t.Fatalf("a state read after the decision was not followed: %v", g.State())
 	}
@@ -203,9 +216,20 @@ func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
 	// nor by a later read of a shorter one.
 	before = decisions()
 	g.pause(ctx, time.Minute)
-	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN"}, 0, before)
-	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN", PausedUntil: time.Now().Add(time.Second)}, 0, decisions())
+	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN"}, time.Now(), before)
+	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN", PausedFor: time.Second}, time.Now(), decisions())
 	if g.Allow(1) != Deny {
 		t.Fatal("a read of the shared state ended a pause early")
+	}
+
+	// Another instance's pause counts from when its reply arrived here.
+	other := NewGate(GateConfig{MaxInFlight: 10}, quietLog, GateMetrics{})
+	arrived := time.Now()
+	other.follow(outboxdb.PlatformState{PausedFor: time.Hour}, arrived, 0)
+	other.mu.Lock()
+	until := other.pausedUntil
+	other.mu.Unlock()
+	if !until.Equal(arrived.Add(time.Hour)) || other.Allow(1) != Deny {
+		t.Fatalf("paused until %v, want the reply's arrival + 1h (%v)", until, arrived.Add(time.Hour))
 	}
 }

@@ -30,14 +30,22 @@ type PlatformState struct {
 	PausedUntil time.Time
 	// Now is the database clock when the state was read.
 	Now time.Time
+	// PausedFor and ProbeIn are what was left, when the row was read, of
+	// the pause and until the next probe (0 when past): add them to the
+	// local clock when the reply arrives.
+	PausedFor, ProbeIn time.Duration
 }
 
 // ReadPlatformState reads the shared state.
 func ReadPlatformState(ctx context.Context, q Querier) (PlatformState, error) {
-	var s PlatformState
-	if err := q.QueryRow(ctx, platformReadSQL).Scan(&s.Breaker, &s.ChangedAt, &s.Reason, &s.NextProbeAt, &s.PausedUntil, &s.Now); err != nil {
+	var (
+		s              PlatformState
+		pausedMs, inMs int64
+	)
+	if err := q.QueryRow(ctx, platformReadSQL).Scan(&s.Breaker, &s.ChangedAt, &s.Reason, &s.NextProbeAt, &s.PausedUntil, &s.Now, &pausedMs, &inMs); err != nil {
 		return s, fmt.Errorf("reading the platform state: %w", err)
 	}
+	s.PausedFor, s.ProbeIn = time.Duration(pausedMs)*time.Millisecond, time.Duration(inMs)*time.Millisecond
 	return s, nil
 }
 

@@ -159,7 +159,8 @@ func TestOutageFailsNothing(t *testing.T) {
 // TestRetryAfterPausesEveryInstance: one 429 with Retry-After stops both
 // instances for that long.
 func TestRetryAfterPausesEveryInstance(t *testing.T) {
-	// FORWARD_RETRY_MAX caps a Retry-After: above the 4s asked for.
+	const retryAfter = 6 * time.Second
+	// FORWARD_RETRY_MAX caps a Retry-After: above the one asked for.
 	s := newStack(t, stackOptions{env: merged(shortAttempts, map[string]string{"FORWARD_RETRY_MAX": "10s"})})
 	src := s.newSource(eventgen.SourceConfig{})
 	s.start("fwd-a", nil)
@@ -171,25 +172,48 @@ func TestRetryAfterPausesEveryInstance(t *testing.T) {
 	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= 50 }); err != nil {
 		t.Fatal(err)
 	}
-	s.platform.SetDownWith(true, http.StatusTooManyRequests, 4*time.Second)
+	s.platform.SetDownWith(true, http.StatusTooManyRequests, retryAfter)
 	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Unavailable > 0 }); err != nil {
 		t.Fatal(err)
 	}
-	firstAt := time.Now()
+	answeredAt := time.Now()
 	s.platform.SetDown(false, 0)
-	// From one second on (both instances have read the pause) to three
-	// seconds, nothing is sent.
-	time.Sleep(1500 * time.Millisecond)
+	// The pause begins when an instance handles the 429 and shares it in
+	// the database, on a loaded machine a moment after the answer: measure
+	// from then, and until it ends.
+	var until time.Time
+	for {
+		err := s.pool.QueryRow(ctx, `SELECT paused_until FROM forward_platform_state WHERE paused_until > now()`).Scan(&until)
+		if err == nil {
+			break
+		}
+		if time.Since(answeredAt) > retryAfter {
+			t.Fatalf("no instance shared the pause within %v of the 429: %v", retryAfter, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sharedAt := time.Now()
+	// From a second and a half after it was shared (every instance reads
+	// the shared state each second) to half a second before it ends,
+	// nothing is sent.
+	from, to := sharedAt.Add(1500*time.Millisecond), until.Add(-500*time.Millisecond)
+	if to.Sub(from) < time.Second {
+		t.Fatalf("the pause was shared %v after the 429 and ends %v after it: less than a second left to watch",
+			sharedAt.Sub(answeredAt).Round(time.Millisecond), until.Sub(answeredAt).Round(time.Millisecond))
+	}
+	time.Sleep(time.Until(from))
 	before := s.platform.Stats().Requests
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(time.Until(to))
 	paused := s.platform.Stats().Requests - before
 	if paused != 0 {
-		t.Errorf("%d requests during a 4s Retry-After pause", paused)
+		t.Errorf("%d requests during a %v Retry-After pause (watched %v of it)", paused, retryAfter, to.Sub(from).Round(time.Millisecond))
 	}
 	stopLoad()
 	s.waitSettled(time.Minute)
 	r := s.verify()
-	t.Logf("%d requests between 1.5s and 3s after the 429 (pause began %v ago): %s", paused, time.Since(firstAt).Round(time.Millisecond), r)
+	t.Logf("%d requests from %v to %v after the 429 (pause shared after %v, until %v): %s", paused,
+		from.Sub(answeredAt).Round(time.Millisecond), to.Sub(answeredAt).Round(time.Millisecond),
+		sharedAt.Sub(answeredAt).Round(time.Millisecond), until.Sub(answeredAt).Round(time.Millisecond), r)
 }
 
 // TestRateLimitAcrossInstances drains a backlog with two instances under
