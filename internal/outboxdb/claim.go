@@ -44,6 +44,16 @@ type ClaimRef struct {
 	ClaimToken string
 }
 
+// claimArrays lays refs out as the pairwise id and token arrays the fenced
+// statements take ($1, $2).
+func claimArrays(refs []ClaimRef) (ids []int64, tokens []string) {
+	ids, tokens = make([]int64, len(refs)), make([]string, len(refs))
+	for i, r := range refs {
+		ids[i], tokens[i] = r.ID, r.ClaimToken
+	}
+	return ids, tokens
+}
+
 // ExhaustedRow is a due row that had already used its attempts: the claim
 // took it without counting an attempt, and the claimer must record it
 // FAILED (FailExhausted) instead of sending it.

@@ -37,11 +37,7 @@ func release(ctx context.Context, q Querier, refs []ClaimRef, delay time.Duratio
 	if len(refs) == 0 {
 		return 0, nil
 	}
-	ids := make([]int64, len(refs))
-	tokens := make([]string, len(refs))
-	for i, r := range refs {
-		ids[i], tokens[i] = r.ID, r.ClaimToken
-	}
+	ids, tokens := claimArrays(refs)
 	var released, notified int64
 	err := q.QueryRow(ctx, releaseSQL, ids, tokens, max(delay, 0).Milliseconds(), undo, cleanReason(reason), NotifyChannel).
 		Scan(&released, &notified)

@@ -23,11 +23,7 @@ func RenewLeases(ctx context.Context, q Querier, refs []ClaimRef, lease time.Dur
 	if len(refs) == 0 {
 		return map[int64]time.Time{}, nil
 	}
-	ids := make([]int64, len(refs))
-	tokens := make([]string, len(refs))
-	for i, r := range refs {
-		ids[i], tokens[i] = r.ID, r.ClaimToken
-	}
+	ids, tokens := claimArrays(refs)
 	rows, err := q.Query(ctx, renewSQL, ids, tokens, lease.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("renewing %d leases: %w", len(refs), err)
@@ -58,11 +54,7 @@ func SettledClaims(ctx context.Context, q Querier, refs []ClaimRef) (map[int64]b
 	if len(refs) == 0 {
 		return settled, nil
 	}
-	ids := make([]int64, len(refs))
-	tokens := make([]string, len(refs))
-	for i, r := range refs {
-		ids[i], tokens[i] = r.ID, r.ClaimToken
-	}
+	ids, tokens := claimArrays(refs)
 	rows, err := q.Query(ctx, renewSettledSQL, ids, tokens)
 	if err != nil {
 		return nil, fmt.Errorf("checking %d unrenewed claims: %w", len(refs), err)
