@@ -12,17 +12,18 @@ import (
 // renewTimeout bounds one renewal statement.
 const renewTimeout = 10 * time.Second
 
-// renewInterval is how often the leases of held rows are renewed: a quarter
-// of the lease. Each renewal takes the leases that end within three
-// quarters of a lease, so a held row always has at least a quarter of its
-// lease left while renewals succeed, and three renewals may fail or come
-// late in a row (a database away, a starved machine) before a claim is lost.
+// renewInterval is how often the renewal looks for leases to renew: an
+// eighth of the lease. It takes those that end within half a lease, so
+// each row is written about once per half lease (a renewal is a new row
+// version), while a held row has four chances to be renewed before its
+// lease runs out: three renewals may fail or come late in a row (a
+// database away, a starved machine) and the claim still holds.
 func (d *Dispatcher) renewInterval() time.Duration {
-	return max(d.cfg.Lease/4, 10*time.Millisecond)
+	return max(d.cfg.Lease/8, 10*time.Millisecond)
 }
 
 // renewLoop renews, every renewInterval, the leases of held rows that end
-// within three quarters of a lease, in one statement, until ctx ends.
+// within half a lease, in one statement, until ctx ends.
 func (d *Dispatcher) renewLoop(ctx context.Context, pool *pgxpool.Pool) {
 	t := time.NewTicker(d.renewInterval())
 	defer t.Stop()
@@ -43,9 +44,9 @@ type renewResult struct {
 	Asked, Renewed, Lost int
 }
 
-// renewOnce renews the leases that end within three quarters of a lease.
+// renewOnce renews the leases that end within half a lease.
 func (d *Dispatcher) renewOnce(ctx context.Context, pool *pgxpool.Pool) (renewResult, error) {
-	asked := d.ledger.Expiring(time.Now().Add(d.cfg.Lease * 3 / 4))
+	asked := d.ledger.Expiring(time.Now().Add(d.cfg.Lease / 2))
 	if len(asked) == 0 {
 		d.markRenewed()
 		return renewResult{}, nil
@@ -129,7 +130,7 @@ func (d *Dispatcher) LeaseFor(ref outboxdb.ClaimRef) (state int, deadline time.T
 		return LeaseUnknown, time.Time{}, false
 	}
 	d.mu.Lock()
-	renewing = !d.closed && d.pool != nil && time.Since(d.renewOK) < 2*d.renewInterval()
+	renewing = !d.closed && d.pool != nil && time.Since(d.renewOK) < d.cfg.Lease/2
 	d.mu.Unlock()
 	return LeaseHeld, deadline, renewing
 }

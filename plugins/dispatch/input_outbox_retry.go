@@ -77,7 +77,8 @@ The message body is the stored payload, byte for byte. Metadata: `+"`outbox_id`"
 ### Leases
 
 The input renews the leases of the rows it holds (waiting in the pipeline or in flight to the platform),
-in one statement every quarter of `+"`lease`"+`, so a row never loses its claim because the queue ahead of it
+in one statement: every eighth of `+"`lease`"+` it renews those that end within half of it (four chances
+before a lease runs out), so a row never loses its claim because the queue ahead of it
 was long or the platform slow. The lease only bounds how long the rows of an instance that crashed stay
 claimed. A held row whose claim was nevertheless lost (another instance took it after its lease ran out)
 is not sent.
