@@ -74,11 +74,12 @@ func (d *Dispatcher) renewOnce(ctx context.Context, pool *pgxpool.Pool) (renewRe
 	return renewResult{Asked: len(asked), Renewed: len(renewed), Lost: lost}, nil
 }
 
-// withoutSettled leaves out of asked the claims the renewal did not find
-// IN_PROGRESS because this instance's output had already written their
+// withoutSettled leaves out of asked the claims the renewal did not renew
+// but that are not lost: this instance's output had already written their
 // result (the acknowledgement that settles them in the ledger comes after
-// the write): they are not lost. When the check fails they are judged lost,
-// which only keeps the output from sending them.
+// the write), or the row was locked at that moment (most likely by that
+// result write) and is renewed at the next look. When the check fails they
+// are judged lost, which only keeps the output from sending them.
 func (d *Dispatcher) withoutSettled(ctx context.Context, pool *pgxpool.Pool, asked []outboxdb.ClaimRef, renewed map[int64]time.Time) []outboxdb.ClaimRef {
 	var missing []outboxdb.ClaimRef
 	for _, r := range asked {

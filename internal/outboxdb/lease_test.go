@@ -1,6 +1,7 @@
 package outboxdb_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -86,10 +87,10 @@ func TestRenewLeases(t *testing.T) {
 func TestSettledClaims(t *testing.T) {
 	t.Parallel()
 	db := setupClaimTest(t)
-	db.InsertDue("s", 4)
-	held := db.Claim(outboxdb.ClaimParams{Limit: 4, Lease: time.Second, Claimer: "me"}).Claimed
-	if len(held) != 4 {
-		t.Fatalf("claimed %d rows, want 4", len(held))
+	db.InsertDue("s", 5)
+	held := db.Claim(outboxdb.ClaimParams{Limit: 5, Lease: time.Second, Claimer: "me"}).Claimed
+	if len(held) != 5 {
+		t.Fatalf("claimed %d rows, want 5", len(held))
 	}
 	// Row 0 SUCCESS and row 1 retried (PENDING) by this holder's results.
 	if _, err := outboxdb.RecordResults(db.Ctx, db.Pool, []outboxdb.Result{
@@ -108,22 +109,41 @@ func TestSettledClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	refs := []outboxdb.ClaimRef{held[0].Ref(), held[1].Ref(), held[2].Ref(), held[3].Ref()}
-	renewed, err := outboxdb.RenewLeases(db.Ctx, db.Pool, refs, time.Hour)
+	// Row 4 still held, but locked right now by another transaction (a
+	// result write under way): the renewal skips it rather than wait, which
+	// could deadlock with that write.
+	tx, err := db.Pool.Begin(db.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback(db.Ctx) }()
+	if _, err := tx.Exec(db.Ctx, `SELECT id FROM forward_records WHERE id = $1 FOR UPDATE`, held[4].ID); err != nil {
+		t.Fatal(err)
+	}
+
+	refs := []outboxdb.ClaimRef{held[0].Ref(), held[1].Ref(), held[2].Ref(), held[3].Ref(), held[4].Ref()}
+	ctx, cancel := context.WithTimeout(db.Ctx, 5*time.Second)
+	defer cancel()
+	renewed, err := outboxdb.RenewLeases(ctx, db.Pool, refs, time.Hour)
+	if err != nil {
+		t.Fatalf("renewal with a held row locked elsewhere: %v (it must skip the row, not wait)", err)
+	}
 	if len(renewed) != 0 {
-		t.Fatalf("renewed %v: none of them is IN_PROGRESS under its claim", renewed)
+		t.Fatalf("renewed %v: none of them is IN_PROGRESS under its claim and unlocked", renewed)
 	}
 	settled, err := outboxdb.SettledClaims(db.Ctx, db.Pool, refs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[int64]bool{held[0].ID: true, held[1].ID: true}
-	if len(settled) != len(want) || !settled[held[0].ID] || !settled[held[1].ID] {
-		t.Fatalf("settled %v, want rows %d and %d (finished under the same claim), not %d (claimed by another) or %d (given back)",
-			settled, held[0].ID, held[1].ID, held[2].ID, held[3].ID)
+	if len(settled) != 3 || !settled[held[0].ID] || !settled[held[1].ID] || !settled[held[4].ID] {
+		t.Fatalf("not lost %v, want rows %d and %d (finished under the same claim) and %d (skipped while locked), not %d (claimed by another) or %d (given back)",
+			settled, held[0].ID, held[1].ID, held[4].ID, held[2].ID, held[3].ID)
+	}
+	if err := tx.Rollback(db.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	if renewed, err = outboxdb.RenewLeases(db.Ctx, db.Pool, refs[4:], time.Hour); err != nil || len(renewed) != 1 {
+		t.Fatalf("the row unlocked again: renewed %v, %v; want it renewed", renewed, err)
 	}
 }
 

@@ -45,10 +45,12 @@ func RenewLeases(ctx context.Context, q Querier, refs []ClaimRef, lease time.Dur
 // RenewSettledSQL is the check of unrenewed claims, exported for plan tests.
 func RenewSettledSQL() string { return renewSettledSQL }
 
-// SettledClaims returns which of refs, claims a renewal did not find
-// IN_PROGRESS, were finished by a result written under that same claim (by
-// the holder's own output, before its dispatcher heard of it) rather than
-// lost to another dispatcher (see renew_settled.sql).
+// SettledClaims returns which of refs, claims a renewal did not renew, are
+// not lost: finished by a result written under that same claim (by the
+// holder's own output, before its dispatcher heard of it), or still held
+// but skipped because another transaction had the row locked (see
+// renew_settled.sql). The others were lost to another dispatcher, a
+// requeue or a release.
 func SettledClaims(ctx context.Context, q Querier, refs []ClaimRef) (map[int64]bool, error) {
 	settled := make(map[int64]bool, len(refs))
 	if len(refs) == 0 {
