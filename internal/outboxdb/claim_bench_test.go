@@ -29,24 +29,7 @@ func BenchmarkClaim(b *testing.B) {
 				// statistics, and no dead rows left by the previous run.
 				keys++
 				tb.InsertDue(fmt.Sprintf("bench-%d-%d", batch, keys), b.N*batch)
-				if _, err := tb.Pool.Exec(tb.Ctx, "VACUUM (ANALYZE) forward_records"); err != nil {
-					b.Fatal(err)
-				}
-				p := outboxdb.ClaimParams{Limit: batch, Lease: time.Minute, Claimer: "bench", MaxAttempts: 5}
-				claimed := 0
-				b.ResetTimer()
-				for range b.N {
-					res, err := outboxdb.ClaimDue(tb.Ctx, tb.Pool, p)
-					if err != nil {
-						b.Fatal(err)
-					}
-					claimed += len(res.Claimed)
-				}
-				b.StopTimer()
-				if claimed != b.N*batch {
-					b.Fatalf("claimed %d rows, want %d", claimed, b.N*batch)
-				}
-				b.ReportMetric(float64(claimed)/b.Elapsed().Seconds(), "claims/s")
+				claimFull(b, tb, batch, "")
 				// Finish what was claimed, as the output would.
 				if _, err := tb.Pool.Exec(tb.Ctx, `UPDATE forward_records
 					SET status = 'SUCCESS', next_retry_at = NULL, succeeded_at = now()
@@ -77,24 +60,32 @@ func BenchmarkClaimWithHotKey(b *testing.B) {
 		b.Run(fmt.Sprintf("held=%d", held), func(b *testing.B) {
 			runs++ // b.Run may call this more than once
 			tb.InsertDue(fmt.Sprintf("other-%d", runs), b.N*batch)
-			if _, err := tb.Pool.Exec(tb.Ctx, "VACUUM (ANALYZE) forward_records"); err != nil {
-				b.Fatal(err)
-			}
-			p := outboxdb.ClaimParams{Limit: batch, Lease: time.Minute, Claimer: "bench", MaxAttempts: 5}
-			claimed := 0
-			b.ResetTimer()
-			for range b.N {
-				res, err := outboxdb.ClaimDue(tb.Ctx, tb.Pool, p)
-				if err != nil {
-					b.Fatal(err)
-				}
-				claimed += len(res.Claimed)
-			}
-			b.StopTimer()
-			if claimed != b.N*batch {
-				b.Fatalf("claimed %d rows, want %d: a held row was claimed, or a due one missed", claimed, b.N*batch)
-			}
-			b.ReportMetric(float64(claimed)/b.Elapsed().Seconds(), "claims/s")
+			claimFull(b, tb, batch, ": a held row was claimed, or a due one missed")
 		})
 	}
+}
+
+// claimFull vacuums and analyzes forward_records, then times b.N claims of
+// batch rows from the due backlog the caller inserted, and reports claims/s.
+// Every claim must come back full; why ends the failure message.
+func claimFull(b *testing.B, tb *fixture.DB, batch int, why string) {
+	b.Helper()
+	if _, err := tb.Pool.Exec(tb.Ctx, "VACUUM (ANALYZE) forward_records"); err != nil {
+		b.Fatal(err)
+	}
+	p := outboxdb.ClaimParams{Limit: batch, Lease: time.Minute, Claimer: "bench", MaxAttempts: 5}
+	claimed := 0
+	b.ResetTimer()
+	for range b.N {
+		res, err := outboxdb.ClaimDue(tb.Ctx, tb.Pool, p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		claimed += len(res.Claimed)
+	}
+	b.StopTimer()
+	if claimed != b.N*batch {
+		b.Fatalf("claimed %d rows, want %d%s", claimed, b.N*batch, why)
+	}
+	b.ReportMetric(float64(claimed)/b.Elapsed().Seconds(), "claims/s")
 }
