@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -20,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/test/bench/internal/platformcall"
 )
 
 // The two baselines the forwarder is compared with. Both read the same
@@ -56,7 +54,7 @@ type baseline struct {
 	brokers, group        string
 	topics                []string
 	dsn, url              string
-	mapper                mapper
+	mapper                *platformcall.Mapper
 	pool                  *pgxpool.Pool
 	kafka                 *kgo.Client
 	http                  *http.Client
@@ -86,7 +84,7 @@ func runBaseline(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("loading PLATFORM_TZ: %w", err)
 	}
-	b.mapper = mapper{vehicleTopic: vehicle, accessName: os.Getenv("PLATFORM_ACCESS_NAME"), accessPwd: os.Getenv("PLATFORM_ACCESS_PWD"), loc: loc}
+	b.mapper = platformcall.NewMapper(vehicle, os.Getenv("PLATFORM_ACCESS_NAME"), os.Getenv("PLATFORM_ACCESS_PWD"), loc)
 
 	conns := 4
 	httpConns := b.posts
@@ -133,64 +131,9 @@ func runBaseline(ctx context.Context, args []string) error {
 	return err
 }
 
-// outcome is the result of one POST, classified as docs/configuration.md#platform-responses says.
-type outcome struct {
-	status     outboxdb.Status
-	httpStatus *int32
-	errcode    *string
-	err        *string
-	durationMs int32
-}
-
-func (b *baseline) post(ctx context.Context, m *mapped) outcome {
-	start := time.Now()
-	o := outcome{status: outboxdb.StatusPending}
-	fail := func(s string) outcome { o.err = &s; return o }
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+m.Path, bytes.NewReader(m.Body))
-	if err != nil {
-		return fail(err.Error())
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := b.http.Do(req)
-	o.durationMs = int32(time.Since(start).Milliseconds())
-	if err != nil {
-		return fail(err.Error())
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	o.durationMs = int32(time.Since(start).Milliseconds())
-	st := int32(resp.StatusCode)
-	o.httpStatus = &st
-	if err != nil {
-		return fail(err.Error())
-	}
-	var reply struct {
-		Result  json.Number `json:"result"`
-		Errcode any         `json:"errcode"`
-	}
-	if resp.StatusCode/100 != 2 {
-		return fail(fmt.Sprintf("HTTP %d", resp.StatusCode))
-	}
-	if err := json.Unmarshal(body, &reply); err != nil {
-		return fail("reply is not JSON")
-	}
-	if reply.Errcode != nil {
-		code := fmt.Sprint(reply.Errcode)
-		o.errcode = &code
-	}
-	switch {
-	case o.errcode != nil && *o.errcode == "4", reply.Result == "0":
-		o.status = outboxdb.StatusSuccess
-	case o.errcode != nil && *o.errcode == "998":
-		o.status = outboxdb.StatusFailed
-		return fail("platform errcode 998")
-	default:
-		return fail("platform result " + reply.Result.String())
-	}
-	return o
-}
-
-func (m *mapped) status() (outboxdb.Status, string) {
+// rowStatus is the status a message's row is stored with: FAILED, never
+// sent, when it could not be mapped.
+func rowStatus(m *platformcall.Mapped) (outboxdb.Status, string) {
 	if m.Err != nil {
 		return outboxdb.StatusFailed, m.Err.Error()
 	}
@@ -243,8 +186,8 @@ func (b *baseline) runNaive(ctx context.Context) error {
 }
 
 func (b *baseline) naiveOne(ctx context.Context, r *kgo.Record, tr *offsetTracker) error {
-	m := b.mapper.mapMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value)
-	status, lastErr := m.status()
+	m := b.mapper.Map(r.Topic, r.Partition, r.Offset, r.Key, r.Value)
+	status, lastErr := rowStatus(&m)
 	var id int64
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, naiveInsertSQL, m.Key, m.APIType, m.Topic, m.Partition, m.Offset,
@@ -263,17 +206,17 @@ func (b *baseline) naiveOne(ctx context.Context, r *kgo.Record, tr *offsetTracke
 	if id == 0 || status != outboxdb.StatusPending {
 		return nil
 	}
-	o := b.post(ctx, &m)
+	o := platformcall.Post(ctx, b.http, b.url, m.Path, m.Body)
 	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var (
 			attempt int32
 			next    *time.Time
 		)
-		if err := tx.QueryRow(ctx, naiveResultSQL, id, string(o.status), retryDelay.Milliseconds(), o.httpStatus, o.err).
+		if err := tx.QueryRow(ctx, naiveResultSQL, id, string(o.Status), retryDelay.Milliseconds(), o.HTTPStatus, o.Err).
 			Scan(&attempt, &next); err != nil {
 			return fmt.Errorf("recording %s: %w", m.Key, err)
 		}
-		_, err := tx.Exec(ctx, naiveLogSQL, id, attempt, string(o.status), o.httpStatus, o.errcode, o.err, o.durationMs, next)
+		_, err := tx.Exec(ctx, naiveLogSQL, id, attempt, string(o.Status), o.HTTPStatus, o.Errcode, o.Err, o.DurationMs, next)
 		return err
 	})
 }
@@ -356,10 +299,10 @@ func (b *baseline) runBatched(ctx context.Context) error {
 }
 
 func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
-	ms := make([]mapped, 0, len(recs))
+	ms := make([]platformcall.Mapped, 0, len(recs))
 	seen := make(map[string]bool, len(recs))
 	for _, r := range recs {
-		m := b.mapper.mapMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value)
+		m := b.mapper.Map(r.Topic, r.Partition, r.Offset, r.Key, r.Value)
 		if !seen[m.Key] {
 			seen[m.Key] = true
 			ms = append(ms, m)
@@ -375,7 +318,7 @@ func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
 	)
 	for i := range ms {
 		m := &ms[i]
-		st, le := m.status()
+		st, le := rowStatus(m)
 		keys[i], apiTypes[i], topics[i], statuses[i], lastErrs[i] = m.Key, m.APIType, m.Topic, string(st), le
 		parts[i], offsets[i], kafkaKeys[i], payloads[i] = m.Partition, m.Offset, m.KafkaKey, m.Payload
 		plates[i], parks[i], berths[i], devices[i] = m.Plate, m.Park, m.Berth, m.Device
@@ -407,7 +350,7 @@ func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
 
 	type job struct {
 		id int64
-		m  *mapped
+		m  *platformcall.Mapped
 	}
 	var jobs []job
 	for i := range ms {
@@ -415,7 +358,7 @@ func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
 			jobs = append(jobs, job{id, &ms[i]})
 		}
 	}
-	outs := make([]outcome, len(jobs))
+	outs := make([]platformcall.Outcome, len(jobs))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range min(b.posts, len(jobs)) {
@@ -423,7 +366,7 @@ func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				outs[i] = b.post(ctx, jobs[i].m)
+				outs[i] = platformcall.Post(ctx, b.http, b.url, jobs[i].m.Path, jobs[i].m.Body)
 			}
 		}()
 	}
@@ -448,8 +391,8 @@ func (b *baseline) batchOnce(ctx context.Context, recs []*kgo.Record) error {
 	)
 	for i, j := range jobs {
 		o := outs[i]
-		rIDs[i], rStatuses[i], rRetry[i] = j.id, string(o.status), retryDelay.Milliseconds()
-		rHTTP[i], rErrs[i], rCodes[i], rDur[i] = o.httpStatus, o.err, o.errcode, o.durationMs
+		rIDs[i], rStatuses[i], rRetry[i] = j.id, string(o.Status), retryDelay.Milliseconds()
+		rHTTP[i], rErrs[i], rCodes[i], rDur[i] = o.HTTPStatus, o.Err, o.Errcode, o.DurationMs
 	}
 	if _, err := b.pool.Exec(ctx, batchedResultSQL, rIDs, rStatuses, rRetry, rHTTP, rErrs, rCodes, rDur); err != nil {
 		return fmt.Errorf("recording a batch: %w", err)

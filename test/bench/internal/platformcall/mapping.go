@@ -1,4 +1,4 @@
-package main
+package platformcall
 
 import (
 	"encoding/json"
@@ -16,8 +16,8 @@ import (
 // requests as the forwarder, and it is cheaper than Bloblang, which favours
 // the baselines.
 
-// mapped is one Kafka message made ready for the outbox and the platform.
-type mapped struct {
+// Mapped is one Kafka message made ready for the outbox and the platform.
+type Mapped struct {
 	Key, APIType, Topic string
 	Partition           int32
 	Offset              int64
@@ -94,15 +94,22 @@ type heartbeatOut struct {
 	PicURL      string `json:"pic_url"`
 }
 
-// mapper holds what every mapping needs.
-type mapper struct {
+// Mapper holds what every mapping needs.
+type Mapper struct {
 	vehicleTopic          string
 	accessName, accessPwd string
 	loc                   *time.Location
 }
 
-func (mp *mapper) mapMessage(topic string, partition int32, offset int64, key, value []byte) mapped {
-	m := mapped{Topic: topic, Partition: partition, Offset: offset, KafkaKey: key, Payload: value, APIType: "HEARTBEAT"}
+// NewMapper maps the messages of vehicleTopic as vehicle events and every
+// other topic's as heartbeats, signing requests with the platform account
+// and formatting times in loc (PLATFORM_TZ).
+func NewMapper(vehicleTopic, accessName, accessPwd string, loc *time.Location) *Mapper {
+	return &Mapper{vehicleTopic: vehicleTopic, accessName: accessName, accessPwd: accessPwd, loc: loc}
+}
+
+func (mp *Mapper) Map(topic string, partition int32, offset int64, key, value []byte) Mapped {
+	m := Mapped{Topic: topic, Partition: partition, Offset: offset, KafkaKey: key, Payload: value, APIType: "HEARTBEAT"}
 	if topic == mp.vehicleTopic {
 		m.APIType = "VEHICLE_EVENT"
 	}
@@ -135,7 +142,7 @@ func fallbackKey(id, topic string, partition int32, offset int64) string {
 	return topic + "-" + strconv.Itoa(int(partition)) + "-" + strconv.FormatInt(offset, 10)
 }
 
-func (mp *mapper) vehicle(in *vehicleIn, key string) ([]byte, error) {
+func (mp *Mapper) vehicle(in *vehicleIn, key string) ([]byte, error) {
 	for name, v := range map[string]string{"deviceId": in.DeviceID, "parkCode": in.ParkCode, "berthCode": in.BerthCode, "plateNo": in.PlateNo} {
 		if v == "" {
 			return nil, fmt.Errorf("mapping: %s is missing", name)
@@ -182,7 +189,7 @@ func (mp *mapper) vehicle(in *vehicleIn, key string) ([]byte, error) {
 	return json.Marshal(&out)
 }
 
-func (mp *mapper) heartbeat(in *heartbeatIn, key string) ([]byte, error) {
+func (mp *Mapper) heartbeat(in *heartbeatIn, key string) ([]byte, error) {
 	for name, v := range map[string]string{"deviceId": in.DeviceID, "parkCode": in.ParkCode, "berthCode": in.BerthCode} {
 		if v == "" {
 			return nil, fmt.Errorf("mapping: %s is missing", name)
@@ -205,7 +212,7 @@ func (mp *mapper) heartbeat(in *heartbeatIn, key string) ([]byte, error) {
 	return json.Marshal(&out)
 }
 
-func (mp *mapper) formatTime(n json.Number, field string) (string, error) {
+func (mp *Mapper) formatTime(n json.Number, field string) (string, error) {
 	ms, err := n.Int64()
 	if err != nil {
 		return "", fmt.Errorf("mapping: %s %q is not epoch milliseconds", field, n)
