@@ -46,6 +46,8 @@ type benchEnv struct {
 	admin     *kadm.Client
 	brokers   string
 	accessPwd string
+	// riverBin is the River baseline, built when a run needs it.
+	riverBin string
 
 	// backlog topics, filled once by prefill and read by every scenario
 	// with its own consumer group.
@@ -322,6 +324,9 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 			path = filepath.Join(dir, "bin", "forwarder")
 			args[1] = "pipelines/forwarder.yaml"
 		}
+	case scenarioRiver:
+		path = env.riverBin
+		args = []string{"-workers", fmt.Sprint(env.cfg.RiverWorkers), "-batch-size", fmt.Sprint(env.cfg.BatchSize)}
 	default:
 		if path, err = os.Executable(); err != nil {
 			return nil, err

@@ -7,12 +7,16 @@
 //   - naive: the textbook outbox forwarder, per message a transaction for
 //     the insert, a POST and a transaction for the result, on 32 workers;
 //   - batched: a hand-batched loop, per 500 messages one unnest insert, an
-//     offset commit, 64 concurrent POSTs and one batch update.
+//     offset commit, 64 concurrent POSTs and one batch update;
+//   - river: the same pipeline written with River, one job per message
+//     inserted in the consumer's transaction, 64 River workers POSTing
+//     (river.go, test/bench/riverbaseline).
 //
 // The baselines run as child processes too (this program re-executed with
-// the hidden "baseline" subcommand), so that the CPU and memory of each
-// consumer are measured the same way, from /proc, apart from the broker and
-// the mock platform, which live in this process.
+// the hidden "baseline" subcommand, or the River baseline built from its own
+// module), so that the CPU and memory of each consumer are measured the same
+// way, from /proc, apart from the broker and the mock platform, which live in
+// this process.
 //
 // For each scenario it measures the throughput on a Kafka backlog of -n
 // messages (until every row is SUCCESS), then the produce→platform latency
@@ -35,6 +39,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -83,6 +88,7 @@ type benchConfig struct {
 	NaiveWorkers    int
 	BatchSize       int
 	BatchPosts      int
+	RiverWorkers    int
 	PprofDir        string
 	PprofSeconds    int
 	Ceilings        bool
@@ -108,7 +114,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	var c benchConfig
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.IntVar(&c.N, "n", 200_000, "messages in the Kafka backlog of each throughput run")
-	scenarios := fs.String("scenarios", "forwarder,naive,batched", "scenarios to run, in order: forwarder, naive, batched, forwarder-unordered (ORDERING=off), forwarder-previous (-previous)")
+	scenarios := fs.String("scenarios", "forwarder,naive,batched,river", "scenarios to run, in order: forwarder, naive, batched, river, forwarder-unordered (ORDERING=off), forwarder-previous (-previous)")
 	fs.StringVar(&c.Previous, "previous", "", "a checkout of an earlier revision with bin/forwarder built, for the forwarder-previous scenario")
 	fs.IntVar(&c.Berths, "berths", 0, "berths the traffic is spread over, four per camera (0: 2000); see test/bench/ordering.go")
 	phases := fs.String("phases", "throughput,latency", "phases to run for each scenario: throughput, latency")
@@ -123,6 +129,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.IntVar(&c.NaiveWorkers, "naive-workers", 32, "workers of the naive baseline")
 	fs.IntVar(&c.BatchSize, "batch-size", 500, "batch size of the hand-batched baseline")
 	fs.IntVar(&c.BatchPosts, "batch-posts", 64, "concurrent POSTs of the hand-batched baseline")
+	fs.IntVar(&c.RiverWorkers, "river-workers", 64, "River workers (concurrent POSTs) of the River baseline; it inserts -batch-size records per transaction")
 	fs.StringVar(&c.PprofDir, "pprof", "", "directory for CPU, heap and allocation profiles of the forwarder's throughput run (enables http.debug_endpoints)")
 	fs.IntVar(&c.PprofSeconds, "pprof-seconds", 10, "length of the CPU profile")
 	fs.BoolVar(&c.Ceilings, "ceilings", true, "also measure the machine's ceilings: HTTP/1.1 loopback requests/s and unnest insert rows/s")
@@ -147,7 +154,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case scenarioForwarder, scenarioNaive, scenarioBatched, scenarioUnordered:
+		case scenarioForwarder, scenarioNaive, scenarioBatched, scenarioRiver, scenarioUnordered:
 			c.Scenarios = append(c.Scenarios, s)
 		case scenarioPrevious:
 			if err := checkPrevious(c.Previous); err != nil {
@@ -156,7 +163,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 			scenarioTitles[scenarioPrevious] = previousTitle(c.Previous)
 			c.Scenarios = append(c.Scenarios, s)
 		default:
-			return c, fmt.Errorf("-scenarios: unknown scenario %q (forwarder, naive, batched, forwarder-unordered, forwarder-previous)", s)
+			return c, fmt.Errorf("-scenarios: unknown scenario %q (forwarder, naive, batched, river, forwarder-unordered, forwarder-previous)", s)
 		}
 	}
 	c.Phases = map[string]bool{}
@@ -222,6 +229,11 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	defer env.close()
+	if slices.Contains(cfg.Scenarios, scenarioRiver) {
+		if err := env.buildRiver(ctx); err != nil {
+			return err
+		}
+	}
 
 	rep := &report{cfg: cfg, machine: describeMachine(env.serverVersion(ctx)), loadBefore: loadAvg()}
 	if cfg.Ceilings {

@@ -210,7 +210,7 @@ func (env *benchEnv) memoryPhase(ctx context.Context, cfg memoryConfig, phase st
 	if err := <-produced; err != nil {
 		return res, err
 	}
-	if err := waitAllSuccess(runCtx, c, mp, pool, cfg.Messages, phase); err != nil {
+	if err := waitAllSuccess(runCtx, c, mp, pool, outboxProgress, cfg.Messages, phase); err != nil {
 		return res, err
 	}
 	res.Wall = time.Since(start)

@@ -48,8 +48,12 @@ func checkPrevious(dir string) error {
 }
 
 // migrate creates the schema of a run's database: the previous build's own
-// for its runs (named after the scenario), today's for every other.
+// for its runs (named after the scenario), River's for the River baseline's,
+// today's for every other.
 func (env *benchEnv) migrate(ctx context.Context, run string, pool *pgxpool.Pool, dsn string) error {
+	if strings.HasSuffix(run, "_"+scenarioRiver) {
+		return env.migrateRiver(ctx, run, dsn)
+	}
 	if !strings.HasSuffix(run, "_"+scenarioPrevious) {
 		_, err := outboxdb.Migrate(ctx, pool)
 		return err

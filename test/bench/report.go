@@ -28,6 +28,8 @@ func (r *report) title(s string) string {
 		return fmt.Sprintf("naive (%d workers)", r.cfg.NaiveWorkers)
 	case scenarioBatched:
 		return fmt.Sprintf("hand-batched (%d, %d POSTs)", r.cfg.BatchSize, r.cfg.BatchPosts)
+	case scenarioRiver:
+		return fmt.Sprintf("River (%d workers)", r.cfg.RiverWorkers)
 	}
 	return scenarioTitles[s]
 }
@@ -66,7 +68,7 @@ func (r *report) markdown() string {
 			b.WriteString("\n")
 		}
 		row("**msgs/s**", func(t throughputResult) string { return fmt.Sprintf("**%.0f**", t.MsgsPerSec) })
-		for _, base := range []string{scenarioNaive, scenarioBatched} {
+		for _, base := range []string{scenarioNaive, scenarioBatched, scenarioRiver} {
 			if bt, ok := byName[base]; ok {
 				row("× "+scenarioTitles[base], func(t throughputResult) string { return fmt.Sprintf("%.2f", t.MsgsPerSec/bt.MsgsPerSec) })
 			}

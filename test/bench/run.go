@@ -162,7 +162,7 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 		go func() { profDone <- c.cpuProfile(runCtx, env.cfg.PprofDir, env.cfg.PprofSeconds) }()
 	}
 
-	if err := waitAllSuccess(runCtx, c, mp, pool, n, scenario); err != nil {
+	if err := waitAllSuccess(runCtx, c, mp, pool, progressOf(scenario), n, scenario); err != nil {
 		m.stop()
 		return res, err
 	}
@@ -193,8 +193,7 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 	}
 
 	var first, last time.Time
-	if err := pool.QueryRow(ctx, `SELECT count(*), min(created_at), max(succeeded_at) FROM forward_records WHERE status = 'SUCCESS'`).
-		Scan(&res.Messages, &first, &last); err != nil {
+	if err := pool.QueryRow(ctx, progressOf(scenario).Window).Scan(&res.Messages, &first, &last); err != nil {
 		return res, fmt.Errorf("reading the run's time window: %w", err)
 	}
 	res.Window = last.Sub(first)
@@ -206,9 +205,10 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 }
 
 // waitAllSuccess waits until the platform accepted n messages and every
-// row is SUCCESS. It watches the platform's counters first, which cost the
-// database nothing, and counts rows only at the end.
-func waitAllSuccess(ctx context.Context, c *child, mp *mockplatform.Server, pool *pgxpool.Pool, n int, what string) error {
+// row is SUCCESS (q says how to count them). It watches the platform's
+// counters first, which cost the database nothing, and counts rows only at
+// the end.
+func waitAllSuccess(ctx context.Context, c *child, mp *mockplatform.Server, pool *pgxpool.Pool, q progressSQL, n int, what string) error {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	lastLog := time.Now()
@@ -230,13 +230,13 @@ func waitAllSuccess(ctx context.Context, c *child, mp *mockplatform.Server, pool
 			continue
 		}
 		var unfinished, total int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status <> 'SUCCESS'`).Scan(&unfinished); err != nil {
+		if err := pool.QueryRow(ctx, q.Unfinished).Scan(&unfinished); err != nil {
 			return err
 		}
 		if unfinished > 0 {
 			continue
 		}
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records`).Scan(&total); err != nil {
+		if err := pool.QueryRow(ctx, q.Total).Scan(&total); err != nil {
 			return err
 		}
 		if total >= n {
@@ -385,10 +385,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 			case <-t.C:
 			}
 			var rows, unfinished int64
-			// Cheap reads: the identity's high-water mark (ids are not
-			// reused) and the partial index of unfinished rows.
-			_ = pool.QueryRow(runCtx, `SELECT (SELECT coalesce(max(id), 0) FROM forward_records),
-				(SELECT count(*) FROM forward_records WHERE status <> 'SUCCESS')`).Scan(&rows, &unfinished)
+			_ = pool.QueryRow(runCtx, progressOf(scenario).Watch).Scan(&rows, &unfinished)
 			logf("%s: produced %d, persisted %d, unfinished %d, delivered %d", scenario, produced.Load(), rows, unfinished, mp.Stats().Accepted)
 		}
 	}()
@@ -450,7 +447,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		return res, fmt.Errorf("producing: %w", err)
 	default:
 	}
-	if err := waitAllSuccess(runCtx, c, mp, pool, total, scenario); err != nil {
+	if err := waitAllSuccess(runCtx, c, mp, pool, progressOf(scenario), total, scenario); err != nil {
 		return res, err
 	}
 	_ = c.stop(45 * time.Second)
