@@ -7,8 +7,8 @@
 // {"result":1,"errcode":"4"}. Faults can be injected at configurable rates
 // (errcode "998", errcode "999", HTTP 500, added latency) and switched on at
 // will: Down answers 503 (with an optional Retry-After), Hang accepts
-// requests and holds them unanswered until Release, Reject answers 998 for
-// chosen message_ids. It checks the credentials, counts everything, keeps
+// requests and holds them unanswered until Release, Reject answers 998 and
+// Fail HTTP 500 for chosen message_ids. It checks the credentials, counts everything, keeps
 // every accepted delivery per message_id (with duplicates counted), keeps,
 // on demand, every business request per berth in the order it was answered
 // (to check per-berth ordering), and measures the peak number of concurrent
@@ -172,6 +172,9 @@ type Platform struct {
 	deliveries map[string]*Delivery
 	changed    chan struct{} // closed and replaced when a counter moves
 	rejected   map[string]bool
+	// failing holds the message_ids answered HTTP 500 (Fail), with the
+	// number of such answers left (-1: every one).
+	failing map[string]int
 	// tried holds the message_ids that had a request (for FirstTry999).
 	tried  map[string]bool
 	berths map[string][]BerthRequest
@@ -212,6 +215,7 @@ func New(cfg Config) *Platform {
 		deliveries: map[string]*Delivery{},
 		changed:    make(chan struct{}),
 		rejected:   map[string]bool{},
+		failing:    map[string]int{},
 		tried:      map[string]bool{},
 		berths:     map[string][]BerthRequest{},
 	}
@@ -227,11 +231,25 @@ func (p *Platform) Reject(messageIDs ...string) {
 	p.mu.Unlock()
 }
 
-// Accept ends Reject for these message_ids.
+// Fail answers the next times requests for each of these message_ids HTTP
+// 500 with a non-JSON body (every request when times < 0, until Accept),
+// while other messages are served: a platform that cannot handle some
+// messages (a payload it chokes on) or fails them for a while. They count
+// in HTTP5xx.
+func (p *Platform) Fail(times int, messageIDs ...string) {
+	p.mu.Lock()
+	for _, id := range messageIDs {
+		p.failing[id] = times
+	}
+	p.mu.Unlock()
+}
+
+// Accept ends Reject and Fail for these message_ids.
 func (p *Platform) Accept(messageIDs ...string) {
 	p.mu.Lock()
 	for _, id := range messageIDs {
 		delete(p.rejected, id)
+		delete(p.failing, id)
 	}
 	p.mu.Unlock()
 }
@@ -495,6 +513,13 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		jitter = time.Duration(p.rng.Int64N(int64(f.LatencyJitter)))
 	}
 	rejected := p.rejected[id]
+	fails := false
+	if left, ok := p.failing[id]; ok && left != 0 {
+		fails = true
+		if left > 0 {
+			p.failing[id] = left - 1
+		}
+	}
 	var firstTryFails bool
 	if f.FirstTry999 > 0 { // remembering the ids tried costs memory: only when asked
 		firstTryFails = !p.tried[id] && p.rng.Float64() < f.FirstTry999
@@ -526,7 +551,7 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		failed(OutcomeBusy)
 		p.answer(w, http.StatusOK, ErrcodeBusy, "system busy, try again later")
 		return
-	case roll < f.Errcode998+f.Errcode999+f.HTTP5xx:
+	case fails || roll < f.Errcode998+f.Errcode999+f.HTTP5xx:
 		p.err5xx.Add(1)
 		failed(OutcomeHTTP5xx)
 		http.Error(w, "internal server error", http.StatusInternalServerError)

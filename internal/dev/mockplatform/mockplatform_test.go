@@ -143,6 +143,35 @@ func TestPlatform(t *testing.T) {
 		}
 	})
 
+	t.Run("FailsChosenMessages", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, mockplatform.Config{})
+		b.srv.Fail(-1, "always")
+		b.srv.Fail(2, "twice")
+		for i := range 3 {
+			if got := b.mustPost(t, mockplatform.PathBusiness, vehicle("always")); got.Status != http.StatusInternalServerError {
+				t.Errorf("request %d of a message failed always: %+v, want 500", i+1, got)
+			}
+			want := http.StatusInternalServerError
+			if i == 2 {
+				want = http.StatusOK
+			}
+			if got := b.mustPost(t, mockplatform.PathBusiness, vehicle("twice")); got.Status != want {
+				t.Errorf("request %d of a message failed twice: %+v, want %d", i+1, got, want)
+			}
+			if got := b.mustPost(t, mockplatform.PathBusiness, vehicle(fmt.Sprintf("other-%d", i))); got.Status != http.StatusOK || got.Result != 0.0 {
+				t.Errorf("another message: %+v, want accepted", got)
+			}
+		}
+		b.srv.Accept("always")
+		if got := b.mustPost(t, mockplatform.PathBusiness, vehicle("always")); got.Status != http.StatusOK {
+			t.Errorf("after Accept: %+v, want accepted", got)
+		}
+		if st := b.srv.Stats(); st.HTTP5xx != 5 || st.Accepted != 5 {
+			t.Errorf("stats %+v, want 5 HTTP 500s and 5 accepted", st)
+		}
+	})
+
 	t.Run("ChecksCredentials", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, mockplatform.Config{})
