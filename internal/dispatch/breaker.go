@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"cmp"
+	"slices"
 	"time"
 )
 
@@ -13,8 +14,8 @@ const (
 	// BreakerClosed: requests flow.
 	BreakerClosed BreakerState = 0
 	// BreakerHalfOpen: a probe succeeded; requests flow again with
-	// concurrency ramping up from one, and one unavailable reply opens the
-	// breaker again.
+	// concurrency ramping up from one, until enough distinct messages have
+	// been answered.
 	BreakerHalfOpen BreakerState = 1
 	// BreakerOpen: the platform is down; only probes are sent, at most one
 	// per probe interval across every instance.
@@ -46,52 +47,77 @@ func parseBreakerState(s string) BreakerState {
 // BreakerConfig says when the platform is judged down. Zero values take the
 // defaults given.
 type BreakerConfig struct {
-	// Window is how far back replies count. Default 10s.
+	// Window is how long a reply counts as evidence. Default 10s.
 	Window time.Duration
-	// MinReplies is how many replies the window needs before their ratio
-	// may open the breaker. Default 10.
-	MinReplies int
-	// Ratio of unavailable replies in the window that opens it. Default 0.5.
-	Ratio float64
-	// Consecutive unavailable replies open it while the window holds fewer
-	// than MinReplies (a platform that went down under a light load); under
-	// load the ratio decides, so that a platform failing a third of its
-	// requests at random does not make the breaker flap. Default 5.
-	Consecutive int
-	// HalfOpenReplies is how many healthy replies in a row close a
-	// half-open breaker. Default 10.
-	HalfOpenReplies int
+	// Messages is how many distinct messages must have found the platform
+	// unavailable since its last healthy reply before it may be judged
+	// down. Replies about one message count once, however often it is
+	// retried, so a few messages the platform cannot handle never make an
+	// outage. Default 5.
+	Messages int
+	// Silence is how long the platform must have given no healthy reply, to
+	// any message, before the breaker opens. Under load a platform that
+	// fails some messages (or a share of requests at random) gives runs of
+	// failures of distinct messages, but healthy replies keep coming between
+	// them. Default 3s.
+	Silence time.Duration
+	// HalfOpenMessages is how many distinct messages answered healthy close
+	// a half-open breaker. Default 10.
+	HalfOpenMessages int
 }
 
 func (c BreakerConfig) withDefaults() BreakerConfig {
 	c.Window = cmp.Or(c.Window, 10*time.Second)
-	c.MinReplies = cmp.Or(c.MinReplies, 10)
-	c.Ratio = cmp.Or(c.Ratio, 0.5)
-	c.Consecutive = cmp.Or(c.Consecutive, 5)
-	c.HalfOpenReplies = cmp.Or(c.HalfOpenReplies, 10)
+	c.Messages = cmp.Or(c.Messages, 5)
+	c.Silence = cmp.Or(c.Silence, 3*time.Second)
+	c.HalfOpenMessages = cmp.Or(c.HalfOpenMessages, 10)
 	return c
 }
 
 // breaker is one instance's judgement of the platform from the replies it
-// sees: a window of recent replies and the state. It does no I/O and keeps
-// no clock (the caller passes now), so it is tested as a plain value. The
-// Gate shares its decisions with the other instances through PostgreSQL.
+// sees. It judges the platform, not a message (docs/architecture.md,
+// "Protecting the platform"): the platform is down when failures span
+// distinct fresh messages (their attempts unspent) and healthy replies have
+// stopped; a message that fails while others are answered is failing on
+// its own, its attempts count, and its retries are no evidence of an
+// outage. It does no I/O and keeps no clock (the caller passes now), so it
+// is tested as a plain value. The Gate shares its decisions with the other
+// instances through PostgreSQL.
 type breaker struct {
-	cfg BreakerConfig
-	// replies in the window, oldest first.
-	replies     []reply
-	unavailable int
-	consecutive int
-	state       BreakerState
-	halfOpenOK  int
+	cfg   BreakerConfig
+	state BreakerState
+	// lastHealthy is when the platform last answered a message on purpose
+	// (zero: not yet), and healthySeq that reply's number: replies are
+	// numbered in the order observed, so that replies at the same instant
+	// still come one after the other.
+	lastHealthy time.Time
+	healthySeq  uint64
+	seq         uint64
+	// first is when the first reply came: silence counts from it until the
+	// platform has answered once.
+	first time.Time
+	// failures lists the unavailable replies of the window, oldest first;
+	// latest holds each failing message's latest one.
+	failures []failure
+	latest   map[int64]failure
+	// healed holds the distinct messages answered healthy since the breaker
+	// half-opened.
+	healed map[int64]struct{}
 }
 
-type reply struct {
-	at   time.Time
-	down bool
+// failure is one unavailable reply.
+type failure struct {
+	id  int64
+	at  time.Time
+	seq uint64
+	// fresh: the message's attempts were unspent (its first attempt, or
+	// its earlier failures found the platform down and did not count).
+	fresh bool
 }
 
-func newBreaker(cfg BreakerConfig) *breaker { return &breaker{cfg: cfg.withDefaults()} }
+func newBreaker(cfg BreakerConfig) *breaker {
+	return &breaker{cfg: cfg.withDefaults(), latest: map[int64]failure{}, healed: map[int64]struct{}{}}
+}
 
 // transition is what a reply made the breaker do.
 type transition int
@@ -102,95 +128,109 @@ const (
 	recover            // close it (from half-open)
 )
 
-// observe records a reply to an ordinary request (not a probe).
-func (b *breaker) observe(now time.Time, unavailable bool) transition {
+// observe records a reply to an ordinary request (not a probe) for the
+// message of row id; fresh says the message's attempts were unspent. For
+// an unavailable reply, counts says whether it may spend the row's attempt:
+// only while the platform is evidently up, that is the breaker is closed,
+// another message was answered within the window, fewer than Messages
+// distinct messages failed since, and one was answered since this message's
+// own previous failure (a message failing again before anything else got
+// through says nothing about itself).
+func (b *breaker) observe(now time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
 	b.expire(now)
-	b.replies = append(b.replies, reply{at: now, down: unavailable})
-	if unavailable {
-		b.unavailable++
-		b.consecutive++
-	} else {
-		b.consecutive = 0
+	b.seq++
+	if b.first.IsZero() {
+		b.first = now
 	}
-	switch b.state {
-	case BreakerClosed:
-		if b.judgedDown() {
-			b.set(BreakerOpen)
-			return trip
+	if !unavailable {
+		b.lastHealthy, b.healthySeq = now, b.seq
+		delete(b.latest, id)
+		if b.state == BreakerHalfOpen {
+			b.healed[id] = struct{}{}
+			if len(b.healed) >= b.cfg.HalfOpenMessages {
+				b.set(BreakerClosed, now)
+				return recover, true
+			}
 		}
-	case BreakerHalfOpen:
-		if unavailable {
-			b.set(BreakerOpen)
-			return trip
-		}
-		if b.halfOpenOK++; b.halfOpenOK >= b.cfg.HalfOpenReplies {
-			b.set(BreakerClosed)
-			return recover
-		}
+		return stay, true
 	}
-	return stay
+	prev, failedBefore := b.latest[id]
+	f := failure{id: id, at: now, seq: b.seq, fresh: fresh}
+	b.latest[id] = f
+	b.failures = append(b.failures, f)
+	counts = b.state == BreakerClosed && b.evidentlyUp(now) && (!failedBefore || prev.seq < b.healthySeq)
+	if b.state != BreakerOpen && b.judgedDown(now) {
+		b.set(BreakerOpen, now)
+		return trip, false
+	}
+	return stay, counts
 }
 
-// judgedDown: most recent replies were unavailable.
-func (b *breaker) judgedDown() bool {
-	n := len(b.replies)
-	if n < b.cfg.MinReplies {
-		return b.consecutive >= b.cfg.Consecutive
-	}
-	return float64(b.unavailable) >= b.cfg.Ratio*float64(n)
+// evidentlyUp: the platform answered a message within the window, and
+// fewer than Messages distinct messages have failed since.
+func (b *breaker) evidentlyUp(now time.Time) bool {
+	return !b.lastHealthy.IsZero() && now.Sub(b.lastHealthy) <= b.cfg.Window &&
+		b.failingSinceHealthy(false) < b.cfg.Messages
 }
 
-// down says whether the platform must be treated as down now: the breaker
-// is not closed, or the latest replies already say so. An unavailable reply
-// then never makes its row FAILED. Unlike the opening of the breaker (a
-// ratio over the whole window, so that random errors under load never make
-// it flap), this looks at the last MinReplies replies only: at the start of
-// an outage the window is still full of healthy replies for seconds, and a
-// row with short retry delays could use all its attempts meanwhile. Two
-// unavailable replies in a row say so too: under light load, or on one of
-// several instances, the window fills too slowly for the ratio, and a row
-// whose attempts all met the first second of an outage would fail. Being
-// wrong here only retries a row once more without counting the attempt.
-func (b *breaker) down(now time.Time) bool {
-	b.expire(now)
-	if b.state != BreakerClosed || b.judgedDown() || b.consecutive >= 2 {
-		return true
+// judgedDown: failures of fresh messages span Messages distinct ones, and
+// nothing has been answered for Silence. Retries of messages that have
+// failed on their own are no evidence: when they are all that is due (the
+// other messages delivered, or held behind them by ordering), nothing else
+// can be answered, and that silence says nothing of the platform.
+func (b *breaker) judgedDown(now time.Time) bool {
+	answered := b.lastHealthy
+	if answered.IsZero() {
+		answered = b.first
 	}
-	n := len(b.replies)
-	if n < b.cfg.MinReplies {
-		return false
-	}
-	recent := 0
-	for _, r := range b.replies[n-b.cfg.MinReplies:] {
-		if r.down {
-			recent++
+	return now.Sub(answered) >= b.cfg.Silence && b.failingSinceHealthy(true) >= b.cfg.Messages
+}
+
+// failingSinceHealthy counts, up to Messages, the distinct messages that
+// failed after the last healthy reply (only fresh failures when fresh).
+// It reads the failures newest first and stops at Messages, so that it
+// costs a few steps whatever the load.
+func (b *breaker) failingSinceHealthy(fresh bool) int {
+	var seen []int64
+	for i := len(b.failures) - 1; i >= 0 && b.failures[i].seq > b.healthySeq; i-- {
+		f := b.failures[i]
+		if (fresh && !f.fresh) || slices.Contains(seen, f.id) {
+			continue
+		}
+		if seen = append(seen, f.id); len(seen) >= b.cfg.Messages {
+			break
 		}
 	}
-	return float64(recent) >= b.cfg.Ratio*float64(b.cfg.MinReplies)
+	return len(seen)
 }
 
 func (b *breaker) expire(now time.Time) {
 	cut := 0
-	for cut < len(b.replies) && now.Sub(b.replies[cut].at) > b.cfg.Window {
-		if b.replies[cut].down {
-			b.unavailable--
+	for cut < len(b.failures) && now.Sub(b.failures[cut].at) > b.cfg.Window {
+		f := b.failures[cut]
+		if l, ok := b.latest[f.id]; ok && l.seq == f.seq {
+			delete(b.latest, f.id)
 		}
 		cut++
 	}
 	if cut > 0 {
-		b.replies = append(b.replies[:0], b.replies[cut:]...)
+		b.failures = append(b.failures[:0], b.failures[cut:]...)
 	}
 }
 
-// set moves to state s; a new state starts with a clean window, so that
-// the replies that opened the breaker do not open it again at once after a
-// probe succeeded.
-func (b *breaker) set(s BreakerState) {
+// set moves to state s at now. A new state starts with no failures, so that
+// those that opened the breaker do not open it again at once after a probe
+// succeeded; a half-open breaker counts the platform as answering from now
+// (a probe just succeeded, here or on another instance).
+func (b *breaker) set(s BreakerState, now time.Time) {
 	if b.state == s {
 		return
 	}
 	b.state = s
-	b.halfOpenOK = 0
-	b.replies = b.replies[:0]
-	b.unavailable, b.consecutive = 0, 0
+	clear(b.latest)
+	clear(b.healed)
+	b.failures = b.failures[:0]
+	if s == BreakerHalfOpen {
+		b.lastHealthy, b.healthySeq = now, b.seq
+	}
 }

@@ -10,132 +10,211 @@ import (
 func TestBreaker(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
-	cfg := BreakerConfig{Window: 10 * time.Second, MinReplies: 10, Ratio: 0.5, Consecutive: 5, HalfOpenReplies: 3}
+	cfg := BreakerConfig{Window: 10 * time.Second, Messages: 5, Silence: 3 * time.Second, HalfOpenMessages: 3}
+	// healthyEvery reports healthy replies of fresh messages (ids from
+	// 1 000 000 on) every step from from to to.
+	healthyEvery := func(b *breaker, from, to time.Time, step time.Duration) {
+		id := int64(1_000_000)
+		for at := from; at.Before(to); at = at.Add(step) {
+			id++
+			b.observe(at, id, true, false)
+		}
+	}
 
-	t.Run("MostRepliesUnavailableOpensIt", func(t *testing.T) {
+	t.Run("APlatformDownFromTheStartOpensItAfterTheSilence", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
-		// Alternating replies: half unavailable, never four in a row.
-		for i := range 9 {
-			if tr := b.observe(t0.Add(time.Duration(i)*time.Millisecond), i%2 == 0); tr != stay {
-				t.Fatalf("reply %d (of fewer than min_replies) moved the breaker: %v", i, tr)
+		for i := range 30 {
+			at := t0.Add(time.Duration(i) * 100 * time.Millisecond)
+			if tr, counts := b.observe(at, int64(i), true, true); tr != stay || counts {
+				t.Fatalf("failure %d at %v, with nothing ever answered: %v, counts %v; want it closed until 3s of silence, no attempt counted", i, at.Sub(t0), tr, counts)
 			}
 		}
-		if tr := b.observe(t0.Add(10*time.Millisecond), true); tr != trip || b.state != BreakerOpen {
-			t.Fatalf("10th reply, 6 of 10 unavailable: %v, state %v; want it open", tr, b.state)
+		if tr, _ := b.observe(t0.Add(3*time.Second), 30, true, true); tr != trip {
+			t.Fatalf("3s of failures of distinct messages from the start: %v, want it open", tr)
 		}
 	})
 
-	t.Run("HealthyErrorsNeverOpenIt", func(t *testing.T) {
+	t.Run("FailuresOfDistinctMessagesAndSilenceOpenIt", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
-		// errcode 999 is a reply the platform made on purpose: healthy,
-		// however many there are (the caller reports them as healthy).
-		for i := range 1000 {
-			unavailable := i%10 < 3 && i%10 != 1 // 20 % unavailable, never two in a row
-			if tr := b.observe(t0.Add(time.Duration(i)*time.Millisecond), unavailable); tr != stay {
-				t.Fatalf("reply %d: %v with a 20%% unavailable platform", i, tr)
+		b.observe(t0, 100, true, false)
+		at := t0.Add(4 * time.Second) // the platform has answered nothing for 4s
+		for id := range int64(4) {
+			if tr, _ := b.observe(at, id, true, true); tr != stay {
+				t.Fatalf("failure of message %d (fewer than 5 distinct) moved the breaker: %v", id, tr)
 			}
 		}
-		if b.down(t0.Add(time.Second)) {
-			t.Fatal("judged down")
+		if tr, _ := b.observe(at, 4, true, true); tr != trip || b.state != BreakerOpen {
+			t.Fatalf("5th distinct failing message after 4s of silence: %v, state %v; want it open", tr, b.state)
 		}
 	})
 
-	t.Run("ARandomThirdUnavailableNeverOpensItUnderLoad", func(t *testing.T) {
+	t.Run("RepliesAboutOneMessageCountOnce", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		// Three messages the platform cannot handle, retried for a minute,
+		// and nothing else: never an outage.
+		for i := range 600 {
+			at := t0.Add(time.Duration(i) * 100 * time.Millisecond)
+			if tr, counts := b.observe(at, int64(i%3), true, true); tr != stay || counts {
+				t.Fatalf("failure %d of 3 messages: %v, counts %v; want no trip and, with nothing answered, no attempt counted", i, tr, counts)
+			}
+		}
+	})
+
+	t.Run("AQuietNightNeverOpensItAndSpendsTheFailingMessagesAttempts", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		// Other messages answered 5 times a second; 3 failing messages
+		// retried every 5 s, all three at the same instant.
+		end := t0.Add(60 * time.Second)
+		next := t0.Add(100 * time.Millisecond)
+		id := int64(1000)
+		for at := t0; at.Before(end); at = at.Add(200 * time.Millisecond) {
+			id++
+			if tr, _ := b.observe(at, id, true, false); tr != stay {
+				t.Fatalf("healthy reply moved the breaker: %v", tr)
+			}
+			if at.Before(next) {
+				continue
+			}
+			next = next.Add(5 * time.Second)
+			for bad := range int64(3) {
+				fresh := at.Equal(t0.Add(100 * time.Millisecond))
+				if tr, counts := b.observe(at, bad, fresh, true); tr != stay || !counts {
+					t.Fatalf("failing message %d at %v: %v, counts %v; want no trip, the attempt counted", bad, at.Sub(t0), tr, counts)
+				}
+			}
+		}
+	})
+
+	t.Run("RetriesOfMessagesFailingOnTheirOwnNeverOpenIt", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		// A third of 1 200 events fail their first attempt while the rest
+		// are answered...
+		for i := range 1200 {
+			b.observe(t0.Add(time.Duration(i)*5*time.Millisecond), int64(i), true, i%3 == 0)
+		}
+		// ... then their retries are all that is due (ordering holds the
+		// rest behind them): 400 distinct messages failing, nothing
+		// answered for 30 s. They fail on their own; that is no outage.
+		at := t0.Add(10 * time.Second)
+		for i := range 400 {
+			at = at.Add(75 * time.Millisecond)
+			if tr, _ := b.observe(at, int64(3*i), false, true); tr != stay {
+				t.Fatalf("retry %d of a message that failed on its own, %v after the last answer: %v", i, at.Sub(t0.Add(6*time.Second)).Round(time.Second), tr)
+			}
+		}
+	})
+
+	t.Run("SomeMessagesFailingUnderLoadNeverOpenIt", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
 		rnd := rand.New(rand.NewPCG(1, 2))
-		for i := range 20_000 { // 2 000 replies a second
-			if tr := b.observe(t0.Add(time.Duration(i)*500*time.Microsecond), rnd.Float64() < 0.3); tr != stay {
-				t.Fatalf("reply %d: %v with a platform failing 30%% of requests at random", i, tr)
+		// 2 000 replies a second for 10 s, 90 % of them failures of
+		// distinct messages: long runs of distinct failures, but the
+		// platform keeps answering the rest.
+		for i := range 20_000 {
+			if tr, _ := b.observe(t0.Add(time.Duration(i)*500*time.Microsecond), int64(i), true, rnd.Float64() < 0.9); tr != stay {
+				t.Fatalf("reply %d: %v with a platform failing 90%% of messages and answering the rest", i, tr)
 			}
 		}
 	})
 
-	t.Run("ARunOfUnavailableRepliesOpensItUnderLightLoad", func(t *testing.T) {
+	t.Run("AnOutageUnderLoadStopsCountingAttemptsAtOnceAndOpensAfterTheSilence", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
-		for i := range 4 {
-			b.observe(t0.Add(time.Duration(i)*time.Second), true)
+		healthyEvery(b, t0, t0.Add(10*time.Second), 30*time.Millisecond)
+		down := t0.Add(10 * time.Second)
+		var opened time.Time
+		for i := range 1000 { // failures of distinct messages, 100 a second
+			at := down.Add(time.Duration(i) * 10 * time.Millisecond)
+			tr, counts := b.observe(at, int64(i), true, true)
+			if i >= 4 && counts {
+				t.Fatalf("failure %d of the outage counts an attempt: 5 distinct messages have failed since the last answer", i)
+			}
+			if tr == trip {
+				opened = at
+				break
+			}
 		}
-		if tr := b.observe(t0.Add(4*time.Second), true); tr != trip {
-			t.Fatalf("5 unavailable replies in a row: %v", tr)
+		if opened.IsZero() || opened.Sub(down) < 2*time.Second || opened.Sub(down) > 3*time.Second {
+			t.Fatalf("opened at %v into the outage, want once the 3s silence since the last answer has passed", opened.Sub(down))
 		}
 	})
 
-	t.Run("OldRepliesLeaveTheWindow", func(t *testing.T) {
+	t.Run("AMessageFailingAgainBeforeAnythingIsAnsweredDoesNotCount", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
-		for i := range 8 { // 4 of 8 unavailable, below min_replies
-			b.observe(t0, i%2 == 0)
+		b.observe(t0, 1, true, false)
+		if _, counts := b.observe(t0.Add(time.Second), 2, true, true); !counts {
+			t.Fatal("a first failure with the platform answering a second ago does not count")
 		}
-		// Past the window the old replies are gone: 5 of 10 would have
-		// opened it.
+		// Short retry delays under light load: the same message fails
+		// again before any other is answered.
+		if _, counts := b.observe(t0.Add(1100*time.Millisecond), 2, true, true); counts {
+			t.Fatal("a message failing again before anything was answered counts: its attempts could all meet the first second of an outage")
+		}
+		b.observe(t0.Add(1200*time.Millisecond), 3, true, false)
+		if _, counts := b.observe(t0.Add(1300*time.Millisecond), 2, true, true); !counts {
+			t.Fatal("a message failing again after another was answered does not count: it is failing on its own")
+		}
+	})
+
+	t.Run("StaleEvidenceDoesNotCount", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		b.observe(t0, 1, true, false)
+		if _, counts := b.observe(t0.Add(11*time.Second), 2, true, true); counts {
+			t.Fatal("a failure 11s after the last answer (window 10s) counts: under light load an outage could spend attempts")
+		}
+	})
+
+	t.Run("OldFailuresLeaveTheWindow", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		for id := range int64(4) {
+			b.observe(t0, id, true, true)
+		}
 		late := t0.Add(11 * time.Second)
-		b.observe(late, true)
-		if tr := b.observe(late, false); tr != stay || b.down(late) {
-			t.Fatalf("replies older than the window still count: %v, down %v", tr, b.down(late))
+		if tr, _ := b.observe(late, 4, true, true); tr != stay {
+			t.Fatalf("failures older than the window still count: %v", tr)
 		}
-		if n := len(b.replies); n != 2 {
-			t.Fatalf("%d replies kept, want the 2 recent ones", n)
+		if n := b.failingSinceHealthy(false); n != 1 || len(b.latest) != 1 || len(b.failures) != 1 {
+			t.Fatalf("kept %d failing messages (%d counted, %d replies), want the recent one", len(b.latest), n, len(b.failures))
 		}
 	})
 
-	t.Run("TheLatestRepliesSayDownBeforeTheBreakerOpens", func(t *testing.T) {
+	t.Run("HalfOpenClosesOnDistinctMessagesAndOneMessageDoesNotReopenIt", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
-		for i := range 300 { // 30 s of healthy traffic, window full
-			b.observe(t0.Add(time.Duration(i)*33*time.Millisecond), false)
+		b.set(BreakerHalfOpen, t0)
+		if _, counts := b.observe(t0, 9, true, true); counts {
+			t.Fatal("a failure while half-open counts an attempt")
 		}
-		at := t0.Add(10 * time.Second)
-		for i := range 10 { // the outage begins
-			if tr := b.observe(at, true); tr != stay {
-				t.Fatalf("reply %d of the outage opened the breaker already: the window is mostly healthy", i)
+		for range 5 { // one message's healthy replies count once
+			if tr, _ := b.observe(t0, 1, true, false); tr != stay {
+				t.Fatalf("the same message answered again closed it: %v", tr)
 			}
 		}
-		if !b.down(at) {
-			t.Fatal("10 unavailable replies in a row are not judged down: a row on its last attempt would fail")
+		for range 20 { // one message failing, again and again
+			if tr, _ := b.observe(t0.Add(5*time.Second), 9, true, true); tr != stay {
+				t.Fatalf("one message's failures reopened it: %v", tr)
+			}
 		}
-	})
-
-	t.Run("TwoUnavailableRepliesInARowSayDownUnderLightLoad", func(t *testing.T) {
-		t.Parallel()
-		b := newBreaker(cfg)
-		b.observe(t0, false)
-		b.observe(t0, true)
-		if b.down(t0) {
-			t.Fatal("one unavailable reply is judged down")
+		b.observe(t0, 2, true, false)
+		if tr, _ := b.observe(t0, 3, true, false); tr != recover || b.state != BreakerClosed {
+			t.Fatalf("3rd distinct message answered in half-open: %v %v", tr, b.state)
 		}
-		b.observe(t0, true)
-		if !b.down(t0) {
-			t.Fatal("two unavailable replies in a row, few replies in the window: not judged down, so a row on its last attempt would fail")
+		b.set(BreakerHalfOpen, t0)
+		var tr transition
+		for id := range int64(5) {
+			tr, _ = b.observe(t0.Add(4*time.Second), 100+id, true, true)
 		}
-		if b.state != BreakerClosed {
-			t.Fatalf("two unavailable replies opened the breaker: %v", b.state)
-		}
-		b.observe(t0, false)
-		if b.down(t0) {
-			t.Fatal("still judged down after a healthy reply")
-		}
-	})
-
-	t.Run("HalfOpenClosesAfterHealthyRepliesAndReopensOnAFailure", func(t *testing.T) {
-		t.Parallel()
-		b := newBreaker(cfg)
-		b.set(BreakerHalfOpen)
-		if !b.down(t0) {
-			t.Fatal("half-open is not judged down")
-		}
-		b.observe(t0, false)
-		b.observe(t0, false)
-		if tr := b.observe(t0, false); tr != recover || b.state != BreakerClosed {
-			t.Fatalf("3rd healthy reply in half-open: %v %v", tr, b.state)
-		}
-		b.set(BreakerHalfOpen)
-		b.observe(t0, false)
-		if tr := b.observe(t0, true); tr != trip || b.state != BreakerOpen {
-			t.Fatalf("unavailable reply in half-open: %v %v", tr, b.state)
+		if tr != trip || b.state != BreakerOpen {
+			t.Fatalf("5 distinct messages failing after 4s of silence in half-open: %v %v", tr, b.state)
 		}
 	})
 }

@@ -315,7 +315,7 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.ClaimedRow, error) {
 		d.dueKnown = false
 
 		limit := min(d.cfg.BatchSize, rows)
-		res, err := d.claim(ctx, pool, limit, bytes)
+		res, err := d.claim(ctx, pool, outboxdb.ClaimParams{Limit: limit, MaxBytes: bytes})
 		if err != nil {
 			d.claimNeeded.Store(true)
 			if ctx.Err() != nil {
@@ -353,12 +353,15 @@ func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *Gate) (pr
 		return nil, false, nil
 	}
 	if g.State() == BreakerOpen && !time.Now().Before(until) && g.TryProbe(ctx) {
-		res, err := d.claim(ctx, pool, 1, -1)
+		res, err := d.claim(ctx, pool, outboxdb.ClaimParams{Probe: true})
 		if err != nil {
 			return nil, false, err
 		}
 		if len(res.Claimed) > 0 {
-			g.MarkProbe(res.Claimed[0].ID)
+			// A message whose attempts are unspent was not failing on its
+			// own: its failure says the platform is down.
+			row := res.Claimed[0]
+			g.MarkProbe(row.ID, row.AttemptCount <= 1)
 			return res.Claimed, false, nil
 		}
 		// Nothing due to probe with: the next row that comes will wait for
@@ -382,7 +385,7 @@ func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *Gate) (pr
 // already committed would lose the claim tokens, leaving the rows
 // IN_PROGRESS until their lease runs out. A claim under way when shutdown
 // begins gets claimGrace to finish; its rows are then released by handOut.
-func (d *Dispatcher) claim(ctx context.Context, pool *pgxpool.Pool, limit int, maxBytes int64) (outboxdb.ClaimResult, error) {
+func (d *Dispatcher) claim(ctx context.Context, pool *pgxpool.Pool, p outboxdb.ClaimParams) (outboxdb.ClaimResult, error) {
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(claimGrace, cancel) })
@@ -390,13 +393,8 @@ func (d *Dispatcher) claim(ctx context.Context, pool *pgxpool.Pool, limit int, m
 	if d.OnClaim != nil {
 		d.OnClaim()
 	}
-	res, err := outboxdb.ClaimDue(claimCtx, pool, outboxdb.ClaimParams{
-		Limit:       limit,
-		MaxBytes:    maxBytes,
-		Lease:       d.cfg.Lease,
-		Claimer:     d.cfg.Claimer,
-		MaxAttempts: d.MaxAttempts(),
-	})
+	p.Lease, p.Claimer, p.MaxAttempts = d.cfg.Lease, d.cfg.Claimer, d.MaxAttempts()
+	res, err := outboxdb.ClaimDue(claimCtx, pool, p)
 	if err != nil {
 		return res, err
 	}

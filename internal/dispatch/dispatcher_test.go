@@ -71,7 +71,7 @@ func TestDispatcher(t *testing.T) {
 		b := setup(t)
 		ids := b.db.InsertDue("r", 5)
 		d := b.dispatcher(t, DispatcherConfig{})
-		res, err := d.claim(b.ctx, d.Pool(), 5, -1)
+		res, err := d.claim(b.ctx, d.Pool(), outboxdb.ClaimParams{Limit: 5})
 		if err != nil || len(res.Claimed) != 5 {
 			t.Fatalf("claim: %d rows, %v", len(res.Claimed), err)
 		}

@@ -73,8 +73,10 @@ type Gate struct {
 	// says how much time is left of each; see follow).
 	pausedUntil time.Time
 	nextProbeAt time.Time
-	probes      map[int64]struct{}
-	changed     chan struct{}
+	// probes holds the rows marked to carry a probe, and whether each
+	// one's message is fresh (see MarkProbe).
+	probes  map[int64]bool
+	changed chan struct{}
 	// decisions counts this instance's own changes of the breaker and
 	// pauses, and sharing counts its writes of the breaker under way: a
 	// shared state read before one of them is older than it and must not
@@ -98,7 +100,7 @@ func NewGate(cfg GateConfig, log *service.Logger, m GateMetrics) *Gate {
 		m:       m,
 		limiter: NewLimiter(cfg.MaxInFlight),
 		b:       newBreaker(cfg.Breaker),
-		probes:  map[int64]struct{}{},
+		probes:  map[int64]bool{},
 		changed: make(chan struct{}),
 	}
 	g.limiter.OnChange = func(limit, free int) {
@@ -218,7 +220,7 @@ func (g *Gate) follow(s outboxdb.PlatformState, arrived time.Time, seen uint64) 
 // followLocked takes state as the breaker's, whoever changed it.
 func (g *Gate) followLocked(state BreakerState, reason string) {
 	if from := g.b.state; from != state {
-		g.b.set(state)
+		g.b.set(state, time.Now())
 		g.changedLocked(from, state, reason)
 	}
 }
@@ -290,50 +292,89 @@ func (g *Gate) Release() { g.limiter.Release() }
 // Limiter is the adaptive concurrency limit.
 func (g *Gate) Limiter() *Limiter { return g.limiter }
 
+// Reply is what the platform's answer to one request says about the
+// platform itself, whatever it says about the message.
+type Reply struct {
+	// Unavailable: no reply, a timeout, a 5xx, a 429 or a 2xx that is not
+	// JSON (unless a rule says the reply concerns its message alone).
+	Unavailable bool
+	// Fresh: the message's attempts were unspent before this one (its
+	// first attempt, or its earlier failures did not count). Only fresh
+	// messages' failures are evidence of an outage; a message that has
+	// failed on its own fails again for its own reasons.
+	Fresh bool
+	// Overloaded: the platform asked for less (429, 502, 503, 504) or did
+	// not answer (a timeout, a refused connection). Only these halve the
+	// concurrency limit: a 500 says the platform failed that request, and a
+	// few messages it cannot handle must not slow the others.
+	Overloaded bool
+	// PauseFor is a Retry-After to honour on every instance (0: none).
+	PauseFor time.Duration
+	// Why describes the reply, for the log.
+	Why string
+}
+
 // Report tells the gate how the platform answered the request of row id,
-// sent with permit p; pauseFor is a Retry-After to honour (0: none).
-func (g *Gate) Report(ctx context.Context, id int64, p Permit, unavailable bool, pauseFor time.Duration, why string) {
-	if pauseFor > 0 {
-		g.pause(ctx, pauseFor)
+// sent with permit p. For an unavailable reply, counted says whether the
+// row's attempt may count: a failed probe never counts, nor a reply while
+// the breaker is not closed, sending is paused, or nothing shows the
+// platform up (docs/guarantees.md #13, #16).
+func (g *Gate) Report(ctx context.Context, id int64, p Permit, r Reply) (counted bool) {
+	if r.PauseFor > 0 {
+		g.pause(ctx, r.PauseFor)
 	}
 	if p == Probe {
 		g.mu.Lock()
+		fresh := g.probes[id]
 		delete(g.probes, id)
 		g.mu.Unlock()
-		g.probed(ctx, unavailable, why)
-		return
+		g.probed(ctx, id, r, fresh)
+		return false
 	}
-	if unavailable {
-		g.limiter.Unavailable()
-	} else {
+	switch {
+	case !r.Unavailable:
 		g.limiter.Healthy()
+	case r.Overloaded:
+		g.limiter.Unavailable()
 	}
 	g.mu.Lock()
 	from := g.b.state
-	t := g.b.observe(time.Now(), unavailable)
+	now := time.Now()
+	t, counts := g.b.observe(now, id, r.Fresh, r.Unavailable)
+	if now.Before(g.pausedUntil) {
+		counts = false
+	}
 	if t != stay {
 		g.decisions++
-		g.changedLocked(from, g.b.state, why)
+		g.changedLocked(from, g.b.state, r.Why)
 	}
 	g.mu.Unlock()
 	switch t {
 	case trip:
-		g.setShared(ctx, []BreakerState{BreakerClosed, BreakerHalfOpen}, BreakerOpen, "most recent requests found the platform unavailable, e.g. "+why)
+		g.setShared(ctx, []BreakerState{BreakerClosed, BreakerHalfOpen}, BreakerOpen, "failures of distinct messages and no healthy reply for "+g.b.cfg.Silence.String()+", e.g. "+r.Why)
 	case recover:
 		g.setShared(ctx, []BreakerState{BreakerHalfOpen}, BreakerClosed, "the platform answered again")
 	}
+	return counts
 }
 
-func (g *Gate) probed(ctx context.Context, unavailable bool, why string) {
+func (g *Gate) probed(ctx context.Context, id int64, r Reply, fresh bool) {
 	result := "healthy"
-	if unavailable {
+	switch {
+	case r.Unavailable && !fresh:
+		result = "inconclusive"
+	case r.Unavailable:
 		result = "unavailable"
 	}
 	if g.m.Probes != nil {
 		g.m.Probes.Incr(1, result)
 	}
-	if unavailable {
-		g.log.Infof("Platform probe failed, the breaker stays open: %s", why)
+	switch result {
+	case "inconclusive":
+		g.log.Infof("Platform probe with row %d failed, but that message has failed on its own before (no other message was due to probe with): it proves nothing, the breaker stays open until a probe with another message: %s", id, r.Why)
+		return
+	case "unavailable":
+		g.log.Infof("Platform probe failed, the breaker stays open: %s", r.Why)
 		return
 	}
 	g.setShared(ctx, []BreakerState{BreakerOpen}, BreakerHalfOpen, "a probe succeeded")
@@ -386,16 +427,6 @@ func (g *Gate) pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Down says whether the platform must be treated as down: the breaker is
-// not closed, sending is paused, or this instance's recent replies already
-// say so. An unavailable reply then never makes its row FAILED.
-func (g *Gate) Down() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	now := time.Now()
-	return now.Before(g.pausedUntil) || g.b.down(now)
-}
-
 // Blocked says whether claims must wait: the breaker is open or sending is
 // paused. until is when it is worth looking again (the pause's end, or the
 // next probe); changed is closed at the next change of state.
@@ -432,10 +463,12 @@ func (g *Gate) TryProbe(ctx context.Context) bool {
 	return won
 }
 
-// MarkProbe marks the row that will carry the probe.
-func (g *Gate) MarkProbe(id int64) {
+// MarkProbe marks the row that will carry the probe; fresh says its
+// message has not failed with its attempts counted (it was chosen because
+// no such message was due), so that its failure says the platform is down.
+func (g *Gate) MarkProbe(id int64, fresh bool) {
 	g.mu.Lock()
-	g.probes[id] = struct{}{}
+	g.probes[id] = fresh
 	g.mu.Unlock()
 }
 

@@ -6,15 +6,28 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
 var (
-	claimSQL   = mustSQL("claim.sql")
-	nextDueSQL = mustSQL("next_due.sql")
+	claimSQL      = mustSQL("claim.sql")
+	claimProbeSQL = spliceLocked(claimSQL, mustSQL("claim_probe.sql"))
+	nextDueSQL    = mustSQL("next_due.sql")
 )
+
+// spliceLocked is claim with the rows it locks chosen by locked instead:
+// the part of claim.sql between its "locked: begin" and "locked: end" lines.
+func spliceLocked(claim, locked string) string {
+	const begin, end = "-- locked: begin", "-- locked: end"
+	i, j := strings.Index(claim, begin), strings.Index(claim, end)
+	if i < 0 || j < i {
+		panic("outboxdb: claim.sql lacks its locked: begin/end markers")
+	}
+	return claim[:i] + locked + "\n    " + claim[j:]
+}
 
 // ClaimedRow is a row handed to a dispatcher by a claim.
 type ClaimedRow struct {
@@ -85,6 +98,10 @@ type ClaimParams struct {
 	// MaxAttempts fails, instead of claiming, a due row whose attempt_count has
 	// reached it. Zero or less: no limit.
 	MaxAttempts int
+	// Probe claims the one row a probe of an open breaker carries: of the
+	// first due rows, the one whose attempts are least spent, attempted
+	// longest ago (claim_probe.sql). Limit is then 1.
+	Probe bool
 }
 
 // ClaimResult is what one claim statement did.
@@ -111,6 +128,10 @@ func ClaimSQL() string { return claimSQL }
 // row is taken twice (FOR UPDATE SKIP LOCKED). The claim commits without
 // waiting for the WAL flush (see claim.sql).
 func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error) {
+	sql := claimSQL
+	if p.Probe {
+		sql, p.Limit = claimProbeSQL, 1
+	}
 	if p.Limit <= 0 {
 		return ClaimResult{}, nil
 	}
@@ -118,7 +139,7 @@ func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error
 	if maxBytes <= 0 {
 		maxBytes = -1
 	}
-	rows, err := q.Query(ctx, claimSQL, p.Limit, p.Lease.Milliseconds(), p.Claimer, max(p.MaxAttempts, 0), maxBytes)
+	rows, err := q.Query(ctx, sql, p.Limit, p.Lease.Milliseconds(), p.Claimer, max(p.MaxAttempts, 0), maxBytes)
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claiming due rows: %w", err)
 	}

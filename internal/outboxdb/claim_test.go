@@ -424,3 +424,61 @@ func explainPlan(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) expl
 	}
 	return out[0].Plan
 }
+
+// TestClaimProbe: the row a probe carries is one whose message is not
+// failing on its own, never the same row twice in a row while another is
+// due, and found even behind a backlog of older retries.
+func TestClaimProbe(t *testing.T) {
+	t.Parallel()
+	probe := func(t *testing.T, b *fixture.DB) outboxdb.ClaimedRow {
+		t.Helper()
+		res := b.Claim(outboxdb.ClaimParams{Probe: true, Lease: time.Minute, Claimer: "prober", MaxAttempts: 5})
+		if len(res.Claimed) != 1 {
+			t.Fatalf("probe claimed %d rows, want 1", len(res.Claimed))
+		}
+		return res.Claimed[0]
+	}
+
+	t.Run("AMessageNeverAttemptedGoesFirst", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		due := -time.Minute
+		var failing []fixture.Row
+		for i := range 200 { // a backlog of retries that failed on their own
+			failing = append(failing, fixture.Row{Key: fmt.Sprintf("failing-%d", i), Attempts: 2, DueIn: &due, LastError: "http 500", LastHTTPStatus: 500})
+		}
+		b.Insert(failing...)
+		fresh := b.Insert(fixture.Row{Key: "fresh"})[0]
+		if r := probe(t, b); r.ID != fresh || r.AttemptCount != 1 {
+			t.Fatalf("probe took row %d (attempt %d), want the never attempted row %d behind 200 failing retries", r.ID, r.AttemptCount, fresh)
+		}
+	})
+
+	t.Run("NeverTheSameRowTwiceInARow", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		ids := b.InsertDue("due", 2)
+		first := probe(t, b)
+		// The probe failed: the row goes back, its attempt not counted.
+		if _, err := outboxdb.RecordResults(b.Ctx, b.Pool, []outboxdb.Result{{ID: first.ID, ClaimToken: first.ClaimToken,
+			Status: outboxdb.StatusPending, Undo: true, Logged: true, Sent: true, Error: "platform unavailable, attempt not counted: http 503"}}, outboxdb.RecordOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Due before the other row, as a retry can be.
+		b.Exec(`UPDATE forward_records SET next_retry_at = now() - interval '1 hour' WHERE id = $1`, first.ID)
+		second := probe(t, b)
+		if second.ID == first.ID || !slices.Contains(ids, second.ID) {
+			t.Fatalf("second probe took row %d, the first took %d; want the other due row", second.ID, first.ID)
+		}
+	})
+
+	t.Run("HeldRowsNeverCarryIt", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		b.Insert(fixture.Row{Key: "head", OrderingKey: "P1/B1", Attempts: 3, LastError: "http 500"},
+			fixture.Row{Key: "held", OrderingKey: "P1/B1", OrderHeld: true})
+		if r := probe(t, b); r.MessageKey != "head" {
+			t.Fatalf("probe took %q, want the key's head (held rows are not due)", r.MessageKey)
+		}
+	})
+}

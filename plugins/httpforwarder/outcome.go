@@ -2,6 +2,7 @@ package httpforwarder
 
 import (
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -22,9 +23,9 @@ type policy struct {
 
 // health is what a reply says about the platform itself, whatever it says
 // about the row: a reply the platform produced on purpose (any JSON answer,
-// any errcode, any 4xx but 429) shows it up; no reply, a timeout, a 5xx, a
-// 429 or a 2xx that is not JSON shows it unavailable (docs/guarantees.md,
-// "Protecting the platform").
+// any errcode, any 4xx but 429, a reply a rule settles as success,
+// duplicate or no_retry, or one a rule calls message-specific) shows it up; no reply, a timeout, a 5xx, a 429 or a 2xx that is not JSON
+// shows it unavailable (docs/architecture.md, "Protecting the platform").
 type health int
 
 const (
@@ -48,6 +49,9 @@ type decision struct {
 	Result outboxdb.Result
 	// Health of the platform as this reply shows it.
 	Health health
+	// Overloaded: the reply asks for less (429, 502, 503, 504) or none came
+	// in time; only then is the concurrency limit halved.
+	Overloaded bool
 	// PauseFor is the Retry-After of a 429/503, capped at the retry
 	// maximum: every instance should stop sending that long. Zero when none.
 	PauseFor time.Duration
@@ -58,17 +62,25 @@ type decision struct {
 // decide classifies r, the reply to attempt number attempt (1-based).
 func (p policy) decide(r response, attempt int, took time.Duration, now time.Time) decision {
 	env := ruleEnv{Status: r.Status, Headers: r.Headers, Body: r.Body, Error: r.Err}
-	outcome, ruleIdx, runErr := p.rules.classify(&env)
+	rule, ruleIdx, runErr := p.rules.classify(&env)
+	outcome := rule.Outcome
 	d := decision{
-		Outcome: outcome,
-		Health:  replyHealth(r),
-		RuleErr: runErr,
+		Outcome:    outcome,
+		Health:     replyHealth(r),
+		Overloaded: overloaded(r),
+		RuleErr:    runErr,
 		Result: outboxdb.Result{
 			Sent:            true,
 			Duration:        took,
 			HTTPStatus:      r.Status,
 			PlatformErrcode: platformErrcode(r.Body),
 		},
+	}
+	if rule.MessageSpecific || outcome != outcomeRetry {
+		// A rule that settles the row (success, duplicate, no_retry) or
+		// says the reply concerns its message took it as the platform's
+		// answer: it is not an outage, and its attempt counts.
+		d.Health, d.Overloaded = healthy, false
 	}
 	if honoursRetryAfter(r.Status) {
 		if wait, ok := retryAfter(r.RetryAfter, now); ok {
@@ -99,6 +111,38 @@ func (p policy) decide(r response, attempt int, took time.Duration, now time.Tim
 		d.Result.Error = what
 	}
 	return d
+}
+
+// notCounted is d for a reply whose attempt must not count: the gate found
+// the platform down, or the request was a probe (docs/guarantees.md #13).
+// Such an unavailable reply says nothing about the row: a probe, or an
+// attempt that would make the row FAILED, is logged but not counted, and
+// the row waits its retry delay (or the pause asked for) with its attempts
+// unchanged, so that neither a failed probe nor an outage of any length
+// makes a row FAILED. Other outcomes are d unchanged.
+func (p policy) notCounted(d decision, r response, attempt int, probe bool) decision {
+	if d.Health != unavailable || !(probe || d.Result.Status == outboxdb.StatusFailed) {
+		return d
+	}
+	d.Result.Status = outboxdb.StatusPending
+	d.Result.Class = ""
+	d.Result.RetryIn = p.backoff.delay(attempt, p.rnd())
+	if d.PauseFor > 0 {
+		d.Result.RetryIn = d.PauseFor
+	}
+	d.Result.Undo, d.Result.Logged = true, true
+	d.Result.Error = "platform unavailable, attempt not counted: " + describeReply(r)
+	return d
+}
+
+// overloaded says whether r asks for fewer requests: no reply in time, a
+// refused connection, 429, or a gateway or service that cannot take more.
+func overloaded(r response) bool {
+	switch r.Status {
+	case 0, http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
 }
 
 // replyHealth says whether r shows the platform up.

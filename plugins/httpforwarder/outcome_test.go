@@ -45,6 +45,8 @@ func TestDecide(t *testing.T) {
 		errcode  string
 		errHas   string
 		pauseFor time.Duration
+		// overloaded: the reply halves the concurrency limit.
+		overloaded bool
 	}{
 		{name: "Result0", r: json(200, `{"result":0}`), attempt: 1, status: outboxdb.StatusSuccess, health: healthy},
 		{name: "Result0AsString", r: json(201, `{"result":"0","errcode":"0"}`), attempt: 3, status: outboxdb.StatusSuccess, health: healthy, errcode: "0"},
@@ -60,18 +62,20 @@ func TestDecide(t *testing.T) {
 		{name: "HTTP500", r: response{Status: 500, Snippet: "oops"}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable, errHas: "http 500: oops"},
 		{name: "HTTP500WithSuccessBody", r: json(500, `{"result":0}`), attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable},
 		{name: "HTTP429RetryAfter", r: response{Status: 429, RetryAfter: "7"}, attempt: 1, status: outboxdb.StatusPending,
-			retryIn: 7 * time.Second, health: unavailable, pauseFor: 7 * time.Second, errHas: "http 429 (empty body)"},
+			retryIn: 7 * time.Second, health: unavailable, pauseFor: 7 * time.Second, errHas: "http 429 (empty body)", overloaded: true},
 		{name: "HTTP503RetryAfterCapped", r: response{Status: 503, RetryAfter: "3600"}, attempt: 1, status: outboxdb.StatusPending,
-			retryIn: 10 * time.Second, health: unavailable, pauseFor: 10 * time.Second},
+			retryIn: 10 * time.Second, health: unavailable, pauseFor: 10 * time.Second, overloaded: true},
 		{name: "HTTP503RetryAfterAsDate", r: response{Status: 503, RetryAfter: now.Add(4 * time.Second).Format(httpDate)}, attempt: 1,
-			status: outboxdb.StatusPending, retryIn: 4 * time.Second, health: unavailable, pauseFor: 4 * time.Second},
+			status: outboxdb.StatusPending, retryIn: 4 * time.Second, health: unavailable, pauseFor: 4 * time.Second, overloaded: true},
 		{name: "RetryAfterIgnoredOn500", r: response{Status: 500, RetryAfter: "7"}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable},
 		{name: "NonJSON2xx", r: response{Status: 200, Snippet: "<html>maintenance</html>"}, attempt: 1, status: outboxdb.StatusPending,
 			retryIn: time.Second, health: unavailable, errHas: "http 200: <html>maintenance</html>"},
 		{name: "Timeout", r: response{Err: "request timed out after 10s", TimedOut: true}, attempt: 1, status: outboxdb.StatusPending,
-			retryIn: time.Second, health: unavailable, errHas: "request timed out after 10s"},
+			retryIn: time.Second, health: unavailable, errHas: "request timed out after 10s", overloaded: true},
 		{name: "ConnectionRefused", r: response{Err: "dial tcp: connection refused"}, attempt: 3, status: outboxdb.StatusFailed,
-			class: outboxdb.ClassTransient, health: unavailable, errHas: "giving up after 3 attempts: dial tcp: connection refused"},
+			class: outboxdb.ClassTransient, health: unavailable, errHas: "giving up after 3 attempts: dial tcp: connection refused", overloaded: true},
+		{name: "HTTP502", r: response{Status: 502}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable, overloaded: true},
+		{name: "HTTP504", r: response{Status: 504}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable, overloaded: true},
 		{name: "HTTP400IsHealthyAndRetried", r: json(400, `{"error":"bad field"}`), attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: healthy},
 		{name: "EmptyBody", r: response{Status: 204}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second, health: unavailable, errHas: "http 204 (empty body)"},
 	} {
@@ -86,6 +90,9 @@ func TestDecide(t *testing.T) {
 			if r.Status == outboxdb.StatusPending && r.RetryIn != tc.retryIn {
 				t.Errorf("retry in %v, want %v", r.RetryIn, tc.retryIn)
 			}
+			if d.Overloaded != tc.overloaded {
+				t.Errorf("overloaded %v, want %v", d.Overloaded, tc.overloaded)
+			}
 			if d.PauseFor != tc.pauseFor {
 				t.Errorf("pause %v, want %v", d.PauseFor, tc.pauseFor)
 			}
@@ -99,6 +106,80 @@ func TestDecide(t *testing.T) {
 				t.Errorf("sent %v http %d", r.Sent, r.HTTPStatus)
 			}
 		})
+	}
+}
+
+// TestDecideNotCounted: a reply whose attempt the gate does not count (the
+// platform is down, or the request was a probe) leaves the row's attempts as
+// they were when it would have spent the last one, or always for a probe.
+func TestDecideNotCounted(t *testing.T) {
+	t.Parallel()
+	rules, err := compileRules(defaultRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := policy{
+		rules:       rules,
+		backoff:     backoff{initial: time.Second, max: 10 * time.Second, multiplier: 2, jitter: 0.1},
+		maxAttempts: 3,
+		rnd:         func() float64 { return 0.5 },
+	}
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		r       response
+		attempt int
+		probe   bool
+		// undone: the attempt is given back (Undo) and the row waits
+		// retryIn with its attempts as they were.
+		undone  bool
+		status  outboxdb.Status
+		retryIn time.Duration
+	}{
+		{name: "LastAttemptOfADownPlatform", r: response{Status: 503}, attempt: 3, undone: true, status: outboxdb.StatusPending, retryIn: 4 * time.Second},
+		{name: "LastAttemptPausedByRetryAfter", r: response{Status: 503, RetryAfter: "6"}, attempt: 3, undone: true, status: outboxdb.StatusPending, retryIn: 6 * time.Second},
+		{name: "EarlierAttemptCountsAsARetry", r: response{Status: 503}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second},
+		{name: "FailedProbe", r: response{Err: "connection refused"}, attempt: 1, probe: true, undone: true, status: outboxdb.StatusPending, retryIn: time.Second},
+		{name: "HealthyProbeIsRecorded", r: response{Status: 200, Body: map[string]any{"result": 0.0}}, attempt: 1, probe: true, status: outboxdb.StatusSuccess},
+		{name: "HealthyFailureOnTheLastAttemptFails", r: response{Status: 200, Body: map[string]any{"result": 1.0, "errcode": "999"}}, attempt: 3, status: outboxdb.StatusFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d := p.notCounted(p.decide(tc.r, tc.attempt, time.Millisecond, now), tc.r, tc.attempt, tc.probe)
+			r := d.Result
+			if r.Status != tc.status || r.Undo != tc.undone || r.Logged != tc.undone {
+				t.Fatalf("status %s undo %v logged %v (error %q); want %s, undone %v", r.Status, r.Undo, r.Logged, r.Error, tc.status, tc.undone)
+			}
+			if r.Status == outboxdb.StatusPending && r.RetryIn != tc.retryIn {
+				t.Errorf("retry in %v, want %v", r.RetryIn, tc.retryIn)
+			}
+			if tc.undone && (!strings.HasPrefix(r.Error, "platform unavailable, attempt not counted: ") || r.Class != "") {
+				t.Errorf("error %q class %q", r.Error, r.Class)
+			}
+		})
+	}
+}
+
+// TestMessageSpecificRule: a reply a rule calls message-specific shows the
+// platform up whatever its status, so it never counts toward the breaker,
+// never halves concurrency, and its attempts count to FAILED.
+func TestMessageSpecificRule(t *testing.T) {
+	t.Parallel()
+	rules, err := compileRules(append([]ruleSpec{{When: `status == 500 && body?.error == "bad plate"`, Outcome: outcomeRetry, MessageSpecific: true}}, defaultRules...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := policy{rules: rules, backoff: backoff{initial: time.Second, max: 10 * time.Second, multiplier: 2}, maxAttempts: 3, rnd: func() float64 { return 0.5 }}
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	bad := response{Status: 500, Body: map[string]any{"error": "bad plate"}, Snippet: `{"error":"bad plate"}`}
+	d := p.decide(bad, 3, time.Millisecond, now)
+	if d.Health != healthy || d.Overloaded || d.Result.Status != outboxdb.StatusFailed || d.Result.Class != outboxdb.ClassTransient {
+		t.Fatalf("message-specific 500 on the last attempt: health %v overloaded %v status %s class %q; want healthy, FAILED TRANSIENT",
+			d.Health, d.Overloaded, d.Result.Status, d.Result.Class)
+	}
+	other := response{Status: 500, Body: map[string]any{"error": "database down"}}
+	if d := p.decide(other, 1, time.Millisecond, now); d.Health != unavailable {
+		t.Fatalf("a 500 the rule does not match: health %v, want unavailable", d.Health)
 	}
 }
 

@@ -43,6 +43,7 @@ const (
 	hfFieldRules            = "rules"
 	hfFieldRuleWhen         = "when"
 	hfFieldRuleOutcome      = "outcome"
+	hfFieldRuleMessage      = "message_specific"
 	hfFieldRetry            = "retry"
 	hfFieldRetryInitial     = "initial"
 	hfFieldRetryMax         = "max"
@@ -55,10 +56,9 @@ const (
 	hfFieldRateLimit        = "rate_limit"
 	hfFieldBreaker          = "breaker"
 	hfFieldBreakerWindow    = "window"
-	hfFieldBreakerMin       = "min_replies"
-	hfFieldBreakerRatio     = "ratio"
-	hfFieldBreakerRun       = "consecutive"
-	hfFieldBreakerHalfOpen  = "half_open_replies"
+	hfFieldBreakerMessages  = "messages"
+	hfFieldBreakerSilence   = "silence"
+	hfFieldBreakerHalfOpen  = "half_open_messages"
 )
 
 const (
@@ -120,11 +120,11 @@ All writes of this output share at most `+"`max_in_flight`"+` requests in flight
 
 == Protecting the platform
 
-Each reply is judged on its own, whatever the rules make of it: a reply the platform produced on purpose (any JSON answer, any `+"`errcode`"+`, any 4xx but 429) shows it *healthy*; no reply, a timeout, a 5xx, a 429 or a 2xx that is not JSON shows it *unavailable*.
+Each reply is judged on its own, whatever the rules make of it: a reply the platform produced on purpose (any JSON answer, any `+"`errcode`"+`, any 4xx but 429, a reply a rule settles as `+"`success`, `duplicate` or `no_retry`"+`, or marks `+"`message_specific`"+`) shows it *healthy*; no reply, a timeout, a 5xx, a 429 or a 2xx that is not JSON shows it *unavailable*. The platform is judged, not a message: replies about one message count once, and a message that fails while others are answered is failing on its own.
 
-- *Circuit breaker, shared by every instance on the database.* When most recent replies are unavailable (half of at least `+"`breaker.min_replies`"+` within `+"`breaker.window`"+`, or `+"`breaker.consecutive`"+` in a row) the breaker opens, in PostgreSQL, and every instance stops sending within a second: rows stay PENDING and keep their attempts (claims held when it opened are given back unsent), new rows are not claimed. Only probes go: at most one per `+"`probe_interval`"+` across all instances. A healthy probe half-opens it: sending resumes with concurrency ramping up from one; `+"`breaker.half_open_replies`"+` healthy replies in a row close it, an unavailable one opens it again. A failed probe never spends its row's attempt. An unavailable reply while the platform is judged down never makes its row FAILED either: the attempt is logged but not counted, so an outage of any length leaves no row FAILED.
+- *Circuit breaker, shared by every instance on the database.* When failures span `+"`breaker.messages`"+` distinct messages and the platform has answered nothing for `+"`breaker.silence`"+`, the breaker opens, in PostgreSQL, and every instance stops sending within a second: rows stay PENDING and keep their attempts (claims held when it opened are given back unsent), new rows are not claimed. Only probes go: at most one per `+"`probe_interval`"+` across all instances, each carrying a message not failing on its own (never attempted first, never the same row twice in a row). A healthy probe half-opens it: sending resumes with concurrency ramping up from one; `+"`breaker.half_open_messages`"+` distinct messages answered close it, and one message's failures never reopen it. A failed probe never spends its row's attempt. A failed attempt counts only while the platform is evidently up (it answered another message within `+"`breaker.window`"+`, and since this message last failed): an outage of any length leaves no row FAILED, while a message the platform always fails ends FAILED after its attempts and never slows the others.
 - *Retry-After.* A 429 or 503 with `+"`Retry-After`"+` pauses sending on every instance for that long (capped at `+"`retry.max`"+`).
-- *Adaptive concurrency.* Requests in flight adapt between 1 and `+"`max_in_flight`"+`: one more per round trip of healthy replies, half as many after unavailable ones.
+- *Adaptive concurrency.* Requests in flight adapt between 1 and `+"`max_in_flight`"+`: one more per round trip of healthy replies, half as many after replies that ask for less (no reply in time, a refused connection, 429, 502, 503, 504; not a 500).
 - *Rate limit.* `+"`rate_limit`"+` caps requests per second across every instance on the database (a token bucket in PostgreSQL, taken a tenth of a second's worth at a time); `+"`0`"+`: no limit.
 
 == Metrics
@@ -135,7 +135,7 @@ Each reply is judged on its own, whatever the rules make of it: a reply the plat
 - `+"`forwarder_mapping_errors_total{api_type}`"+`: messages not sent because their mapping failed.
 - `+"`forwarder_semaphore_available_permits`"+`: free request slots.
 - `+"`forwarder_claims_returned_total{reason}`"+`: claims given back unsent (`+"`lease`"+`, `+"`stopping`"+`, `+"`breaker`"+`: the breaker was open or sending paused) or not sent because they were lost (`+"`lost`"+`).
-- `+"`forwarder_platform_breaker_state`"+` (0 closed, 1 half-open, 2 open), `+"`forwarder_platform_concurrency_limit`"+`, `+"`forwarder_platform_probes_total{result}`"+`.
+- `+"`forwarder_platform_breaker_state`"+` (0 closed, 1 half-open, 2 open), `+"`forwarder_platform_concurrency_limit`"+`, `+"`forwarder_platform_probes_total{result}`"+` (`+"`healthy`, `unavailable`, `inconclusive`"+`: a failed probe whose message had already failed on its own).
 
 == Rule expressions
 
@@ -174,6 +174,9 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 					Example(`status == 200 && body?.code == "OK"`),
 				service.NewStringEnumField(hfFieldRuleOutcome, outcomes...).
 					Description("What a reply matching `when` means: `success` or `duplicate` (SUCCESS), `no_retry` (FAILED), `retry` (PENDING, FAILED at `retry.max_attempts`)."),
+				service.NewBoolField(hfFieldRuleMessage).
+					Description("The reply concerns its message, not the platform's health, whatever its status (say a 500 with a JSON error the platform's parser gives for a bad field): it never counts toward opening the breaker and never halves the concurrency limit, and its attempt always counts.").
+					Default(false),
 			).
 				Description("Ordered reply rules: the first whose `when` is true decides; a reply no rule matches is retried. Setting this list replaces the defaults.").
 				Default(defaultRulesConf).
@@ -210,10 +213,9 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				Example("${FORWARD_RATE_LIMIT:0}"),
 			service.NewObjectField(hfFieldBreaker,
 				service.NewDurationField(hfFieldBreakerWindow).Description("How far back replies count.").Default("10s"),
-				service.NewIntField(hfFieldBreakerMin).Description("Replies the window needs before their ratio may open the breaker.").Default(10),
-				service.NewFloatField(hfFieldBreakerRatio).Description("Share of unavailable replies in the window that opens the breaker.").Default(0.5),
-				service.NewIntField(hfFieldBreakerRun).Description("Unavailable replies in a row that open the breaker whatever the window holds.").Default(5),
-				service.NewIntField(hfFieldBreakerHalfOpen).Description("Healthy replies in a row that close a half-open breaker.").Default(10),
+				service.NewIntField(hfFieldBreakerMessages).Description("Distinct messages that must have found the platform unavailable since its last healthy reply before it is judged down; replies about one message count once.").Default(5),
+				service.NewDurationField(hfFieldBreakerSilence).Description("How long the platform must have answered no message before the breaker opens.").Default("3s"),
+				service.NewIntField(hfFieldBreakerHalfOpen).Description("Distinct messages answered healthy that close a half-open breaker.").Default(10),
 			).
 				Description("When the platform is judged down (see Protecting the platform).").
 				Advanced(),
@@ -404,7 +406,7 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 		Free:   m.NewGauge("forwarder_semaphore_available_permits"),
 		Probes: probes,
 	})
-	metricseries.Counter(probes, metricseries.Product([]string{"healthy", "unavailable"})...)
+	metricseries.Counter(probes, metricseries.Product([]string{"healthy", "unavailable", "inconclusive"})...)
 	h.hub.SetGate(h.gate)
 	h.returns = lograte.New(h.log, 10*time.Second)
 	return h, nil
@@ -458,25 +460,22 @@ func parseGate(conf *service.ParsedConfig, maxInFlight int) (dispatch.GateConfig
 	if c.Breaker.Window, err = b.FieldDuration(hfFieldBreakerWindow); err != nil {
 		return c, err
 	}
-	if c.Breaker.MinReplies, err = b.FieldInt(hfFieldBreakerMin); err != nil {
+	if c.Breaker.Messages, err = b.FieldInt(hfFieldBreakerMessages); err != nil {
 		return c, err
 	}
-	if c.Breaker.Ratio, err = b.FieldFloat(hfFieldBreakerRatio); err != nil {
+	if c.Breaker.Silence, err = b.FieldDuration(hfFieldBreakerSilence); err != nil {
 		return c, err
 	}
-	if c.Breaker.Consecutive, err = b.FieldInt(hfFieldBreakerRun); err != nil {
-		return c, err
-	}
-	if c.Breaker.HalfOpenReplies, err = b.FieldInt(hfFieldBreakerHalfOpen); err != nil {
+	if c.Breaker.HalfOpenMessages, err = b.FieldInt(hfFieldBreakerHalfOpen); err != nil {
 		return c, err
 	}
 	switch {
 	case c.Breaker.Window <= 0:
 		return c, fmt.Errorf("field breaker.window: must be positive, got %v", c.Breaker.Window)
-	case c.Breaker.MinReplies < 1, c.Breaker.Consecutive < 1, c.Breaker.HalfOpenReplies < 1:
-		return c, errors.New("fields breaker.min_replies, breaker.consecutive and breaker.half_open_replies must be at least 1")
-	case c.Breaker.Ratio <= 0 || c.Breaker.Ratio > 1:
-		return c, fmt.Errorf("field breaker.ratio: must be in (0, 1], got %v", c.Breaker.Ratio)
+	case c.Breaker.Silence <= 0:
+		return c, fmt.Errorf("field breaker.silence: must be positive, got %v", c.Breaker.Silence)
+	case c.Breaker.Messages < 1, c.Breaker.HalfOpenMessages < 1:
+		return c, errors.New("fields breaker.messages and breaker.half_open_messages must be at least 1")
 	}
 	host, _ := os.Hostname()
 	c.Instance = host + "-" + strconv.Itoa(os.Getpid())
@@ -495,6 +494,11 @@ func parseRules(conf *service.ParsedConfig) (ruleSet, error) {
 		}
 		if specs[i].Outcome, err = o.FieldString(hfFieldRuleOutcome); err != nil {
 			return ruleSet{}, fmt.Errorf("rules[%d]: %w", i, err)
+		}
+		if o.Contains(hfFieldRuleMessage) {
+			if specs[i].MessageSpecific, err = o.FieldBool(hfFieldRuleMessage); err != nil {
+				return ruleSet{}, fmt.Errorf("rules[%d]: %w", i, err)
+			}
 		}
 	}
 	return compileRules(specs)
@@ -766,21 +770,15 @@ func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *att
 	if dec.RuleErr != nil {
 		h.log.Debugf("outbox row %d: %v", a.claim.ID, dec.RuleErr)
 	}
-	down := dec.Health == unavailable
-	h.gate.Report(ctx, a.claim.ID, a.permit, down, dec.PauseFor, dec.Result.Error)
-	if down && (a.permit == dispatch.Probe || (dec.Result.Status == outboxdb.StatusFailed && h.gate.Down())) {
-		// The platform is down: this attempt says nothing about the row. It
-		// is logged but not counted, and the row waits its retry delay, so
-		// that neither a failed probe nor an outage of any length makes a
-		// row FAILED.
-		dec.Result.Status = outboxdb.StatusPending
-		dec.Result.Class = ""
-		dec.Result.RetryIn = h.policy.backoff.delay(a.claim.Attempt, h.policy.rnd())
-		if dec.PauseFor > 0 {
-			dec.Result.RetryIn = dec.PauseFor
-		}
-		dec.Result.Undo, dec.Result.Logged = true, true
-		dec.Result.Error = "platform unavailable, attempt not counted: " + describeReply(r)
+	counted := h.gate.Report(ctx, a.claim.ID, a.permit, dispatch.Reply{
+		Unavailable: dec.Health == unavailable,
+		Fresh:       a.claim.Attempt <= 1,
+		Overloaded:  dec.Overloaded,
+		PauseFor:    dec.PauseFor,
+		Why:         dec.Result.Error,
+	})
+	if !counted {
+		dec = h.policy.notCounted(dec, r, a.claim.Attempt, a.permit == dispatch.Probe)
 	}
 	api := a.apiLabel()
 	h.mAttempts.Incr(1, api, dec.Outcome)

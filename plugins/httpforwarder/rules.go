@@ -48,6 +48,9 @@ type ruleEnv struct {
 type ruleSpec struct {
 	When    string
 	Outcome string
+	// MessageSpecific says a matching reply concerns its message alone:
+	// whatever its status it shows the platform up.
+	MessageSpecific bool
 }
 
 type rule struct {
@@ -127,11 +130,11 @@ func (f *nameFinder) Visit(node *ast.Node) {
 	}
 }
 
-// classify returns the outcome of the first rule that matches env, and its
-// index; retry and -1 when none does. A rule that fails at run time (say
+// classify returns the first rule that matches env, and its index; a retry
+// rule and -1 when none does. A rule that fails at run time (say
 // `body.result` on a nil body) does not match; the first such error is
 // returned for debugging.
-func (rs ruleSet) classify(env *ruleEnv) (outcome string, index int, runErr error) {
+func (rs ruleSet) classify(env *ruleEnv) (matched ruleSpec, index int, runErr error) {
 	machine := vmPool.Get().(*vm.VM)
 	defer vmPool.Put(machine)
 	for i, r := range rs.rules {
@@ -142,11 +145,11 @@ func (rs ruleSet) classify(env *ruleEnv) (outcome string, index int, runErr erro
 			}
 			continue
 		}
-		if matched, _ := out.(bool); matched {
-			return r.Outcome, i, runErr
+		if ok, _ := out.(bool); ok {
+			return r.ruleSpec, i, runErr
 		}
 	}
-	return outcomeRetry, -1, runErr
+	return ruleSpec{Outcome: outcomeRetry}, -1, runErr
 }
 
 func isOutcome(s string) bool {

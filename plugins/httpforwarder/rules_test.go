@@ -52,8 +52,8 @@ func TestDefaultRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			got, _, _ := rs.classify(tc.env)
-			if got != tc.want {
-				t.Fatalf("outcome %s, want %s", got, tc.want)
+			if got.Outcome != tc.want {
+				t.Fatalf("outcome %s, want %s", got.Outcome, tc.want)
 			}
 		})
 	}
@@ -102,8 +102,8 @@ func TestRuleRunErrorDoesNotMatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, idx, runErr := rs.classify(envOf(t, 200, ""))
-	if got != outcomeDuplicate || idx != 1 || runErr == nil || !strings.HasPrefix(runErr.Error(), "rules[0]: ") {
-		t.Fatalf("classify = %s, %d, %v; want duplicate by rules[1] and rules[0]'s run error", got, idx, runErr)
+	if got.Outcome != outcomeDuplicate || idx != 1 || runErr == nil || !strings.HasPrefix(runErr.Error(), "rules[0]: ") {
+		t.Fatalf("classify = %s, %d, %v; want duplicate by rules[1] and rules[0]'s run error", got.Outcome, idx, runErr)
 	}
 }
 
@@ -129,8 +129,8 @@ rules:
 		{envOf(t, 422, `{}`), outcomeNoRetry},
 		{&ruleEnv{Status: 500, Headers: map[string]string{"X-Reject": "yes"}}, outcomeNoRetry},
 	} {
-		if got, _, _ := out.policy.rules.classify(tc.env); got != tc.want {
-			t.Errorf("status %d body %v headers %v: %s, want %s", tc.env.Status, tc.env.Body, tc.env.Headers, got, tc.want)
+		if got, _, _ := out.policy.rules.classify(tc.env); got.Outcome != tc.want {
+			t.Errorf("status %d body %v headers %v: %s, want %s", tc.env.Status, tc.env.Body, tc.env.Headers, got.Outcome, tc.want)
 		}
 	}
 }
@@ -154,7 +154,7 @@ func TestRulesCopyHeadersOnlyWhenRead(t *testing.T) {
 			defaults.usesHeaders, custom.usesHeaders, viaEnv.usesHeaders)
 	}
 	env := &ruleEnv{Status: 200, Headers: map[string]string{"X-Code": "1"}}
-	if got, _, err := viaEnv.classify(env); got != outcomeSuccess {
-		t.Fatalf("rule via $env: %s (%v)", got, err)
+	if got, _, err := viaEnv.classify(env); got.Outcome != outcomeSuccess {
+		t.Fatalf("rule via $env: %s (%v)", got.Outcome, err)
 	}
 }

@@ -40,6 +40,7 @@
 WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true) AS done
 ), locked AS (
+    -- locked: begin (claim_probe.sql replaces this part)
     SELECT id, next_retry_at,
            status        AS prev_status,
            attempt_count AS prev_attempt,
@@ -51,6 +52,7 @@ WITH async AS (
     ORDER BY next_retry_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+    -- locked: end
 ), due AS (
     SELECT id, prev_status, prev_attempt, prev_holder,
            ($4::integer > 0 AND prev_attempt >= $4::integer) AS exhausted
