@@ -38,15 +38,22 @@ func newBerthEvents() *berthEvents {
 // expectations.
 func (s *stack) producePaced(src *eventgen.Source, n, rate int, be *berthEvents) {
 	s.t.Helper()
+	msgs := make([]eventgen.Message, n)
+	for i := range msgs {
+		msgs[i] = src.Next()
+	}
+	s.produceMessagesPaced(msgs, rate, be)
+}
+
+// produceMessagesPaced is producePaced of the messages all.
+func (s *stack) produceMessagesPaced(all []eventgen.Message, rate int, be *berthEvents) {
+	s.t.Helper()
 	const tick = 20 * time.Millisecond
 	per := max(rate*int(tick)/int(time.Second), 1)
 	next := time.Now()
-	for done := 0; done < n; {
-		msgs := make([]eventgen.Message, 0, per)
-		for len(msgs) < per && done < n {
-			msgs = append(msgs, src.Next())
-			done++
-		}
+	for len(all) > 0 {
+		msgs := all[:min(per, len(all))]
+		all = all[len(msgs):]
 		recs := make([]*kgo.Record, len(msgs))
 		for i, m := range msgs {
 			recs[i] = &kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value}
