@@ -4,6 +4,7 @@ package outboxcli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -100,6 +101,10 @@ func withPool(c *cli.Context, fn func(ctx context.Context, pool *pgxpool.Pool) e
 	}
 	defer pool.Close()
 	if err := fn(ctx, pool); err != nil {
+		var exit cli.ExitCoder
+		if errors.As(err, &exit) {
+			return err // a refusal that names its own exit status
+		}
 		return cli.Exit(fmt.Sprintf("outbox %s: %v", c.Command.Name, err), 1)
 	}
 	return nil

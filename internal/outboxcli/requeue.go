@@ -19,7 +19,7 @@ func requeueCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "requeue",
 		Usage:     "Set matching rows (FAILED unless --status says otherwise) back to PENDING, due now, with attempt_count 0",
-		UsageText: "forwarder outbox requeue [--status FAILED] [--errcode E] [--since D] [--key K]... [--include-rejected] [--include-invalid] [--operator NAME] [--dry-run]",
+		UsageText: "forwarder outbox requeue [--status FAILED] [--errcode E] [--since D] [--key K]... [--include-rejected] [--include-invalid] [--force] [--operator NAME] [--dry-run]",
 		Description: `Filters combine with AND. Each requeued row gets one forward_retry_logs row
 with result_status REQUEUED, written in the same transaction; the running
 dispatchers are notified and pick the rows up at once. Rows are changed in
@@ -30,6 +30,8 @@ FAILED. IN_PROGRESS rows are requeued only once their claim lease has
 expired: a live holder may be talking to the platform, and its result would
 race the requeue (its late result write is fenced out either way). SUCCESS
 re-sends delivered messages; the platform normally answers "duplicate".
+That is why SUCCESS without --key is refused unless --force is given: it
+prints how many delivered rows would be sent again and changes nothing.
 
 A requeued berth event (ordering key) waits behind the head of its berth,
 if any, and rows of one berth requeued together keep their order; a FAILED
@@ -58,6 +60,7 @@ the number of rows in forward_operator_log.`,
 			&cli.IntFlag{Name: "batch-size", Value: outboxdb.DefaultAdminBatchSize, Usage: "rows per transaction"},
 			&cli.BoolFlag{Name: "include-rejected", Usage: "also requeue FAILED rows the platform refused for good (errcode 998, no_retry rules)"},
 			&cli.BoolFlag{Name: "include-invalid", Usage: "also requeue FAILED rows that failed at ingest or in their mapping"},
+			&cli.BoolFlag{Name: "force", Usage: "accept --status SUCCESS without --key (delivered messages are sent again)"},
 			operatorFlag(),
 		},
 		Action: func(c *cli.Context) error {
@@ -70,19 +73,38 @@ the number of rows in forward_operator_log.`,
 				return cli.Exit(fmt.Sprintf("outbox requeue: %v", err), 2)
 			}
 			desc := describeRequeue(f)
+			// Delivered rows picked by a filter rather than by key: every
+			// one goes to the platform again, so it takes --force, as a
+			// short purge does.
+			resendMany := slices.Contains(f.Statuses, outboxdb.StatusSuccess) && len(f.Keys) == 0
+			if resendMany && c.Bool("force") {
+				desc += " --force"
+			}
 			w := c.App.Writer
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				count, err := outboxdb.CountRequeue(ctx, pool, f)
 				if err != nil {
 					return err
 				}
+				delivered, err := countDelivered(ctx, pool, f)
+				if err != nil {
+					return err
+				}
 				if c.Bool("dry-run") {
 					fmt.Fprintf(w, "%d rows would be requeued (dry run, nothing changed): %s\n", count.Rows, desc)
 					writeLeftOut(w, count)
+					writeDelivered(w, delivered, "would be")
 					return nil
+				}
+				if resendMany && !c.Bool("force") {
+					fmt.Fprintf(w, "%d rows would be requeued: %s\n", count.Rows, desc)
+					writeDelivered(w, delivered, "would be")
+					return cli.Exit(fmt.Sprintf("outbox requeue: --status SUCCESS without --key would send %d delivered messages "+
+						"to the platform again; nothing changed. Add --force to do it, or name the rows with --key.", delivered), 2)
 				}
 				fmt.Fprintf(w, "requeueing %d rows: %s (operator %s)\n", count.Rows, desc, operator)
 				writeLeftOut(w, count)
+				writeDelivered(w, delivered, "will be")
 				n, err := outboxdb.Requeue(ctx, pool, f, outboxdb.RequeueOptions{
 					BatchSize: c.Int("batch-size"), Note: "requeued by " + operator})
 				// Recorded whatever happened: the batches before an error stay.
@@ -139,6 +161,25 @@ func describeRequeue(f outboxdb.RequeueFilter) string {
 		parts = append(parts, "key="+strings.Join(keys, ","))
 	}
 	return strings.Join(parts, " ")
+}
+
+// countDelivered counts the SUCCESS rows among those f takes: 0 when f
+// takes no SUCCESS rows.
+func countDelivered(ctx context.Context, pool *pgxpool.Pool, f outboxdb.RequeueFilter) (int64, error) {
+	if !slices.Contains(f.Statuses, outboxdb.StatusSuccess) {
+		return 0, nil
+	}
+	f.Statuses = []outboxdb.Status{outboxdb.StatusSuccess}
+	c, err := outboxdb.CountRequeue(ctx, pool, f)
+	return c.Rows, err
+}
+
+// writeDelivered says how many of the rows were delivered already and will
+// reach the platform a second time.
+func writeDelivered(w io.Writer, n int64, verb string) {
+	if n > 0 {
+		fmt.Fprintf(w, "%d of them SUCCESS: delivered already, they %s sent to the platform again\n", n, verb)
+	}
 }
 
 func writeLeftOut(w io.Writer, c outboxdb.RequeueCount) {

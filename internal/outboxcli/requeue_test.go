@@ -2,6 +2,7 @@ package outboxcli_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/urfave/cli/v2"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
@@ -192,6 +194,53 @@ func TestRequeue(t *testing.T) {
 			}
 		})
 	}
+
+	// Delivered rows chosen by a filter, not by key, are all sent again:
+	// refused without --force, after saying how many.
+	t.Run("SuccessWithoutKeyNeedsForce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.insert(t, append(mixed, row{key: "success-2", status: "SUCCESS", attempts: 1})...)
+		for _, args := range [][]string{
+			{"--status", "SUCCESS"},
+			{"--status", "success,failed"},
+			{"--status", "SUCCESS", "--since", "1d"},
+			{"--status", "SUCCESS", "--errcode", "4"},
+		} {
+			out, err := b.run(t, append([]string{"requeue", "--operator", "alice"}, args...)...)
+			var exit cli.ExitCoder
+			if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(err.Error(), "--force") {
+				t.Fatalf("requeue %v: %v (%q), want exit status 2 asking for --force", args, err, out)
+			}
+			if args[1] == "SUCCESS" && len(args) == 2 && (!strings.Contains(out, "2 rows would be requeued: status=SUCCESS\n") ||
+				!strings.Contains(out, "2 of them SUCCESS: delivered already, they would be sent to the platform again") ||
+				!strings.Contains(err.Error(), "would send 2 delivered messages to the platform again")) {
+				t.Errorf("requeue %v said %q / %v, want the count of delivered rows", args, out, err)
+			}
+		}
+		if n := b.count(t, "SELECT count(*) FROM forward_retry_logs WHERE result_status = 'REQUEUED'"); n != 0 {
+			t.Fatalf("%d rows requeued without --force", n)
+		}
+		if log := b.operatorLog(t); len(log) != 0 {
+			t.Errorf("a refused requeue was recorded: %+v", log)
+		}
+		if dry := b.mustRun(t, "requeue", "--status", "SUCCESS", "--dry-run"); !strings.Contains(dry, "2 of them SUCCESS") {
+			t.Errorf("the dry run does not say the delivered rows would be sent again: %q", dry)
+		}
+
+		out := b.mustRun(t, "requeue", "--status", "SUCCESS", "--force", "--operator", "alice")
+		if !strings.Contains(out, "2 of them SUCCESS: delivered already, they will be sent to the platform again") || lastLine(out) != "2 rows requeued" {
+			t.Errorf("with --force: %q", out)
+		}
+		for _, key := range []string{"success", "success-2"} {
+			if s, _ := b.state(t, key); s.Status != "PENDING" || s.Requeues != 1 {
+				t.Errorf("%s after requeue --force: %+v", key, s)
+			}
+		}
+		if log := b.operatorLog(t); len(log) != 1 || log[0].Filter != "status=SUCCESS --force" || log[0].Rows != 2 {
+			t.Errorf("operator log %+v, want the forced requeue of 2 rows", log)
+		}
+	})
 
 	t.Run("BatchesVisitEachRowOnce", func(t *testing.T) {
 		t.Parallel()
