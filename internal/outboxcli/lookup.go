@@ -158,10 +158,11 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 	}
 
 	fmt.Fprintln(w)
+	mappingFile := console.SafeLine(preview.Mapping) // named after the stored api_type
 	if preview.Err != "" {
-		fmt.Fprintf(w, "request body (%s): none: %s\n", preview.Mapping, preview.Err)
+		fmt.Fprintf(w, "request body (%s): none: %s\n", mappingFile, preview.Err)
 	} else {
-		fmt.Fprintf(w, "request body the current mapping would send (%s, credentials masked):\n%s\n", preview.Mapping, preview.Body)
+		fmt.Fprintf(w, "request body the current mapping would send (%s, credentials masked):\n%s\n", mappingFile, preview.Body)
 	}
 
 	fmt.Fprintln(w)
@@ -258,9 +259,7 @@ func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) 
 			ResultStatus: a.ResultStatus, HTTPStatus: a.HTTPStatus, PlatformErrcode: a.PlatformErrcode,
 			DurationMS: a.DurationMS, NextRetryAt: a.NextRetryAt, ErrorMessage: a.ErrorMessage})
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return writeJSON(w, out, true)
 }
 
 func findCommand() *cli.Command {
@@ -379,9 +378,8 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 }
 
 func writeFindJSON(w io.Writer, rows []outboxdb.FoundRow) error {
-	enc := json.NewEncoder(w)
 	for _, r := range rows {
-		if err := enc.Encode(r); err != nil {
+		if err := writeJSON(w, r, false); err != nil {
 			return err
 		}
 	}

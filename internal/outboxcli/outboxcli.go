@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
+	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -105,7 +106,9 @@ func withPool(c *cli.Context, fn func(ctx context.Context, pool *pgxpool.Pool) e
 		if errors.As(err, &exit) {
 			return err // a refusal that names its own exit status
 		}
-		return cli.Exit(fmt.Sprintf("outbox %s: %v", c.Command.Name, err), 1)
+		// An error may quote a stored value (a key, a reason): escaped
+		// like everything else the commands print.
+		return cli.Exit(fmt.Sprintf("outbox %s: %s", c.Command.Name, console.SafeText(err.Error())), 1)
 	}
 	return nil
 }

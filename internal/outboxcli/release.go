@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
+	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -73,7 +74,7 @@ func writeRelease(w io.Writer, r outboxdb.KeyRelease, dry bool) {
 	for i, id := range r.Unblocked {
 		ids[i] = fmt.Sprint(id)
 	}
-	fmt.Fprintf(w, "ordering key %s: FAILED row %s %sreleased (it stays FAILED)\n", r.Key, strings.Join(ids, ", "), would)
+	fmt.Fprintf(w, "ordering key %s: FAILED row %s %sreleased (it stays FAILED)\n", console.SafeLine(r.Key), strings.Join(ids, ", "), would)
 	switch {
 	case r.Promoted != 0:
 		fmt.Fprintf(w, "row %d %sdue now, next in the key\n", r.Promoted, is)

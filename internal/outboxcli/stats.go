@@ -2,7 +2,6 @@ package outboxcli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -11,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
+	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -64,7 +64,7 @@ func writeStats(w io.Writer, st outboxdb.Stats) {
 	} else {
 		o := st.Oldest
 		fmt.Fprintf(w, "oldest undelivered row: %s old (id %d, key %s, %s, created %s)\n",
-			outboxdb.FormatDuration(o.Age), o.ID, o.MessageKey, o.Status, o.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"))
+			outboxdb.FormatDuration(o.Age), o.ID, console.SafeLine(o.MessageKey), o.Status, o.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"))
 	}
 	writePlatform(w, st.Platform)
 	fmt.Fprintf(w, "failed on transient errors: %d waiting for automatic requeue, %d frozen (requeue rounds used up)\n",
@@ -82,7 +82,7 @@ func writeTop(w io.Writer, title string, vs []outboxdb.ValueCount) {
 	fmt.Fprintf(w, "%s:\n", title)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, v := range vs {
-		value := v.Value
+		value := console.SafeLine(v.Value)
 		if value == "" {
 			value = "(none)"
 		}
@@ -97,7 +97,7 @@ func writePlatform(w io.Writer, p outboxdb.PlatformState) {
 	since := func(d time.Duration) string { return outboxdb.FormatDuration(max(0, d).Round(time.Second)) }
 	fmt.Fprintf(w, "platform: breaker %s for %s", p.Breaker, since(p.Now.Sub(p.ChangedAt)))
 	if p.Reason != "" {
-		fmt.Fprintf(w, " (%s)", outboxdb.CleanText(p.Reason, 120))
+		fmt.Fprintf(w, " (%s)", console.SafeLine(outboxdb.CleanText(p.Reason, 120)))
 	}
 	if p.Breaker == "OPEN" {
 		fmt.Fprintf(w, ", next probe in %s", since(p.NextProbeAt.Sub(p.Now)))
@@ -120,8 +120,8 @@ func writeOrdering(w io.Writer, o outboxdb.OrderingStats) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  blocked key\tFAILED row\tmessage key\tblocked for\theld\tlast error")
 	for _, b := range o.Blocked {
-		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%d\t%s\n", b.Key, b.ID, b.MessageKey, outboxdb.FormatDuration(b.Age), b.Held,
-			outboxdb.CleanText(b.LastError, 80))
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%d\t%s\n", console.SafeLine(b.Key), b.ID, console.SafeLine(b.MessageKey),
+			outboxdb.FormatDuration(b.Age), b.Held, console.SafeLine(outboxdb.CleanText(b.LastError, 80)))
 	}
 	_ = tw.Flush()
 	if int64(len(o.Blocked)) < o.BlockedKeys {
@@ -210,7 +210,5 @@ func writeStatsJSON(w io.Writer, st outboxdb.Stats) error {
 		out.Platform.PausedUntil = &until
 	}
 	out.Compensation = compensationJSON{Waiting: st.Compensation.Waiting, Frozen: st.Compensation.Frozen}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return writeJSON(w, out, true)
 }
