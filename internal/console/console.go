@@ -46,8 +46,6 @@ const (
 	// shutdownGrace is how long requests in progress may take to finish
 	// after SIGINT or SIGTERM.
 	shutdownGrace = 10 * time.Second
-	// payloadDisplayLimit caps how much of a payload a page shows.
-	payloadDisplayLimit = 256 << 10
 	// groupLimit caps the FAILED groups listed.
 	groupLimit = 100
 )

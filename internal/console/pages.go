@@ -332,7 +332,7 @@ func (s *Server) record(_ http.ResponseWriter, r *http.Request) (string, any, er
 	if err != nil {
 		return "", nil, err
 	}
-	return "record", recordData{RecordView: v, Payload: RenderPayload(v.Payload, payloadDisplayLimit),
+	return "record", recordData{RecordView: v, Payload: RenderPayload(v.Payload, PayloadLimit),
 		Preview: PreviewRequest(s.cfg.MappingsDir, v.Record), Requeueable: v.Status == outboxdb.StatusFailed}, nil
 }
 

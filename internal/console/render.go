@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"unicode"
+	"time"
 	"unicode/utf8"
 
+	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -21,6 +23,8 @@ import (
 // Payload is a stored payload made fit to show: valid JSON indented, text
 // as it is, anything else escaped, and in every case no byte that a
 // terminal or a browser would act on (control characters, invalid UTF-8).
+// It is bounded whatever the payload (docs/guarantees.md, "bounded
+// rendering"): at most the limit given, nesting to MaxDepth.
 type Payload struct {
 	// Kind is "json", "text", "binary" (not valid UTF-8) or "empty".
 	Kind string
@@ -33,54 +37,58 @@ type Payload struct {
 	// BadOffset is the offset of the first byte that is not UTF-8, for
 	// binary payloads.
 	BadOffset int
+	// Collapsed says objects or arrays nested deeper than MaxDepth are
+	// shown as {…} / […].
+	Collapsed bool
 }
 
 // Cut says whether the payload was cut to the display limit.
 func (p Payload) Cut() bool { return p.Shown < p.Size }
 
+// Notes say what Text leaves out, one sentence each; none when it shows
+// the whole payload.
+func (p Payload) Notes() []string {
+	var notes []string
+	if p.Collapsed {
+		notes = append(notes, fmt.Sprintf("Nesting deeper than %d levels not shown ({…}, […]).", MaxDepth))
+	}
+	if p.Cut() {
+		notes = append(notes, fmt.Sprintf("… %s more not shown (the first %s of %s are).",
+			sizeText(p.Size-p.Shown), sizeText(p.Shown), sizeText(p.Size)))
+	}
+	return notes
+}
+
 // RenderPayload prepares b for display, showing at most limit bytes of it
-// (all of it when limit <= 0).
+// (PayloadLimit when limit <= 0): JSON is indented as it is read, so
+// neither its size nor its nesting can make the rendering larger than that.
 func RenderPayload(b []byte, limit int) Payload {
+	if limit <= 0 {
+		limit = PayloadLimit
+	}
 	p := Payload{Size: len(b), Shown: len(b)}
 	if len(b) == 0 {
 		p.Kind = "empty"
 		return p
 	}
-	if !utf8.Valid(b) {
+	// Backslashes are doubled when anything shown is escaped (SafeText);
+	// what is shown lies within the first limit bytes.
+	head := b[:min(len(b), limit)]
+	var text []byte
+	switch {
+	case !utf8.Valid(b):
 		p.Kind = "binary"
 		p.BadOffset = firstInvalid(b)
-		if limit > 0 && len(b) > limit {
-			b, p.Shown = b[:limit], limit
-		}
-		p.Text = SafeText(string(b))
-		return p
+		text, p.Shown = appendSafe(make([]byte, 0, min(limit, 4*len(b))), b, limit, true)
+	// json.Valid walks b once and refuses nesting past 10 000 levels.
+	case json.Valid(b):
+		p.Kind = "json"
+		text, p.Shown, p.Collapsed = indentJSON(b, limit, MaxDepth, !isClean(head, true))
+	default:
+		p.Kind = "text"
+		text, p.Shown = appendSafe(make([]byte, 0, min(limit, 2*len(b))), b, limit, !isClean(head, false))
 	}
-	if json.Valid(b) {
-		var out bytes.Buffer
-		if err := json.Indent(&out, b, "", "  "); err == nil {
-			p.Kind = "json"
-			text := out.String()
-			if limit > 0 && len(text) > limit {
-				// Cut on a rune boundary of the indented text.
-				cut := limit
-				for cut > 0 && !utf8.RuneStart(text[cut]) {
-					cut--
-				}
-				text, p.Shown = text[:cut], min(len(b), cut)
-			}
-			p.Text = SafeText(text)
-			return p
-		}
-	}
-	p.Kind = "text"
-	if limit > 0 && len(b) > limit {
-		cut := limit
-		for cut > 0 && !utf8.RuneStart(b[cut]) {
-			cut--
-		}
-		b, p.Shown = b[:cut], cut
-	}
-	p.Text = SafeText(string(b))
+	p.Text = string(text)
 	return p
 }
 
@@ -103,32 +111,13 @@ func firstInvalid(b []byte) int {
 // unambiguously. Newlines and tabs are kept. Printable text, Chinese
 // included, is unchanged.
 func SafeText(s string) string {
-	clean := true
 	for _, r := range s {
-		if r == utf8.RuneError || (!unicode.IsPrint(r) && r != '\n' && r != '\t') {
-			clean = false
-			break
+		if !printable(r) {
+			out, _ := appendSafe(make([]byte, 0, len(s)+len(s)/4+16), []byte(s), math.MaxInt, true)
+			return string(out)
 		}
 	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r == '\\':
-			b.WriteString(`\\`)
-		case r == '\n' || r == '\t' || (unicode.IsPrint(r) && r != utf8.RuneError):
-			b.WriteString(s[i : i+n])
-		default:
-			fmt.Fprintf(&b, `\u{%04x}`, r)
-		}
-		i += n
-	}
-	return b.String()
+	return s
 }
 
 // SafeLine is SafeText for one line of a table or a label: newlines, tabs
@@ -154,13 +143,33 @@ type Preview struct {
 	// Mapping is the Bloblang file that was run.
 	Mapping string
 	// Body is the indented JSON body with the credentials masked, empty
-	// when Err is set.
+	// when Err is set; bounded like a payload (Notes says what was cut).
 	Body string
+	// JSON is the body as the mapping made it, credentials masked, for
+	// `outbox show --json`; nil when Body is cut.
+	JSON []byte
+	// Notes say what Body leaves out, as Payload.Notes does.
+	Notes []string
 	// Err says why there is no body: the mapping's error as the pipeline
 	// would record it ("mapping: inoutType 7 is not 0 or 1"), or why the
 	// mapping could not be run.
 	Err string
 }
+
+// Preview bounds (docs/guarantees.md, "bounded rendering"). A Bloblang
+// mapping cannot be stopped once it runs, so the input it gets is capped
+// (the shipped mappings take milliseconds on it), each run has a deadline
+// after which the preview gives up, and only previewRuns may be in progress
+// at once: a run that outlives its deadline keeps its slot until it ends.
+const (
+	// PreviewMaxPayload is the largest payload the mapping is run on.
+	PreviewMaxPayload = 1 << 20
+	// PreviewTimeout bounds the wait for one preview.
+	PreviewTimeout = 2 * time.Second
+	previewRuns    = 2
+)
+
+var previewSlots = make(chan struct{}, previewRuns)
 
 // PreviewRequest runs the mapping for the row's api_type, read now from
 // mappingsDir (<api_type in lower case>.blobl, as pipelines/forwarder.yaml
@@ -168,9 +177,16 @@ type Preview struct {
 // it, and returns the body with the credentials masked. Nothing is sent and
 // the credentials are never read: the body shows "***" where the
 // http_forwarder output puts them. Times follow PLATFORM_TZ of this process.
+// The mapping is compiled once per content of its files
+// (mapping.CompileFile), and run within the bounds above.
 func PreviewRequest(mappingsDir string, rec outboxdb.Record) Preview {
 	file := filepath.Join(mappingsDir, strings.ToLower(rec.APIType)+".blobl")
 	p := Preview{Mapping: file}
+	if len(rec.Payload) > PreviewMaxPayload {
+		p.Err = fmt.Sprintf("the payload (%s) is larger than the %s a preview runs the mapping on: not run",
+			sizeText(len(rec.Payload)), sizeText(PreviewMaxPayload))
+		return p
+	}
 	exec, err := mapping.CompileFile(file)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -184,23 +200,14 @@ func PreviewRequest(mappingsDir string, rec outboxdb.Record) Preview {
 	msg.MetaSetMut("message_key", rec.MessageKey)
 	msg.MetaSetMut("api_type", rec.APIType)
 	msg.MetaSetMut("outbox_id", strconv.FormatInt(rec.ID, 10))
-	res, err := msg.BloblangQuery(exec)
-	if err != nil {
-		p.Err = "mapping: " + SafeText(mapping.ErrorReason(err))
-		return p
-	}
-	if res == nil {
-		p.Err = "the mapping deleted the message: nothing would be sent"
-		return p
-	}
-	body, err := res.AsBytes()
-	if err != nil {
-		p.Err = SafeText(err.Error())
+	body, errText := runPreview(exec, msg, PreviewTimeout)
+	if errText != "" {
+		p.Err = errText
 		return p
 	}
 	body = bytes.TrimSpace(body)
 	if len(body) < 2 || body[0] != '{' {
-		p.Err = "the mapping's result is not a JSON object: " + SafeText(string(body))
+		p.Err = "the mapping's result is not a JSON object: " + SafeText(string(body[:min(len(body), 512)]))
 		return p
 	}
 	masked := []byte("{" + MaskedCredentials)
@@ -208,11 +215,62 @@ func PreviewRequest(mappingsDir string, rec outboxdb.Record) Preview {
 		masked = append(masked, ',')
 	}
 	masked = append(masked, body[1:]...)
-	var out bytes.Buffer
-	if err := json.Indent(&out, masked, "", "  "); err != nil {
-		p.Err = SafeText(err.Error())
+	if !json.Valid(masked) {
+		p.Err = "the mapping's result is not valid JSON"
 		return p
 	}
-	p.Body = SafeText(out.String())
+	shown := RenderPayload(masked, PayloadLimit)
+	p.Body, p.Notes = shown.Text, shown.Notes()
+	if len(p.Notes) == 0 {
+		p.JSON = masked
+	}
 	return p
+}
+
+// runPreview runs exec on msg and returns the body, or why there is none,
+// giving up after timeout (waiting for a free slot included).
+func runPreview(exec *bloblang.Executor, msg *service.Message, timeout time.Duration) ([]byte, string) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	gaveUp := fmt.Sprintf("the mapping did not finish within %v: not shown", timeout)
+	select {
+	case previewSlots <- struct{}{}:
+	case <-deadline.C:
+		return nil, "other previews are still running: try again in a moment"
+	}
+	type result struct {
+		body []byte
+		err  string
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() { <-previewSlots }()
+		defer func() {
+			// The handler no longer recovers it for us: a panic in a
+			// mapping function must not take the console down.
+			if v := recover(); v != nil {
+				done <- result{err: SafeText(fmt.Sprintf("the mapping panicked: %v", v))}
+			}
+		}()
+		res, err := msg.BloblangQuery(exec)
+		switch {
+		case err != nil:
+			done <- result{err: "mapping: " + SafeText(mapping.ErrorReason(err))}
+		case res == nil:
+			done <- result{err: "the mapping deleted the message: nothing would be sent"}
+		default:
+			b, err := res.AsBytes()
+			if err != nil {
+				done <- result{err: SafeText(err.Error())}
+				return
+			}
+			done <- result{body: b}
+		}
+	}()
+	select {
+	case r := <-done:
+		return r.body, r.err
+	case <-deadline.C:
+		return nil, gaveUp
+	}
 }

@@ -41,11 +41,16 @@ id (the key's row wins when both exist). Exit status 1 when no row matches.
 
 The payload is printed as indented JSON when it is JSON; text that is not
 valid UTF-8, and control characters, are printed as escapes (\xNN,
-\u{NNNN}), never raw. The request body is what the mapping file for the
-row's api_type (--mappings DIR/<api_type in lower case>.blobl, as
-pipelines/forwarder.yaml names them) makes of the payload now, with
-"access_name" and "access_pwd" shown as "***": the credentials are never
-read. Times in it follow this shell's PLATFORM_TZ.`,
+\u{NNNN}), never raw. At most 256 KiB of it is printed, objects and
+arrays nested deeper than 32 levels as {…} and […], and what was left out
+is said; --json has every byte in payload_base64.
+
+The request body is what the mapping file for the row's api_type
+(--mappings DIR/<api_type in lower case>.blobl, as pipelines/forwarder.yaml
+names them) makes of the payload now, with "access_name" and "access_pwd"
+shown as "***": the credentials are never read. Times in it follow this
+shell's PLATFORM_TZ. The mapping runs only on payloads of at most 1 MiB,
+and for at most 2 s.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "mappings", Value: defaultMappingsDir, Usage: "directory of the mapping files"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
@@ -144,7 +149,9 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 		fmt.Fprintf(w, "(row %d has this number as its id: forwarder outbox show does not look it up while a key matches)\n", *v.OtherID)
 	}
 
-	p := console.RenderPayload(r.Payload, 0)
+	// Bounded whatever the payload (docs/guarantees.md, "bounded
+	// rendering"); --json has the exact bytes.
+	p := console.RenderPayload(r.Payload, console.PayloadLimit)
 	fmt.Fprintln(w)
 	switch p.Kind {
 	case "empty":
@@ -156,6 +163,9 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 	default:
 		fmt.Fprintf(w, "payload (%d bytes, not JSON):\n%s\n", p.Size, p.Text)
 	}
+	if notes := p.Notes(); len(notes) > 0 {
+		fmt.Fprintf(w, "%s (--json has every byte, as payload_base64)\n", strings.Join(notes, " "))
+	}
 
 	fmt.Fprintln(w)
 	mappingFile := console.SafeLine(preview.Mapping) // named after the stored api_type
@@ -163,6 +173,9 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 		fmt.Fprintf(w, "request body (%s): none: %s\n", mappingFile, preview.Err)
 	} else {
 		fmt.Fprintf(w, "request body the current mapping would send (%s, credentials masked):\n%s\n", mappingFile, preview.Body)
+		if len(preview.Notes) > 0 {
+			fmt.Fprintln(w, strings.Join(preview.Notes, " "))
+		}
 	}
 
 	fmt.Fprintln(w)
@@ -213,8 +226,9 @@ type showJSON struct {
 	KafkaPartition int32           `json:"kafka_partition"`
 	KafkaOffset    int64           `json:"kafka_offset"`
 	KafkaKeyBase64 *string         `json:"kafka_key_base64"`
-	PayloadBase64  string          `json:"payload_base64"`
+	PayloadBase64  []byte          `json:"payload_base64"` // encoding/json writes []byte as base64
 	Payload        json.RawMessage `json:"payload,omitempty"`
+	PayloadOmitted string          `json:"payload_omitted,omitempty"`
 	Request        json.RawMessage `json:"request,omitempty"`
 	RequestError   string          `json:"request_error,omitempty"`
 	Mapping        string          `json:"mapping"`
@@ -242,17 +256,27 @@ func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) 
 		OrderingKey: r.OrderingKey, OrderHeld: r.OrderHeld, OrderBlocked: r.OrderBlocked,
 		PlateNo: r.PlateNo, ParkCode: r.ParkCode, BerthCode: r.BerthCode, DeviceID: r.DeviceID,
 		KafkaTopic: r.KafkaTopic, KafkaPartition: r.KafkaPartition, KafkaOffset: r.KafkaOffset,
-		PayloadBase64: base64.StdEncoding.EncodeToString(r.Payload), Mapping: preview.Mapping,
+		PayloadBase64: r.Payload, Mapping: preview.Mapping,
 		RequestError: preview.Err, AttemptsTotal: v.AttemptsTotal, Attempts: []attemptJSON{}}
 	if r.KafkaKey != nil {
 		k := base64.StdEncoding.EncodeToString(r.KafkaKey)
 		out.KafkaKeyBase64 = &k
 	}
-	if json.Valid(r.Payload) {
-		out.Payload = r.Payload
+	// The payload as a JSON value only while it indents within the
+	// bounds of the text output: the encoder indents it again, and a
+	// deeply nested payload indents to gigabytes.
+	if p := console.RenderPayload(r.Payload, console.PayloadLimit); p.Kind == "json" {
+		if notes := p.Notes(); len(notes) == 0 {
+			out.Payload = r.Payload
+		} else {
+			out.PayloadOmitted = "payload_base64 holds it; as JSON it is too large to show: " + strings.Join(notes, " ")
+		}
 	}
-	if preview.Body != "" {
-		out.Request = json.RawMessage(preview.Body)
+	switch {
+	case preview.JSON != nil:
+		out.Request = preview.JSON
+	case preview.Body != "":
+		out.RequestError = "the request body is too large to show: " + strings.Join(preview.Notes, " ")
 	}
 	for _, a := range v.Attempts {
 		out.Attempts = append(out.Attempts, attemptJSON{AttemptedAt: a.AttemptedAt, AttemptNumber: a.AttemptNumber,

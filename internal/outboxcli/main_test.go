@@ -3,6 +3,7 @@ package outboxcli_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -35,16 +36,22 @@ func setup(t *testing.T) *testBundle {
 func (b *testBundle) run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
+	err := b.runTo(t, &out, args...)
+	return out.String(), err
+}
+
+// runTo is run writing the output to w.
+func (b *testBundle) runTo(t *testing.T, w io.Writer, args ...string) error {
+	t.Helper()
 	app := &cli.App{
 		Name:           "forwarder",
-		Writer:         &out,
-		ErrWriter:      &out,
+		Writer:         w,
+		ErrWriter:      w,
 		Commands:       []*cli.Command{outboxcli.Command()},
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	full := append([]string{"forwarder", "outbox", "--database-url", b.dsn}, args...)
-	err := app.RunContext(context.Background(), full)
-	return out.String(), err
+	return app.RunContext(context.Background(), full)
 }
 
 func (b *testBundle) mustRun(t *testing.T, args ...string) string {

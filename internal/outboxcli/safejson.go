@@ -1,7 +1,6 @@
 package outboxcli
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,16 +16,22 @@ import (
 // that carries an escape sequence reads back the same, and never reaches
 // the terminal raw.
 func writeJSON(w io.Writer, v any, indent bool) error {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
+	enc := json.NewEncoder(terminalSafeWriter{w})
 	if indent {
 		enc.SetIndent("", "  ")
 	}
-	if err := enc.Encode(v); err != nil {
-		return err
+	return enc.Encode(v)
+}
+
+// terminalSafeWriter passes each write through terminalSafeJSON; an
+// Encoder writes one whole value a call.
+type terminalSafeWriter struct{ w io.Writer }
+
+func (s terminalSafeWriter) Write(p []byte) (int, error) {
+	if _, err := s.w.Write(terminalSafeJSON(p)); err != nil {
+		return 0, err
 	}
-	_, err := w.Write(terminalSafeJSON(buf.Bytes()))
-	return err
+	return len(p), nil
 }
 
 // terminalSafeJSON rewrites the unprintable characters of encoded JSON as
@@ -39,18 +44,22 @@ func terminalSafeJSON(b []byte) []byte {
 		}
 		return !unicode.IsPrint(r)
 	}
-	clean := true
-	for _, r := range string(b) {
+	first := -1
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
 		if unsafeAt(r) {
-			clean = false
+			first = i
 			break
 		}
+		i += n
 	}
-	if clean {
+	if first < 0 {
 		return b
 	}
-	out := make([]byte, 0, len(b)+32)
-	for _, r := range string(b) {
+	out := append(make([]byte, 0, len(b)+32), b[:first]...)
+	for i := first; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		i += n
 		switch {
 		case !unsafeAt(r):
 			out = utf8.AppendRune(out, r)

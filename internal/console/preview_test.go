@@ -1,0 +1,108 @@
+package console_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/redpanda-data/benthos/v4/public/bloblang"
+
+	"github.com/forwarder/forwarder/internal/console"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// release ends every console_test_wait() call in progress.
+var release = make(chan struct{})
+
+// A mapping that cannot be stopped once it runs: console_test_wait()
+// returns only when the test closes release; console_test_panic() panics.
+func init() {
+	bloblang.MustRegisterFunctionV2("console_test_wait", bloblang.NewPluginSpec(), func(*bloblang.ParsedParams) (bloblang.Function, error) {
+		return func() (any, error) { <-release; return "released", nil }, nil
+	})
+	bloblang.MustRegisterFunctionV2("console_test_panic", bloblang.NewPluginSpec(), func(*bloblang.ParsedParams) (bloblang.Function, error) {
+		return func() (any, error) { panic("boom") }, nil
+	})
+}
+
+// mappingsDir writes vehicle_event.blobl holding mapping into a new
+// directory.
+func mappingsDir(t *testing.T, mapping string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "vehicle_event.blobl"), []byte(mapping), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestPreviewBounds: the request preview runs the mapping on at most
+// PreviewMaxPayload bytes, shows at most PayloadLimit bytes of what it
+// makes, gives up after PreviewTimeout on a mapping that does not finish,
+// runs at most two at once, and survives a panicking mapping
+// (docs/guarantees.md, "bounded rendering"). Not parallel: the preview
+// slots are shared by the process.
+func TestPreviewBounds(t *testing.T) {
+	rec := outboxdb.Record{ID: 7, MessageKey: "m-1", APIType: "VEHICLE_EVENT", Payload: []byte(vehicle)}
+
+	t.Run("LargePayloadIsNotMapped", func(t *testing.T) {
+		big := rec
+		big.Payload = []byte(`{"pad":"` + strings.Repeat("x", console.PreviewMaxPayload) + `"}`)
+		p := console.PreviewRequest(mappingsDir(t, "root = console_test_panic()"), big)
+		if p.Err != "the payload (1.0 MiB) is larger than the 1.0 MiB a preview runs the mapping on: not run" || p.Body != "" {
+			t.Errorf("preview of %d bytes: %+v", len(big.Payload), p)
+		}
+	})
+
+	t.Run("LargeResultIsCut", func(t *testing.T) {
+		p := console.PreviewRequest(mappingsDir(t, `root = {"ids": range(0, 100000)}`), rec)
+		if p.Err != "" || len(p.Body) > console.PayloadLimit || p.JSON != nil ||
+			!strings.HasPrefix(p.Body, "{\n  \"access_name\": \"***\",\n  \"access_pwd\": \"***\",\n  \"ids\": [\n    0,\n") ||
+			len(p.Notes) != 1 || !strings.HasPrefix(p.Notes[0], "… ") {
+			t.Errorf("preview of a large result: %d bytes of body, JSON %v, notes %q, error %q", len(p.Body), p.JSON != nil, p.Notes, p.Err)
+		}
+		p = console.PreviewRequest("../../mappings", rec)
+		if p.Err != "" || len(p.Notes) != 0 || !strings.Contains(string(p.JSON), `"plate_no":"粤B12345"`) {
+			t.Errorf("preview of the shipped mapping: %+v", p)
+		}
+	})
+
+	t.Run("APanicIsAnError", func(t *testing.T) {
+		if p := console.PreviewRequest(mappingsDir(t, "root = console_test_panic()"), rec); p.Err != "the mapping panicked: boom" {
+			t.Errorf("preview of a panicking mapping: %+v", p)
+		}
+	})
+
+	t.Run("AMappingThatDoesNotFinish", func(t *testing.T) {
+		dir := mappingsDir(t, "root = {\"x\": console_test_wait()}")
+		// Two runs take both slots and outlive their deadline.
+		var wg sync.WaitGroup
+		errs := make([]string, 2)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = console.PreviewRequest(dir, rec).Err
+			}()
+		}
+		wg.Wait()
+		gaveUp := fmt.Sprintf("the mapping did not finish within %v: not shown", console.PreviewTimeout)
+		if errs[0] != gaveUp || errs[1] != gaveUp {
+			t.Fatalf("previews of a mapping that does not finish: %q, want %q", errs, gaveUp)
+		}
+		// They still run: a third preview, of any mapping, waits for a
+		// slot and gives up.
+		if p := console.PreviewRequest("../../mappings", rec); p.Err != "other previews are still running: try again in a moment" {
+			t.Errorf("a preview while both slots are taken: %+v", p)
+		}
+		close(release)
+		// Once they end, previews work again (the first may still be
+		// freeing its slot: PreviewRequest waits for it).
+		if p := console.PreviewRequest(dir, rec); p.Err != "" || !strings.Contains(p.Body, `"x": "released"`) {
+			t.Errorf("a preview after the runs ended: %+v", p)
+		}
+	})
+}
