@@ -2,23 +2,44 @@ package console
 
 import (
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"mime"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 const (
 	sessionCookie = "forwarder_console"
 	// sessionTTL is how long a login lasts.
 	sessionTTL = 12 * time.Hour
-	// maxOperatorLength bounds the name typed into the login form.
+	// maxSessions bounds the sessions kept; past it the oldest ends.
+	maxSessions = 1000
+	// maxOperatorLength bounds an operator's name (login form, basic-auth
+	// user): it goes into the audit log.
 	maxOperatorLength = 64
+	// maxLoginBytes caps the login form's body, read before the token is
+	// checked; maxFormBytes the other forms', read after.
+	maxLoginBytes = 4 << 10
+	maxFormBytes  = 64 << 10
+	// Login attempts per client address: loginBurst at once, then one
+	// every loginEvery.
+	loginBurst = 10
+	loginEvery = 6 * time.Second
+	// maxLoginClients bounds the addresses tracked; past it, unknown
+	// addresses share one allowance.
+	maxLoginClients = 10000
 )
 
 type operatorKey struct{}
@@ -37,32 +58,63 @@ func (s *Server) tokenMatches(presented string) bool {
 	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }
 
+// errNoCredentials: the request carries no valid token or session.
+var errNoCredentials = errors.New("console: no valid token or session")
+
 // authenticate returns who sent the request. Without a token configured
 // everyone is the configured operator. With one, the request must carry it:
 // as a bearer token (operator: the configured one), as the password of
-// basic auth (operator: the user name), or through a session cookie from the
-// login form (operator: the name given there).
-func (s *Server) authenticate(r *http.Request) (string, bool) {
+// basic auth (operator: the user name, which must be a valid operator
+// name), or through a session cookie from the login form (operator: the
+// name given there).
+func (s *Server) authenticate(r *http.Request) (string, error) {
 	if s.cfg.Token == "" {
-		return s.cfg.Operator, true
+		return s.cfg.Operator, nil
 	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		if tok, ok := strings.CutPrefix(auth, "Bearer "); ok {
-			return s.cfg.Operator, s.tokenMatches(strings.TrimSpace(tok))
+			if !s.tokenMatches(strings.TrimSpace(tok)) {
+				return "", errNoCredentials
+			}
+			return s.cfg.Operator, nil
 		}
 		if user, pass, ok := r.BasicAuth(); ok {
+			if !s.tokenMatches(pass) {
+				return "", errNoCredentials
+			}
 			user = strings.TrimSpace(user)
 			if user == "" {
-				user = s.cfg.Operator
+				return s.cfg.Operator, nil
 			}
-			return user, s.tokenMatches(pass)
+			if !validOperator(user) {
+				return "", httpError{http.StatusBadRequest, fmt.Sprintf(
+					"console: the basic-auth user name is recorded as the operator: give up to %d printable characters", maxOperatorLength)}
+			}
+			return user, nil
 		}
-		return "", false
+		return "", errNoCredentials
 	}
 	if c, err := r.Cookie(sessionCookie); err == nil {
-		return s.verifySession(c.Value, time.Now())
+		if op, ok := s.sessions.lookup(c.Value, time.Now()); ok {
+			return op, nil
+		}
 	}
-	return "", false
+	return "", errNoCredentials
+}
+
+// validOperator says whether name may be recorded as an operator: 1 to
+// maxOperatorLength bytes of printable UTF-8, so an audit row holds no
+// newline, escape sequence or right-to-left override.
+func validOperator(name string) bool {
+	if name == "" || len(name) > maxOperatorLength || !utf8.ValidString(name) {
+		return false
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // refuse answers an unauthenticated request: a browser asking for a page is
@@ -76,49 +128,161 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request) {
 	http.Error(w, "console: this request needs the console token (Authorization: Bearer <CONSOLE_TOKEN>)", http.StatusUnauthorized)
 }
 
-// sessionKey signs sessions: it depends on the token, so changing
-// CONSOLE_TOKEN (and restarting) ends every session.
-func (s *Server) sessionKey() []byte {
-	m := hmac.New(sha256.New, s.secret)
-	m.Write([]byte("session\x00"))
-	m.Write([]byte(s.cfg.Token))
-	return m.Sum(nil)
+// sessions are the logins of this process: the cookie holds a random id,
+// never the token, and the server keeps who it stands for, so logging out
+// ends the session here and not only in the browser. A restart ends every
+// session.
+type sessions struct {
+	mu   sync.Mutex
+	byID map[string]session
 }
 
-// newSession is "<operator, base64>.<expiry unix>.<hmac>": the token itself
-// is never in the cookie.
-func (s *Server) newSession(operator string, now time.Time) string {
-	payload := base64.RawURLEncoding.EncodeToString([]byte(operator)) + "." + strconv.FormatInt(now.Add(sessionTTL).Unix(), 10)
-	m := hmac.New(sha256.New, s.sessionKey())
-	m.Write([]byte(payload))
-	return payload + "." + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+type session struct {
+	operator string
+	expires  time.Time
 }
 
-func (s *Server) verifySession(v string, now time.Time) (string, bool) {
-	i := strings.LastIndexByte(v, '.')
-	if i < 0 {
+// create starts a session for operator and returns its id (128 random
+// bits).
+func (ss *sessions) create(operator string, now time.Time) string {
+	id := rand.Text()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.byID == nil {
+		ss.byID = map[string]session{}
+	}
+	if len(ss.byID) >= maxSessions {
+		oldest := ""
+		for k, v := range ss.byID {
+			if !now.Before(v.expires) {
+				delete(ss.byID, k)
+			} else if oldest == "" || v.expires.Before(ss.byID[oldest].expires) {
+				oldest = k
+			}
+		}
+		if len(ss.byID) >= maxSessions {
+			delete(ss.byID, oldest)
+		}
+	}
+	ss.byID[id] = session{operator: operator, expires: now.Add(sessionTTL)}
+	return id
+}
+
+func (ss *sessions) lookup(id string, now time.Time) (string, bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	v, ok := ss.byID[id]
+	if !ok || !now.Before(v.expires) {
 		return "", false
 	}
-	payload, sig := v[:i], v[i+1:]
-	m := hmac.New(sha256.New, s.sessionKey())
-	m.Write([]byte(payload))
-	want := base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-	if !hmac.Equal([]byte(sig), []byte(want)) {
-		return "", false
+	return v.operator, true
+}
+
+func (ss *sessions) revoke(id string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.byID, id)
+}
+
+// loginLimiter allows each client address loginBurst login attempts at
+// once and one more every loginEvery (a token bucket per address), so the
+// login form can be neither guessed at speed nor used to flood the log.
+// Behind a proxy every browser shares the proxy's address, and with it
+// one allowance.
+type loginLimiter struct {
+	mu      sync.Mutex
+	clients map[string]*bucket
+	swept   time.Time
+}
+
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// allow takes one attempt for client, or says how long until there is one.
+func (l *loginLimiter) allow(client string, now time.Time) (bool, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clients == nil {
+		l.clients = map[string]*bucket{}
 	}
-	name, exp, ok := strings.Cut(payload, ".")
+	b, ok := l.clients[client]
 	if !ok {
-		return "", false
+		// One place is kept for the shared allowance.
+		full := func() bool { return len(l.clients) >= maxLoginClients-1 }
+		if full() && now.Sub(l.swept) >= loginEvery {
+			// Forget the addresses whose allowance is whole again (a new
+			// bucket would be the same); at most once per loginEvery, so a
+			// flood of new addresses costs no more than that.
+			l.swept = now
+			for k, v := range l.clients {
+				if v.refill(now) >= loginBurst {
+					delete(l.clients, k)
+				}
+			}
+		}
+		if full() {
+			client = "(others)"
+			b = l.clients[client]
+		}
+		if b == nil {
+			b = &bucket{tokens: loginBurst, at: now}
+			l.clients[client] = b
+		}
 	}
-	expiry, err := strconv.ParseInt(exp, 10, 64)
-	if err != nil || now.Unix() > expiry {
-		return "", false
+	if b.refill(now) < 1 {
+		return false, time.Duration((1 - b.tokens) * float64(loginEvery))
 	}
-	op, err := base64.RawURLEncoding.DecodeString(name)
-	if err != nil || len(op) == 0 {
-		return "", false
+	b.tokens--
+	return true, 0
+}
+
+func (b *bucket) refill(now time.Time) float64 {
+	b.tokens = min(loginBurst, b.tokens+now.Sub(b.at).Seconds()/loginEvery.Seconds())
+	b.at = now
+	return b.tokens
+}
+
+// clientAddress is the peer's IP address, an IPv6 address by its /64 (what
+// one host is usually given).
+func clientAddress(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
 	}
-	return string(op), true
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return host
+	}
+	if ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return ip.String()
+}
+
+// secureRequest says the browser reached the console over TLS: directly,
+// or through a proxy that terminated it and says so (X-Forwarded-Proto:
+// https, or Forwarded: proto=https). The session cookie is then Secure.
+// The headers are believed from any peer: Secure only keeps a cookie off
+// plain HTTP, so a client claiming HTTPS over plain HTTP only loses its own
+// session. A TLS proxy must set the header (and overwrite one a client
+// sent); docs/operations.md, "Console".
+func secureRequest(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	if proto, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ","); strings.EqualFold(strings.TrimSpace(proto), "https") {
+		return true
+	}
+	first, _, _ := strings.Cut(r.Header.Get("Forwarded"), ",")
+	for _, pair := range strings.Split(first, ";") {
+		k, v, _ := strings.Cut(strings.TrimSpace(pair), "=")
+		if strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
+			return true
+		}
+	}
+	return false
 }
 
 // csrfToken is the hidden field every form that changes something carries:
@@ -164,36 +328,81 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
-	name := strings.TrimSpace(r.PostFormValue("name"))
-	next := safeNext(r.PostFormValue("next"))
-	switch {
-	case name == "" || len(name) > maxOperatorLength || strings.ContainsFunc(name, func(c rune) bool { return c < ' ' }):
-		s.render(w, r, http.StatusBadRequest, "login", loginData{Next: next, Name: name,
-			Error: "Give your name (up to 64 characters): it goes into the audit log with what you do."})
+	// Before anything is read: the attempts of one address are limited.
+	if ok, wait := s.logins.allow(clientAddress(r), time.Now()); !ok {
+		secs := int(wait.Seconds()) + 1
+		s.log.Warn("console login refused: too many attempts", "remote", r.RemoteAddr)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		s.render(w, r, http.StatusTooManyRequests, "login", loginData{Next: "/",
+			Error: fmt.Sprintf("Too many login attempts from your address: try again in %d seconds.", secs)})
 		return
-	case !s.tokenMatches(r.PostFormValue("token")):
+	}
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/x-www-form-urlencoded" {
+		http.Error(w, "console: log in with the login form (application/x-www-form-urlencoded)", http.StatusUnsupportedMediaType)
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
+			http.Error(w, fmt.Sprintf("console: the login form is at most %d bytes", maxLoginBytes), http.StatusRequestEntityTooLarge)
+			return
+		}
+		http.Error(w, "console: the login form does not parse", http.StatusBadRequest)
+		return
+	}
+	name := strings.TrimSpace(r.PostForm.Get("name"))
+	next := safeNext(r.PostForm.Get("next"))
+	switch {
+	case !validOperator(name):
+		s.render(w, r, http.StatusBadRequest, "login", loginData{Next: next, Name: SafeLine(name),
+			Error: fmt.Sprintf("Give your name (up to %d printable characters): it goes into the audit log with what you do.", maxOperatorLength)})
+		return
+	case !s.tokenMatches(r.PostForm.Get("token")):
 		s.log.Warn("console login refused: wrong token", "name", name, "remote", r.RemoteAddr)
 		s.render(w, r, http.StatusUnauthorized, "login", loginData{Next: next, Name: name, Error: "Wrong token."})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.newSession(name, time.Now()), Path: "/",
-		MaxAge: int(sessionTTL.Seconds()), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.sessions.create(name, time.Now()), Path: "/",
+		MaxAge: int(sessionTTL.Seconds()), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: secureRequest(r)})
 	s.log.Info("console login", "operator", name, "remote", r.RemoteAddr)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// logout ends the session on the server, so the cookie is worthless even
+// where the browser keeps it.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	if !s.checkCSRF(r) {
 		http.Error(w, "console: the form is stale or came from elsewhere (CSRF check failed): reload the page", http.StatusForbidden)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		s.sessions.revoke(c.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: secureRequest(r)})
+	s.log.Info("console logout", "operator", operatorOf(r), "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect target on this console.
+// safeNext keeps a redirect target on this console: a path on this host,
+// in printable ASCII, that no browser could read as another host. Browsers
+// drop tabs and newlines from URLs and read "\" as "/", so "/\t/evil" and
+// "/\\evil" mean //evil; a decoded path is checked too ("/%09/evil").
+// Anything else goes to the overview.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+	if next == "" || next[0] != '/' || len(next) > 2048 {
+		return "/"
+	}
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			return "/"
+		}
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" {
+		return "/"
+	}
+	if !strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") ||
+		strings.ContainsFunc(u.Path, func(c rune) bool { return c < ' ' || c == 0x7f || c == '\\' }) {
 		return "/"
 	}
 	return next

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -33,7 +34,7 @@ import (
 // otherwise into a temporary directory, so a test run leaves the tree as it
 // was.
 const (
-	browserToken    = "browser-test-token-5f2b9c0e7a41"
+	browserToken    = "browser-test-token-5f2b9c0e7a41-8d6c"
 	browserOperator = "alice"
 	targetPlate     = "粤B12345"
 	platformName    = "console-browser-test"
@@ -44,8 +45,9 @@ const (
 
 // TestBrowser runs the console in headless Chromium against the real
 // forwarder (bin/forwarder with an in-process Kafka and the mock platform):
-// a vehicle event the platform refuses (errcode 998) is FAILED; the
-// operator logs in, searches its plate, opens the row, requeues it with the
+// the operator logs in, sees the overview and logs out, after which the
+// session's cookie opens nothing; a vehicle event the platform refuses
+// (errcode 998) is FAILED; the operator logs in again, searches its plate, opens the row, requeues it with the
 // confirmation step and sees it PENDING; the forwarder, started again with
 // the platform accepting, delivers it, and a reload shows SUCCESS. The
 // console listens on a non-loopback address of this machine, so it needs
@@ -169,14 +171,39 @@ func TestBrowser(t *testing.T) {
 		return b
 	}
 
-	do("log in",
-		chromedp.Navigate(base+"/"),
-		chromedp.WaitVisible(chromedp.ID("name")),
-		chromedp.SendKeys(chromedp.ID("name"), browserOperator),
-		chromedp.SendKeys(chromedp.ID("token"), browserToken),
-		chromedp.Click(chromedp.ID("login")),
-		chromedp.WaitVisible(chromedp.ID("by-status")),
+	logIn := func() {
+		t.Helper()
+		do("log in",
+			chromedp.Navigate(base+"/"),
+			chromedp.WaitVisible(chromedp.ID("name")),
+			chromedp.SendKeys(chromedp.ID("name"), browserOperator),
+			chromedp.SendKeys(chromedp.ID("token"), browserToken),
+			chromedp.Click(chromedp.ID("login")),
+			chromedp.WaitVisible(chromedp.ID("by-status")),
+		)
+	}
+
+	// The login path: log in with the token, see the overview, log out;
+	// the session ends on the server, so its cookie, wherever a copy was
+	// kept, opens nothing any more.
+	logIn()
+	if who := text("operator"); who != browserOperator {
+		t.Fatalf("the overview names %q, want %s", who, browserOperator)
+	}
+	session := sessionCookie(t, browser)
+	if code := getWithCookie(t, base+"/", session); code != http.StatusOK {
+		t.Fatalf("GET / with the session's cookie: %d, want 200", code)
+	}
+	do("log out",
+		chromedp.Click(chromedp.ID("logout")),
+		chromedp.WaitVisible(chromedp.ID("token")),
 	)
+	if code := getWithCookie(t, base+"/", session); code != http.StatusUnauthorized {
+		t.Fatalf("GET / with the cookie of the ended session: %d, want 401", code)
+	}
+	do("the overview after logging out", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.ID("token")))
+
+	logIn()
 	overviewPNG := screenshot()
 	do("search the plate",
 		chromedp.Navigate(base+"/search"),
@@ -240,6 +267,44 @@ func TestBrowser(t *testing.T) {
 		}
 	}
 	t.Logf("screenshots in %s", shots)
+}
+
+// sessionCookie is the value of the console's session cookie in the
+// browser (HttpOnly: only the DevTools protocol reads it).
+func sessionCookie(t *testing.T, browser context.Context) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(browser, 30*time.Second)
+	defer cancel()
+	res, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{})
+	if err != nil {
+		t.Fatalf("browser: reading cookies: %v", err)
+	}
+	for _, c := range res.Cookies {
+		if c.Name == "forwarder_console" {
+			if !c.HTTPOnly || strings.Contains(c.Value, browserToken) {
+				t.Errorf("session cookie: HttpOnly %v, holds the token %v", c.HTTPOnly, strings.Contains(c.Value, browserToken))
+			}
+			return c.Value
+		}
+	}
+	t.Fatal("browser: no session cookie after logging in")
+	return ""
+}
+
+// getWithCookie GETs url as a script would, with only the session cookie.
+func getWithCookie(t *testing.T, url, session string) int {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.AddCookie(&http.Cookie{Name: "forwarder_console", Value: session})
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 func vehicleRecord(id, plate string, inout int) *kgo.Record {

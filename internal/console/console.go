@@ -41,8 +41,12 @@ import (
 const (
 	// DefaultAddr is where the console listens: loopback only.
 	DefaultAddr = "127.0.0.1:4196"
-	// MinTokenLength is the shortest CONSOLE_TOKEN accepted.
-	MinTokenLength = 16
+	// MinTokenLength is the shortest CONSOLE_TOKEN accepted: 32
+	// characters are 128 bits in hex (openssl rand -hex 16).
+	MinTokenLength = 32
+	// minTokenSymbols is the fewest different characters a CONSOLE_TOKEN
+	// may use: a random one of 32 hex digits has about 14.
+	minTokenSymbols = 8
 	// shutdownGrace is how long requests in progress may take to finish
 	// after SIGINT or SIGTERM.
 	shutdownGrace = 10 * time.Second
@@ -80,12 +84,14 @@ type Config struct {
 
 // Server is a console: an http.Handler over one database pool.
 type Server struct {
-	cfg    Config
-	pool   *pgxpool.Pool
-	pages  map[string]*template.Template
-	secret []byte
-	log    *slog.Logger
-	mux    *http.ServeMux
+	cfg      Config
+	pool     *pgxpool.Pool
+	pages    map[string]*template.Template
+	secret   []byte
+	log      *slog.Logger
+	mux      *http.ServeMux
+	sessions sessions
+	logins   loginLimiter
 }
 
 // CheckAddr refuses a listen address that is not loopback when no token is
@@ -99,12 +105,28 @@ func CheckAddr(addr, token string) error {
 		if len(token) < MinTokenLength {
 			return fmt.Errorf("CONSOLE_TOKEN is %d characters long: use at least %d (a random one: openssl rand -hex 24)", len(token), MinTokenLength)
 		}
+		if n := symbols(token); n < minTokenSymbols {
+			return fmt.Errorf("CONSOLE_TOKEN uses %d different characters: use a random token of at least %d characters (openssl rand -hex 24)", n, MinTokenLength)
+		}
 		return nil
 	}
 	if !isLoopbackHost(host) {
 		return fmt.Errorf("CONSOLE_ADDR %s is not a loopback address: set CONSOLE_TOKEN (a secret of at least %d characters that every request must carry) or listen on 127.0.0.1", addr, MinTokenLength)
 	}
 	return nil
+}
+
+// symbols counts the different bytes of s.
+func symbols(s string) int {
+	var seen [256]bool
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if !seen[s[i]] {
+			seen[s[i]] = true
+			n++
+		}
+	}
+	return n
 }
 
 // isLoopbackHost: "localhost" or a loopback IP. An empty host (all
@@ -135,7 +157,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Signs session cookies and CSRF tokens; a restart logs everyone out.
+	// Signs CSRF tokens; a restart draws a new one (and ends every session).
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
 		return nil, err
@@ -182,12 +204,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "console: the Host header must be an IP address or localhost", http.StatusMisdirectedRequest)
 		return
 	}
+	if r.Method == http.MethodPost {
+		// The login form is read before the token is checked: a few KiB.
+		limit := int64(maxFormBytes)
+		if r.URL.Path == "/login" {
+			limit = maxLoginBytes
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
+	}
 	if strings.HasPrefix(r.URL.Path, "/static/") || r.URL.Path == "/login" {
 		s.mux.ServeHTTP(w, r)
 		return
 	}
-	op, ok := s.authenticate(r)
-	if !ok {
+	op, err := s.authenticate(r)
+	if he, ok := errors.AsType[httpError](err); ok {
+		http.Error(w, he.msg, he.status)
+		return
+	}
+	if err != nil {
 		s.refuse(w, r)
 		return
 	}

@@ -23,7 +23,7 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 const (
-	testToken = "console-test-token-0123456789"
+	testToken = "console-test-token-0123456789-abcdef"
 	plate     = "粤B12345"
 	vehicle   = `{"messageId":"m-1","deviceId":"CAM-0001","parkCode":"P1001","berthCode":"B-012","plateNo":"粤B12345",` +
 		`"inoutType":1,"inoutTime":1779330600000,"plateCredible":0.854,"pictures":[]}`
@@ -43,7 +43,11 @@ func TestCheckAddr(t *testing.T) {
 		{"10.1.2.3:4196", "", "set CONSOLE_TOKEN"},
 		{"console.example:4196", "", "set CONSOLE_TOKEN"},
 		{"0.0.0.0:4196", testToken, ""},
-		{"0.0.0.0:4196", "short", "CONSOLE_TOKEN is 5 characters long: use at least 16"},
+		{"0.0.0.0:4196", "short", "CONSOLE_TOKEN is 5 characters long: use at least 32"},
+		{"0.0.0.0:4196", strings.Repeat("a", 16), "CONSOLE_TOKEN is 16 characters long: use at least 32"},
+		{"127.0.0.1:4196", strings.Repeat("a", 31), "CONSOLE_TOKEN is 31 characters long: use at least 32"},
+		{"0.0.0.0:4196", strings.Repeat("ab", 20), "CONSOLE_TOKEN uses 2 different characters: use a random token of at least 32 characters"},
+		{"0.0.0.0:4196", "0123456789abcdef0123456789abcdef", ""},
 		{"4196", "", "want host:port"},
 	} {
 		err := console.CheckAddr(c.addr, c.token)

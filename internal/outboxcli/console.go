@@ -22,8 +22,9 @@ func consoleCommand() *cli.Command {
 		UsageText: "forwarder outbox console [--addr 127.0.0.1:4196] [--read-only] [--operator NAME] [--mappings DIR]",
 		Description: `Serves a web console on CONSOLE_ADDR (default 127.0.0.1:4196) until SIGINT or
 SIGTERM. Listening on an address that is not loopback requires CONSOLE_TOKEN
-(at least 16 characters); every request must then carry it: a browser logs
-in with a name and the token (a session cookie), scripts send
+(at least 32 random characters: openssl rand -hex 24); every request must
+then carry it: a browser logs in with a name and the token (a session
+cookie, ended on the server by logging out), scripts send
 "Authorization: Bearer <token>", or basic auth with the token as password
 and their name as user. Without a token the console is open to every user
 of this machine: plates and payloads are personal data, so set a token on a
