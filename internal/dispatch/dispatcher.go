@@ -213,7 +213,7 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 	}
 	d.pool = pool
 	d.listener = outboxdb.NewListener(outboxdb.ListenerConfig{
-		ConnConfig: d.hub.ConnConfig().ConnConfig,
+		ConnConfig: d.hub.SessionConfig(),
 		OnListen: func() {
 			d.log.Debugf("Listening for new outbox rows on channel %s", outboxdb.NotifyChannel)
 			if d.OnListen != nil {

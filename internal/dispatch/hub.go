@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
@@ -29,6 +30,8 @@ type Hub struct {
 	Database string
 
 	pcfg *pgxpool.Config
+	// direct is DATABASE_DIRECT_URL's connection settings, nil without it.
+	direct *pgx.ConnConfig
 
 	mu         sync.Mutex
 	pool       *pgxpool.Pool
@@ -62,7 +65,16 @@ const DefaultMaxConns = 8
 // host, port, database and user, however the DSN is spelled) get the same
 // hub. Nothing touches the network.
 func HubFor(res *service.Resources, dsn string) (*Hub, error) {
-	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{ApplicationName: "forwarder", NoSeqScan: true})
+	return HubWithDirect(res, dsn, "")
+}
+
+// HubWithDirect is HubFor with directDSN, when not empty, a direct
+// connection to the same database for what needs a session of its own: it
+// says that dsn leads to a transaction-pooling PgBouncer
+// (docs/deployment.md, "Running on production PostgreSQL").
+func HubWithDirect(res *service.Resources, dsn, directDSN string) (*Hub, error) {
+	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{
+		ApplicationName: outboxdb.ServiceApplicationName, NoSeqScan: true, Pooled: directDSN != ""})
 	if err != nil {
 		return nil, err
 	}
@@ -74,9 +86,24 @@ func HubFor(res *service.Resources, dsn string) (*Hub, error) {
 	}
 	cc := pcfg.ConnConfig
 	h := &Hub{Database: outboxdb.Redact(cc.Host, cc.Port, cc.Database), pcfg: pcfg}
+	if directDSN != "" {
+		dcfg, err := outboxdb.ParsePoolConfig(directDSN, outboxdb.PoolConfig{ApplicationName: outboxdb.ServiceApplicationName})
+		if err != nil {
+			return nil, directDSNError{err}
+		}
+		h.direct = dcfg.ConnConfig
+		if h.direct.ConnectTimeout == 0 {
+			h.direct.ConnectTimeout = 10 * time.Second
+		}
+	}
 	v, _ := res.GetOrSetGeneric(hubKey{database: cc.User + "@" + h.Database}, h)
 	return v.(*Hub), nil
 }
+
+// directDSNError is a direct connection string that does not parse.
+type directDSNError struct{ err error }
+
+func (e directDSNError) Error() string { return e.err.Error() }
 
 // NewHub returns a hub that belongs to no stream, for tests and tools.
 func NewHub(dsn string) (*Hub, error) {
@@ -107,11 +134,22 @@ func (h *Hub) Open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+	if err := h.EnsureSchema(ctx, pool); err != nil {
 		h.Release()
 		return nil, err
 	}
 	return pool, nil
+}
+
+// EnsureSchema checks the schema behind pool, the hub's pool, and migrates
+// it when the service may (outboxdb.EnsureSchema), on the direct
+// connection when there is one.
+func (h *Hub) EnsureSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	var session *pgx.ConnConfig
+	if h.direct != nil {
+		session = h.direct.Copy()
+	}
+	return outboxdb.EnsureSchema(ctx, pool, session)
 }
 
 // Recheck is what Connect does when called again after a lost connection
@@ -137,9 +175,24 @@ func (h *Hub) Release() {
 	}
 }
 
-// ConnConfig is a copy of the connection settings, for a dedicated
-// connection (LISTEN).
-func (h *Hub) ConnConfig() *pgxpool.Config { return h.pcfg.Copy() }
+// SessionConfig is a copy of the settings of a dedicated session (LISTEN,
+// session advisory locks): the direct connection's when there is one, else
+// the pool's.
+func (h *Hub) SessionConfig() *pgx.ConnConfig {
+	if h.direct != nil {
+		return h.direct.Copy()
+	}
+	return h.pcfg.ConnConfig.Copy()
+}
+
+// DirectConfig is a copy of the direct connection's settings, nil when the
+// pool's connections are sessions of their own (no DATABASE_DIRECT_URL).
+func (h *Hub) DirectConfig() *pgx.ConnConfig {
+	if h.direct == nil {
+		return nil
+	}
+	return h.direct.Copy()
+}
 
 // MaxConns is the size of the stream's pool.
 func (h *Hub) MaxConns() int32 { return h.pcfg.MaxConns }
@@ -221,8 +274,14 @@ func checkLease(lease, timeout time.Duration) error {
 
 // DSN fields shared by every component that reads or writes the outbox.
 const (
-	FieldDSN    = "dsn"
-	FieldDSNEnv = "dsn_env"
+	FieldDSN          = "dsn"
+	FieldDSNEnv       = "dsn_env"
+	FieldDirectDSN    = "direct_dsn"
+	FieldDirectDSNEnv = "direct_dsn_env"
+
+	// DefaultDirectDSNEnv names the environment variable a component reads
+	// its direct connection string from when direct_dsn is not set.
+	DefaultDirectDSNEnv = "DATABASE_DIRECT_URL"
 
 	// DefaultDSNEnv names the environment variable a component reads its
 	// connection string from when dsn is not set.
@@ -243,6 +302,16 @@ func DSNFields() []*service.ConfigField {
 			Description("The environment variable holding the connection string, read as is (any character works) when `dsn` is not set. When the variable is unset too, `" + DefaultDSN + "`.").
 			Default(DefaultDSNEnv).
 			Advanced(),
+		service.NewStringField(FieldDirectDSN).
+			Description("A direct connection to the same database, for what needs a session of its own (LISTEN, migrations, the retention lock), when `dsn` leads to a transaction-pooling PgBouncer. Setting it says that `dsn` is pooled: statements are then sent without server-side prepared statements. Leave it unset to read it from the environment variable named by `direct_dsn_env`; when that is unset too, `dsn` is taken to lead to PostgreSQL itself, and start-up refuses a `dsn` whose sessions do not survive between transactions. Never logged.").
+			Example("postgres://forwarder@db:5432/forwarder?sslmode=verify-full").
+			Secret().
+			Optional().
+			Advanced(),
+		service.NewStringField(FieldDirectDSNEnv).
+			Description("The environment variable holding `direct_dsn`, read as is when `direct_dsn` is not set.").
+			Default(DefaultDirectDSNEnv).
+			Advanced(),
 	}
 }
 
@@ -255,6 +324,14 @@ func DSNFromParsed(conf *service.ParsedConfig) (string, error) {
 		return dsn, err
 	}
 	return DefaultDSN, nil
+}
+
+// DirectDSNFromParsed returns the direct connection string a component's
+// config names (direct_dsn, else the variable named by direct_dsn_env), ""
+// when there is none.
+func DirectDSNFromParsed(conf *service.ParsedConfig) (string, error) {
+	dsn, _, err := envsecret.Read(conf, FieldDirectDSN)
+	return dsn, err
 }
 
 // DSNSource names where a component's connection string comes from, for
@@ -272,7 +349,16 @@ func HubFromParsed(conf *service.ParsedConfig, res *service.Resources) (*Hub, er
 	if err != nil {
 		return nil, err
 	}
-	h, err := HubFor(res, dsn)
+	direct, err := DirectDSNFromParsed(conf)
+	if err != nil {
+		return nil, err
+	}
+	h, err := HubWithDirect(res, dsn, direct)
+	var derr directDSNError
+	if errors.As(err, &derr) {
+		_, source, _ := envsecret.Read(conf, FieldDirectDSN)
+		return nil, fmt.Errorf("%s: %w", source, derr.err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", DSNSource(conf), err)
 	}

@@ -128,17 +128,20 @@ pipeline:
   processors:
     - outbox:
         dsn_env: INGEST_DB
+        direct_dsn_env: INGEST_DIRECT_DB
 output:
   http_forwarder:
     url: http://x
     access_pwd_env: MY_PWD
 `)
 		refs := Scan(p)
-		if got, want := names(refs), []string{"DATABASE_URL", "INGEST_DB", "MY_PWD", "PLATFORM_ACCESS_NAME"}; !slices.Equal(got, want) {
+		if got, want := names(refs), []string{"DATABASE_DIRECT_URL", "DATABASE_URL", "INGEST_DB", "INGEST_DIRECT_DB", "MY_PWD", "PLATFORM_ACCESS_NAME"}; !slices.Equal(got, want) {
 			t.Fatalf("got %v, want %v", got, want)
 		}
-		if v := refs["INGEST_DB"].Var; v.Kind != PostgresDSN || !v.Secret {
-			t.Errorf("a dsn_env variable is not checked as a secret DSN: %+v", v)
+		for _, n := range []string{"INGEST_DB", "INGEST_DIRECT_DB", "DATABASE_DIRECT_URL"} {
+			if v := refs[n].Var; v.Kind != PostgresDSN || !v.Secret {
+				t.Errorf("%s is not checked as a secret DSN: %+v", n, v)
+			}
 		}
 		for _, n := range []string{"MY_PWD", "PLATFORM_ACCESS_NAME"} {
 			if r := refs[n]; !r.Required || !r.Var.Secret {

@@ -95,6 +95,7 @@ func (r Refs) scanConfig(file string, b []byte) {
 	walk(root, func(key string, conf map[string]any) {
 		if dsnComponents[key] {
 			r.envField(file, conf, "dsn", "DATABASE_URL")
+			r.envField(file, conf, "direct_dsn", "DATABASE_DIRECT_URL")
 		}
 		if key == "http_forwarder" {
 			for _, c := range credentials {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,6 +15,21 @@ import (
 	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
+
+// envConsoleURL is the console's own connection string.
+const envConsoleURL = "CONSOLE_DATABASE_URL"
+
+// consoleURL is the subcommand's --database-url, else CONSOLE_DATABASE_URL,
+// else the outbox command's URL.
+func consoleURL(c *cli.Context) string {
+	if v := c.String(flagDatabaseURL); v != "" {
+		return v
+	}
+	if v := os.Getenv(envConsoleURL); v != "" {
+		return v
+	}
+	return databaseURL(c)
+}
 
 func consoleCommand() *cli.Command {
 	return &cli.Command{
@@ -35,7 +51,12 @@ change first and need a confirmation; each is recorded with the operator's
 name in forward_operator_log and in the rows' attempt logs. The operator is
 the name given at login, the basic-auth user, or --operator (default
 $USER) for requests that carry no name. --read-only removes the actions.
-Every query runs with a statement timeout (--timeout) and a row limit.`,
+Every query runs with a statement timeout (--timeout) and a row limit.
+
+It connects to CONSOLE_DATABASE_URL when set (a role of its own, read-only
+or with the grants its actions need: docs/deployment.md), else DATABASE_URL
+(or --database-url, which wins over both). A role without the grants of the
+actions serves the console read-only.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: console.DefaultAddr, EnvVars: []string{"CONSOLE_ADDR"}, Usage: "host:port to listen on"},
 			&cli.BoolFlag{Name: "read-only", Usage: "hide and refuse the actions"},
@@ -59,11 +80,29 @@ Every query runs with a statement timeout (--timeout) and a row limit.`,
 			}
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withPool(c, func(_ context.Context, pool *pgxpool.Pool) error {
+			return withPoolURL(c, consoleURL(c), func(_ context.Context, pool *pgxpool.Pool) error {
 				if v, err := outboxdb.SchemaVersion(ctx, pool); err != nil {
 					return err
 				} else if v < outboxdb.LatestVersion() {
 					return fmt.Errorf("the database schema is at version %d, the console needs %d: run forwarder outbox migrate (or start the service once)", v, outboxdb.LatestVersion())
+				}
+				// A read-only role (docs/deployment.md, Roles and grants)
+				// serves a console without actions instead of failing on
+				// the first one.
+				if missing, err := outboxdb.MissingGrants(ctx, pool, outboxdb.ConsoleReadGrants); err != nil {
+					return err
+				} else if len(missing) > 0 {
+					return outboxdb.MissingGrantsError(ctx, pool, "the console", missing)
+				}
+				if !cfg.ReadOnly {
+					missing, err := outboxdb.MissingGrants(ctx, pool, outboxdb.ConsoleActionGrants)
+					if err != nil {
+						return err
+					}
+					if len(missing) > 0 {
+						cfg.ReadOnly = true
+						fmt.Fprintf(c.App.Writer, "read-only: the database role lacks %s, which the actions need\n", strings.Join(missing, ", "))
+					}
 				}
 				srv, err := console.New(cfg, pool)
 				if err != nil {

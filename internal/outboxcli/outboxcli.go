@@ -68,35 +68,17 @@ func databaseURL(c *cli.Context) string {
 	return defaultDatabaseURL
 }
 
-func migrateCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "migrate",
-		Usage: "Create or upgrade the outbox schema (also done on start); safe to run concurrently",
-		Action: func(c *cli.Context) error {
-			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
-				res, err := outboxdb.Migrate(ctx, pool)
-				if err != nil {
-					return err
-				}
-				if len(res.Applied) == 0 {
-					fmt.Fprintf(c.App.Writer, "schema is up to date at version %d\n", res.To)
-					return nil
-				}
-				for _, m := range res.Applied {
-					fmt.Fprintf(c.App.Writer, "applied %s\n", m)
-				}
-				fmt.Fprintf(c.App.Writer, "schema migrated from version %d to %d\n", res.From, res.To)
-				return nil
-			})
-		},
-	}
+// withPool opens DATABASE_URL for one command. Errors exit non-zero with a
+// message that never includes the URL (it may hold a password). The
+// statements are sent as a transaction pooler can carry them
+// (outboxdb.PoolConfig.Pooled), so DATABASE_URL may lead to PgBouncer.
+func withPool(c *cli.Context, fn func(ctx context.Context, pool *pgxpool.Pool) error) error {
+	return withPoolURL(c, databaseURL(c), fn)
 }
 
-// withPool opens DATABASE_URL for one command. Errors exit non-zero with a
-// message that never includes the URL (it may hold a password).
-func withPool(c *cli.Context, fn func(ctx context.Context, pool *pgxpool.Pool) error) error {
+func withPoolURL(c *cli.Context, dsn string, fn func(ctx context.Context, pool *pgxpool.Pool) error) error {
 	ctx := c.Context
-	pool, err := outboxdb.Open(ctx, databaseURL(c), outboxdb.PoolConfig{MaxConns: 4, ApplicationName: "forwarder-outbox-cli"})
+	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{MaxConns: 4, ApplicationName: "forwarder-outbox-cli", Pooled: true})
 	if err != nil {
 		return cli.Exit(err.Error(), 1)
 	}

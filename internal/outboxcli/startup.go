@@ -2,6 +2,7 @@ package outboxcli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -19,71 +20,140 @@ var outboxComponents = map[string]bool{
 	"outbox": true, "outbox_retry": true, "outbox_dead_letter": true, "http_forwarder": true,
 }
 
-// CheckSchemaOnStart refuses to start the service against a database whose
-// schema is newer than this binary: components would otherwise retry their
-// connections forever with the same error. It runs once the config is parsed
-// (service.CLIOptOnConfigParse), before any component starts. An unreachable
-// database is not an error here: the components wait for it and migrate it
-// when it comes.
+// CheckSchemaOnStart refuses to start the service when its database cannot
+// work, before any component starts (service.CLIOptOnConfigParse), instead
+// of leaving the components to retry their connections for ever with the
+// same error:
+//
+//   - DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL
+//     is not set (or the direct one is pooled too);
+//   - the schema is newer than this binary;
+//   - the schema is behind and the service may not migrate it (its role
+//     does not own the schema, or a pending migration is offline): the
+//     error names the command to run;
+//   - the role lacks a privilege the service needs.
+//
+// An unreachable database is not an error here: the components wait for it,
+// and a migration under way is waited for by them.
 func CheckSchemaOnStart(pConf *service.ParsedConfig) error {
 	root, err := pConf.FieldAny()
 	if err != nil {
 		return nil
 	}
-	dsns := map[string]struct{}{}
-	collectDSNs(root, dsns)
-	for dsn := range dsns {
-		if err := checkSchema(dsn); err != nil {
+	dbs := map[database]struct{}{}
+	collectDSNs(root, dbs)
+	for db := range dbs {
+		if err := checkDatabase(db); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func checkSchema(dsn string) error {
-	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: "forwarder-startup"})
+// database is the connection strings of one outbox component, and the
+// variables they come from (for messages).
+type database struct {
+	dsn, direct         string
+	dsnName, directName string
+}
+
+func checkDatabase(db database) error {
+	pcfg, err := outboxdb.ParsePoolConfig(db.dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: "forwarder-startup", Pooled: db.direct != ""})
 	if err != nil {
 		return nil // the component reports a bad DSN with its field name
 	}
 	where := outboxdb.Redact(pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: "forwarder-startup"})
+
+	session, sessionName := pcfg.ConnConfig, db.dsnName
+	if db.direct != "" {
+		dcfg, err := outboxdb.ParsePoolConfig(db.direct, outboxdb.PoolConfig{ApplicationName: "forwarder-startup"})
+		if err != nil {
+			return nil // the component reports it
+		}
+		session, sessionName = dcfg.ConnConfig, db.directName
+	}
+	checkCtx, cancelCheck := context.WithTimeout(ctx, 15*time.Second)
+	err = outboxdb.CheckSession(checkCtx, session)
+	cancelCheck()
+	switch {
+	case errors.Is(err, outboxdb.ErrTransactionPooler) && db.direct == "":
+		return fmt.Errorf("database %s: %s %w (each transaction may run on another server session, so LISTEN, migrations and session locks cannot work through it): set %s to a direct connection to PostgreSQL, and %s keeps going through the pooler (docs/deployment.md, PgBouncer)",
+			where, db.dsnName, err, db.directName, db.dsnName)
+	case errors.Is(err, outboxdb.ErrTransactionPooler):
+		return fmt.Errorf("database %s: %s %w: it must lead to PostgreSQL itself (LISTEN, migrations and session locks need a session of their own)", where, sessionName, err)
+	case err != nil:
+		return nil // unreachable: the components wait for it
+	}
+
+	pool, err := outboxdb.Open(ctx, db.dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: "forwarder-startup", Pooled: db.direct != ""})
 	if err != nil {
 		return nil
 	}
 	defer pool.Close()
-	v, err := outboxdb.SchemaVersion(ctx, pool)
+	st, err := outboxdb.ReadSchemaState(ctx, pool)
+	if err != nil {
+		return nil // a migration under way, or a database going away: the components wait
+	}
+	latest := outboxdb.LatestVersion()
+	switch {
+	case st.Version > latest:
+		return fmt.Errorf("database %s: %w: it is at version %d, this binary knows up to %d; upgrade the forwarder", where, outboxdb.ErrSchemaTooNew, st.Version, latest)
+	case st.Version < latest && !st.CanMigrate:
+		return fmt.Errorf("database %s: %w: it is at version %d, this binary needs %d, and role %s may not change the schema: run `forwarder outbox migrate` as the schema's owner (DATABASE_MIGRATE_URL; docs/deployment.md, Roles and grants)",
+			where, outboxdb.ErrSchemaBehind, st.Version, latest, st.Role)
+	case st.Version < latest:
+		ms, err := outboxdb.Migrations()
+		if err != nil {
+			return err
+		}
+		for _, m := range outboxdb.Pending(ms, st.Version) {
+			if !m.Online {
+				return fmt.Errorf("database %s: %w: it is at version %d, this binary needs %d, and migration %s must run with no instance using the database: stop the instances and run `forwarder outbox migrate` (docs/deployment.md, Upgrades)",
+					where, outboxdb.ErrSchemaBehind, st.Version, latest, m.Name)
+			}
+		}
+		return nil // online migrations: the first component applies them
+	}
+	missing, err := outboxdb.MissingGrants(ctx, pool, outboxdb.ServiceGrants)
 	if err != nil {
 		return nil
 	}
-	if latest := outboxdb.LatestVersion(); v > latest {
-		return fmt.Errorf("database %s: %w: it is at version %d, this binary knows up to %d; upgrade the forwarder", where, outboxdb.ErrSchemaTooNew, v, latest)
+	if len(missing) > 0 {
+		return fmt.Errorf("database %s: %w", where, outboxdb.MissingGrantsError(ctx, pool, "the service", missing))
 	}
 	return nil
 }
 
-// componentDSN is the connection string of a component config: its dsn, else
-// the environment variable its dsn_env names (DATABASE_URL by default), else
-// the default, as the components themselves resolve it.
-func componentDSN(conf map[string]any) string {
-	if dsn, ok := conf[dispatch.FieldDSN].(string); ok && dsn != "" {
-		return dsn
+// componentDatabase is the connection strings of a component config: its
+// dsn, else the environment variable its dsn_env names (DATABASE_URL by
+// default), else the default; and the direct one likewise (none by
+// default), as the components themselves resolve them.
+func componentDatabase(conf map[string]any) database {
+	db := database{dsnName: dispatch.DefaultDSNEnv, directName: dispatch.DefaultDirectDSNEnv}
+	read := func(field, envField string, name *string) string {
+		if v, ok := conf[field].(string); ok && v != "" {
+			*name = "field " + field
+			return v
+		}
+		if n, ok := conf[envField].(string); ok && n != "" {
+			*name = n
+		}
+		return os.Getenv(*name)
 	}
-	name, ok := conf[dispatch.FieldDSNEnv].(string)
-	if !ok || name == "" {
-		name = dispatch.DefaultDSNEnv
+	db.dsn = read(dispatch.FieldDSN, dispatch.FieldDSNEnv, &db.dsnName)
+	if db.dsn == "" {
+		db.dsn = dispatch.DefaultDSN
 	}
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return dispatch.DefaultDSN
+	db.direct = read(dispatch.FieldDirectDSN, dispatch.FieldDirectDSNEnv, &db.directName)
+	return db
 }
 
-// collectDSNs finds the dsn of every outbox component in a parsed config tree.
-// Component configs are kept as YAML nodes (environment already
+// collectDSNs finds the databases of every outbox component in a parsed
+// config tree. Component configs are kept as YAML nodes (environment already
 // interpolated), so they are decoded on the way.
-func collectDSNs(node any, into map[string]struct{}) {
+func collectDSNs(node any, into map[database]struct{}) {
 	switch n := node.(type) {
 	case *yaml.Node:
 		var v any
@@ -94,7 +164,7 @@ func collectDSNs(node any, into map[string]struct{}) {
 		for k, v := range n {
 			if outboxComponents[k] {
 				if m, ok := v.(map[string]any); ok {
-					into[componentDSN(m)] = struct{}{}
+					into[componentDatabase(m)] = struct{}{}
 				}
 			}
 			collectDSNs(v, into)

@@ -1,14 +1,21 @@
 package outboxdb_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 // BenchmarkRowLifecycle measures PostgreSQL's share of one delivered message
@@ -21,6 +28,18 @@ import (
 //     two row versions, as in a loop that delivers before it ingests more.
 //
 // The ratio of the two is what the claim costs; docs/benchmarks.md uses it.
+//
+// Each path runs on the two kinds of pool the service opens
+// (outboxdb.PoolConfig): conn=direct, named prepared statements (pgx's
+// default) with NoSeqScan, as on a direct connection; conn=pooled, unnamed
+// statements whose descriptions pgx caches, as behind PgBouncer (Pooled).
+// conn=exec is pgx's other pooler-safe mode (QueryExecModeExec: text
+// parameters and results, nothing cached), for comparison. The ratio of
+// pooled to direct is what PgBouncer's transaction pooling costs the
+// database and the client (docs/benchmarks.md). Besides rows/s, which
+// moves with whatever else the machine runs, it reports CPU time per row:
+// pg-µs/row of the pool's one server process (read from /proc, when the
+// server runs on this machine) and go-µs/row of this process.
 //
 //	go test ./internal/outboxdb -run '^$' -bench BenchmarkRowLifecycle -count 5
 func BenchmarkRowLifecycle(b *testing.B) {
@@ -44,39 +63,112 @@ func BenchmarkRowLifecycle(b *testing.B) {
 			return claimed, err
 		}},
 	}
-	for _, p := range paths {
-		b.Run(p.name, func(b *testing.B) {
-			tb := setupClaimTest(b)
-			recs := make([]outboxdb.NewRecord, batch)
-			results := make([]outboxdb.Result, 0, batch)
-			b.ResetTimer()
-			for i := range b.N {
-				for j := range recs {
-					recs[j] = lifecycleRecord(i*batch + j)
-				}
-				claimed, err := p.deliver(tb.Ctx, tb, recs)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if len(claimed) != batch {
-					b.Fatalf("claimed %d rows, want %d", len(claimed), batch)
-				}
-				results = results[:0]
-				for _, r := range claimed {
-					results = append(results, outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken,
-						Status: outboxdb.StatusSuccess, Sent: true, Duration: time.Millisecond, HTTPStatus: 200})
-				}
-				recorded, err := outboxdb.RecordResults(tb.Ctx, tb.Pool, results, outboxdb.RecordOptions{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if len(recorded) != batch {
-					b.Fatalf("recorded %d results, want %d", len(recorded), batch)
-				}
-			}
-			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "rows/s")
-		})
+	conns := []struct {
+		name, dsnSuffix string
+		cfg             outboxdb.PoolConfig
+	}{
+		{"direct", "", outboxdb.PoolConfig{NoSeqScan: true}},
+		{"pooled", "", outboxdb.PoolConfig{Pooled: true}},
+		{"exec", "default_query_exec_mode=exec", outboxdb.PoolConfig{Pooled: true}},
 	}
+	for _, p := range paths {
+		for _, c := range conns {
+			b.Run(p.name+"/conn="+c.name, func(b *testing.B) {
+				tb := fixture.New(b, openBenchPool(b, c.dsnSuffix, c.cfg))
+				lifecycleLoop(b, tb, p.deliver)
+			})
+		}
+	}
+}
+
+// openBenchPool opens a pool with cfg on a fresh migrated database whose
+// URL gets suffix as one more query parameter.
+func openBenchPool(b *testing.B, suffix string, cfg outboxdb.PoolConfig) *pgxpool.Pool {
+	b.Helper()
+	dsn := pgtest.NewDB(b)
+	if suffix != "" {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		dsn += sep + suffix
+	}
+	cfg.MaxConns = 1 // one server process, whose CPU time is measured
+	pool, err := outboxdb.Open(context.Background(), dsn, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
+
+// lifecycleLoop delivers b.N batches of new rows with deliver and records
+// their results.
+func lifecycleLoop(b *testing.B, tb *fixture.DB, deliver func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error)) {
+	const batch = 300
+	recs := make([]outboxdb.NewRecord, batch)
+	results := make([]outboxdb.Result, 0, batch)
+	var backend int
+	if err := tb.Pool.QueryRow(tb.Ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		b.Fatal(err)
+	}
+	pgStart, pgErr := procCPU(backend)
+	goStart := selfCPU()
+	b.ResetTimer()
+	for i := range b.N {
+		for j := range recs {
+			recs[j] = lifecycleRecord(i*batch + j)
+		}
+		claimed, err := deliver(tb.Ctx, tb, recs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(claimed) != batch {
+			b.Fatalf("claimed %d rows, want %d", len(claimed), batch)
+		}
+		results = results[:0]
+		for _, r := range claimed {
+			results = append(results, outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken,
+				Status: outboxdb.StatusSuccess, Sent: true, Duration: time.Millisecond, HTTPStatus: 200})
+		}
+		recorded, err := outboxdb.RecordResults(tb.Ctx, tb.Pool, results, outboxdb.RecordOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(recorded) != batch {
+			b.Fatalf("recorded %d results, want %d", len(recorded), batch)
+		}
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "rows/s")
+	rows := float64(b.N * batch)
+	b.ReportMetric(float64((selfCPU()-goStart).Microseconds())/rows, "go-µs/row")
+	if pgEnd, err := procCPU(backend); err == nil && pgErr == nil {
+		b.ReportMetric(float64((pgEnd-pgStart).Microseconds())/rows, "pg-µs/row")
+	}
+}
+
+// procCPU is the CPU time (user and system) of process pid, from
+// /proc/<pid>/stat, in clock ticks of 10 ms.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name, which is in parentheses.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("parsing /proc/%d/stat", pid)
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
+// selfCPU is this process's CPU time, user and system.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // lifecyclePayload is a vehicle event of the usual size (~330 bytes).

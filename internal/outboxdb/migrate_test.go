@@ -97,6 +97,28 @@ func TestMigrate(t *testing.T) {
 	})
 }
 
+// migrateTo applies ms (and nothing newer) to the database of pool.
+func migrateTo(t *testing.T, pool *pgxpool.Pool, ms []outboxdb.Migration, opts ...outboxdb.MigrateOptions) outboxdb.MigrateResult {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Conn().Close(ctx) // its session settings go with it
+	o := outboxdb.MigrateOptions{}
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	o.Migrations = ms
+	res, err := outboxdb.MigrateConn(ctx, conn.Conn(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
 func mustMigrations(t *testing.T) []outboxdb.Migration {
 	t.Helper()
 	ms, err := outboxdb.Migrations()
@@ -228,7 +250,7 @@ func TestEnsureSchema(t *testing.T) {
 	t.Run("MigratesAnEmptyDatabaseOnce", func(t *testing.T) {
 		t.Parallel()
 		pool := openEmpty(t)
-		if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+		if err := outboxdb.EnsureSchema(ctx, pool, nil); err != nil {
 			t.Fatal(err)
 		}
 		v, err := outboxdb.SchemaVersion(ctx, pool)
@@ -243,7 +265,7 @@ func TestEnsureSchema(t *testing.T) {
 		if _, err := pool.Exec(ctx, "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, 'x')"); err != nil {
 			t.Fatal(err)
 		}
-		if err := outboxdb.EnsureSchema(ctx, pool); err != nil {
+		if err := outboxdb.EnsureSchema(ctx, pool, nil); err != nil {
 			t.Fatalf("second call: %v", err)
 		}
 	})
@@ -257,7 +279,7 @@ func TestEnsureSchema(t *testing.T) {
 		if _, err := pool.Exec(ctx, "INSERT INTO forwarder_schema_migrations (version, name) VALUES (9999, 'x')"); err != nil {
 			t.Fatal(err)
 		}
-		err := outboxdb.EnsureSchema(ctx, pool)
+		err := outboxdb.EnsureSchema(ctx, pool, nil)
 		if !errors.Is(err, outboxdb.ErrSchemaTooNew) {
 			t.Fatalf("err = %v, want ErrSchemaTooNew", err)
 		}
@@ -275,18 +297,7 @@ func TestUpgradeClassifiesFailedRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE forwarder_schema_migrations (
-		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms[:2] {
-		if _, err := pool.Exec(ctx, m.SQL); err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
-		}
-		if _, err := pool.Exec(ctx, "INSERT INTO forwarder_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	migrateTo(t, pool, ms[:2])
 	failed := func(key string, attempts int, lastError, errcode string) {
 		t.Helper()
 		var id int64

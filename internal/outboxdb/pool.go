@@ -3,8 +3,10 @@ package outboxdb
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -23,8 +25,21 @@ type PoolConfig struct {
 	// scan, and keeps doing so as the table grows until the next ANALYZE.
 	// Measured: a 6-row result write took 1.8 ms with that plan and 0.38 ms
 	// with the primary key (internal/outboxdb TestGenericPlansUseIndexes).
-	// The setting only makes sequential scans a last resort.
+	// The setting only makes sequential scans a last resort. It is a
+	// startup parameter, so it is left out of Pooled connections (a pooler
+	// refuses it), whose statements are never kept as generic plans.
 	NoSeqScan bool
+	// Pooled says that the connection string leads to a transaction-pooling
+	// PgBouncer (DATABASE_DIRECT_URL is set; docs/deployment.md, "Running on
+	// production PostgreSQL"): consecutive transactions of one connection
+	// may run on different server sessions. Statements are then sent as
+	// unnamed ones whose description pgx caches (QueryExecModeCacheDescribe):
+	// no server-side prepared statement, which PgBouncer 1.18 cannot carry
+	// between sessions, one round trip once described, binary parameters,
+	// and a plan made for each execution with its parameters. A
+	// default_query_exec_mode in the connection string wins. No startup
+	// parameter is sent but application_name.
+	Pooled bool
 }
 
 // Open parses dsn (a libpq URL or key=value string), builds a pool and pings
@@ -42,22 +57,7 @@ func Open(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, error
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connecting to database %s: %w", Redact(pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database), err)
-	}
-	return pool, nil
-}
-
-// OpenMigrated is Open followed by EnsureSchema: the pool of a component that
-// reads or writes the outbox, which creates or upgrades the schema on start.
-// The pool is closed again when the schema cannot be ensured.
-func OpenMigrated(ctx context.Context, dsn string, cfg PoolConfig) (*pgxpool.Pool, error) {
-	pool, err := Open(ctx, dsn, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := EnsureSchema(ctx, pool); err != nil {
-		pool.Close()
-		return nil, err
+		return nil, fmt.Errorf("connecting to database %s: %w", Redact(pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database), explainConnectError(err))
 	}
 	return pool, nil
 }
@@ -76,7 +76,12 @@ func ParsePoolConfig(dsn string, cfg PoolConfig) (*pgxpool.Config, error) {
 	if cfg.ApplicationName != "" {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
 	}
-	if cfg.NoSeqScan {
+	switch {
+	case cfg.Pooled:
+		if !strings.Contains(dsn, "default_query_exec_mode") {
+			pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+		}
+	case cfg.NoSeqScan:
 		pcfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
 	}
 	return pcfg, nil

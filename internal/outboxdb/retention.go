@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -28,6 +29,31 @@ const unlockTimeout = 5 * time.Second
 // The CLI's `outbox purge` does not take the lock: it may run beside a
 // scheduled purge (both skip rows the other holds).
 func TryPurge(ctx context.Context, pool *pgxpool.Pool, opts PurgeOptions) (res PurgeResult, locked bool, err error) {
+	return TryPurgeWithSession(ctx, pool, nil, opts)
+}
+
+// TryPurgeWithSession is TryPurge for a pool behind a transaction pooler,
+// where a session lock taken on a pooled connection would stay on whichever
+// server session ran it: the lock is held on a connection of its own
+// dialled from session (DATABASE_DIRECT_URL's settings), closed afterwards,
+// and the batches run on pool. A nil session is TryPurge.
+func TryPurgeWithSession(ctx context.Context, pool *pgxpool.Pool, session *pgx.ConnConfig, opts PurgeOptions) (res PurgeResult, locked bool, err error) {
+	if session != nil {
+		conn, err := pgx.ConnectConfig(ctx, session.Copy())
+		if err != nil {
+			return res, false, fmt.Errorf("connecting for the retention lock: %w", err)
+		}
+		// Closing the session releases the lock, whatever happened.
+		defer conn.Close(context.WithoutCancel(ctx))
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", retentionLockKey).Scan(&locked); err != nil {
+			return res, false, fmt.Errorf("taking the retention lock: %w", err)
+		}
+		if !locked {
+			return res, false, nil
+		}
+		res, err = Purge(ctx, pool, opts)
+		return res, true, err
+	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return res, false, fmt.Errorf("acquiring a connection to purge: %w", err)

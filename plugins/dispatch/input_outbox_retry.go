@@ -256,6 +256,7 @@ func init() {
 // their acknowledgements back into settled claims.
 type outboxRetry struct {
 	d   *dispatch.Dispatcher
+	hub *dispatch.Hub
 	log *service.Logger
 	// retention is nil unless retention.older_than is set.
 	retention *retentionConfig
@@ -371,6 +372,7 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 	if err != nil {
 		return nil, err
 	}
+	in.hub = hub
 	return in, nil
 }
 
@@ -383,7 +385,7 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.retention != nil && in.cleaner == nil {
-		in.cleaner = newRetention(*in.retention, in.d.Pool(), in.log)
+		in.cleaner = newRetention(*in.retention, in.d.Pool(), in.hub.DirectConfig(), in.log)
 		in.cleaner.start()
 	}
 	return nil

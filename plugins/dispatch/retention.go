@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
@@ -38,7 +39,10 @@ type retentionResult struct {
 type retention struct {
 	cfg  retentionConfig
 	pool *pgxpool.Pool
-	log  *service.Logger
+	// session is the direct connection's settings behind a transaction
+	// pooler (the lock is held there), nil otherwise.
+	session *pgx.ConnConfig
+	log     *service.Logger
 
 	// onProgress, a test hook set before start, runs after each deleted
 	// batch while the lock is held.
@@ -49,13 +53,13 @@ type retention struct {
 	done chan struct{}
 }
 
-func newRetention(cfg retentionConfig, pool *pgxpool.Pool, log *service.Logger) *retention {
-	return &retention{cfg: cfg, pool: pool, log: log}
+func newRetention(cfg retentionConfig, pool *pgxpool.Pool, session *pgx.ConnConfig, log *service.Logger) *retention {
+	return &retention{cfg: cfg, pool: pool, session: session, log: log}
 }
 
 // runOnce purges once, if no other instance is purging.
 func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
-	res, locked, err := outboxdb.TryPurge(ctx, r.pool, outboxdb.PurgeOptions{
+	res, locked, err := outboxdb.TryPurgeWithSession(ctx, r.pool, r.session, outboxdb.PurgeOptions{
 		OlderThan: r.cfg.OlderThan,
 		BatchSize: r.cfg.BatchSize,
 		Progress:  r.onProgress,

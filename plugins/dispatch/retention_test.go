@@ -53,7 +53,7 @@ func (b *testBundle) logCount(t testing.TB, id int64) int {
 }
 
 func (b *testBundle) cleaner(olderThan time.Duration, batch int) *retention {
-	return newRetention(retentionConfig{OlderThan: olderThan, Interval: time.Hour, BatchSize: batch}, b.pool, service.MockResources().Logger())
+	return newRetention(retentionConfig{OlderThan: olderThan, Interval: time.Hour, BatchSize: batch}, b.pool, nil, service.MockResources().Logger())
 }
 
 func TestRetention(t *testing.T) {

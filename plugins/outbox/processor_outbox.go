@@ -612,7 +612,7 @@ func (p *outboxProcessor) persist(ctx context.Context, insert func(context.Conte
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		// The schema is created or upgraded on start: the first batch
 		// migrates (once per process), and an outage retries that too.
-		err := outboxdb.EnsureSchema(actx, p.pool)
+		err := p.hub.EnsureSchema(actx, p.pool)
 		if err == nil {
 			err = insert(actx)
 		}

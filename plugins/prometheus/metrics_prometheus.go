@@ -233,8 +233,15 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 		if interval <= 0 {
 			return nil, fmt.Errorf("%s.%s must be positive, got %v", pmFieldOutbox, pmFieldOutboxRefresh, interval)
 		}
-		// Parsed now so that a bad DSN fails at start-up, without a connection.
-		poolCfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: "forwarder-metrics"})
+		direct, err := dispatch.DirectDSNFromParsed(oconf)
+		if err != nil {
+			return nil, err
+		}
+		// Parsed now so that a bad DSN fails at start-up, without a
+		// connection. A direct connection string says that dsn leads to a
+		// transaction pooler: statements without server-side prepared ones.
+		poolCfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{MaxConns: 1,
+			ApplicationName: outboxdb.MetricsApplicationName, Pooled: direct != ""})
 		if err != nil {
 			return nil, fmt.Errorf("%s.%s: %w", pmFieldOutbox, dispatch.DSNSource(oconf), err)
 		}

@@ -1,3 +1,5 @@
+-- migration: online
+
 -- One row per Kafka message, updated in place as it moves through
 -- PENDING -> IN_PROGRESS -> SUCCESS | FAILED (or back to PENDING for a retry).
 CREATE TABLE forward_records (

@@ -1,3 +1,5 @@
+-- migration: online
+
 -- The optional dead-letter topic (the outbox_dead_letter input): every
 -- FAILED row is published to Kafka, at least once, and marked so that it is
 -- not published again.

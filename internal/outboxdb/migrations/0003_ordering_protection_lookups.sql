@@ -1,3 +1,5 @@
+-- migration: online
+
 -- Per-key ordering, platform protection, lookups by plate/park/berth/device,
 -- bounded give-backs of unsent claims, and the operators' audit trail
 -- (docs/guarantees.md, docs/architecture.md).

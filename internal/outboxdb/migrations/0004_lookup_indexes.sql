@@ -1,3 +1,5 @@
+-- migration: online
+
 -- Two lookups of `forwarder outbox find` and the console that 0003's indexes
 -- cannot serve without reading far more rows than they return
 -- (docs/operations.md, "Looking things up"). Both were measured on 1 M rows

@@ -1,0 +1,153 @@
+package outboxcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/urfave/cli/v2"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// The connection strings `outbox migrate` looks for, first set first
+// (docs/configuration.md).
+const (
+	envMigrateURL = "DATABASE_MIGRATE_URL"
+	envDirectURL  = "DATABASE_DIRECT_URL"
+)
+
+func migrateCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "migrate",
+		Usage:     "Create or upgrade the outbox schema, as its owner (DATABASE_MIGRATE_URL); safe to run concurrently",
+		UsageText: "forwarder outbox migrate [--dry-run] [--force] [--lock-timeout 2s] [--lock-wait 5m]",
+		Description: `Applies the migrations this binary knows that the database lacks, printing each
+step. It connects to DATABASE_MIGRATE_URL (the role that owns the schema), else
+DATABASE_DIRECT_URL, else DATABASE_URL (or --database-url, which wins over all
+three): a connection to PostgreSQL itself, never through a transaction-pooling
+PgBouncer, which is refused.
+
+Every statement waits at most --lock-timeout for a lock (0: as long as it
+takes): one that is not granted in time (a long query holds the table) is
+tried again after a pause, so writers never queue behind the migration for
+longer, until --lock-wait has passed. A migration that is not online (the
+service keeps working while it runs) is refused while forwarder instances use
+the database, naming their sessions: stop them, or pass --force.
+--dry-run prints the version, what would be applied and the running
+instances, and changes nothing.`,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "dry-run", Usage: "print what would be done, change nothing"},
+			&cli.BoolFlag{Name: "force", Usage: "apply offline migrations while instances use the database"},
+			&cli.DurationFlag{Name: "lock-timeout", Value: outboxdb.DefaultLockTimeout, Usage: "longest wait for one lock (0: no limit)"},
+			&cli.DurationFlag{Name: "lock-wait", Value: outboxdb.DefaultLockWait, Usage: "how long one step keeps trying after lock timeouts"},
+		},
+		Action: runMigrate,
+	}
+}
+
+// migrateURL is the subcommand's --database-url, else DATABASE_MIGRATE_URL,
+// else DATABASE_DIRECT_URL, else the outbox command's URL.
+func migrateURL(c *cli.Context) (dsn, source string) {
+	if v := c.String(flagDatabaseURL); v != "" {
+		return v, "--database-url"
+	}
+	for _, name := range []string{envMigrateURL, envDirectURL} {
+		if v := os.Getenv(name); v != "" {
+			return v, name
+		}
+	}
+	return databaseURL(c), "DATABASE_URL"
+}
+
+func runMigrate(c *cli.Context) error {
+	ctx := c.Context
+	out := c.App.Writer
+	dsn, source := migrateURL(c)
+	fail := func(format string, args ...any) error {
+		return cli.Exit("outbox migrate: "+fmt.Sprintf(format, args...), 1)
+	}
+	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-migrate"})
+	if err != nil {
+		return fail("%s: %v", source, err)
+	}
+	cc := pcfg.ConnConfig
+	where := outboxdb.Redact(cc.Host, cc.Port, cc.Database)
+	checkCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = outboxdb.CheckSession(checkCtx, cc)
+	cancel()
+	if errors.Is(err, outboxdb.ErrTransactionPooler) {
+		return fail("%s (%s): %v: a migration needs a session of its own (a session lock, CREATE INDEX CONCURRENTLY); point %s or %s at PostgreSQL itself", source, where, err, envMigrateURL, envDirectURL)
+	}
+	if err != nil {
+		return fail("connecting to %s (%s): %v", where, source, err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return fail("connecting to %s (%s): %v", where, source, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	if c.Bool("dry-run") {
+		return dryRun(ctx, c, conn, where)
+	}
+	opts := outboxdb.MigrateOptions{
+		Force: c.Bool("force"), LockTimeout: c.Duration("lock-timeout"), NoLockTimeout: c.Duration("lock-timeout") == 0,
+		LockWait: c.Duration("lock-wait"),
+		Progress: func(line string) { fmt.Fprintln(out, line) },
+	}
+	if v, err := outboxdb.SchemaVersion(ctx, conn); err == nil {
+		ms, _ := outboxdb.Migrations()
+		for _, m := range outboxdb.Pending(ms, v) {
+			fmt.Fprintf(out, "to apply: %s\n", m.Describe())
+		}
+	}
+	res, err := outboxdb.MigrateConn(ctx, conn, opts)
+	switch {
+	case errors.Is(err, outboxdb.ErrInstancesRunning):
+		return fail("%s: %v (kubectl scale deployment/forwarder --replicas=0; or --force)", where, err)
+	case err != nil:
+		return fail("%s: %v", where, err)
+	case len(res.Applied) == 0:
+		fmt.Fprintf(out, "schema is up to date at version %d\n", res.To)
+	default:
+		for _, m := range res.Applied {
+			fmt.Fprintf(out, "applied %s\n", m)
+		}
+		fmt.Fprintf(out, "schema migrated from version %d to %d\n", res.From, res.To)
+	}
+	return nil
+}
+
+func dryRun(ctx context.Context, c *cli.Context, conn *pgx.Conn, where string) error {
+	out := c.App.Writer
+	v, err := outboxdb.SchemaVersion(ctx, conn)
+	if err != nil {
+		return cli.Exit("outbox migrate: "+err.Error(), 1)
+	}
+	ms, err := outboxdb.Migrations()
+	if err != nil {
+		return cli.Exit("outbox migrate: "+err.Error(), 1)
+	}
+	fmt.Fprintf(out, "%s is at schema version %d; this binary knows up to %d\n", where, v, outboxdb.LatestVersion())
+	pending := outboxdb.Pending(ms, v)
+	for _, m := range pending {
+		fmt.Fprintf(out, "would apply: %s\n", m.Describe())
+	}
+	if len(pending) == 0 {
+		fmt.Fprintln(out, "nothing to apply")
+	}
+	sessions, err := outboxdb.RunningInstances(ctx, conn)
+	if err != nil {
+		return cli.Exit("outbox migrate: "+err.Error(), 1)
+	}
+	if len(sessions) == 0 {
+		fmt.Fprintln(out, "no forwarder instance is using the database")
+	} else {
+		fmt.Fprintf(out, "running instances: %s\n", outboxdb.DescribeSessions(sessions))
+	}
+	return nil
+}
