@@ -79,10 +79,10 @@ func checkDatabase(db database) error {
 	cancelCheck()
 	switch {
 	case errors.Is(err, outboxdb.ErrTransactionPooler) && db.direct == "":
-		return fmt.Errorf("database %s: %s %w (each transaction may run on another server session, so LISTEN, migrations and session locks cannot work through it): set %s to a direct connection to PostgreSQL, and %s keeps going through the pooler (docs/deployment.md, PgBouncer)",
+		return fmt.Errorf("database %s: %s: %w (each transaction may run on another server session, so LISTEN, migrations and session locks cannot work through it): set %s to a direct connection to PostgreSQL, and %s keeps going through the pooler (docs/deployment.md, PgBouncer)",
 			where, db.dsnName, err, db.directName, db.dsnName)
 	case errors.Is(err, outboxdb.ErrTransactionPooler):
-		return fmt.Errorf("database %s: %s %w: it must lead to PostgreSQL itself (LISTEN, migrations and session locks need a session of their own)", where, sessionName, err)
+		return fmt.Errorf("database %s: %s: %w: it must lead to PostgreSQL itself (LISTEN, migrations and session locks need a session of their own)", where, sessionName, err)
 	case err != nil:
 		return nil // unreachable: the components wait for it
 	}

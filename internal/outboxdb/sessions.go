@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -98,15 +99,21 @@ var ErrTransactionPooler = errors.New("the connection goes through a transaction
 
 // CheckSession tells whether session state survives between the
 // transactions of one connection made with cfg, as LISTEN, session advisory
-// locks and migrations need. It sets a custom setting on one connection,
-// then holds a transaction open on a second connection and reads the
-// setting on both: through PostgreSQL itself the first one still has it and
-// the second never does; through a transaction pooler the first
-// connection's next transaction runs on another server session (the one it
-// used is busy with the second connection's transaction, which PgBouncer
-// gives the server connection used last), or the second connection runs on
-// the first one's session. It returns ErrTransactionPooler when that
-// happens, nil when the state stayed where it belongs.
+// locks and migrations need. It returns ErrTransactionPooler when it does
+// not, nil when it does.
+//
+// When the server sees the connection coming from the very port it left
+// from, nothing is in between and the answer is yes. Otherwise (PgBouncer, a
+// TCP proxy, NAT) it probes, a few rounds: a custom setting is made on the
+// connection, a second connection holds a transaction open and reads it,
+// and the first reads it again. Through a session (PostgreSQL, a proxy, a
+// pooler in session mode) the first one still has it and the second never
+// does. Through a transaction pooler the first connection's next
+// transaction runs on another server session (PgBouncer gives the second
+// connection the server connection used last, the first one's), or the
+// second connection runs on the first one's session, or the first waits for
+// the second's transaction when the pooler has no other server connection;
+// other clients of the pooler can hide it in one round, not in all.
 //
 // Only application_name is sent at connection start (a pooler refuses
 // other startup parameters).
@@ -118,52 +125,70 @@ func CheckSession(ctx context.Context, cfg *pgx.ConnConfig) error {
 		cfg.RuntimeParams["application_name"] = app
 	}
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	token := hex.EncodeToString(b)
-	const setting = "forwarder.session_check"
 
 	first, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return explainConnectError(err)
 	}
 	defer first.Close(context.WithoutCancel(ctx))
-	if _, err := first.Exec(ctx, "SELECT set_config($1, $2, false)", setting, token); err != nil {
+	var serverSeen *int32
+	if err := first.QueryRow(ctx, "SELECT inet_client_port()").Scan(&serverSeen); err != nil {
 		return fmt.Errorf("checking the session: %w", err)
+	}
+	if local, ok := first.PgConn().Conn().LocalAddr().(*net.TCPAddr); ok && serverSeen != nil && int(*serverSeen) == local.Port {
+		return nil
 	}
 	second, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return explainConnectError(err)
 	}
 	defer second.Close(context.WithoutCancel(ctx))
+	for range 5 {
+		if pooled, err := probeSession(ctx, first, second); err != nil || pooled {
+			if pooled {
+				return ErrTransactionPooler
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// probeSession is one round of CheckSession's probe.
+func probeSession(ctx context.Context, first, second *pgx.Conn) (pooled bool, err error) {
+	const setting = "forwarder.session_check"
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	token := hex.EncodeToString(b)
+	var pid1 int
+	if err := first.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT set_config($1, $2, false)) s", setting, token).Scan(&pid1); err != nil {
+		return false, fmt.Errorf("checking the session: %w", err)
+	}
 	tx, err := second.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("checking the session: %w", err)
+		return false, fmt.Errorf("checking the session: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var onSecond string
 	if err := tx.QueryRow(ctx, "SELECT coalesce(current_setting($1, true), '')", setting).Scan(&onSecond); err != nil {
-		return fmt.Errorf("checking the session: %w", err)
+		return false, fmt.Errorf("checking the session: %w", err)
 	}
 	if onSecond == token {
-		return ErrTransactionPooler
+		return true, nil
 	}
-	// With one server connection left to it, a pooler makes the first
-	// connection wait for the second one's transaction: a session of its
-	// own never waits to read a setting.
+	// A session of its own never waits to read a setting.
 	readCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var onFirst string
-	err = first.QueryRow(readCtx, "SELECT coalesce(current_setting($1, true), '')", setting).Scan(&onFirst)
+	var pid2 int
+	err = first.QueryRow(readCtx, "SELECT coalesce(current_setting($1, true), ''), pg_backend_pid()", setting).Scan(&onFirst, &pid2)
 	switch {
 	case readCtx.Err() != nil && ctx.Err() == nil:
-		return ErrTransactionPooler
+		return true, nil
 	case err != nil:
-		return fmt.Errorf("checking the session: %w", err)
-	case onFirst != token:
-		return ErrTransactionPooler
+		return false, fmt.Errorf("checking the session: %w", err)
 	}
-	return nil
+	return onFirst != token || pid1 != pid2, nil
 }
 
 // explainConnectError adds what to do to the error PgBouncer gives a

@@ -1,0 +1,196 @@
+package e2e_test
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/dev/pgcluster"
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
+)
+
+// TestPgBouncerTransactionPooling runs two instances with DATABASE_URL
+// pointing at Debian's PgBouncer (1.18: no protocol-level prepared
+// statements) in transaction pooling mode and DATABASE_DIRECT_URL at
+// PostgreSQL (docs/deployment.md, "PgBouncer"): 5 000 messages, every one
+// SUCCESS in one row and delivered once; PgBouncer's SHOW STATS shows it
+// carried the transactions and SHOW CLIENTS the instances' connections; no
+// prepared-statement error or refused startup parameter in any log; the
+// instances' direct sessions make `outbox migrate` see them. Before that, an
+// instance without DATABASE_DIRECT_URL is refused at start-up with a message
+// naming it, instead of running with a LISTEN that hears nothing.
+func TestPgBouncerTransactionPooling(t *testing.T) {
+	s := newStack(t, stackOptions{
+		faults: mockplatform.Faults{Latency: 2 * time.Millisecond, LatencyJitter: 10 * time.Millisecond},
+		// Leases long enough that a loaded machine never lets one run
+		// out: a repeat would then be a fault of the pooled statements.
+		env: map[string]string{"CLAIM_LEASE": "30s", "FORWARD_TIMEOUT": "5s"},
+	})
+	u, err := url.Parse(s.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverPort, _ := strconv.Atoi(u.Port())
+	dbName := strings.TrimPrefix(u.Path, "/")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	b, err := pgcluster.StartBouncer(ctx, pgcluster.BouncerConfig{Dir: t.TempDir() + "/pgbouncer", ServerPort: serverPort, PoolSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	pooled := b.DSN(dbName)
+
+	t.Run("WithoutTheDirectURLStartUpSaysWhatToSet", func(t *testing.T) {
+		p := startProc(t, "forwarder-no-direct", mergeEnv(s.env, map[string]string{"DATABASE_URL": pooled}))
+		p.mayExit = true
+		s.mu.Lock()
+		s.procs = append(s.procs, p)
+		s.mu.Unlock()
+		code, exited := p.waitExit(2 * time.Minute)
+		if !exited {
+			t.Fatalf("an instance on PgBouncer without DATABASE_DIRECT_URL is still running after 2 minutes:\n%s", p.tail(4000))
+		}
+		if code == 0 || p.countLines("DATABASE_DIRECT_URL") == 0 || p.countLines("transaction-pooling") == 0 {
+			t.Fatalf("exit status %d; want a failure naming DATABASE_DIRECT_URL and the pooler:\n%s", code, p.tail(4000))
+		}
+		t.Logf("refused: %s", lastLine(p.tail(2000), "DATABASE_DIRECT_URL"))
+	})
+
+	n := load(5_000, 2_000)
+	env := map[string]string{"DATABASE_URL": pooled, "DATABASE_DIRECT_URL": s.dsn}
+	wait := s.produceAsync(s.newSource(eventgen.SourceConfig{}), n)
+	a := s.start("forwarder-a", env)
+	bb := s.start("forwarder-b", env)
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+
+	// While both run: PgBouncer serves their pools, and their sessions on
+	// the direct connection (LISTEN) are what `outbox migrate` looks for.
+	clients := bouncerRows(t, b, "SHOW CLIENTS")
+	forwarderClients := 0
+	for _, c := range clients {
+		if c["database"] == dbName && c["application_name"] == "forwarder" {
+			forwarderClients++
+		}
+	}
+	if forwarderClients == 0 {
+		t.Errorf("SHOW CLIENTS lists no connection of the instances (application_name forwarder) to %s: %v", dbName, clients)
+	}
+	out, err := runForwarder(t, mergeEnv(s.env, env), "outbox", "migrate", "--dry-run")
+	if err != nil || !strings.Contains(out, "running instances:") {
+		t.Errorf("outbox migrate --dry-run beside two instances: %v\n%s", err, out)
+	}
+
+	s.waitSettled(5 * time.Minute)
+	r := s.verify()
+	if r.dupDeliveries > 0 {
+		t.Errorf("%d messages were delivered more than once", r.dupMessages)
+	}
+
+	var xacts, queries int64
+	for _, st := range bouncerRows(t, b, "SHOW STATS") {
+		if st["database"] == dbName {
+			xacts, _ = strconv.ParseInt(st["total_xact_count"], 10, 64)
+			queries, _ = strconv.ParseInt(st["total_query_count"], 10, 64)
+		}
+	}
+	// Every message is inserted (one statement per batch of at most 300)
+	// and recorded (one per batch), and most are claimed: at least two
+	// transactions per 300 messages went through PgBouncer.
+	if min := int64(2 * n / 300); xacts < min {
+		t.Errorf("PgBouncer's SHOW STATS counts %d transactions on %s, want at least %d: the instances did not go through it", xacts, dbName, min)
+	}
+	for _, p := range []*proc{a, bb} {
+		for _, bad := range []string{"prepared statement", "unsupported startup parameter", "SQLSTATE 08P01", "SQLSTATE 26000"} {
+			if k := p.countLines(bad); k > 0 {
+				t.Errorf("%s logged %q on %d lines:\n%s", p.name, bad, k, p.tail(3000))
+			}
+		}
+	}
+	if log := b.Log(); strings.Contains(log, "prepared statement") || strings.Contains(log, "unsupported startup parameter") {
+		t.Errorf("PgBouncer logged a prepared-statement or startup-parameter error:\n%s", log)
+	}
+	t.Logf("through PgBouncer (transaction pooling): %s; SHOW STATS: %d transactions, %d queries; %d client connections of the instances at the peak",
+		r, xacts, queries, forwarderClients)
+}
+
+// bouncerRows runs an admin console command of b and returns its rows as
+// column name -> text.
+func bouncerRows(t *testing.T, b *pgcluster.Bouncer, command string) []map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, b.AdminDSN())
+	if err != nil {
+		t.Fatalf("connecting to PgBouncer's admin console: %v", err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, command)
+	if err != nil {
+		t.Fatalf("%s: %v", command, err)
+	}
+	defer rows.Close()
+	var out []map[string]string
+	for rows.Next() {
+		// The admin console speaks the simple protocol: every value is text.
+		m := map[string]string{}
+		for i, f := range rows.FieldDescriptions() {
+			m[f.Name] = string(rows.RawValues()[i])
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%s: %v", command, err)
+	}
+	return out
+}
+
+// runForwarder runs bin/forwarder with args and exactly env (plus PATH and
+// HOME) from the repository root and returns its combined output.
+func runForwarder(t *testing.T, env map[string]string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testinputs.Forwarder(t, forwarderBin), args...)
+	cmd.Dir = repoRoot
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// mergeEnv is base with over's entries added or replaced.
+func mergeEnv(base, over map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(over))
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range over {
+		out[k] = v
+	}
+	return out
+}
+
+// lastLine is the last line of text holding substr.
+func lastLine(text, substr string) string {
+	lines := strings.Split(text, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], substr) {
+			return lines[i]
+		}
+	}
+	return ""
+}
