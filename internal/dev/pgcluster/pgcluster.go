@@ -170,6 +170,49 @@ func (c *Cluster) Stop(mode string) error {
 	return nil
 }
 
+// StartStandby makes a streaming standby of c (which must be running) in
+// dir, with pg_basebackup -R (a standby.signal and primary_conninfo), and
+// starts it on a port of its own, as c's OS user. settings are extra
+// postgresql.conf parameters of the standby.
+func (c *Cluster) StartStandby(ctx context.Context, dir string, settings map[string]string) (*Cluster, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	parent := filepath.Dir(dir)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return nil, fmt.Errorf("pgcluster: %w", err)
+	}
+	if err := c.ensureTraversable(parent); err != nil {
+		return nil, err
+	}
+	if c.cred != nil {
+		// pg_basebackup, run as the server's user, creates dir in parent.
+		if err := os.Chown(parent, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+			return nil, fmt.Errorf("pgcluster: %w", err)
+		}
+	}
+	cmd := c.command(ctx, "pg_basebackup", "-D", dir, "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port),
+		"-U", "postgres", "-R", "-X", "stream", "-c", "fast")
+	cmd.Dir = parent
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("pgcluster: pg_basebackup of the server on port %d into %s: %w\n%s", c.Port, dir, err, out)
+	}
+	// The base backup copied the primary's recorded port.
+	_ = os.Remove(filepath.Join(dir, "forwarder.port"))
+	return Start(ctx, Config{Dir: dir, BinDir: c.cfg.BinDir, OSUser: c.cfg.OSUser, Durable: c.cfg.Durable, Settings: settings})
+}
+
+// Promote makes a standby the primary (pg_ctl promote), waiting until it
+// accepts writes.
+func (c *Cluster) Promote(ctx context.Context) error {
+	out, err := c.command(ctx, "pg_ctl", "promote", "-w", "-t", "60", "-D", c.cfg.Dir).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pgcluster: promoting the standby on port %d: %w\n%s", c.Port, err, out)
+	}
+	return nil
+}
+
 // Running reports whether the server's postmaster is up.
 func (c *Cluster) Running() bool {
 	return c.command(context.Background(), "pg_ctl", "status", "-D", c.cfg.Dir).Run() == nil
