@@ -31,7 +31,9 @@ var outboxComponents = map[string]bool{
 //   - the schema is behind and the service may not migrate it (its role
 //     does not own the schema, or a pending migration is offline): the
 //     error names the command to run;
-//   - the role lacks a privilege the service needs.
+//   - the role lacks a privilege the service needs;
+//   - the server's TLS certificate is refused (a wrong CA, a host name it
+//     does not name).
 //
 // An unreachable database is not an error here: the components wait for it,
 // and a migration under way is waited for by them.
@@ -83,6 +85,8 @@ func checkDatabase(db database) error {
 			where, db.dsnName, err, db.directName, db.dsnName)
 	case errors.Is(err, outboxdb.ErrTransactionPooler):
 		return fmt.Errorf("database %s: %s: %w: it must lead to PostgreSQL itself (LISTEN, migrations and session locks need a session of their own)", where, sessionName, err)
+	case outboxdb.IsCertificateError(err):
+		return fmt.Errorf("database %s: %s: the server's certificate is refused (sslmode=verify-full checks it against sslrootcert and the host name; docs/configuration.md, Transport security): %v", where, sessionName, err)
 	case err != nil:
 		return nil // unreachable: the components wait for it
 	}

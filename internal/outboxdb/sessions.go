@@ -3,6 +3,8 @@ package outboxdb
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -199,4 +201,16 @@ func explainConnectError(err error) error {
 		return fmt.Errorf("%w (a connection pooler refused a startup parameter: when DATABASE_URL leads to PgBouncer, set DATABASE_DIRECT_URL to PostgreSQL itself; docs/deployment.md)", err)
 	}
 	return err
+}
+
+// IsCertificateError says whether err is the server's TLS certificate
+// failing verification (sslmode=verify-ca or verify-full): an unknown
+// authority, a host name it does not name, an expired certificate. Such an
+// error does not go away by trying again.
+func IsCertificateError(err error) bool {
+	var verr *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.As(err, &verr) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid)
 }

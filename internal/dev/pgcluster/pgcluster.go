@@ -203,6 +203,38 @@ func (c *Cluster) StartStandby(ctx context.Context, dir string, settings map[str
 	return Start(ctx, Config{Dir: dir, BinDir: c.cfg.BinDir, OSUser: c.cfg.OSUser, Durable: c.cfg.Durable, Settings: settings})
 }
 
+// EnableTLS turns TLS on in a running server (ssl=on, reloaded) with the
+// given certificate and private key, written into its data directory as
+// its OS user's, the key readable by it alone, as PostgreSQL requires. The
+// reload is asynchronous: the caller waits until a TLS connection works.
+func (c *Cluster) EnableTLS(ctx context.Context, certPEM, keyPEM []byte) error {
+	for name, b := range map[string][]byte{"tls-server.crt": certPEM, "tls-server.key": keyPEM} {
+		path := filepath.Join(c.cfg.Dir, name)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return fmt.Errorf("pgcluster: %w", err)
+		}
+		if c.cred != nil {
+			if err := os.Chown(path, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+				return fmt.Errorf("pgcluster: %w", err)
+			}
+		}
+	}
+	conf := "ssl = on\nssl_cert_file = 'tls-server.crt'\nssl_key_file = 'tls-server.key'\n"
+	f, err := os.OpenFile(filepath.Join(c.cfg.Dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	_, err = f.WriteString(conf)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	if out, err := c.command(ctx, "pg_ctl", "reload", "-D", c.cfg.Dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("pgcluster: reloading with TLS on: %w\n%s", err, out)
+	}
+	return nil
+}
+
 // Promote makes a standby the primary (pg_ctl promote), waiting until it
 // accepts writes.
 func (c *Cluster) Promote(ctx context.Context) error {
