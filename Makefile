@@ -8,7 +8,7 @@ VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo
 DATE         := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS      := -s -w -X main.version=$(VERSION) -X main.dateBuilt=$(DATE)
 GOTEST_FLAGS ?= -timeout 15m
-APT_PACKAGES := postgresql prometheus kcat chromium fonts-wqy-microhei
+APT_PACKAGES := postgresql pgbouncer openssl prometheus kcat chromium fonts-wqy-microhei
 IMAGE        ?= forwarder:$(VERSION)
 
 .DEFAULT_GOAL := help
@@ -18,11 +18,13 @@ help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Check Go against go.mod; install what the tests and the dev stack need (Debian packages: PostgreSQL >= 14, promtool, kcat, chromium; Go modules)
+deps: ## Check Go against go.mod; install what the tests and the dev stack need (Debian packages: PostgreSQL >= 14, pgbouncer, openssl, promtool, kcat, chromium; Go modules)
 	@GO=$(GO) .ci/check-go
 	@missing=(); \
 	if [ -n "$${PG_BIN_DIR:-}" ]; then .ci/pg-bin-dir >/dev/null || exit 1; \
 	else .ci/pg-bin-dir >/dev/null 2>&1 || missing+=(postgresql); fi; \
+	[ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer); \
+	command -v openssl >/dev/null || missing+=(openssl); \
 	command -v promtool >/dev/null || missing+=(prometheus); \
 	command -v kcat >/dev/null || missing+=(kcat); \
 	command -v chromium >/dev/null || missing+=(chromium); \

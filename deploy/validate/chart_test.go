@@ -94,7 +94,7 @@ func TestChartDefaultValues(t *testing.T) {
 	if len(s.StringData) != 0 {
 		t.Errorf("with no credentials given the Secret holds %v, want nothing", s.StringData)
 	}
-	checkMigrationJob(t, r, job, "forwarder-credentials", "DATABASE_URL")
+	checkMigrationJob(t, r, job, "DATABASE_URL", "forwarder-credentials", "DATABASE_URL")
 	checkServiceAndPDB(t, r, d)
 	checkConfigMapsShipRepoFiles(t, r)
 
@@ -128,6 +128,14 @@ func TestChartProductionValues(t *testing.T) {
 		"DATABASE_URL": "database-url", "PLATFORM_ACCESS_NAME": "platform-access-name",
 		"PLATFORM_ACCESS_PWD": "platform-access-pwd", "CONSOLE_TOKEN": "console-token",
 	})
+	// Least privilege: the service's pods get the console's own URL, from
+	// a Secret of its own, and never the schema owner's.
+	if ref := secretRef(c, "CONSOLE_DATABASE_URL"); ref == nil || ref.Name != "forwarder-db-console" || ref.Key != "database-url" {
+		t.Errorf("CONSOLE_DATABASE_URL from %+v, want Secret forwarder-db-console key database-url", ref)
+	}
+	if ref := secretRef(c, "DATABASE_MIGRATE_URL"); ref != nil {
+		t.Errorf("the service gets the schema owner's DATABASE_MIGRATE_URL (%+v)", ref)
+	}
 	if _, ok := d.Spec.Template.Annotations["checksum/secret"]; ok {
 		t.Error("checksum/secret on an existing Secret the chart cannot read")
 	}
@@ -146,7 +154,7 @@ func TestChartProductionValues(t *testing.T) {
 	if c.Env[len(c.Env)-1].Name != "POD_NAME" || c.Env[len(c.Env)-1].ValueFrom == nil {
 		t.Errorf("extraEnv not appended as EnvVar: %+v", c.Env[len(c.Env)-1])
 	}
-	checkMigrationJob(t, r, one[*batchv1.Job](t, r, "Job"), "forwarder-credentials", "database-url")
+	checkMigrationJob(t, r, one[*batchv1.Job](t, r, "Job"), "DATABASE_MIGRATE_URL", "forwarder-db-owner", "database-url")
 	checkServiceAndPDB(t, r, d)
 	var ca bool
 	for _, m := range c.VolumeMounts {
@@ -289,6 +297,78 @@ func TestChartCreatedSecret(t *testing.T) {
 	if strings.Contains(r.notes, "WARNING") {
 		t.Errorf("NOTES warn although the credentials are set:\n%s", r.notes)
 	}
+}
+
+// TestChartLeastPrivilegeRoles: with database.migrationRole, directURL and
+// consoleRole and the chart's own Secrets, the owner's URL is in a Secret of
+// its own that only the migration Job reads, the console's in another, the
+// service gets its URL and the direct one and never the owner's
+// (docs/deployment.md, Roles and grants).
+func TestChartLeastPrivilegeRoles(t *testing.T) {
+	t.Parallel()
+	const owner = "postgres://forwarder_owner:OWNER-PW@pg:5432/forwarder"
+	r := render(t, map[string]any{
+		"database": map[string]any{"migrationRole": true, "directURL": true, "consoleRole": true},
+		"secret": map[string]any{"values": map[string]any{
+			"DATABASE_URL":         "postgres://forwarder_service:SVC-PW@pgbouncer:6432/forwarder",
+			"DATABASE_DIRECT_URL":  "postgres://forwarder_service:SVC-PW@pg:5432/forwarder",
+			"DATABASE_MIGRATE_URL": owner,
+			"CONSOLE_DATABASE_URL": "postgres://forwarder_console:CON-PW@pgbouncer:6432/forwarder",
+			"PLATFORM_ACCESS_NAME": "name", "PLATFORM_ACCESS_PWD": "pwd",
+		}},
+	})
+	creds := named[*corev1.Secret](t, r, "Secret", "forwarder-credentials")
+	migration := named[*corev1.Secret](t, r, "Secret", "forwarder-migration")
+	console := named[*corev1.Secret](t, r, "Secret", "forwarder-console")
+	if !reflect.DeepEqual(keys(migration.StringData), []string{"DATABASE_MIGRATE_URL"}) || migration.StringData["DATABASE_MIGRATE_URL"] != owner {
+		t.Errorf("migration Secret holds %v", keys(migration.StringData))
+	}
+	if !reflect.DeepEqual(keys(console.StringData), []string{"CONSOLE_DATABASE_URL"}) {
+		t.Errorf("console Secret holds %v", keys(console.StringData))
+	}
+	if got := keys(creds.StringData); slices.Contains(got, "DATABASE_MIGRATE_URL") || slices.Contains(got, "CONSOLE_DATABASE_URL") || !slices.Contains(got, "DATABASE_DIRECT_URL") {
+		t.Errorf("credentials Secret holds %v", got)
+	}
+	for _, s := range []*corev1.Secret{migration, console} {
+		if !isHook(r, "Secret", s.Name) {
+			t.Errorf("Secret %s is not created before the migration Job", s.Name)
+		}
+	}
+	for _, o := range r.objects {
+		b, _ := yaml.Marshal(o.obj)
+		if strings.Contains(string(b), "OWNER-PW") && !(o.kind == "Secret" && o.name == "forwarder-migration") {
+			t.Errorf("the owner's password appears in %s/%s", o.kind, o.name)
+		}
+	}
+	checkMigrationJob(t, r, one[*batchv1.Job](t, r, "Job"), "DATABASE_MIGRATE_URL", "forwarder-migration", "DATABASE_MIGRATE_URL")
+	c := container(t, one[*appsv1.Deployment](t, r, "Deployment").Spec.Template.Spec, "forwarder")
+	for name, secret := range map[string]string{"DATABASE_URL": "forwarder-credentials", "DATABASE_DIRECT_URL": "forwarder-credentials", "CONSOLE_DATABASE_URL": "forwarder-console"} {
+		if ref := secretRef(c, name); ref == nil || ref.Name != secret || ref.Key != name || (ref.Optional != nil && *ref.Optional) {
+			t.Errorf("%s from %+v, want required, Secret %s key %s", name, ref, secret, name)
+		}
+	}
+	if ref := secretRef(c, "DATABASE_MIGRATE_URL"); ref != nil {
+		t.Errorf("the service gets DATABASE_MIGRATE_URL (%+v)", ref)
+	}
+
+	// Behind PgBouncer without a migration role, the Job migrates on the
+	// direct connection (outbox migrate prefers DATABASE_DIRECT_URL).
+	pooled := render(t, map[string]any{"database": map[string]any{"directURL": true}})
+	job := container(t, one[*batchv1.Job](t, pooled, "Job").Spec.Template.Spec, "migrate")
+	if len(job.Env) != 2 || secretRef(job, "DATABASE_URL") == nil || secretRef(job, "DATABASE_DIRECT_URL") == nil {
+		t.Errorf("migration env %+v, want DATABASE_URL and DATABASE_DIRECT_URL", job.Env)
+	}
+}
+
+// secretRef is the Secret reference of variable name in c, nil when it is
+// not set from a Secret.
+func secretRef(c corev1.Container, name string) *corev1.SecretKeySelector {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom != nil {
+			return e.ValueFrom.SecretKeyRef
+		}
+	}
+	return nil
 }
 
 // TestChartLint runs Helm's own linter (helm lint) with both value sets.
@@ -537,9 +617,9 @@ func checkEnvCoversPipeline(t *testing.T, c corev1.Container) {
 }
 
 // checkMigrationJob: `forwarder outbox migrate` as a pre-install and
-// pre-upgrade hook, deleted once it succeeded, with DATABASE_URL from the
-// Secret and the same restrictions as the service.
-func checkMigrationJob(t *testing.T, r *rendered, job *batchv1.Job, secret, key string) {
+// pre-upgrade hook, deleted once it succeeded, with one database URL (name)
+// from a Secret and the same restrictions as the service.
+func checkMigrationJob(t *testing.T, r *rendered, job *batchv1.Job, name, secret, key string) {
 	t.Helper()
 	if !isHook(r, "Job", job.Name) {
 		t.Error("the migration Job is not a hook")
@@ -557,13 +637,13 @@ func checkMigrationJob(t *testing.T, r *rendered, job *batchv1.Job, secret, key 
 		t.Errorf("restartPolicy %s", spec.RestartPolicy)
 	}
 	c := container(t, spec, "migrate")
-	if !slices.Equal(c.Args, []string{"outbox", "migrate"}) {
+	if !slices.Equal(c.Args, []string{"outbox", "migrate", "--lock-timeout", "2s", "--lock-wait", "5m"}) {
 		t.Errorf("migration args %q", c.Args)
 	}
 	checkPod(t, spec, c)
-	if len(c.Env) != 1 || c.Env[0].Name != "DATABASE_URL" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.SecretKeyRef == nil ||
+	if len(c.Env) != 1 || c.Env[0].Name != name || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.SecretKeyRef == nil ||
 		c.Env[0].ValueFrom.SecretKeyRef.Name != secret || c.Env[0].ValueFrom.SecretKeyRef.Key != key {
-		t.Errorf("migration env %+v, want only DATABASE_URL from Secret %s key %s", c.Env, secret, key)
+		t.Errorf("migration env %+v, want only %s from Secret %s key %s", c.Env, name, secret, key)
 	}
 	if spec.ServiceAccountName == "forwarder" {
 		t.Error("the migration Job runs as the chart's service account, which does not exist yet at pre-install")

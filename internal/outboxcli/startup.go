@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"gopkg.in/yaml.v3"
 
@@ -97,7 +98,14 @@ func checkDatabase(db database) error {
 	}
 	defer pool.Close()
 	st, err := outboxdb.ReadSchemaState(ctx, pool)
-	if err != nil {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		if missing, merr := outboxdb.MissingGrants(ctx, pool, outboxdb.ServiceGrants); merr == nil && len(missing) > 0 {
+			return fmt.Errorf("database %s: %w", where, outboxdb.MissingGrantsError(ctx, pool, "the service", missing))
+		}
+		return fmt.Errorf("database %s: %w", where, err)
+	case err != nil:
 		return nil // a migration under way, or a database going away: the components wait
 	}
 	latest := outboxdb.LatestVersion()

@@ -43,6 +43,9 @@ type stackOptions struct {
 	// emptyDB leaves the database without the schema, for the forwarders to
 	// create when they start.
 	emptyDB bool
+	// database is a database the scenario made itself (a superuser URL):
+	// used as it is, neither created nor migrated.
+	database string
 	// env overrides the forwarders' environment.
 	env map[string]string
 	// faults are the mock platform's initial faults.
@@ -89,6 +92,8 @@ func newStack(t *testing.T, opts stackOptions) *stack {
 	t.Logf("seed %d (E2E_SEED=%d reproduces the scenario's choices)", s.seed, baseSeed)
 
 	switch {
+	case opts.database != "":
+		s.dsn = opts.database
 	case opts.cluster != nil:
 		s.dsn = pgtest.NewDBOn(t, opts.cluster)
 	case opts.emptyDB:

@@ -84,18 +84,58 @@ timeout leaves in-flight claims to expire instead of being released.
 {{- end }}
 {{- end }}
 
-{{/* The environment from the Secret, shared by the service and the migration Job. */}}
+{{/*
+The Secret holding one variable: secret.names' entry, else existingSecret,
+else the chart's: the migration's and the console's database URLs in
+Secrets of their own, so that who may read one need not read the others.
+*/}}
+{{- define "forwarder.secretNameFor" -}}
+{{- $ctx := .ctx }}
+{{- $own := index ($ctx.Values.secret.names | default dict) .name }}
+{{- if $own }}
+{{- $own }}
+{{- else if $ctx.Values.secret.existingSecret }}
+{{- $ctx.Values.secret.existingSecret }}
+{{- else if eq .name "DATABASE_MIGRATE_URL" }}
+{{- printf "%s-migration" (include "forwarder.fullname" $ctx) }}
+{{- else if eq .name "CONSOLE_DATABASE_URL" }}
+{{- printf "%s-console" (include "forwarder.fullname" $ctx) }}
+{{- else }}
+{{- include "forwarder.secretName" $ctx }}
+{{- end }}
+{{- end }}
+
+{{/* The environment from the Secrets, shared by the service and the migration Job. */}}
 {{- define "forwarder.secretEnv" -}}
 {{- $ctx := .ctx }}
 {{- range $name := .names }}
 - name: {{ $name }}
   valueFrom:
     secretKeyRef:
-      name: {{ include "forwarder.secretName" $ctx }}
+      name: {{ include "forwarder.secretNameFor" (dict "ctx" $ctx "name" $name) }}
       key: {{ index $ctx.Values.secret.keys $name | default $name }}
       {{- if has $name (list "KAFKA_SASL_PASSWORD" "CONSOLE_TOKEN") }}
       optional: true
       {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The service's database variables: DATABASE_URL, and those database: turns on. */}}
+{{- define "forwarder.serviceDatabaseVars" -}}
+{{- $vars := list "DATABASE_URL" }}
+{{- if .Values.database.directURL }}{{ $vars = append $vars "DATABASE_DIRECT_URL" }}{{ end }}
+{{- if .Values.database.consoleRole }}{{ $vars = append $vars "CONSOLE_DATABASE_URL" }}{{ end }}
+{{- join "," $vars }}
+{{- end }}
+
+{{/* The migration Job's: the owner's URL, or the service's (and its direct one). */}}
+{{- define "forwarder.migrationDatabaseVars" -}}
+{{- if .Values.database.migrationRole }}
+{{- "DATABASE_MIGRATE_URL" }}
+{{- else if .Values.database.directURL }}
+{{- "DATABASE_URL,DATABASE_DIRECT_URL" }}
+{{- else }}
+{{- "DATABASE_URL" }}
 {{- end }}
 {{- end }}
 
