@@ -2,6 +2,7 @@ package outboxdb_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -60,7 +62,9 @@ func genericPlan(t *testing.T, dsn string, cfg outboxdb.PoolConfig, sql string, 
 
 // TestGenericPlansUseIndexes: the result write, the release and the claim
 // reach forward_records through an index in the plan PostgreSQL keeps for a
-// statement prepared on a small table (see PoolConfig.NoSeqScan).
+// statement prepared on a small table (see PoolConfig.NoSeqScan). This is
+// the pool of a direct connection; a Pooled one keeps no prepared
+// statement (TestPooledStatementsAreNotPrepared).
 func TestGenericPlansUseIndexes(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.NewDB(t)
@@ -104,5 +108,53 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	// made on a small table scans the whole table for every batch.
 	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{}, outboxdb.RecordSQL(), recordArgs...); !strings.Contains(plan, "Seq Scan on forward_records") {
 		t.Logf("note: without NoSeqScan this PostgreSQL plans the result write by index already:\n%s", plan)
+	}
+}
+
+// TestPooledStatementsAreNotPrepared: a Pooled pool (DATABASE_URL behind
+// PgBouncer) leaves no prepared statement on the server however often it
+// runs the claim and the result write, so PostgreSQL plans each execution
+// with its parameters and never keeps the generic plan NoSeqScan guards
+// against; and it sends no enable_seqscan, which PgBouncer would refuse.
+// The direct pool, run the same way, does keep them: the check can tell.
+func TestPooledStatementsAreNotPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t)
+	run := func(cfg outboxdb.PoolConfig) (prepared int, seqscan string) {
+		cfg.MaxConns = 1 // one session, the one asked below
+		pool, err := outboxdb.Open(ctx, dsn, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		tb := fixture.New(t, pool)
+		tb.InsertDue(fmt.Sprintf("pooled-%v", cfg.Pooled), 20)
+		for range 8 {
+			res, err := outboxdb.ClaimDue(ctx, pool, outboxdb.ClaimParams{Limit: 2, Lease: time.Minute, Claimer: "t", MaxAttempts: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			results := make([]outboxdb.Result, len(res.Claimed))
+			for i, r := range res.Claimed {
+				results[i] = outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200}
+			}
+			if _, err := outboxdb.RecordResults(ctx, pool, results, outboxdb.RecordOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements").Scan(&prepared); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, "SELECT current_setting('enable_seqscan')").Scan(&seqscan); err != nil {
+			t.Fatal(err)
+		}
+		return prepared, seqscan
+	}
+	if prepared, seqscan := run(outboxdb.PoolConfig{Pooled: true, NoSeqScan: true}); prepared != 0 || seqscan != "on" {
+		t.Errorf("pooled: %d prepared statements on the server, enable_seqscan %s; want none and on", prepared, seqscan)
+	}
+	if prepared, seqscan := run(outboxdb.PoolConfig{NoSeqScan: true}); prepared == 0 || seqscan != "off" {
+		t.Errorf("direct: %d prepared statements, enable_seqscan %s; want some and off", prepared, seqscan)
 	}
 }
