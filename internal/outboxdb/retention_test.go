@@ -1,0 +1,72 @@
+package outboxdb_test
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/forwarder/forwarder/internal/dev/pgcluster"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+// TestTryPurgeWithSession: behind PgBouncer in transaction pooling mode the
+// retention lock is held on the direct session and the batches go through
+// the pooler: a run skips while another session holds the lock, purges once
+// it is free, and leaves no advisory lock behind on any server session
+// (a session lock taken through the pooler would stay on whichever server
+// connection ran it).
+func TestTryPurgeWithSession(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn, pool := pgtest.NewDBPool(t)
+	db := fixture.New(t, pool)
+	for i := range 30 {
+		db.Insert(fixture.Row{Key: "old-" + strconv.Itoa(i), Status: "SUCCESS", Age: 48 * time.Hour})
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(u.Port())
+	b, err := pgcluster.StartBouncer(ctx, pgcluster.BouncerConfig{Dir: t.TempDir() + "/bouncer", ServerPort: port, PoolSize: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	pooled, err := outboxdb.Open(ctx, b.DSN(strings.TrimPrefix(u.Path, "/")), outboxdb.PoolConfig{Pooled: true, MaxConns: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pooled.Close()
+	session, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := outboxdb.PurgeOptions{OlderThan: 24 * time.Hour, BatchSize: 7}
+
+	release := holdLock(t, dsn, "SELECT pg_advisory_xact_lock(x'666f727770757267'::bigint)")
+	res, locked, err := outboxdb.TryPurgeWithSession(ctx, pooled, session, opts)
+	if err != nil || locked || res.Records != 0 {
+		t.Fatalf("with the lock held elsewhere: locked %v, %d deleted, %v; want a skipped run", locked, res.Records, err)
+	}
+	release()
+	// Other clients keep PgBouncer's server connections changing hands.
+	stop := keepBusy(t, b.DSN(strings.TrimPrefix(u.Path, "/")), 2)
+	res, locked, err = outboxdb.TryPurgeWithSession(ctx, pooled, session, opts)
+	stop()
+	if err != nil || !locked || res.Records != 30 {
+		t.Fatalf("locked %v, %d deleted, %v; want all 30 old rows purged", locked, res.Records, err)
+	}
+	var held int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&held); err != nil || held != 0 {
+		t.Fatalf("%d advisory locks left after the run (%v), want none", held, err)
+	}
+}
