@@ -25,6 +25,10 @@ const (
 	KafkaOffset      = "kafka_offset"
 	KafkaKey         = "kafka_key"
 	KafkaTimestampMs = "kafka_timestamp_ms"
+	// KafkaOversize is set, instead of a body, on a message that stands for
+	// a record (or a compressed record batch) too large to deliver; its
+	// value says why and names the sizes (docs/guarantees.md #16).
+	KafkaOversize = "kafka_oversize"
 )
 
 // Keys of an outbox row, set by the outbox processor (emit: new), the
@@ -93,6 +97,19 @@ func ReadKafka(msg *service.Message) (k Kafka, ok bool) {
 		}
 	}
 	return k, okTopic && topic != "" && okPart && okOff
+}
+
+// SetOversize marks msg as standing for a record, or a record batch, that
+// was not delivered because of its size; why names the sizes.
+func SetOversize(msg *service.Message, why string) {
+	msg.MetaSetMut(KafkaOversize, why)
+}
+
+// Oversize returns why msg stands for a record that was too large to
+// deliver; ok is false for an ordinary message.
+func Oversize(msg *service.Message) (why string, ok bool) {
+	why, ok = msg.MetaGet(KafkaOversize)
+	return why, ok && why != ""
 }
 
 // Stored names the row a message was stored in (the outbox processor with

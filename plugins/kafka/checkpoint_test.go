@@ -18,7 +18,7 @@ func sizedRecords(from, to int64, size int) []fetched {
 	for o := from; o <= to; o++ {
 		recs = append(recs, &kgo.Record{Topic: "t", Offset: o, LeaderEpoch: 1, Value: make([]byte, size)})
 	}
-	return buildMessages(recs)
+	return buildMessages(recs, 1<<30)
 }
 
 // newTestPartition is partition t/0 with a byte budget of its own.

@@ -32,7 +32,12 @@
 //     bytes (max_buffered_bytes over all partitions), by not polling;
 //   - batches that carry every partition's records, so a processor that
 //     writes one statement per batch sees them together;
-//   - the per-partition lag gauge, and broker outages logged once.
+//   - the per-partition lag gauge, and broker outages logged once;
+//   - a decompressor bounded by max_message_bytes whose refusals franz-go
+//     reports with the batch's offsets, so that a batch it will not
+//     decompress (a decompression bomb, a zstd window wider than the bound,
+//     bytes that are not their codec's) is skipped and accounted for, not
+//     fetched again forever (decompress.go).
 //
 // Rejected batches are replayed by Benthos's own service.AutoRetryNacksBatched,
 // which calls the input's ack function only once a batch is delivered; a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ const (
 	kfiFieldInstanceID             = "instance_id"
 	kfiFieldCheckpointLimit        = "checkpoint_limit"
 	kfiFieldMaxBufferedBytes       = "max_buffered_bytes"
+	kfiFieldMaxMessageBytes        = "max_message_bytes"
 	kfiFieldCommitPeriod           = "commit_period"
 	kfiFieldStartFromOldest        = "start_from_oldest"
 	kfiFieldFetchMaxBytes          = "fetch_max_bytes"
@@ -34,6 +36,13 @@ const (
 
 // metricConsumerLag is the per-partition lag gauge (docs/components.md).
 const metricConsumerLag = "forwarder_kafka_consumer_lag"
+
+// batchBytesPerMessage is how many times max_message_bytes a compressed
+// record batch may decompress to. Producers put a record larger than their
+// batch size in a batch of its own, so a batch past this holds a record far
+// past max_message_bytes; the room above one message is for producers that
+// batch several large messages together (docs/guarantees.md #16).
+const batchBytesPerMessage = 4
 
 func franzInputSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
@@ -51,7 +60,7 @@ A rejected (nacked) batch is never skipped: it is delivered again, with a backof
 
 ### Back-pressure and memory
 
-At most `+"`checkpoint_limit`"+` records of a partition are in the pipeline without an acknowledgement, and up to as many more are read ahead. Across all partitions the input holds at most `+"`max_buffered_bytes`"+` of records (keys, values and headers), read ahead and in the pipeline together: once it holds that much it stops fetching, and it hands out nothing more until acknowledgements free room. A single record larger than `+"`max_buffered_bytes`"+` is still delivered, alone. One poll may bring the read-ahead over the budget by what franz-go had already fetched, and franz-go buffers at most one fetch response per broker (`+"`fetch_max_bytes`"+` each, decompressed), so memory stays bounded whatever the output does.
+At most `+"`checkpoint_limit`"+` records of a partition are in the pipeline without an acknowledgement, and up to as many more are read ahead. Across all partitions the input holds at most `+"`max_buffered_bytes`"+` of records (keys, values and headers), read ahead and in the pipeline together: once it holds that much it stops fetching, and it hands out nothing more until acknowledgements free room. A single record larger than `+"`max_buffered_bytes`"+` is still delivered, alone. One poll may bring the read-ahead over the budget by what franz-go had already fetched, and franz-go buffers at most one fetch response per broker (`+"`fetch_max_bytes`"+` each as sent, every record batch in it decompressed to at most four times `+"`max_message_bytes`"+`), so memory stays bounded whatever the output does.
 
 ### Group membership
 
@@ -68,9 +77,16 @@ Each message carries:
 - `+"`kafka_partition`"+`
 - `+"`kafka_offset`"+`
 - `+"`kafka_timestamp_ms`"+` (the record timestamp, Unix milliseconds)
+- `+"`kafka_oversize`"+` (only on a message that stands for an oversized record or batch, see above)
 - every record header, by its name (a header cannot override the keys above)
 
 A tombstone (null value) or an empty value is delivered as a message with an empty body.
+
+### Oversized records
+
+A compressed record batch must be decompressed whole before any of its records can be read, and a batch of a few KiB can decompress to gigabytes. So no batch is decompressed past four times `+"`max_message_bytes`"+` (64 MiB by default): franz-go stops at that bound, and the batch is not read at all. It is delivered as one message with an empty body and the metadata `+"`kafka_oversize`"+`, which says which offsets the batch spans and names the bound; its `+"`kafka_offset`"+` is the batch's first offset (it has no `+"`kafka_key`"+`, `+"`kafka_timestamp_ms`"+` or headers). Its acknowledgement commits the offset after the batch, and the partition goes on from there: the partition never stalls on it. Kafka's producers put a record larger than their batch size in a batch of its own, so such a batch holds one oversized record; a producer whose batches of ordinary records decompress past the bound (batches of several large messages) has them refused as a whole, accounted for by that one message, so keep producer batches under four times `+"`max_message_bytes`"+` before compression.
+
+A record read from a batch within the bound whose value, or whose key and headers together, are larger than `+"`max_message_bytes`"+` is delivered the same way: an empty body, `+"`kafka_oversize`"+` naming its sizes, and its own `+"`kafka_offset`"+` and `+"`kafka_timestamp_ms`"+`. The `+"`outbox`"+` processor stores such messages FAILED with that reason and no payload.
 
 ### Metrics
 
@@ -96,6 +112,10 @@ A tombstone (null value) or an empty value is delivered as a message with an emp
 				Description("The most record bytes (keys, values and headers) the input holds at once, over all partitions: read ahead and in the pipeline without an acknowledgement. At the budget the input stops fetching and hands out nothing more until acknowledgements free room; a single larger record is still delivered, alone. With 16 MiB messages the default lets four be in the pipeline at once.").
 				Default("64MiB").
 				Example("256MiB"),
+			service.NewStringField(kfiFieldMaxMessageBytes).
+				Description("The largest record the input delivers: its value, and its key and headers together, may each be this large. A larger record is delivered as an empty message with the metadata `kafka_oversize`, and a compressed record batch that would decompress to more than four times this is never decompressed further (see Oversized records). Keep it equal to the `outbox` processor's `max_payload_bytes`.").
+				Default("16MiB").
+				Example("1MiB"),
 			service.NewDurationField(kfiFieldCommitPeriod).
 				Description("How often acknowledged offsets are committed. Offsets are also committed when partitions are revoked and on shutdown.").
 				Default("5s"),
@@ -186,6 +206,7 @@ type franzInput struct {
 	group            string
 	checkpointLimit  int
 	maxBufferedBytes int64
+	maxMessageBytes  int64
 	commitPeriod     time.Duration
 	commitTimeout    time.Duration // a third of rebalance_timeout
 	closeTimeout     time.Duration
@@ -254,6 +275,11 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if f.maxBufferedBytes, err = parseBudget(conf, kfiFieldMaxBufferedBytes); err != nil {
 		return nil, err
 	}
+	maxMessage, err := parseByteSize(conf, kfiFieldMaxMessageBytes)
+	if err != nil {
+		return nil, err
+	}
+	f.maxMessageBytes = int64(maxMessage)
 	if f.commitPeriod, err = conf.FieldDuration(kfiFieldCommitPeriod); err != nil {
 		return nil, err
 	}
@@ -339,6 +365,10 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		}
 	}
 
+	dec, err := newBoundedDecompressor(int(min(batchBytesPerMessage*f.maxMessageBytes, math.MaxInt32)), f.log)
+	if err != nil {
+		return nil, err
+	}
 	f.probeOpts = append(slices.Clip(opts), kgo.WithLogger(kgoLogger{log: f.log}), kgo.WithHooks(f.outage))
 	f.clientOpts = append(opts,
 		kgo.ConsumerGroup(f.group),
@@ -364,6 +394,11 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		kgo.FetchMaxBytes(fetchMax),
 		kgo.FetchMaxPartitionBytes(fetchPartMax),
 		kgo.BrokerMaxReadBytes(readMax),
+		// franz-go's own decompressor bounds a batch at 1 GiB, and a
+		// batch of a few KiB of zeros decompresses to that before a
+		// record is read; ours bounds it by max_message_bytes (see
+		// boundedDecompressor and refusedBatch; docs/guarantees.md #16).
+		kgo.WithDecompressor(dec),
 		kgo.WithLogger(kgoLogger{log: f.log}),
 		kgo.WithHooks(f.outage),
 	)
@@ -513,15 +548,66 @@ func (f *franzInput) Close(ctx context.Context) error {
 }
 
 // buildMessages builds the messages of records of one partition, with the
-// metadata listed in docs/components.md.
-func buildMessages(recs []*kgo.Record) []fetched {
+// metadata listed in docs/components.md. A record larger than maxBytes
+// becomes an oversized message, and the record lets go of its bytes.
+func buildMessages(recs []*kgo.Record, maxBytes int64) []fetched {
 	out := make([]fetched, len(recs))
 	// Boxed once per call rather than once per message.
 	var topic, partition any = recs[0].Topic, int64(recs[0].Partition)
 	for i, r := range recs {
+		if why := oversizeReason(r, maxBytes); why != "" {
+			msg := oversizeMessage(topic, partition, r.Offset, why)
+			msg.MetaSetMut(msgmeta.KafkaTimestampMs, r.Timestamp.UnixMilli())
+			r.Value, r.Key, r.Headers = nil, nil, nil
+			out[i] = fetched{rec: r, msg: msg}
+			continue
+		}
 		out[i] = fetched{rec: r, msg: recordToMessage(r, topic, partition), size: recordSize(r)}
 	}
 	return out
+}
+
+// oversizeReason says why r is too large to deliver, "" when it is not.
+func oversizeReason(r *kgo.Record, maxBytes int64) string {
+	if n := int64(len(r.Value)); n > maxBytes {
+		return fmt.Sprintf("record value is %d bytes, more than max_message_bytes (%d)", n, maxBytes)
+	}
+	if n := recordSize(r) - int64(len(r.Value)); n > maxBytes {
+		return fmt.Sprintf("record key and headers are %d bytes, more than max_message_bytes (%d)", n, maxBytes)
+	}
+	return ""
+}
+
+// refusedBatch stands for a record batch that could not be decompressed
+// within its bound (see boundedDecompressor): one oversized message at the batch's first offset, tracked as
+// if it were the batch's last record, so that its ack commits the offset
+// after the batch (docs/guarantees.md #16). franz-go tells us where the
+// batch starts and ends, not what is in it, so its records are accounted
+// for by this one message.
+func (f *franzInput) refusedBatch(e *kgo.ErrDecompressTooLarge) fetched {
+	last := max(e.NextOffset-1, e.Offset)
+	extent := fmt.Sprintf("offset %d", e.Offset)
+	if last > e.Offset {
+		extent = fmt.Sprintf("offsets %d to %d", e.Offset, last)
+	}
+	why := fmt.Sprintf("record batch at %s does not decompress within %d bytes (%d times max_message_bytes, %d), so none of its records was read",
+		extent, batchBytesPerMessage*f.maxMessageBytes, batchBytesPerMessage, f.maxMessageBytes)
+	return fetched{
+		rec: &kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: last, LeaderEpoch: e.Epoch},
+		msg: oversizeMessage(e.Topic, int64(e.Partition), e.Offset, why),
+	}
+}
+
+// oversizeMessage is the empty message that stands for a record, or a
+// batch, too large to deliver, with the Kafka coordinates it is stored
+// under and the reason.
+func oversizeMessage(topic, partition any, offset int64, why string) *service.Message {
+	msg := service.NewMessage(nil)
+	msg.MetaSetMut(msgmeta.KafkaTopic, topic)
+	msg.MetaSetMut(msgmeta.KafkaPartition, partition)
+	msg.MetaSetMut(msgmeta.KafkaOffset, offset)
+	msgmeta.SetOversize(msg, why)
+	return msg
 }
 
 // recordToMessage builds the message of a record; a tombstone becomes an
@@ -535,6 +621,10 @@ func recordToMessage(r *kgo.Record, topic, partition any) *service.Message {
 		msg.MetaSetMut(msgmeta.KafkaKey, string(r.Key))
 	} else if len(r.Headers) > 0 {
 		msg.MetaDelete(msgmeta.KafkaKey)
+	}
+	if len(r.Headers) > 0 {
+		// Only the input says a record was too large.
+		msg.MetaDelete(msgmeta.KafkaOversize)
 	}
 	msg.MetaSetMut(msgmeta.KafkaTopic, topic)
 	msg.MetaSetMut(msgmeta.KafkaPartition, partition)

@@ -46,7 +46,7 @@ func (f *franzInput) fetch(p int32, from, to int64) *partitionState {
 	for o := from; o <= to; o++ {
 		recs = append(recs, &kgo.Record{Topic: "t", Partition: p, Offset: o, Value: fmt.Appendf(nil, "%d/%d", p, o)})
 	}
-	ps.add(buildMessages(recs))
+	ps.add(buildMessages(recs, 1<<30))
 	return ps
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -43,10 +44,31 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 			recs []fetched
 			hwm  int64
 		}
-		var polled []polledPartition
+		var (
+			polled []polledPartition
+			skips  map[string]map[int32]kgo.EpochOffset
+		)
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+			var recs []fetched
 			if len(fp.Records) > 0 {
-				polled = append(polled, polledPartition{topicPartition{fp.Topic, fp.Partition}, buildMessages(fp.Records), fp.HighWatermark})
+				recs = buildMessages(fp.Records, f.maxMessageBytes)
+			}
+			if tooLarge, ok := errors.AsType[*kgo.ErrDecompressTooLarge](fp.Err); ok {
+				refused := f.refusedBatch(tooLarge)
+				recs = append(recs, refused)
+				if skips == nil {
+					skips = make(map[string]map[int32]kgo.EpochOffset)
+				}
+				if skips[fp.Topic] == nil {
+					skips[fp.Topic] = make(map[int32]kgo.EpochOffset)
+				}
+				skips[fp.Topic][fp.Partition] = kgo.EpochOffset{Epoch: tooLarge.Epoch, Offset: tooLarge.NextOffset}
+				why, _ := msgmeta.Oversize(refused.msg)
+				f.log.Warnf("kafka_franz: %s/%d: %s; it is delivered as one empty message marked %s, and the partition goes on from offset %d",
+					fp.Topic, fp.Partition, why, msgmeta.KafkaOversize, tooLarge.NextOffset)
+			}
+			if len(recs) > 0 {
+				polled = append(polled, polledPartition{topicPartition{fp.Topic, fp.Partition}, recs, fp.HighWatermark})
 			}
 		})
 
@@ -65,6 +87,10 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 			f.polls++
 		}
 		f.mu.Unlock()
+		// franz-go stops fetching a partition at a batch it refused to
+		// decompress until we move its cursor past the batch, which
+		// must happen before a rebalance can revoke the partition.
+		cl.SetOffsets(skips)
 		cl.AllowRebalance()
 		if got > 0 {
 			f.signal()
@@ -72,8 +98,8 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 		}
 
 		fetches.EachError(func(topic string, partition int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, kgo.ErrClientClosed) {
-				return
+			if errors.Is(err, context.Canceled) || errors.Is(err, kgo.ErrClientClosed) || errors.Is(err, kgo.ErrMaxDecompress) {
+				return // nothing to retry, or skipped above
 			}
 			msg := fmt.Sprintf("fetching %s/%d: %v", topic, partition, err)
 			if loggedErrs[msg] {

@@ -57,7 +57,7 @@ func TestInputKcatCompressedBatches(t *testing.T) {
 			if tc.produceFromV0 {
 				advertiseProduceFromV0(t, c)
 			}
-			batches := watchProducedBatches(c, "kcat")
+			batches := watchProducedBatches(t, c, "kcat")
 			want := produceWithKcat(t, kcat, c, "kcat", batches, tc.compressedWith)
 			consumeAndCompare(t, c, "kcat", want)
 		})
@@ -105,6 +105,7 @@ type producedBatch struct {
 	magic   int8
 	codec   int16
 	records int32
+	bytes   int // the whole batch, as sent
 }
 
 // producedBatches collects what watchProducedBatches sees.
@@ -128,7 +129,17 @@ func (p *producedBatches) count() int {
 
 // watchProducedBatches reads the record format and codec of every batch
 // produced to topic, leaving the requests to kfake.
-func watchProducedBatches(c *kafkatest.Cluster, topic string) *producedBatches {
+func watchProducedBatches(t *testing.T, c *kafkatest.Cluster, topic string) *producedBatches {
+	t.Helper()
+	// Produce v13 names the topic by its ID (franz-go sends it; librdkafka
+	// 2.0 does not).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	topics, err := c.Admin(t).ListTopics(ctx, topic)
+	if err != nil || topics[topic].Err != nil {
+		t.Fatalf("looking up topic %q: %v %v", topic, err, topics[topic].Err)
+	}
+	id := topics[topic].ID
 	p := &producedBatches{}
 	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
@@ -136,7 +147,7 @@ func watchProducedBatches(c *kafkatest.Cluster, topic string) *producedBatches {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		for _, rt := range req.Topics {
-			if rt.Topic != topic {
+			if rt.Topic != topic && rt.TopicID != id {
 				continue
 			}
 			for _, rp := range rt.Partitions {
@@ -158,7 +169,7 @@ func watchProducedBatches(c *kafkatest.Cluster, topic string) *producedBatches {
 					} else if err := b.ReadFrom(raw[:size]); err != nil {
 						p.bad = append(p.bad, err.Error())
 					} else {
-						p.batches = append(p.batches, producedBatch{magic: b.Magic, codec: b.Attributes & 0x07, records: b.NumRecords})
+						p.batches = append(p.batches, producedBatch{magic: b.Magic, codec: b.Attributes & 0x07, records: b.NumRecords, bytes: size})
 					}
 					raw = raw[size:]
 				}

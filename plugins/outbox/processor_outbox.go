@@ -76,7 +76,11 @@ included), together with the Kafka topic, partition, offset and key (^kafka_key^
 ^bytea^; NULL when the metadata is absent). A message that cannot be forwarded is still stored, with
 status FAILED and ^last_error^ saying why, and is never sent or retried: an empty payload (or a
 tombstone), one larger than ^max_payload_bytes^, one that is not valid UTF-8, not valid JSON or not a
-JSON object, or one whose API type cannot be resolved (stored with api_type ^UNKNOWN^).
+JSON object, or one whose API type cannot be resolved (stored with api_type ^UNKNOWN^). A message
+that ^kafka_franz^ marked ^kafka_oversize^ stands for a record it would not read whole (larger than its
+^max_message_bytes^, or in a compressed batch that decompresses past its bound): it is stored FAILED under
+the fallback key with no payload, and ^last_error^ says ^payload not stored: ^ and the input's reason,
+which names the size.
 
 ### Keys
 
@@ -526,6 +530,12 @@ func (p *outboxProcessor) record(i int, msg *service.Message, keyExec, typeExec 
 		Status:         outboxdb.StatusPending,
 	}
 	payloadOK := err == nil
+	if why, oversize := msgmeta.Oversize(msg); oversize {
+		// The input never read the record whole (docs/guarantees.md #16):
+		// there is no payload to store, only why.
+		rec.Payload = nil
+		reasons, payloadOK = append(reasons, "payload not stored: "+why), false
+	}
 	var m members
 	if payloadOK {
 		var why string

@@ -407,6 +407,46 @@ func TestOutboxProcessor(t *testing.T) {
 		}
 	})
 
+	t.Run("RecordsTheInputMarkedOversizeAreFailedWithoutPayload", func(t *testing.T) {
+		// kafka_franz delivers a record it would not read whole as an
+		// empty message marked kafka_oversize (docs/guarantees.md #16).
+		t.Parallel()
+		b := setup(t)
+		p := b.processor(t, defaultYAML)
+		const (
+			batchWhy  = "record batch at offsets 12 to 14 does not decompress within 67108864 bytes (4 times max_message_bytes, 16777216), so none of its records was read"
+			recordWhy = "record value is 20971520 bytes, more than max_message_bytes (16777216)"
+		)
+		refused := kmsg(topicVehicle, 0, 12, nil)
+		refused.MetaDelete(msgmeta.KafkaKey)
+		msgmeta.SetOversize(refused, batchWhy)
+		// Whatever the body, a marked message's payload is not stored.
+		cut := kmsg(topicHeartbeat, 1, 15, heartbeat("cut"))
+		msgmeta.SetOversize(cut, recordWhy)
+		process(t, p, refused, cut, kmsg(topicVehicle, 0, 16, vehicle("after")))
+		rows := b.rows(t)
+		for key, want := range map[string]struct{ apiType, reason string }{
+			"device-vehicle-event-0-12": {"VEHICLE_EVENT", "payload not stored: " + batchWhy},
+			"device-heartbeat-1-15":     {"HEARTBEAT", "payload not stored: " + recordWhy},
+		} {
+			r, ok := rows[key]
+			if !ok {
+				t.Errorf("no row for %q", key)
+				continue
+			}
+			if r.Status != "FAILED" || deref(r.LastError) != want.reason || len(r.Payload) != 0 || r.APIType != want.apiType {
+				t.Errorf("row %q: status %s, api_type %s, last_error %q, %d payload bytes; want FAILED, %s, %q, none",
+					key, r.Status, r.APIType, deref(r.LastError), len(r.Payload), want.apiType, want.reason)
+			}
+		}
+		if _, ok := rows["cut"]; ok {
+			t.Errorf("the marked message was stored under the messageId of a payload that was not stored")
+		}
+		if r := rows["after"]; r.Status != "PENDING" {
+			t.Errorf("the message after them: %+v", r)
+		}
+	})
+
 	t.Run("EmitNewPassesOnNewPendingMessagesWithTheirRowID", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

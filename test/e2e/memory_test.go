@@ -14,6 +14,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/testsupport/bigmsg"
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 )
 
 // memoryBound is what the forwarder's resident size must stay under with
@@ -80,6 +81,58 @@ func TestMemoryBoundedByBytes(t *testing.T) {
 	if peak >= memoryBound {
 		t.Errorf("the forwarder's peak resident size was %.0f MiB with %d messages of 16 MiB, want under %.0f MiB: something holds messages by count, not by bytes",
 			float64(peak)/(1<<20), n, float64(memoryBound)/(1<<20))
+	}
+}
+
+// TestDecompressionBomb writes two record batches of about a MiB or less
+// holding 1000 MiB of zeros each, compressed with zstd and with gzip by
+// franz-go's producer, to two partitions, then 300 ordinary messages over
+// every partition, and runs the forwarder with the shipped pipeline and its
+// defaults (docs/guarantees.md #16). The ordinary messages are all
+// delivered, each bomb is one FAILED row under its fallback key with no
+// payload and a reason naming the bound, and the forwarder's peak resident
+// size stays under 1 GiB: no bomb was decompressed past 64 MiB, four times
+// the 16 MiB message limit. Before the bound, franz-go's 1 GiB default let
+// each bomb through whole: the forwarder held gigabytes, and its insert of
+// a 1000 MiB payload timed out and was retried forever, so nothing behind
+// the bombs was consumed.
+func TestDecompressionBomb(t *testing.T) {
+	s := newStack(t, stackOptions{env: map[string]string{"LOG_LEVEL": "WARN"}})
+	const bombSize = 1000 << 20
+	for partition, codec := range []kgo.CompressionCodec{kgo.ZstdCompression().WithLevel(1), kgo.GzipCompression().WithLevel(1)} {
+		producer := s.kafka.CompressingProducer(t, codec, bombSize)
+		bomb := kafkatest.Bomb(topicVehicle, int32(partition), bombSize)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		err := producer.ProduceSync(ctx, bomb).FirstErr()
+		cancel()
+		if err != nil {
+			t.Fatalf("producing the bomb: %v", err)
+		}
+		at := coord{bomb.Topic, bomb.Partition, bomb.Offset}
+		s.exp.addBad(badMsg{at: at, flaw: "decompression bomb",
+			reason: fmt.Sprintf("payload not stored: record batch at offset %d does not decompress within %d bytes", at.offset, 4*bigmsg.MaxSize)})
+	}
+	s.produce(s.newSource(eventgen.SourceConfig{}), 300)
+
+	p := s.start("forwarder", nil)
+	s.waitSettled(5 * time.Minute)
+	peak, err := procStatusBytes(p.Pid(), "VmHWM")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.verify()
+	var stored int
+	if err := s.pool.QueryRow(t.Context(), `SELECT coalesce(sum(length(payload)), -1) FROM forward_records WHERE status = 'FAILED'`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != 0 {
+		t.Errorf("the bombs' rows hold %d payload bytes, want none", stored)
+	}
+	t.Logf("two bombs of %d MiB and 300 ordinary messages: peak RSS %.0f MiB, bound %.0f MiB; %s",
+		bombSize>>20, float64(peak)/(1<<20), float64(memoryBound)/(1<<20), r)
+	if peak >= memoryBound {
+		t.Errorf("the forwarder's peak resident size was %.0f MiB with two bombs of %d MiB, want under %.0f MiB",
+			float64(peak)/(1<<20), bombSize>>20, float64(memoryBound)/(1<<20))
 	}
 }
 

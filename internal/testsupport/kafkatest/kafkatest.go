@@ -119,6 +119,30 @@ func (c *Cluster) Client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
+// CompressingProducer returns a new producer of the cluster, closed by
+// t.Cleanup, that compresses every batch with codec, takes records of up to
+// maxRecord bytes (franz-go allows up to 1 GiB) and writes each record to the
+// partition it names. Each ProduceSync call makes its own batches, so a
+// record produced alone is alone in its batch.
+func (c *Cluster) CompressingProducer(t testing.TB, codec kgo.CompressionCodec, maxRecord int) *kgo.Client {
+	t.Helper()
+	batchMax := int32(min(maxRecord+1<<20, 1<<30))
+	return c.Client(t,
+		kgo.ProducerBatchCompression(codec),
+		kgo.ProducerBatchMaxBytes(batchMax),
+		kgo.BrokerMaxWriteBytes(batchMax),
+		kgo.ProducerLinger(0),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+	)
+}
+
+// Bomb is a record of size zero bytes for topic's partition, a
+// decompression bomb: compressed, its batch takes a few KiB (zstd) or about
+// a thousandth of size (gzip), and it decompresses to size bytes.
+func Bomb(topic string, partition int32, size int) *kgo.Record {
+	return &kgo.Record{Topic: topic, Partition: partition, Value: make([]byte, size)}
+}
+
 // Admin returns a shared admin client of the cluster.
 func (c *Cluster) Admin(t testing.TB) *kadm.Client {
 	t.Helper()
