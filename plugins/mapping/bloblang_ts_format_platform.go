@@ -15,6 +15,10 @@ const (
 	// (docs/configuration.md); unset or empty means defaultPlatformTZ.
 	platformTZEnv     = "PLATFORM_TZ"
 	defaultPlatformTZ = "Asia/Shanghai"
+
+	// tsFormatPlatformName is the method's name, as registered; mapping
+	// files keep it although it is impure (see mappingEnvironment).
+	tsFormatPlatformName = "ts_format_platform"
 )
 
 func tsFormatPlatformSpec() *bloblang.PluginSpec {
@@ -38,6 +42,7 @@ A `+"`PLATFORM_TZ`"+` that is not a known zone name is an error for every messag
 }
 
 func init() {
+	// Spelled out: internal/docgen finds our plugins by their registrations.
 	bloblang.MustRegisterMethodV2("ts_format_platform", tsFormatPlatformSpec(),
 		func(args *bloblang.ParsedParams) (bloblang.Method, error) {
 			layout, err := args.GetString("format")

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,8 @@ Every `+"`reload_interval`"+` the processor checks the file and every file it im
 
 The path, and the paths of `+"`import`"+` statements inside the file, follow Bloblang's rules: a relative path is resolved against the process's working directory (not the config file's directory), and an import is resolved against the directory of the file that contains it. `+"`forwarder lint`"+` compiles the file too, from the working directory it runs in.
 
+A mapping file cannot read the host: it is compiled without Bloblang's functions that read the environment, files or the host (`+"`env`"+`, `+"`file`"+`, `+"`file_rel`"+`, `+"`hostname`"+`, and any other function or method Benthos marks impure, but for `+"`ts_format_platform`"+`, which reads `+"`PLATFORM_TZ`"+` only), and an `+"`import`"+` of a file outside the directory of the mapping file (or its subdirectories) is refused. Either is a compile error that says so, at start-up, in `+"`forwarder lint`"+` and on reload. The error a mapping raises ends up in the outbox row, the logs and the console, so a mapping that could call `+"`env(\"DATABASE_URL\")`"+` could put a secret there.
+
 When the mapping fails for a message, the flag carries the reason without Bloblang's structural prefixes (`+"`failed assignment (line N): `"+`, `+"`failed to process element N: `"+`, ...), so `+"`throw(\"inoutType 7 is not 0 or 1\")`"+` flags the message with exactly `+"`inoutType 7 is not 0 or 1`"+`; the full error is logged at debug level. A reason longer than 1 KiB (a type error quoting a huge value) is cut there, with a note of how many bytes were left out.
 
 == Metrics
@@ -85,7 +88,9 @@ pipeline:
 
 func init() {
 	// Registered before the processor spec: its lint rule is compiled when the
-	// spec is built and must find the function.
+	// spec is built and must find the function. It reads files, yet it is
+	// registered pure: Benthos runs lint rules with pure functions only.
+	// mappingEnvironment leaves it out by name.
 	bloblang.MustRegisterFunctionV2(lintFunctionName, bloblang.NewPluginSpec().
 		Category("Environment").
 		Description("Compiles the Bloblang file at `path` (relative to the working directory) and returns its errors as an array of strings, empty when it compiles. Used by `forwarder lint` for the `mapping_file` processor. It reads files but changes nothing.").
@@ -335,9 +340,10 @@ func readState(files fileReader, name string) fileState {
 	}
 }
 
-// compileMappingFile reads and compiles the mapping at path with the global
-// Bloblang environment, resolving imports against the directory of the file
-// that contains them. It returns the state of every file it read.
+// compileMappingFile reads and compiles the mapping at path in
+// mappingEnvironment, resolving imports against the directory of the file
+// that contains them and refusing those outside the directory of path. It
+// returns the state of every file it read.
 func compileMappingFile(files fileReader, path string) (*compiledMapping, map[string]fileState, error) {
 	readAt := time.Now()
 	watched := map[string]fileState{}
@@ -370,22 +376,97 @@ func compileMappingFile(files fileReader, path string) (*compiledMapping, map[st
 	if err != nil {
 		return nil, watched, fmt.Errorf("reading mapping file: %w", err)
 	}
-	dir := filepath.Dir(path)
-	env := bloblang.GlobalEnvironment().WithCustomImporter(func(name string) ([]byte, error) {
-		if !filepath.IsAbs(name) {
-			name = filepath.Join(dir, name)
-		}
-		return read(name)
-	})
+	root := filepath.Dir(path)
+	env := mappingEnvironment().WithCustomImporter(importer(root, filepath.Dir(path), read))
 	exec, err := env.Parse(string(content))
 	if err != nil {
 		var perr *bloblang.ParseError
 		if errors.As(err, &perr) {
-			return nil, watched, fmt.Errorf("compiling %s", describeParseError(files, path, string(content), perr))
+			return nil, watched, fmt.Errorf("compiling %s", withHostHint(describeParseError(files, root, path, string(content), perr)))
 		}
-		return nil, watched, fmt.Errorf("compiling %s: %w", path, err)
+		return nil, watched, fmt.Errorf("compiling %s: %s", path, withHostHint(err.Error()))
 	}
 	return &compiledMapping{exec: exec, sum: sha256.Sum256(all.Bytes())}, watched, nil
+}
+
+// mappingEnvironment is the Bloblang environment mapping files are compiled
+// in: the global one (Benthos's functions and methods, and ours) without
+// those that read the host, so that a mapping cannot put a secret (the
+// database URL, a file) into an error that reaches an outbox row, a log or
+// the console (mappings/README.md, "What a mapping may read").
+//
+// What is left out is what Benthos marks impure (env, file, file_rel,
+// hostname, count today, and whatever a later release marks so), plus
+// mapping_file_lint, which reads files too; ts_format_platform stays: it is
+// impure only for reading PLATFORM_TZ, the zone the mappings need. The
+// clock (now, timestamp_unix) stays, as Benthos's OnlyPure keeps it.
+var mappingEnvironment = sync.OnceValue(func() mappingEnv {
+	global := bloblang.GlobalEnvironment()
+	pure := global.OnlyPure()
+	var funcs, methods []string
+	pureFuncs := map[string]bool{}
+	pure.WalkFunctions(func(name string, _ *bloblang.FunctionView) { pureFuncs[name] = true })
+	global.WalkFunctions(func(name string, _ *bloblang.FunctionView) {
+		if !pureFuncs[name] || name == lintFunctionName {
+			funcs = append(funcs, name)
+		}
+	})
+	pureMethods := map[string]bool{}
+	pure.WalkMethods(func(name string, _ *bloblang.MethodView) { pureMethods[name] = true })
+	global.WalkMethods(func(name string, _ *bloblang.MethodView) {
+		if !pureMethods[name] && name != tsFormatPlatformName {
+			methods = append(methods, name)
+		}
+	})
+	left := make(map[string]bool, len(funcs)+len(methods))
+	for _, name := range append(funcs, methods...) {
+		left[name] = true
+	}
+	return mappingEnv{global.WithoutFunctions(funcs...).WithoutMethods(methods...), left}
+})
+
+// mappingEnv is the environment of mapping files and the names of the
+// functions and methods it leaves out.
+type mappingEnv struct {
+	*bloblang.Environment
+	leftOut map[string]bool
+}
+
+// unrecognised finds the name in Bloblang's error for a function or method
+// an environment does not have.
+var unrecognised = regexp.MustCompile(`unrecognised (?:function|method) '([^']+)'`)
+
+// withHostHint adds why to a compile error about a function or method that
+// mapping files may not use: Bloblang only says it does not know it.
+func withHostHint(msg string) string {
+	if m := unrecognised.FindStringSubmatch(msg); m != nil && mappingEnvironment().leftOut[m[1]] {
+		return msg + " (" + m[1] + " is not available in mapping files: they cannot read the environment, files or the host; see mappings/README.md)"
+	}
+	return msg
+}
+
+// importer resolves an import in a file of dir against dir, as Bloblang
+// does, and refuses a file outside root, the mapping file's directory: an
+// import of /proc/self/environ would fail to parse with an error quoting
+// its start. read reads the file.
+func importer(root, dir string, read func(string) ([]byte, error)) func(string) ([]byte, error) {
+	return func(name string) ([]byte, error) {
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(dir, name)
+		}
+		if !within(root, name) {
+			return nil, fmt.Errorf("import %s is outside %s: a mapping may import only files in its own directory", name, root)
+		}
+		return read(name)
+	}
+}
+
+// within reports whether path is root or lies under it, by their cleaned
+// names (a symlink inside root is followed: only who can write to root can
+// make one).
+func within(root, path string) bool {
+	rel, err := filepath.Rel(filepath.Clean(root), filepath.Clean(path))
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
 }
 
 // structuralPrefix matches the context Bloblang adds around an error raised

@@ -28,7 +28,7 @@ const maxImportDepth = 16
 //
 // The files are read again for this, so an edit made in between can make the
 // message describe the newer content; the next reload reports that anyway.
-func describeParseError(files fileReader, path, content string, perr *bloblang.ParseError) string {
+func describeParseError(files fileReader, root, path, content string, perr *bloblang.ParseError) string {
 	var importedBy []string
 	for range maxImportDepth {
 		line, col, imported, ok := locateParseError(content, perr)
@@ -43,18 +43,16 @@ func describeParseError(files fileReader, path, content string, perr *bloblang.P
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(filepath.Dir(path), name)
 		}
+		if !within(root, name) {
+			// Bloblang's own reason says the import was refused.
+			return withImporters(at+": "+reason, importedBy)
+		}
 		inner, err := files.ReadFile(name)
 		if err != nil {
 			// Bloblang's own reason says the import cannot be read.
 			return withImporters(at+": "+reason, importedBy)
 		}
-		dir := filepath.Dir(name)
-		env := bloblang.GlobalEnvironment().WithCustomImporter(func(n string) ([]byte, error) {
-			if !filepath.IsAbs(n) {
-				n = filepath.Join(dir, n)
-			}
-			return files.ReadFile(n)
-		})
+		env := mappingEnvironment().WithCustomImporter(importer(root, filepath.Dir(name), files.ReadFile))
 		var innerErr *bloblang.ParseError
 		if _, err := env.Parse(string(inner)); !errors.As(err, &innerErr) {
 			// The imported file parses on its own: the import statement is
