@@ -54,7 +54,7 @@ The path, and the paths of `+"`import`"+` statements inside the file, follow Blo
 
 A mapping file cannot read the host: it is compiled without Bloblang's functions that read the environment, files or the host (`+"`env`"+`, `+"`file`"+`, `+"`file_rel`"+`, `+"`hostname`"+`, and any other function or method Benthos marks impure, but for `+"`ts_format_platform`"+`, which reads `+"`PLATFORM_TZ`"+` only), and an `+"`import`"+` of a file outside the directory of the mapping file (or its subdirectories) is refused. Either is a compile error that says so, at start-up, in `+"`forwarder lint`"+` and on reload. The error a mapping raises ends up in the outbox row, the logs and the console, so a mapping that could call `+"`env(\"DATABASE_URL\")`"+` could put a secret there.
 
-When the mapping fails for a message, the flag carries the reason without Bloblang's structural prefixes (`+"`failed assignment (line N): `"+`, `+"`failed to process element N: `"+`, ...), so `+"`throw(\"inoutType 7 is not 0 or 1\")`"+` flags the message with exactly `+"`inoutType 7 is not 0 or 1`"+`; the full error is logged at debug level. A reason longer than 1 KiB (a type error quoting a huge value) is cut there, with a note of how many bytes were left out.
+When the mapping fails for a message, the flag carries the reason without Bloblang's structural prefixes (`+"`failed assignment (line N): `"+`, `+"`failed to process element N: `"+`, ...), so `+"`throw(\"inoutType 7 is not 0 or 1\")`"+` flags the message with exactly `+"`inoutType 7 is not 0 or 1`"+`; the full error is logged at debug level. Every value the reason quotes (the value a type error got, the text `+"`strconv`"+` could not parse) is cut to 64 bytes, and the whole reason to 1 KiB, each with a note of how many bytes were left out.
 
 == Metrics
 
@@ -197,7 +197,7 @@ func (p *mappingFileProc) ProcessBatch(_ context.Context, batch service.MessageB
 	for i, msg := range batch {
 		res, err := exec.Query(i)
 		if err != nil {
-			p.log.Debugf("mapping %s failed: %s", p.path, cutReason(err.Error()))
+			p.log.Debugf("mapping %s failed: %s", p.path, cutReason(capQuoted(err.Error())))
 			failed := msg.Copy()
 			failed.SetError(errors.New(mappingErrorReason(err)))
 			out = append(out, failed)
@@ -477,13 +477,14 @@ func within(root, path string) bool {
 var structuralPrefix = regexp.MustCompile(`^(?:failed assignment \(line \d+\): |failed to process element \d+: |map [\w-]+: |(?:if|match) expression: |failed to resolve '[^']*' value: )`)
 
 // mappingErrorReason returns the reason of a mapping error without its
-// structural prefixes, cut to maxReasonBytes.
+// structural prefixes, every quoted value in it cut to maxQuotedBytes and
+// the whole to maxReasonBytes.
 func mappingErrorReason(err error) string {
 	s := err.Error()
 	for {
 		loc := structuralPrefix.FindStringIndex(s)
 		if loc == nil || loc[1] == len(s) {
-			return cutReason(s)
+			return cutReason(capQuoted(s))
 		}
 		s = s[loc[1]:]
 	}

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 )
@@ -138,4 +140,102 @@ func oneLine(s string) string {
 		return s
 	}
 	return strings.ReplaceAll(s, "\n", `\n`)
+}
+
+// maxQuotedBytes caps a value quoted in a mapping error, as the mappings'
+// show helper does (mappings/common.blobl): a message of 16 MiB of digits
+// must not give an error of that size, in the outbox row or in the logs.
+const maxQuotedBytes = 64
+
+// typeErrorValue matches the value Benthos appends to a type error, which
+// ends the error: `expected number value, got string ("...")`. A string is
+// put between quotes as it is, unescaped, so quotes inside it would confuse
+// the search for quoted strings below.
+var typeErrorValue = regexp.MustCompile(`(?s)(got (?:string|number|bool) \()(.*)\)$`)
+
+// capQuoted cuts every value a mapping error quotes to maxQuotedBytes, with a
+// note of how much was left out: the value of a Benthos type error, and
+// every double-quoted string (strconv's errors quote the whole text they
+// could not parse: `strconv.ParseFloat: parsing "1111…": value out of
+// range`).
+func capQuoted(s string) string {
+	if m := typeErrorValue.FindStringSubmatchIndex(s); m != nil && m[5]-m[4] > maxQuotedBytes {
+		v := s[m[4]:m[5]]
+		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+			v = v[1 : len(v)-1]
+			kept := cutText(v, maxQuotedBytes, false)
+			s = s[:m[4]] + fmt.Sprintf(`"%s"... (%d more bytes)`, kept, len(v)-len(kept)) + ")"
+		} else {
+			kept := cutText(v, maxQuotedBytes, false)
+			s = s[:m[4]] + fmt.Sprintf("%s... (%d more bytes)", kept, len(v)-len(kept)) + ")"
+		}
+	}
+	var b strings.Builder
+	for {
+		open := strings.IndexByte(s, '"')
+		if open < 0 {
+			break
+		}
+		end := closingQuote(s, open)
+		if end < 0 {
+			break
+		}
+		b.WriteString(s[:open])
+		if v := s[open+1 : end]; len(v) > maxQuotedBytes {
+			kept := cutText(v, maxQuotedBytes, true)
+			fmt.Fprintf(&b, `"%s"... (%d more bytes)`, kept, len(v)-len(kept))
+		} else {
+			b.WriteString(s[open : end+1])
+		}
+		s = s[end+1:]
+	}
+	b.WriteString(s)
+	return b.String()
+}
+
+// closingQuote returns the index of the quote that closes the one at open,
+// skipping backslash escapes; -1 when there is none.
+func closingQuote(s string, open int) int {
+	for i := open + 1; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return -1
+}
+
+// cutText returns the longest prefix of s of at most n bytes that ends
+// between two characters and, when escaped, between two escape sequences
+// of a Go-quoted string (\n, \xff, \u00e9, \U0001f600, \"; a byte that is
+// not UTF-8 counts as one character).
+func cutText(s string, n int, escaped bool) string {
+	i := 0
+	for i < len(s) {
+		size := 1
+		switch {
+		case escaped && s[i] == '\\' && i+1 < len(s):
+			switch s[i+1] {
+			case 'x':
+				size = 4
+			case 'u':
+				size = 6
+			case 'U':
+				size = 10
+			case '0', '1', '2', '3', '4', '5', '6', '7':
+				size = 4
+			default:
+				size = 2
+			}
+		default:
+			_, size = utf8.DecodeRuneInString(s[i:])
+		}
+		if i+size > n {
+			break
+		}
+		i += size
+	}
+	return s[:i]
 }

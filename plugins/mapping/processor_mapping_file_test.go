@@ -453,13 +453,13 @@ func TestMappingErrorReason(t *testing.T) {
 	}
 }
 
-// A value quoted in a type error can be as long as the message: the reason
-// is cut, at a character boundary, and says how much was left out.
+// A reason can be long without quoting any value (a mapping that throws
+// many fields, or the text of a value it built): it is cut, at a character
+// boundary, and says how much was left out.
 func TestMappingErrorReasonIsCut(t *testing.T) {
 	t.Parallel()
 
-	value := strings.Repeat("é", 1<<20)
-	reason := "field `this.n`: expected number value, got string (\"" + value + "\")"
+	reason := "the event is " + strings.Repeat("é", 1<<20)
 	got := mappingErrorReason(fmt.Errorf("failed assignment (line 2): %s", reason))
 	kept, cut, ok := strings.Cut(got, "... (")
 	if !ok {
@@ -806,4 +806,62 @@ func lineContaining(t *testing.T, file, substr string) int {
 		t.Fatalf("%q not found in %s", substr, file)
 	}
 	return found
+}
+
+// TestMappingErrorQuotedValuesAreCapped checks that every value a mapping
+// error quotes is cut to maxQuotedBytes, as the mappings' show helper cuts
+// the values they name, and says how much was left out: strconv's errors
+// quote the whole text they could not parse, Benthos's type errors the whole
+// value they got, and either can be as long as the message.
+func TestMappingErrorQuotedValuesAreCapped(t *testing.T) {
+	t.Parallel()
+
+	digits := strings.Repeat("1", 2000) + "e999"
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"Strconv", `strconv.ParseFloat: parsing "` + digits + `": value out of range`,
+			`strconv.ParseFloat: parsing "` + digits[:64] + `"... (1940 more bytes): value out of range`},
+		{"TypeErrorString", "field `this.x`: expected number value, got string (\"" + strings.Repeat(`a"b`, 400) + "\")",
+			"field `this.x`: expected number value, got string (\"" + strings.Repeat(`a"b`, 21) + `a"... (1136 more bytes))`},
+		{"TypeErrorNumber", "field `this.x`: expected string value, got number (" + strings.Repeat("7", 1500) + ")",
+			"field `this.x`: expected string value, got number (" + strings.Repeat("7", 64) + "... (1436 more bytes))"},
+		{"TwoQuotedValues", `"` + strings.Repeat("x", 100) + `" and "` + strings.Repeat("y", 65) + `"`,
+			`"` + strings.Repeat("x", 64) + `"... (36 more bytes) and "` + strings.Repeat("y", 64) + `"... (1 more bytes)`},
+		{"CharactersAreNotSplit", `parsing "` + strings.Repeat("é", 100) + `"`, `parsing "` + strings.Repeat("é", 32) + `"... (136 more bytes)`},
+		{"EscapesAreNotSplit", `parsing "` + strings.Repeat("a", 62) + `\u00e9` + strings.Repeat("a", 10) + `"`,
+			`parsing "` + strings.Repeat("a", 62) + `"... (16 more bytes)`},
+		{"ShortValuesAreKept", `inoutType "1111" is not 0 or 1; parsing "x\"y": invalid syntax`, `inoutType "1111" is not 0 or 1; parsing "x\"y": invalid syntax`},
+		{"AnUnclosedQuoteIsKept", `picUrl "` + strings.Repeat("z", 100), `picUrl "` + strings.Repeat("z", 100)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := mappingErrorReason(errors.New("failed assignment (line 1): " + tc.in)); got != tc.want {
+				t.Errorf("got  %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+
+	// Through the processor: a value of 2 KiB that number() cannot parse,
+	// and one that abs() cannot take.
+	path := filepath.Join(t.TempDir(), "m.blobl")
+	writeFile(t, path, "root.n = this.s.number()\nroot.m = this.m.abs()\n")
+	p, err := newMappingFile(path, 0, osFiles{}, service.MockResources().Logger(), service.MockResources().Metrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	for _, tc := range []struct{ body, want string }{
+		{`{"s":"` + digits + `","m":1}`, `strconv.ParseFloat: parsing "` + digits[:64] + `"... (1940 more bytes): value out of range`},
+		{`{"s":"1","m":"` + strings.Repeat("m", 2048) + `"}`, `got string ("` + strings.Repeat("m", 64) + `"... (1984 more bytes))`},
+	} {
+		out, err := p.ProcessBatch(context.Background(), service.MessageBatch{service.NewMessage([]byte(tc.body))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reason := fmt.Sprint(out[0][0].GetError())
+		if !strings.HasSuffix(reason, tc.want) || len(reason) > 200 {
+			t.Errorf("flagged with %d bytes: %.300q; want at most 200 ending in %q", len(reason), reason, tc.want)
+		}
+	}
 }
