@@ -142,14 +142,9 @@ func TestChartProductionValues(t *testing.T) {
 	if c.Image != "registry.example.com/parking/forwarder:1.4.2" {
 		t.Errorf("image %q", c.Image)
 	}
-	if got := c.Resources.Limits.Memory().String(); got != "512Mi" {
-		t.Errorf("memory limit %s, want 512Mi", got)
-	}
+	checkMemory(t, c, "1536Mi", "1228MiB")
 	if got := c.Resources.Requests.Cpu().String(); got != "1" {
 		t.Errorf("cpu request %s, want 1", got)
-	}
-	if env := envValue(c, "GOMEMLIMIT"); env != "400MiB" {
-		t.Errorf("GOMEMLIMIT %q, want the value given", env)
 	}
 	if c.Env[len(c.Env)-1].Name != "POD_NAME" || c.Env[len(c.Env)-1].ValueFrom == nil {
 		t.Errorf("extraEnv not appended as EnvVar: %+v", c.Env[len(c.Env)-1])
@@ -258,6 +253,10 @@ func TestChartRefusesUnsafeValues(t *testing.T) {
 		{"UnparsableShutdown", map[string]any{"shutdownTimeout": "30 seconds"}, `shutdownTimeout "30 seconds"`},
 		{"SecretInEnv", map[string]any{"env": map[string]any{"PLATFORM_ACCESS_PWD": "x"}}, "env.PLATFORM_ACCESS_PWD: put it in the Secret"},
 		{"HTTPAddrInEnv", map[string]any{"env": map[string]any{"HTTP_ADDR": "0.0.0.0:8080"}}, "env.HTTP_ADDR is set by the chart"},
+		{"GOMEMLIMITInEnv", map[string]any{"env": map[string]any{"GOMEMLIMIT": "900MiB"}}, "env.GOMEMLIMIT is set by the chart"},
+		{"MemoryLimitInResources", map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "256Mi"}}}, "resources: leave memory out and set memory"},
+		{"MemoryRequestInResources", map[string]any{"resources": map[string]any{"requests": map[string]any{"memory": "256Mi"}}}, "resources: leave memory out and set memory"},
+		{"MemoryNotInMiOrGi", map[string]any{"memory": "1GB"}, `memory "1GB": write it in Mi or Gi`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := renderChart(t, tc.vals)

@@ -105,6 +105,32 @@ Secrets of their own, so that who may read one need not read the others.
 {{- end }}
 {{- end }}
 
+
+{{/*
+memory in MiB ("1Gi", "768Mi"): the one value the container's memory
+request and limit and GOMEMLIMIT are made from (docs/configuration.md#memory).
+*/}}
+{{- define "forwarder.memoryMiB" -}}
+{{- $m := toString .Values.memory }}
+{{- if regexMatch "^[1-9][0-9]*Mi$" $m }}
+{{- trimSuffix "Mi" $m | int }}
+{{- else if regexMatch "^[1-9][0-9]*Gi$" $m }}
+{{- mul (trimSuffix "Gi" $m | int) 1024 }}
+{{- else }}
+{{- fail (printf "memory %q: write it in Mi or Gi, like 1Gi or 768Mi" $m) }}
+{{- end }}
+{{- end }}
+
+{{/*
+GOMEMLIMIT, Go's soft memory limit: 80 % of memory, which leaves the rest
+for what the collector does not count (stacks, the runtime, fragmentation;
+docs/configuration.md#memory).
+*/}}
+{{- define "forwarder.goMemLimit" -}}
+{{- printf "%dMiB" (div (mul (include "forwarder.memoryMiB" . | int) 8) 10) }}
+{{- end }}
+
+
 {{/* The environment from the Secrets, shared by the service and the migration Job. */}}
 {{- define "forwarder.secretEnv" -}}
 {{- $ctx := .ctx }}
