@@ -19,24 +19,23 @@ import (
 // boundedDecompressor decompresses record batches to at most max bytes, with
 // the libraries franz-go's own decompressor uses, and reports every batch it
 // cannot decompress within that bound as kgo.ErrMaxDecompress, whatever the
-// reason: larger than the bound, a zstd frame whose window is larger than the
-// bound (and than zstdWindow), or bytes that are not valid data of their
-// codec. franz-go then stops
-// the partition at the batch and tells us its offsets
-// (kgo.ErrDecompressTooLarge), so that the poll loop skips it and a FAILED row
-// accounts for it (docs/guarantees.md #16).
+// reason: larger than the bound, a zstd frame whose window is wider than the
+// bound (and than zstdWindow), or bytes that are not valid for their codec.
+// franz-go then stops the partition at the batch and tells us its offsets
+// (kgo.ErrDecompressTooLarge), so that the poll loop skips it and a FAILED
+// row accounts for it (docs/guarantees.md #16).
 //
 // franz-go's own decompressor, bounded by kgo.MaxDecompressBatchBytes, does
-// that for batches that are too large only: the zstd decoder refuses a frame
+// that only for batches that are too large: the zstd decoder refuses a frame
 // whose window exceeds the bound with zstd.ErrWindowSizeExceeded, which
-// franz-go (v1.22.3, compression.go, decompressZstd) passes on as an
-// ordinary decompression error, and such an error makes it fetch the same
-// batch again, about every 10 ms, forever. librdkafka's zstd frames declare
-// windows of a few MiB, so with a small max_message_bytes any batch of its
-// would stall the partition (TestInputKcatDecompressionBomb found that); a
-// frame compressed at an --ultra level, or a crafted frame header, would with
-// any bound. The batch's CRC is checked before it is
-// decompressed, so a batch that does not decompress never will.
+// franz-go (v1.22.3, compression.go, decompressZstd) passes on as an ordinary
+// decompression error, and on such an error it fetches the same batch again,
+// about every 10 ms, forever. librdkafka's zstd frames declare windows of a
+// few MiB, so with a small max_message_bytes every batch of theirs would
+// stall its partition (TestInputKcatDecompressionBomb found that); a frame
+// compressed at an --ultra level, or a crafted frame header, would with any
+// bound. The batch's CRC is checked before it is decompressed, so a batch
+// that does not decompress never will.
 type boundedDecompressor struct {
 	max  int
 	log  *service.Logger

@@ -87,9 +87,9 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 			f.polls++
 		}
 		f.mu.Unlock()
-		// franz-go stops fetching a partition at a batch it refused to
-		// decompress until we move its cursor past the batch, which
-		// must happen before a rebalance can revoke the partition.
+		// franz-go stops fetching a partition at a batch the decompressor
+		// refused until we move its cursor past the batch, which must
+		// happen before a rebalance can revoke the partition.
 		cl.SetOffsets(skips)
 		cl.AllowRebalance()
 		if got > 0 {

@@ -22,7 +22,7 @@ import (
 // (docs/guarantees.md #16). No message carries more than 1 MiB: the bomb
 // becomes one empty message at its offset whose kafka_oversize names the
 // bound, the 2 MiB record an empty one naming its size; every ordinary
-// message arrives intact, and the group's offset reaches the end of the
+// message, and one of exactly 1 MiB, arrives intact, and the group's offset reaches the end of the
 // partition: the partition never stalls on the bomb.
 func TestInputDecompressionBomb(t *testing.T) {
 	t.Parallel()
@@ -73,6 +73,10 @@ func TestInputDecompressionBomb(t *testing.T) {
 			produce(bomb)
 			large := &kgo.Record{Topic: topic, Value: bytes.Repeat([]byte{'L'}, largeSize)}
 			produce(large)
+			// The largest record delivered whole: exactly max_message_bytes.
+			atLimit := &kgo.Record{Topic: topic, Value: bytes.Repeat([]byte{'A'}, maxMessage)}
+			produce(atLimit)
+			ordinary[atLimit.Offset] = atLimit.Value
 			produceOrdinary(20)
 			total := len(ordinary) + 2
 
