@@ -142,7 +142,7 @@ func TestChartProductionValues(t *testing.T) {
 	if c.Image != "registry.example.com/parking/forwarder:1.4.2" {
 		t.Errorf("image %q", c.Image)
 	}
-	checkMemory(t, c, "1536Mi", "1228MiB")
+	checkMemory(t, c, "1536Mi", "1075MiB")
 	if got := c.Resources.Requests.Cpu().String(); got != "1" {
 		t.Errorf("cpu request %s, want 1", got)
 	}

@@ -26,18 +26,25 @@ import (
 // over at once: gigabytes.
 const memoryBound = 1 << 30
 
+// chartGoMemLimit is the GOMEMLIMIT the Helm chart sets by default (70 % of
+// its memory, 1Gi; deploy/validate checks that they agree). The memory tests
+// run with it: the collector then lets the heap grow further than with the
+// binary's own 100MiB, so the peak is the one a pod of the chart reaches.
+const chartGoMemLimit = "716MiB"
+
 // TestMemoryBoundedByBytes streams 30 messages of 16 MiB through the
 // forwarder while the platform hangs, so that they all reach PostgreSQL
 // while the dispatcher holds what its byte budget allows and requests wait
 // at the platform, then lets the platform answer until everything is
 // delivered. The forwarder's peak resident size (VmHWM, the kernel's
-// high-water mark) must stay under memoryBound.
+// high-water mark) must stay under memoryBound, with the chart's GOMEMLIMIT.
 func TestMemoryBoundedByBytes(t *testing.T) {
 	s := newStack(t, stackOptions{env: map[string]string{
 		// A 16 MiB request takes a moment on a loaded machine.
 		"FORWARD_TIMEOUT": "10s",
 		"CLAIM_LEASE":     "30s",
 		"LOG_LEVEL":       "WARN",
+		"GOMEMLIMIT":      chartGoMemLimit,
 	}})
 	const n = 30
 	s.platform.Hang()
@@ -87,17 +94,17 @@ func TestMemoryBoundedByBytes(t *testing.T) {
 // TestDecompressionBomb writes two record batches of about a MiB or less
 // holding 1000 MiB of zeros each, compressed with zstd and with gzip by
 // franz-go's producer, to two partitions, then 300 ordinary messages over
-// every partition, and runs the forwarder with the shipped pipeline and its
-// defaults (docs/guarantees.md #16). The ordinary messages are all
-// delivered, each bomb is one FAILED row under its fallback key with no
-// payload and a reason naming the bound, and the forwarder's peak resident
-// size stays under 1 GiB: no bomb was decompressed past 64 MiB, four times
-// the 16 MiB message limit. Before the bound, franz-go's 1 GiB default let
-// each bomb through whole: the forwarder held gigabytes, and its insert of
-// a 1000 MiB payload timed out and was retried forever, so nothing behind
-// the bombs was consumed.
+// every partition, and runs the forwarder with the shipped pipeline, its
+// defaults and the chart's GOMEMLIMIT (docs/guarantees.md #16). The
+// ordinary messages are all delivered, each bomb is one FAILED row under
+// its fallback key with no payload and a reason naming the bound, and the
+// forwarder's peak resident size stays under 1 GiB: no bomb was
+// decompressed past 64 MiB, four times the 16 MiB message limit. Before the
+// bound, franz-go's 1 GiB default let each bomb through whole: the
+// forwarder held gigabytes, and its insert of a 1000 MiB payload timed out
+// and was retried forever, so nothing behind the bombs was consumed.
 func TestDecompressionBomb(t *testing.T) {
-	s := newStack(t, stackOptions{env: map[string]string{"LOG_LEVEL": "WARN"}})
+	s := newStack(t, stackOptions{env: map[string]string{"LOG_LEVEL": "WARN", "GOMEMLIMIT": chartGoMemLimit}})
 	const bombSize = 1000 << 20
 	for partition, codec := range []kgo.CompressionCodec{kgo.ZstdCompression().WithLevel(1), kgo.GzipCompression().WithLevel(1)} {
 		producer := s.kafka.CompressingProducer(t, codec, bombSize)
