@@ -373,6 +373,37 @@ func TestConsole(t *testing.T) {
 		}
 	})
 
+	// paused_until keeps the end of the last Retry-After pause ('epoch'
+	// when there never was one): the overview shows a pause only while one
+	// is in force, on the database clock.
+	t.Run("PauseShownOnlyWhileInForce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(t, console.Config{})
+		setPause := func(sql string) {
+			t.Helper()
+			if _, err := b.pool.Exec(context.Background(), "UPDATE forward_platform_state SET paused_until = "+sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if body := strings.ToLower(c.get("/")); strings.Contains(body, "paused") || strings.Contains(body, "1970") {
+			t.Errorf("never paused ('epoch'), yet the overview says:\n%s", body)
+		}
+		setPause("now() - interval '1 minute'")
+		if body := strings.ToLower(c.get("/")); strings.Contains(body, "paused") {
+			t.Errorf("a pause that ended a minute ago is shown:\n%s", body)
+		}
+		setPause("now() + interval '10 minutes'")
+		var until time.Time
+		if err := b.pool.QueryRow(context.Background(), "SELECT paused_until FROM forward_platform_state").Scan(&until); err != nil {
+			t.Fatal(err)
+		}
+		want := `id="paused">Sending paused (Retry-After) until ` + until.UTC().Format("2006-01-02 15:04:05Z")
+		if body := c.get("/"); !strings.Contains(body, want) {
+			t.Errorf("a pause in force for 10 more minutes is not shown (want %q):\n%s", want, body)
+		}
+	})
+
 	t.Run("Errors", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

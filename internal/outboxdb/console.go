@@ -34,8 +34,8 @@ type PlatformView struct {
 	ChangedBy   *string
 	Reason      *string
 	NextProbeAt *time.Time
-	// PausedUntil is in the past (or -infinity) unless a Retry-After pause
-	// is running.
+	// PausedUntil is set only while a Retry-After pause is in force (the
+	// column holds its last end, 'epoch' when there never was one).
 	PausedUntil *time.Time
 }
 
@@ -63,8 +63,9 @@ func ReadSharedState(ctx context.Context, q Querier) (SharedState, error) {
 	if breaker != nil {
 		s.Platform.Breaker = *breaker
 	}
-	// -infinity (the default): never paused.
-	if paused.Valid && paused.InfinityModifier == pgtype.Finite {
+	// A pause that ended (or the 'epoch' of one that never began) is not
+	// one: only a pause still in force on the database clock is reported.
+	if paused.Valid && paused.InfinityModifier == pgtype.Finite && paused.Time.After(s.Now) {
 		s.Platform.PausedUntil = &paused.Time
 	}
 	return s, nil
