@@ -49,6 +49,9 @@ func TestVarCheck(t *testing.T) {
 		{"DATABASE_URL", "postgres://u:p@db:5432/x?sslmode=verify-full", ""},
 		{"DATABASE_URL", "host=db dbname=x sslmode=verify-full", ""},
 		{"DATABASE_URL", "postgres://u:Hunter2@db:port/x", "DATABASE_URL: not a PostgreSQL connection string"},
+		// The raw @ would make "ss@db" the host, and errors name the host.
+		{"DATABASE_URL", "postgres://u:p@ss@db/x", "DATABASE_URL: the host holds an @: a password with @ in a URL must be percent-encoded"},
+		{"DATABASE_URL", "postgres://u:p%40ss@db/x", ""},
 		{"PLATFORM_ACCESS_PWD", "anything at all", ""},
 	} {
 		v, ok := Lookup(tc.name)

@@ -226,12 +226,33 @@ func (v Var) problem(value string) string {
 	case PostgresDSN:
 		// pgconn's error quotes the string, password and all: only say
 		// which form was expected.
-		if _, err := pgconn.ParseConfig(value); err != nil {
+		cfg, err := pgconn.ParseConfig(value)
+		if err != nil {
 			return "not a PostgreSQL connection string: a URL such as postgres://user:password@host:5432/forwarder " +
 				"(percent-encode @ : / ? # % in the password) or key=value pairs such as host=db dbname=forwarder"
 		}
+		// An @ left raw in a URL's password splits it at the first @: the
+		// rest of the password becomes the host, and every connection
+		// error would print it.
+		if hostHasAt(cfg) {
+			return "the host holds an @: a password with @ in a URL must be percent-encoded (@ as %40), " +
+				"e.g. postgres://user:p%40ss@host:5432/forwarder"
+		}
 	}
 	return ""
+}
+
+// hostHasAt reports whether a host of cfg (fallbacks included) holds an @.
+func hostHasAt(cfg *pgconn.Config) bool {
+	if strings.Contains(cfg.Host, "@") {
+		return true
+	}
+	for _, f := range cfg.Fallbacks {
+		if strings.Contains(f.Host, "@") {
+			return true
+		}
+	}
+	return false
 }
 
 func checkHostPort(s string) error {

@@ -20,13 +20,13 @@ import (
 const envConsoleURL = "CONSOLE_DATABASE_URL"
 
 // consoleURL is the subcommand's --database-url, else CONSOLE_DATABASE_URL,
-// else the outbox command's URL.
-func consoleURL(c *cli.Context) string {
+// else the outbox command's database; source names which, as databaseURL's.
+func consoleURL(c *cli.Context) (dsn, source string) {
 	if v := c.String(flagDatabaseURL); v != "" {
-		return v
+		return v, "--" + flagDatabaseURL
 	}
 	if v := os.Getenv(envConsoleURL); v != "" {
-		return v
+		return v, envConsoleURL
 	}
 	return databaseURL(c)
 }
@@ -80,7 +80,8 @@ actions serves the console read-only.`,
 			}
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withPoolURL(c, consoleURL(c), func(_ context.Context, pool *pgxpool.Pool) error {
+			dsn, source := consoleURL(c)
+			return withPoolURL(c, dsn, source, func(_ context.Context, pool *pgxpool.Pool) error {
 				if v, err := outboxdb.SchemaVersion(ctx, pool); err != nil {
 					return err
 				} else if v < outboxdb.LatestVersion() {

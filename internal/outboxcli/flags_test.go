@@ -52,9 +52,60 @@ func TestDatabaseURLFlag(t *testing.T) {
 		}
 	})
 	t.Run("WithoutTheFlagDATABASE_URLApplies", func(t *testing.T) {
-		_, err := runArgs(t, "outbox", "stats")
+		out, err := runArgs(t, "outbox", "stats")
 		if err == nil {
 			t.Fatal("outbox stats with DATABASE_URL unreachable succeeded: it did not use DATABASE_URL")
 		}
+		if !strings.Contains(err.Error(), "127.0.0.1:1/none") || !strings.Contains(err.Error(), "(database from DATABASE_URL)") {
+			t.Errorf("the error does not say which database, from where: %v\n%s", err, out)
+		}
 	})
+}
+
+// TestDatabaseURLChecked: the operator commands check DATABASE_URL (and
+// --database-url) as the service's start-up does, naming the variable and
+// the expected form and never printing the value; without either they say
+// that the default was tried because DATABASE_URL is not set.
+func TestDatabaseURLChecked(t *testing.T) {
+	// Not parallel: t.Setenv.
+	const secret = "S3cret:pw"
+	for _, c := range []struct {
+		name, env string
+		args      []string
+		want      []string
+	}{
+		{name: "MalformedVariable", env: "postgres://forwarder:" + secret + "@db:port/forwarder",
+			args: []string{"outbox", "stats"},
+			want: []string{"outbox stats: DATABASE_URL: not a PostgreSQL connection string", "postgres://user:password@host:5432/forwarder", "not shown"}},
+		{name: "MalformedKeyValue", env: "host=db password=" + secret + " port=abc",
+			args: []string{"outbox", "find", "--plate", "x"},
+			want: []string{"outbox find: DATABASE_URL: not a PostgreSQL connection string", "key=value pairs"}},
+		{name: "MalformedFlag", env: "",
+			args: []string{"outbox", "requeue", "--dry-run", "--database-url", "postgres://u:" + secret + "@db:port/x"},
+			want: []string{"outbox requeue: --database-url: not a PostgreSQL connection string"}},
+		{name: "Unset", env: "",
+			args: []string{"outbox", "stats"},
+			want: []string{"outbox stats: DATABASE_URL is not set (nor --database-url), so the default postgres://localhost:5432/forwarder was tried",
+				"set DATABASE_URL to the outbox database, e.g. postgres://user:password@host:5432/forwarder"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("DATABASE_URL", c.env)
+			// Unset: the default localhost:5432 is tried. Were a server to
+			// answer there (a developer's own), stats only reads, and the
+			// test fails for having succeeded.
+			t.Setenv("PGCONNECT_TIMEOUT", "2")
+			out, err := runArgs(t, c.args...)
+			if err == nil {
+				t.Fatalf("%v succeeded:\n%s", c.args, out)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%v: %q lacks %q", c.args, err, w)
+				}
+			}
+			if strings.Contains(err.Error()+out, secret) {
+				t.Errorf("%v: the error shows the password: %v", c.args, err)
+			}
+		})
+	}
 }

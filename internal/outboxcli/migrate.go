@@ -50,23 +50,31 @@ instances, and changes nothing.`,
 }
 
 // migrateURL is the subcommand's --database-url, else DATABASE_MIGRATE_URL,
-// else DATABASE_DIRECT_URL, else the outbox command's URL.
+// else DATABASE_DIRECT_URL, else the outbox command's database; source
+// names which, as databaseURL's ("" for the default).
 func migrateURL(c *cli.Context) (dsn, source string) {
 	if v := c.String(flagDatabaseURL); v != "" {
-		return v, "--database-url"
+		return v, "--" + flagDatabaseURL
 	}
 	for _, name := range []string{envMigrateURL, envDirectURL} {
 		if v := os.Getenv(name); v != "" {
 			return v, name
 		}
 	}
-	return databaseURL(c), "DATABASE_URL"
+	return databaseURL(c)
 }
 
 func runMigrate(c *cli.Context) error {
 	ctx := c.Context
 	out := c.App.Writer
 	dsn, source := migrateURL(c)
+	// Checked as the service's start-up and the other commands check it.
+	if err := checkDatabaseURL(dsn, source); err != nil {
+		return cli.Exit("outbox migrate: "+err.Error(), 2)
+	}
+	if source == "" {
+		source = fmt.Sprintf("the default, as none of %s, %s, %s is set", envMigrateURL, envDirectURL, envDatabaseURL)
+	}
 	fail := func(format string, args ...any) error {
 		return cli.Exit("outbox migrate: "+fmt.Sprintf(format, args...), 1)
 	}

@@ -6,17 +6,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
 	"github.com/forwarder/forwarder/internal/console"
+	"github.com/forwarder/forwarder/internal/envcheck"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 const (
 	defaultDatabaseURL = "postgres://localhost:5432/forwarder"
 	flagDatabaseURL    = "database-url"
+	envDatabaseURL     = "DATABASE_URL"
 )
 
 // Command returns the `outbox` command tree.
@@ -25,11 +28,12 @@ func Command() *cli.Command {
 		Name:  "outbox",
 		Usage: "Manage the PostgreSQL outbox (DATABASE_URL)",
 		Flags: []cli.Flag{
+			// DATABASE_URL is read by databaseURL() rather than through the
+			// flag's EnvVars, so that a message can say which of the two,
+			// or the default, it was.
 			&cli.StringFlag{
-				Name:    flagDatabaseURL,
-				Usage:   "PostgreSQL URL or key=value string",
-				EnvVars: []string{"DATABASE_URL"},
-				Value:   defaultDatabaseURL,
+				Name:  flagDatabaseURL,
+				Usage: "PostgreSQL URL or key=value string (default: $" + envDatabaseURL + ", else " + defaultDatabaseURL + ")",
 			},
 		},
 		Subcommands: []*cli.Command{
@@ -51,21 +55,36 @@ func Command() *cli.Command {
 	for _, sub := range cmd.Subcommands {
 		sub.Flags = append(sub.Flags, &cli.StringFlag{
 			Name:  flagDatabaseURL,
-			Usage: "PostgreSQL URL or key=value string (default: $DATABASE_URL, else " + defaultDatabaseURL + ")",
+			Usage: "PostgreSQL URL or key=value string (default: $" + envDatabaseURL + ", else " + defaultDatabaseURL + ")",
 		})
 	}
 	return cmd
 }
 
-// databaseURL is the subcommand's --database-url when given, else the outbox
-// command's (flag, DATABASE_URL or the default).
-func databaseURL(c *cli.Context) string {
+// databaseURL is where a command connects: the subcommand's --database-url
+// when given, else the outbox command's, else DATABASE_URL, else the
+// default; source names which, for messages.
+func databaseURL(c *cli.Context) (dsn, source string) {
 	for _, ctx := range c.Lineage() {
 		if v := ctx.String(flagDatabaseURL); v != "" {
-			return v
+			return v, "--" + flagDatabaseURL
 		}
 	}
-	return defaultDatabaseURL
+	if v := os.Getenv(envDatabaseURL); v != "" {
+		return v, envDatabaseURL
+	}
+	return defaultDatabaseURL, ""
+}
+
+// checkDatabaseURL checks dsn as the service's start-up does (internal/envcheck),
+// so a malformed value is reported by the variable or flag that holds it,
+// with the form expected and never the value (it may hold a password).
+func checkDatabaseURL(dsn, source string) error {
+	v, _ := envcheck.Lookup(envDatabaseURL)
+	if source != "" {
+		v.Name = source
+	}
+	return v.Check(dsn)
 }
 
 // withPool opens DATABASE_URL for one command. Errors exit non-zero with a
@@ -73,14 +92,29 @@ func databaseURL(c *cli.Context) string {
 // statements are sent as a transaction pooler can carry them
 // (outboxdb.PoolConfig.Pooled), so DATABASE_URL may lead to PgBouncer.
 func withPool(c *cli.Context, fn func(ctx context.Context, pool *pgxpool.Pool) error) error {
-	return withPoolURL(c, databaseURL(c), fn)
+	dsn, source := databaseURL(c)
+	return withPoolURL(c, dsn, source, fn)
 }
 
-func withPoolURL(c *cli.Context, dsn string, fn func(ctx context.Context, pool *pgxpool.Pool) error) error {
+// withPoolURL opens dsn, which came from source (a flag or variable, "" for
+// the default), after checking it as the service's start-up does.
+//
+// With neither --database-url nor DATABASE_URL the default is tried, and a
+// failure says so: "connection refused" alone would not tell that the
+// variable was never set.
+func withPoolURL(c *cli.Context, dsn, source string, fn func(ctx context.Context, pool *pgxpool.Pool) error) error {
 	ctx := c.Context
+	if err := checkDatabaseURL(dsn, source); err != nil {
+		return cli.Exit(fmt.Sprintf("outbox %s: %v", c.Command.Name, err), 2)
+	}
 	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{MaxConns: 4, ApplicationName: "forwarder-outbox-cli", Pooled: true})
 	if err != nil {
-		return cli.Exit(err.Error(), 1)
+		if source == "" {
+			return cli.Exit(fmt.Sprintf("outbox %s: %s is not set (nor --%s), so the default %s was tried: %v; "+
+				"set %s to the outbox database, e.g. postgres://user:password@host:5432/forwarder",
+				c.Command.Name, envDatabaseURL, flagDatabaseURL, defaultDatabaseURL, err, envDatabaseURL), 1)
+		}
+		return cli.Exit(fmt.Sprintf("outbox %s: %v (database from %s)", c.Command.Name, err, source), 1)
 	}
 	defer pool.Close()
 	if err := fn(ctx, pool); err != nil {
