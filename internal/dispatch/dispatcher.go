@@ -199,7 +199,7 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 		return service.ErrEndOfInput
 	}
 	if pool != nil {
-		return Recheck(ctx, pool)
+		return d.hub.Recheck(ctx, pool)
 	}
 	pool, err := d.hub.Open(ctx)
 	if err != nil {

@@ -33,6 +33,12 @@ type Hub struct {
 	// direct is DATABASE_DIRECT_URL's connection settings, nil without it.
 	direct *pgx.ConnConfig
 
+	// log, outage and the retry delays pace and report the waits for an
+	// unreachable database (connwait.go).
+	log                    *service.Logger
+	outage                 outage
+	retryInitial, retryMax time.Duration
+
 	mu         sync.Mutex
 	pool       *pgxpool.Pool
 	users      int
@@ -85,7 +91,8 @@ func HubWithDirect(res *service.Resources, dsn, directDSN string) (*Hub, error) 
 		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
 	cc := pcfg.ConnConfig
-	h := &Hub{Database: outboxdb.Redact(cc.Host, cc.Port, cc.Database), pcfg: pcfg}
+	h := &Hub{Database: outboxdb.Redact(cc.Host, cc.Port, cc.Database), pcfg: pcfg,
+		log: res.Logger(), retryInitial: connectRetryInitial, retryMax: connectRetryMax}
 	if directDSN != "" {
 		dcfg, err := outboxdb.ParsePoolConfig(directDSN, outboxdb.PoolConfig{ApplicationName: outboxdb.ServiceApplicationName})
 		if err != nil {
@@ -129,12 +136,14 @@ func (h *Hub) Retain() (*pgxpool.Pool, error) {
 
 // Open retains the stream's pool (as Retain) and creates or upgrades the
 // schema; on error nothing is retained. Components call it from Connect.
+// While the database cannot be reached it waits, retrying with backoff
+// (waitFor), until it can or ctx ends.
 func (h *Hub) Open(ctx context.Context) (*pgxpool.Pool, error) {
 	pool, err := h.Retain()
 	if err != nil {
 		return nil, err
 	}
-	if err := h.EnsureSchema(ctx, pool); err != nil {
+	if err := h.waitFor(ctx, func(ctx context.Context) error { return h.EnsureSchema(ctx, pool) }); err != nil {
 		h.Release()
 		return nil, err
 	}
@@ -150,15 +159,6 @@ func (h *Hub) EnsureSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		session = h.direct.Copy()
 	}
 	return outboxdb.EnsureSchema(ctx, pool, session)
-}
-
-// Recheck is what Connect does when called again after a lost connection
-// on a pool it already holds: it only checks that the database is back.
-func Recheck(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("reconnecting to the outbox database: %w", err)
-	}
-	return nil
 }
 
 // Release drops one user of the pool; the last one closes it.

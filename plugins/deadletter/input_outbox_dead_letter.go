@@ -152,7 +152,7 @@ func (in *deadLetter) Connect(ctx context.Context) error {
 		return service.ErrEndOfInput
 	}
 	if pool != nil {
-		return dispatch.Recheck(ctx, pool)
+		return in.hub.Recheck(ctx, pool)
 	}
 	pool, err := in.hub.Open(ctx)
 	if err != nil {

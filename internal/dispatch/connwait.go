@@ -1,0 +1,148 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// How Connect waits for an unreachable outbox database: attempts spaced by a
+// delay that doubles from connectRetryInitial up to connectRetryMax. Each
+// attempt is bounded by the pool's connect timeout (10 s unless the DSN
+// sets connect_timeout).
+const (
+	connectRetryInitial = time.Second
+	connectRetryMax     = 30 * time.Second
+	// outageLogEvery is how often a wait that goes on is logged again.
+	outageLogEvery = 5 * time.Minute
+)
+
+// connectDelay is the wait after the n-th failed attempt (n ≥ 1).
+func connectDelay(n int, initial, limit time.Duration) time.Duration {
+	d := initial
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// outage is what a hub knows of its database being unreachable, shared by
+// the components that wait for it, so that one wait is logged once (and
+// again every outageLogEvery), not once per component and attempt.
+type outage struct {
+	mu       sync.Mutex
+	since    time.Time // zero: reachable
+	attempts int
+	logged   time.Time
+}
+
+// failed records a failed attempt of h's and logs it when it starts an
+// outage or when the last line about it is outageLogEvery old; the other
+// attempts go to debug. (Their errors differ in little but the client's
+// port, so a changed reason is not a reason to log.)
+func (o *outage) failed(h *Hub, err error, next time.Duration) {
+	why := oneLine(err)
+	log, database := h.log, h.Database
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
+	o.attempts++
+	switch {
+	case o.since.IsZero():
+		o.since, o.logged = now, now
+		log.Warnf("Waiting for the outbox database %s: %s; nothing is claimed, sent or persisted until it answers. "+
+			"Retrying with backoff (%v, doubling up to %v), logged again every %v while it lasts",
+			database, why, h.retryInitial, h.retryMax, outageLogEvery)
+	case now.Sub(o.logged) >= outageLogEvery:
+		o.logged = now
+		log.Warnf("Still waiting for the outbox database %s after %s and %d attempts (next in %v): %s",
+			database, now.Sub(o.since).Round(time.Second), o.attempts, next, why)
+	default:
+		log.Debugf("Outbox database %s still unreachable (attempt %d, next in %v): %s", database, o.attempts, next, why)
+	}
+}
+
+// recovered logs the end of an outage, once.
+func (o *outage) recovered(log *service.Logger, database string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since.IsZero() {
+		return
+	}
+	log.Infof("The outbox database %s answers again, after %s and %d failed attempts", database,
+		time.Since(o.since).Round(time.Second), o.attempts)
+	o.since, o.attempts = time.Time{}, 0
+}
+
+// oneLine is an error on one line: pgx lists one line per address tried
+// (twice the same with sslmode=prefer), which a log line keeps once each.
+func oneLine(err error) string {
+	var b strings.Builder
+	prev := ""
+	for i, line := range strings.Split(err.Error(), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line == prev {
+			continue
+		}
+		if i > 0 && b.Len() > 0 && !strings.HasSuffix(b.String(), ":") {
+			b.WriteString(";")
+		}
+		if b.Len() > 0 {
+			b.WriteString(" ")
+		}
+		b.WriteString(line)
+		prev = line
+	}
+	return b.String()
+}
+
+// waitFor runs attempt until it succeeds, backing off between failures, and
+// returns nil then, or ctx's error once ctx ends (shutdown). Benthos calls a
+// component's Connect again after every error, logging "Failed to connect"
+// each time, about once a second forever: waiting here instead says once
+// what is awaited and keeps the attempts spaced.
+func (h *Hub) waitFor(ctx context.Context, attempt func(context.Context) error) error {
+	for n := 1; ; n++ {
+		err := attempt(ctx)
+		if err == nil {
+			h.outage.recovered(h.log, h.Database)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, outboxdb.ErrSchemaTooNew) {
+			// Waiting would not help: this binary is too old for the schema.
+			return err
+		}
+		delay := connectDelay(n, h.retryInitial, h.retryMax)
+		h.outage.failed(h, err, delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// Recheck is what Connect does when called again after a lost connection
+// on a pool it already holds: it waits, as Open does, until the database
+// answers again.
+func (h *Hub) Recheck(ctx context.Context, pool *pgxpool.Pool) error {
+	return h.waitFor(ctx, func(ctx context.Context) error {
+		if err := pool.Ping(ctx); err != nil {
+			return fmt.Errorf("reconnecting: %w", err)
+		}
+		return nil
+	})
+}

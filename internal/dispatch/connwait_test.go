@@ -1,0 +1,204 @@
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+func TestConnectDelay(t *testing.T) {
+	t.Parallel()
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second}
+	for i, w := range want {
+		if got := connectDelay(i+1, connectRetryInitial, connectRetryMax); got != w {
+			t.Errorf("delay after attempt %d: %v, want %v", i+1, got, w)
+		}
+	}
+	if got := connectDelay(1000, connectRetryInitial, connectRetryMax); got != connectRetryMax {
+		t.Errorf("delay after attempt 1000: %v, want the cap %v", got, connectRetryMax)
+	}
+}
+
+// gatedProxy forwards TCP connections to target while open; while closed it
+// accepts and hangs up at once, as a database that is down does.
+type gatedProxy struct {
+	addr   string
+	open   atomic.Bool
+	dials  atomic.Int64
+	closed chan struct{}
+}
+
+func newGatedProxy(t *testing.T, target string) *gatedProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &gatedProxy{addr: l.Addr().String(), closed: make(chan struct{})}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); close(p.closed); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.dials.Add(1)
+			if !p.open.Load() {
+				c.Close()
+				continue
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(up, c); up.Close() }()
+			go func() { defer wg.Done(); _, _ = io.Copy(c, up); c.Close() }()
+			go func() { <-p.closed; c.Close(); up.Close() }()
+		}
+	}()
+	return p
+}
+
+// syncBuffer is a log sink written from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestOpenWaitsForTheDatabase: while the database does not answer, Open
+// keeps trying with backoff instead of failing (the engine would call it
+// again once a second, logging each failure), says once what it waits
+// for, and returns the pool once the database answers, saying so; a
+// shutdown ends the wait at once.
+func TestOpenWaitsForTheDatabase(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newGatedProxy(t, u.Host)
+	u.Host = proxy.addr
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	u.RawQuery = q.Encode()
+
+	var logs syncBuffer
+	h, err := NewHub(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.log = service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	h.retryInitial, h.retryMax = 20*time.Millisecond, 80*time.Millisecond
+
+	type result struct {
+		err error
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan result, 1)
+	go func() {
+		pool, err := h.Open(ctx)
+		if err == nil {
+			h.Release()
+			_ = pool
+		}
+		done <- result{err}
+	}()
+
+	// Down: Open keeps trying, and logs the wait once.
+	for proxy.dials.Load() < 10 {
+		select {
+		case r := <-done:
+			t.Fatalf("Open returned %v while the database was down: it must wait", r.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	out := logs.String()
+	if n := strings.Count(out, "Waiting for the outbox database "+h.Database); n != 1 {
+		t.Errorf("after %d attempts the wait is logged %d times, want once:\n%s", proxy.dials.Load(), n, out)
+	}
+	if strings.Count(out, "\n") != 1 {
+		t.Errorf("more than the one line about the wait at INFO and above:\n%s", out)
+	}
+
+	// Up: Open returns the pool, and says the wait is over.
+	proxy.open.Store(true)
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatalf("Open after the database came back: %v", r.err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Open did not return once the database answered")
+	}
+	if !strings.Contains(logs.String(), "The outbox database "+h.Database+" answers again") {
+		t.Errorf("the end of the wait is not logged:\n%s", logs.String())
+	}
+
+	// A lost connection: Recheck waits the same way, and a shutdown ends
+	// the wait at once with the context's error.
+	proxy.open.Store(false)
+	pool, err := h.Retain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	sctx, stop := context.WithCancel(context.Background())
+	go func() { done <- result{h.Recheck(sctx, pool)} }()
+	for seen := proxy.dials.Load(); proxy.dials.Load() < seen+3; {
+		select {
+		case r := <-done:
+			t.Fatalf("Recheck returned %v while the database was down: it must wait", r.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	stop()
+	select {
+	case r := <-done:
+		if !errors.Is(r.err, context.Canceled) {
+			t.Errorf("Recheck cancelled while waiting: %v, want context.Canceled", r.err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Recheck did not return when its context was cancelled")
+	}
+}
+
+func TestOneLine(t *testing.T) {
+	t.Parallel()
+	err := errors.New("migrating: failed to connect to `user=u database=x`:\n\t127.0.0.1:1 (127.0.0.1): dial error: refused\n\t127.0.0.1:1 (127.0.0.1): dial error: refused\n\t[::1]:1 (::1): dial error: refused")
+	want := "migrating: failed to connect to `user=u database=x`: 127.0.0.1:1 (127.0.0.1): dial error: refused; [::1]:1 (::1): dial error: refused"
+	if got := oneLine(err); got != want {
+		t.Errorf("oneLine:\n got %q\nwant %q", got, want)
+	}
+}
