@@ -18,6 +18,7 @@ import (
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/shutdownlog"
 )
 
 const (
@@ -263,6 +264,11 @@ type outboxRetry struct {
 
 	mu      sync.Mutex
 	cleaner *retention
+
+	// shutdown says, from the moment the engine stops reading until Close,
+	// how many rows handed out are still in flight: the engine waits for
+	// their acknowledgement before it closes anything.
+	shutdown *shutdownlog.Watch
 }
 
 func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources) (*outboxRetry, error) {
@@ -373,7 +379,27 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		return nil, err
 	}
 	in.hub = hub
+	in.shutdown = shutdownlog.New(in.log, shutdownlog.Interval, in.inFlight)
 	return in, nil
+}
+
+// inFlight describes the rows handed to the pipeline and not settled yet,
+// "" when there are none.
+func (in *outboxRetry) inFlight() string {
+	l := in.d.Ledger()
+	n := l.Held() - l.Queued()
+	if n <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d %s handed out by the dispatcher to be mapped, sent to the platform and recorded "+
+		"(no new claims; unsent claims are given back once they are done)", n, plural(n, "row", "rows"))
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // Connect connects the dispatcher; the first time, it also starts the
@@ -396,6 +422,10 @@ func (in *outboxRetry) Connect(ctx context.Context) error {
 func (in *outboxRetry) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
 	rows, err := in.d.Next(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The engine stops reading: shutdown has begun.
+			in.shutdown.Start()
+		}
 		return nil, nil, err
 	}
 	refs := make([]outboxdb.ClaimRef, len(rows))
@@ -422,6 +452,7 @@ func newMessage(r outboxdb.ClaimedRow) *service.Message {
 // Close stops the cleaner and closes the dispatcher, which gives back
 // every claim still held.
 func (in *outboxRetry) Close(ctx context.Context) error {
+	in.shutdown.Stop()
 	in.mu.Lock()
 	cleaner := in.cleaner
 	in.mu.Unlock()

@@ -8,10 +8,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/shutdownlog"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -227,6 +229,11 @@ type franzInput struct {
 	// to close it once the reader is done.
 	readerMu sync.Mutex
 	batcher  *policyBatcher // nil without a batching policy
+
+	// unacked counts the records handed to the pipeline whose ack has not
+	// come yet; shutdown reports them while the engine waits for them.
+	unacked  atomic.Int64
+	shutdown *shutdownlog.Watch
 }
 
 func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources) (*franzInput, error) {
@@ -242,6 +249,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		room:   make(chan struct{}, 1),
 	}
 	f.outage = newOutageLogger(f.log)
+	f.shutdown = shutdownlog.New(f.log, shutdownlog.Interval, f.awaited)
 
 	rawTopics, err := conf.FieldStringList(kfiFieldTopics)
 	if err != nil {
@@ -470,6 +478,30 @@ func (f *franzInput) Connect(ctx context.Context) error {
 
 // ReadBatch returns the next batch (see nextBatch and nextPolicyBatch).
 func (f *franzInput) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
+	batch, ack, err := f.readBatch(ctx)
+	if err != nil && ctx.Err() != nil {
+		// The engine stops reading: shutdown has begun, and it waits for
+		// the acks of what was handed out before it closes the input.
+		f.shutdown.Start()
+	}
+	return batch, ack, err
+}
+
+// awaited describes the records the engine waits for at shutdown, "" when
+// none.
+func (f *franzInput) awaited() string {
+	n := f.unacked.Load()
+	if n <= 0 {
+		return ""
+	}
+	what := "records"
+	if n == 1 {
+		what = "record"
+	}
+	return fmt.Sprintf("kafka_franz: %d %s read from Kafka to be persisted (acknowledged) before the final commit of group %q", n, what, f.group)
+}
+
+func (f *franzInput) readBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
 	if f.batcher != nil {
 		f.readerMu.Lock()
 		defer f.readerMu.Unlock()
@@ -522,10 +554,14 @@ func (f *franzInput) Close(ctx context.Context) error {
 	f.mu.Unlock()
 	f.signal() // a waiting reader sees that we are closed
 
+	f.shutdown.Stop()
 	if cl != nil {
 		cancel()
 		f.wg.Wait()
 
+		// Said before it starts: with the brokers gone this waits the
+		// whole timeout, which would otherwise pass unexplained.
+		f.log.Infof("kafka_franz: committing the final offsets of group %q and leaving it (waiting at most %v for the brokers)", f.group, f.closeTimeout)
 		cctx, done := context.WithTimeout(ctx, f.closeTimeout)
 		f.commitAll(cctx, cl, "final")
 		cl.AllowRebalance()

@@ -5,6 +5,7 @@ package kafka
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -162,7 +163,14 @@ func (f *franzInput) flushPolicyBatch(ctx context.Context) (service.MessageBatch
 // bytes back: whoever owns the partition now reads it again from the last
 // commit.
 func (f *franzInput) ackFunc(shares []share) service.AckFunc {
+	var n int64
+	for _, s := range shares {
+		n += int64(s.tb.n)
+	}
+	f.unacked.Add(n)
+	var once sync.Once
 	return func(_ context.Context, err error) error {
+		once.Do(func() { f.unacked.Add(-n) })
 		if err != nil {
 			// service.AutoRetryNacksBatched delivers a rejected batch
 			// again until it is acked, and calls us only then. An error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -289,4 +290,70 @@ func TestSigtermUnderLoad(t *testing.T) {
 	s.start("forwarder-b", nil)
 	s.waitSettled(3 * time.Minute)
 	t.Logf("%s", s.verify())
+}
+
+// TestSigtermSaysWhatItWaitsFor stops a forwarder with SIGTERM while its
+// requests hang at the platform: Benthos waits for the rows the dispatcher
+// handed out before it closes anything (up to three quarters of the
+// shutdown timeout), so the log must say, from the moment shutdown begins
+// and again while it lasts, what it waits for and how many: an exit that
+// takes 20 s is then explained. Once the platform answers, the process
+// exits by itself with status 0.
+func TestSigtermSaysWhatItWaitsFor(t *testing.T) {
+	s := newStack(t, stackOptions{env: map[string]string{
+		"FORWARD_TIMEOUT": "20s", "CLAIM_LEASE": "40s", "SHUTDOWN_TIMEOUT": "40s", "ORDERING": "off",
+	}})
+	s.platform.Hang()
+	const n = 6
+	s.produce(s.newSource(eventgen.SourceConfig{}), n)
+	a := s.start("forwarder", nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Hung >= 3 }); err != nil {
+		s.dumpLogs()
+		t.Fatal(err)
+	}
+	if got := a.countLines("Shutting down"); got != 0 {
+		t.Fatalf("shutdown reported before SIGTERM:\n%s", a.tail(4000))
+	}
+	a.term(t)
+
+	waiting := regexp.MustCompile(`level=info msg="Shutting down: waiting for (\d+) rows? handed out by the dispatcher to be mapped, sent to the platform and recorded[^"]*" .*label=dispatch`)
+	var inFlight int
+	s.waitUntil("the log to say what shutdown waits for", time.Minute, func(context.Context) (bool, string) {
+		m := waiting.FindSubmatch(a.logBytes())
+		if m == nil {
+			return false, a.tail(2000)
+		}
+		inFlight, _ = strconv.Atoi(string(m[1]))
+		return true, ""
+	})
+	if held := s.platform.Stats().Hung; inFlight < 3 || int64(inFlight) > n {
+		t.Errorf("shutdown waits for %d rows; %d requests hang at the platform, %d messages in all", inFlight, held, n)
+	}
+	if a.Exited() {
+		t.Fatalf("the forwarder exited while its requests were still hanging:\n%s", a.tail(4000))
+	}
+
+	s.platform.Release()
+	code, exited := a.waitExit(time.Minute)
+	if !exited || code != 0 {
+		t.Fatalf("after the platform answered: exited %v, status %d; want a clean exit:\n%s", exited, code, a.tail(6000))
+	}
+	t.Logf("shutdown waited for %d rows in flight:\n%s", inFlight, strings.Join(grepLines(a.logBytes(), "Shutting down", "kafka_franz: committing", "Released"), "\n"))
+}
+
+// grepLines are the lines of b holding any of substrs.
+func grepLines(b []byte, substrs ...string) []string {
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, s := range substrs {
+			if strings.Contains(line, s) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return out
 }

@@ -1,0 +1,76 @@
+package kafka
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
+)
+
+// TestInputShutdownSaysWhatItWaitsFor: once the engine stops reading (the
+// reader's context ends), the input logs how many records it handed out
+// are still unacknowledged (the engine waits for them before it closes
+// the input), and at Close that it commits and leaves the group, with the
+// time it may take.
+func TestInputShutdownSaysWhatItWaitsFor(t *testing.T) {
+	t.Parallel()
+	const topic, group = "shutdown", "g-shutdown"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	c.ProduceN(t, topic, 7, nil)
+
+	var logs logbuf.Buffer
+	res := service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil)))))
+	conf, err := franzInputSpec().ParseYAML(inputConf(c, topic, group, "checkpoint_limit: 1024"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := newFranzInputFromParsed(conf, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := f.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var acks []service.AckFunc
+	for read := 0; read < 7; {
+		rctx, cancel := context.WithTimeout(ctx, waitTimeout)
+		batch, ack, err := f.ReadBatch(rctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		read += len(batch)
+		acks = append(acks, ack)
+	}
+	if strings.Contains(logs.String(), "Shutting down") {
+		t.Fatalf("shutdown reported while reading:\n%s", logs.String())
+	}
+
+	stopped, stop := context.WithCancel(ctx)
+	stop()
+	if _, _, err := f.ReadBatch(stopped); err == nil {
+		t.Fatal("ReadBatch with a cancelled context returned no error")
+	}
+	want := `Shutting down: waiting for kafka_franz: 7 records read from Kafka to be persisted (acknowledged) before the final commit of group \"g-shutdown\"`
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("the log does not say what shutdown waits for (want %s):\n%s", want, logs.String())
+	}
+	for _, ack := range acks {
+		_ = ack(ctx, nil)
+	}
+	if n := f.unacked.Load(); n != 0 {
+		t.Errorf("%d records counted unacknowledged after every ack", n)
+	}
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), `committing the final offsets of group \"g-shutdown\" and leaving it (waiting at most 10s for the brokers)`) {
+		t.Errorf("Close does not say it commits and leaves the group:\n%s", logs.String())
+	}
+}
