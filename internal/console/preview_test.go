@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -105,4 +107,69 @@ func TestPreviewBounds(t *testing.T) {
 			t.Errorf("a preview after the runs ended: %+v", p)
 		}
 	})
+}
+
+// TestPreviewSaysWhatServes: when the mapping file on disk does not
+// compile, the preview does not show only the compile error (as if that
+// were what the service does): it says that the file on disk is rejected,
+// where (file, line and column) and why, and that a running service keeps
+// serving the last version that compiled.
+func TestPreviewSaysWhatServes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	line := 0
+	for _, f := range []string{"vehicle_event.blobl", "common.blobl"} {
+		b, err := os.ReadFile(filepath.Join("../../mappings", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "vehicle_event.blobl" {
+			// A broken edit: an operator where a value belongs.
+			b = []byte(strings.Replace(string(b), "root.park_code = ", "root.park_code = +++ ", 1))
+			line = 1 + strings.Count(string(b[:strings.Index(string(b), "+++")]), "\n")
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := console.PreviewRequest(dir, outboxdb.Record{APIType: "VEHICLE_EVENT", MessageKey: "m-1", Payload: []byte(vehicle)})
+	file := filepath.Join(dir, "vehicle_event.blobl")
+	for _, want := range []string{
+		"the file on disk (" + file + ", modified ",
+		") does not compile: compiling " + file + ":",
+		"A running service rejects such an edit and keeps serving the last version of " + file + " that compiled",
+		`"Rejected the edit of mapping file ` + file + `"`,
+	} {
+		if !strings.Contains(p.Err, want) {
+			t.Errorf("preview error lacks %q:\n%s", want, p.Err)
+		}
+	}
+	// Line and column of the mistake, as lint gives them.
+	if !regexp.MustCompile(regexp.QuoteMeta(file) + `:` + strconv.Itoa(line) + `:\d+: expected query`).MatchString(p.Err) {
+		t.Errorf("the compile error has no line and column: %s", p.Err)
+	}
+	if p.Body != "" {
+		t.Errorf("a body from a mapping that does not compile: %s", p.Body)
+	}
+}
+
+// TestPreviewOfUnreadablePayload: a payload the mapping cannot read (empty,
+// not JSON) shows the row's reason, not Bloblang's words about it.
+func TestPreviewOfUnreadablePayload(t *testing.T) {
+	t.Parallel()
+	reason := "payload is empty"
+	for _, c := range []struct {
+		payload string
+		reason  *string
+		want    string
+	}{
+		{"", &reason, "no request: the mapping cannot read this payload (the row's reason: payload is empty)"},
+		{"", nil, "no request: the mapping cannot read this payload (the payload is empty)"},
+		{"not json", nil, "no request: the mapping cannot read this payload (the payload is not valid JSON)"},
+	} {
+		p := console.PreviewRequest("../../mappings", outboxdb.Record{APIType: "VEHICLE_EVENT", Payload: []byte(c.payload), LastError: c.reason})
+		if p.Err != c.want || strings.Contains(p.Err, "unable to reference") {
+			t.Errorf("payload %q: preview %q, want %q", c.payload, p.Err, c.want)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -134,6 +135,34 @@ func SafeLine(s string) string {
 // SafeBytes is SafeText for a byte string (a Kafka key).
 func SafeBytes(b []byte) string { return SafeText(string(b)) }
 
+// payloadProblem is why a payload cannot be mapped: the row's own reason
+// when it has one (set at ingest: empty, not UTF-8, not JSON), else what is
+// wrong with it.
+func payloadProblem(rec outboxdb.Record) string {
+	if rec.LastError != nil && *rec.LastError != "" {
+		return "the row's reason: " + SafeText(*rec.LastError)
+	}
+	if len(rec.Payload) == 0 {
+		return "the payload is empty"
+	}
+	return "the payload is not valid JSON"
+}
+
+// rejectedOnDisk says that the mapping file does not compile, and what that
+// means for a running service. This process cannot see which version a
+// service serves: a service compiles every edit before it swaps it in and
+// keeps the last version that compiled (mapping_file, docs/configuration.md
+// "Field mappings"), so the file on disk is rejected there too.
+func rejectedOnDisk(file string, err error) string {
+	when := ""
+	if st, serr := os.Stat(file); serr == nil {
+		when = ", modified " + st.ModTime().UTC().Format("2006-01-02 15:04:05Z")
+	}
+	return fmt.Sprintf("the file on disk (%s%s) does not compile: %s. A running service rejects such an edit and keeps "+
+		"serving the last version of %s that compiled (its log says \"Rejected the edit of mapping file %s\"; a service "+
+		"starting now would refuse to start), so no preview can be made until the file is fixed", file, when, SafeText(err.Error()), file, file)
+}
+
 // MaskedCredentials open the previewed body where the output adds the real
 // ones at send time.
 const MaskedCredentials = `"access_name":"***","access_pwd":"***"`
@@ -187,12 +216,18 @@ func PreviewRequest(mappingsDir string, rec outboxdb.Record) Preview {
 			sizeText(len(rec.Payload)), sizeText(PreviewMaxPayload))
 		return p
 	}
+	if len(rec.Payload) == 0 || !json.Valid(rec.Payload) {
+		// The mapping cannot read it at all: its error would only say so
+		// in Bloblang's words, where the row already has the reason.
+		p.Err = "no request: the mapping cannot read this payload (" + payloadProblem(rec) + ")"
+		return p
+	}
 	exec, err := mapping.CompileFile(file)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			p.Err = fmt.Sprintf("api_type %s has no mapping: %s does not exist (set --mappings to the mappings directory)", SafeText(rec.APIType), file)
 		} else {
-			p.Err = SafeText(err.Error())
+			p.Err = rejectedOnDisk(file, err)
 		}
 		return p
 	}
