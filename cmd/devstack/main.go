@@ -152,7 +152,11 @@ func run() int {
 		fmt.Println("devstack: stopping the forwarder (SIGTERM), the generator, Kafka, the platform and PostgreSQL")
 	}
 	final, _ := s.Progress(context.Background())
-	if err := s.Stop(); err != nil {
+	// What the stopping forwarder waits for, should it take a while.
+	unfollow := s.Follow(os.Stdout)
+	err = s.Stop()
+	unfollow()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "devstack: stopping: %v\n", err)
 		return 1
 	}
@@ -160,8 +164,11 @@ func run() int {
 	if s.PG != nil {
 		kept = "the database stays in " + s.PG.Dir() + " for the next run"
 	}
+	pl := final.Platform
 	fmt.Printf("devstack: stopped. %d produced, %d persisted, %d delivered, %d failed; %s\n",
 		final.Produced.Produced, final.Rows.Persisted, final.Rows.Delivered, final.Rows.Failed, kept)
+	fmt.Printf("devstack: the platform accepted %d, answered %d duplicates and %d errors, at most %d requests at once\n",
+		pl.Accepted, pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, pl.PeakInFlight)
 	if runErr != nil {
 		return 1
 	}
@@ -178,7 +185,7 @@ func printBanner(w io.Writer, s *devstack.Stack, cfg devstack.Config) {
 	fmt.Fprintf(w, "devstack: forwarder running (pid %d), log %s\n", s.Forwarder.Pid(), s.LogPath)
 	fmt.Fprintf(w, "devstack: metrics  %s\n", s.Forwarder.MetricsURL())
 	fmt.Fprintf(w, "devstack: database %s   (try: DATABASE_URL=%s bin/forwarder outbox stats)\n", s.DatabaseURL, s.DatabaseURL)
-	fmt.Fprintf(w, "devstack: kafka    %s   platform %s\n", strings.Join(s.Brokers, ","), s.Platform.URL)
+	fmt.Fprintf(w, "devstack: kafka    %s (group %s)   platform %s\n", strings.Join(s.Brokers, ","), devstack.Group, s.Platform.URL)
 	fmt.Fprintf(w, "devstack: generating %.0f msg/s (%.0f%% duplicates, %.0f%% malformed); platform errors: %.1f%% errcode 999, %.1f%% HTTP 500, %.1f%% errcode 998\n",
 		cfg.Rate, cfg.DuplicateRate*100, cfg.MalformedRate*100, cfg.Faults.Errcode999*100, cfg.Faults.HTTP5xx*100, cfg.Faults.Errcode998*100)
 	fmt.Fprintln(w, "devstack: Ctrl-C stops everything")

@@ -291,7 +291,10 @@ func (f *franzInput) commit(ctx context.Context, cl *kgo.Client, offsets map[str
 
 func (f *franzInput) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	if len(assigned) > 0 {
-		f.log.Infof("kafka_franz: assigned partitions %s", formatPartitions(assigned))
+		// The fields say the same for tools that follow the log (the dev
+		// stack's screen shows rebalances).
+		parts := formatPartitions(assigned)
+		f.log.With("kafka_rebalance", "assigned", "kafka_group", f.group, "kafka_partitions", parts).Infof("kafka_franz: assigned partitions %s", parts)
 	}
 }
 
@@ -321,7 +324,8 @@ func (f *franzInput) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[
 	cctx, cancel := context.WithTimeout(ctx, f.commitTimeout)
 	f.commit(cctx, cl, offsets, "revoke")
 	cancel()
-	f.log.Infof("kafka_franz: revoked partitions %s", formatPartitions(revoked))
+	parts := formatPartitions(revoked)
+	f.log.With("kafka_rebalance", "revoked", "kafka_group", f.group, "kafka_partitions", parts).Infof("kafka_franz: revoked partitions %s", parts)
 }
 
 // onLost forgets partitions that were taken away without a clean revoke: a
@@ -334,7 +338,9 @@ func (f *franzInput) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	f.mu.Lock()
 	f.dropLocked(lost)
 	f.mu.Unlock()
-	f.log.Warnf("kafka_franz: lost partitions %s; records after their last commit will be consumed again", formatPartitions(lost))
+	parts := formatPartitions(lost)
+	f.log.With("kafka_rebalance", "lost", "kafka_group", f.group, "kafka_partitions", parts).
+		Warnf("kafka_franz: lost partitions %s; records after their last commit will be consumed again", parts)
 }
 
 // dropLocked forgets the partitions. Their lag drops to 0: it is another

@@ -259,14 +259,19 @@ func (p *mappingFileProc) checkOnce() bool {
 
 	m, watched, err := compileMappingFile(p.files, p.path)
 	p.watched = watched
+	// The fields say the same for tools that follow the log (the dev
+	// stack's screen shows reloads).
 	if err != nil {
 		p.reloads.Incr(1, "error")
-		p.log.Errorf("Rejected the edit of mapping file %s, the previous mapping keeps serving: %v", p.path, err)
+		p.log.With("mapping_file", p.path, "mapping_reload", "rejected", "error", err.Error()).
+			Errorf("Rejected the edit of mapping file %s, the previous mapping keeps serving: %v", p.path, err)
 		return true
 	}
 	p.current.Store(m)
 	p.reloads.Incr(1, "success")
-	p.log.Infof("Reloaded mapping file %s (sha256 %x)", p.path, m.sum[:6])
+	sum := fmt.Sprintf("%x", m.sum[:6])
+	p.log.With("mapping_file", p.path, "mapping_reload", "success", "sha256", sum).
+		Infof("Reloaded mapping file %s (sha256 %s)", p.path, sum)
 	return true
 }
 

@@ -52,6 +52,10 @@ const (
 	// DeadLetterTopic is the topic of pipelines/examples/dead_letter.yaml,
 	// created so that the example can be run against the stack.
 	DeadLetterTopic = "forwarder-dead-letter"
+	// Group is the stack's consumer group: not the pipeline's default
+	// "forwarder", so that a forwarder started by hand with the defaults
+	// does not join it and take partitions from the stack's.
+	Group = "forwarder-devstack"
 )
 
 // Config configures a Stack. Zero values pick the defaults.
@@ -133,6 +137,10 @@ type Stack struct {
 	genDone   chan struct{}
 	genErr    error
 
+	// events are what the forwarders did that the screen shows (Run,
+	// Follow), read from their logs.
+	events chan Event
+
 	mu         sync.Mutex
 	forwarders []*Forwarder
 	stopped    bool
@@ -176,7 +184,7 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s = &Stack{cfg: cfg, LogPath: filepath.Join(cfg.Dir, "forwarder.log"), lock: lock}
+	s = &Stack{cfg: cfg, LogPath: filepath.Join(cfg.Dir, "forwarder.log"), lock: lock, events: make(chan Event, eventBuffer)}
 	defer func() {
 		if err != nil {
 			_ = s.Stop()
@@ -235,7 +243,7 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 
 	s.env = map[string]string{
 		"KAFKA_BROKERS":         strings.Join(s.Brokers, ","),
-		"KAFKA_GROUP":           "forwarder",
+		"KAFKA_GROUP":           Group,
 		"KAFKA_TOPIC_VEHICLE":   eventgen.DefaultVehicleTopic,
 		"KAFKA_TOPIC_HEARTBEAT": eventgen.DefaultHeartbeatTopic,
 		"DATABASE_URL":          s.DatabaseURL,
@@ -304,7 +312,7 @@ func (s *Stack) StartForwarder(ctx context.Context, opts ForwarderOptions) (*For
 	if opts.Log != nil {
 		logs = io.MultiWriter(logs, opts.Log)
 	}
-	opts.Log = logs
+	opts.Log = io.MultiWriter(logs, &logWatcher{s: s})
 	f, err := startForwarder(ctx, s.cfg.Forwarder, s.cfg.Pipeline, s.cfg.WorkDir, s.env, opts)
 	if err != nil {
 		return nil, err

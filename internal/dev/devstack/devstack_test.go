@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -134,8 +135,8 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) < 2 || !strings.Contains(lines[0], "produced ") || !strings.Contains(lines[0], "msg/s") {
-		t.Fatalf("progress output:\n%s", out.String())
+	if len(lines) < 3 || lines[0] != FormatHeader() || !regexp.MustCompile(`^\d\d:\d\d:\d\d +\d+ +\d+`).MatchString(lines[len(lines)-1]) {
+		t.Fatalf("progress output, want a header and progress lines:\n%s", out.String())
 	}
 	p, err := s.Progress(ctx)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -122,7 +123,7 @@ func TestExternal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Rows.Persisted != s.Generator.Stats().Rows() || !strings.Contains(out.String(), "produced ") {
+	if p.Rows.Persisted != s.Generator.Stats().Rows() || !regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d +\d+ +\d+`).MatchString(out.String()) {
 		t.Errorf("progress %+v from the external database, want %d rows; output:\n%s", p.Rows, s.Generator.Stats().Rows(), out.String())
 	}
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/forwarder/forwarder/internal/dev/childproc"
@@ -35,8 +37,14 @@ func (s *Stack) Progress(ctx context.Context) (Progress, error) {
 	return p, err
 }
 
+// headerEvery is how many progress lines go by before the header is
+// printed again, so that one is always on a terminal's screen.
+const headerEvery = 20
+
 // Run prints a progress line every second to w until ctx ends or, when
-// d > 0, for d. It returns nil then, and an error if the stack's forwarder
+// d > 0, for d, with a header first and every headerEvery lines, and the
+// events of the stack's forwarders (mapping reloads, Kafka rebalances) as
+// they come. It returns nil then, and an error if the stack's forwarder
 // exits by itself. It does not stop the stack.
 func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 	start := time.Now()
@@ -54,6 +62,8 @@ func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 	defer tick.Stop()
 	var last Progress
 	lastAt := start
+	fmt.Fprintln(w, FormatHeader())
+	lines := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -63,6 +73,8 @@ func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 		case <-fwdDone:
 			return fmt.Errorf("the forwarder stopped on its own (%v); last lines of %s:\n%s",
 				s.Forwarder.Err(), s.LogPath, childproc.TailFile(s.LogPath, 3000))
+		case e := <-s.events:
+			fmt.Fprintf(w, "%s  %s\n", clock(e.At.Sub(start)), e.Text)
 		case now := <-tick.C:
 			qctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
 			p, err := s.Progress(qctx)
@@ -74,10 +86,38 @@ func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 				fmt.Fprintf(w, "%s  database: %v\n", clock(now.Sub(start)), err)
 				continue
 			}
+			if lines > 0 && lines%headerEvery == 0 {
+				fmt.Fprintln(w, FormatHeader())
+			}
+			lines++
 			fmt.Fprintln(w, FormatLine(now.Sub(start), p, last, now.Sub(lastAt)))
 			last, lastAt = p, now
 		}
 	}
+}
+
+// The progress columns: each value is right-aligned under the end of its
+// header, one space apart, and a line fits 80 columns (docs/operations.md
+// explains them).
+var progressColumns = []struct {
+	header string
+	width  int
+}{
+	{"time", 8}, {"produced", 8}, {"persisted", 9}, {"delivered", 9}, {"retrying", 8},
+	{"failed", 6}, {"bad", 5}, {"backlog", 7}, {"msg/s", 5}, {"p.errs", 6},
+}
+
+// FormatHeader is the header of the progress lines.
+func FormatHeader() string {
+	cells := make([]string, len(progressColumns))
+	for i, c := range progressColumns {
+		if i == 0 {
+			cells[i] = fmt.Sprintf("%-*s", c.width, c.header)
+			continue
+		}
+		cells[i] = fmt.Sprintf("%*s", c.width, c.header)
+	}
+	return strings.Join(cells, " ")
 }
 
 // FormatLine is one progress line: p, with rates since prev, taken dt ago.
@@ -87,11 +127,23 @@ func FormatLine(elapsed time.Duration, p, prev Progress, dt time.Duration) strin
 		rate = float64(p.Rows.Delivered-prev.Rows.Delivered) / dt.Seconds()
 	}
 	pl := p.Platform
-	return fmt.Sprintf("%s  produced %d  persisted %d  delivered %d  retrying %d  failed %d (%d malformed sent)  in flight %d  | %.0f msg/s | platform: %d accepted, %d dup, %d errors, peak %d concurrent",
-		clock(elapsed), p.Produced.Produced, p.Rows.Persisted, p.Rows.Delivered,
-		p.Rows.Retrying, p.Rows.Failed, p.Produced.Malformed, p.Rows.Waiting+p.Rows.InProgress, rate,
-		pl.Accepted, pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests,
-		pl.PeakInFlight)
+	values := []string{
+		clock(elapsed),
+		strconv.FormatInt(p.Produced.Produced, 10),
+		strconv.FormatInt(p.Rows.Persisted, 10),
+		strconv.FormatInt(p.Rows.Delivered, 10),
+		strconv.FormatInt(p.Rows.Retrying, 10),
+		strconv.FormatInt(p.Rows.Failed, 10),
+		strconv.FormatInt(p.Produced.Malformed, 10),
+		strconv.FormatInt(p.Rows.Waiting+p.Rows.InProgress, 10),
+		strconv.FormatFloat(rate, 'f', 0, 64),
+		strconv.FormatInt(pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, 10),
+	}
+	cells := make([]string, len(values))
+	for i, v := range values {
+		cells[i] = fmt.Sprintf("%*s", progressColumns[i].width, v)
+	}
+	return strings.Join(cells, " ")
 }
 
 func clock(d time.Duration) string {

@@ -134,6 +134,7 @@ type Source struct {
 	cfg    SourceConfig
 	rng    *rand.Rand
 	n      int64
+	plates int64     // plates drawn, for ExamplePlate
 	recent []Message // recent good messages, the pool duplicates are drawn from
 	next   int
 	pairs  pairs
@@ -401,7 +402,26 @@ func (s *Source) event(kind Kind) *object {
 	return ev
 }
 
+// ExamplePlate is the plate the documentation looks up (`outbox find
+// --plate 粤B12345`): a regular car of the generated traffic, one plate in
+// examplePlateEvery, so that the examples find rows on a dev stack within a
+// minute.
+const (
+	ExamplePlate      = "粤B12345"
+	examplePlateEvery = 200
+)
+
 func (s *Source) plate() string {
+	p := s.randomPlate()
+	// Drawn all the same, so that a seed's other choices stay as they were.
+	s.plates++
+	if s.plates%examplePlateEvery == 0 {
+		return ExamplePlate
+	}
+	return p
+}
+
+func (s *Source) randomPlate() string {
 	b := []rune{provinces[s.rng.IntN(len(provinces))], rune(plateLetters[s.rng.IntN(len(plateLetters))])}
 	n := 5
 	if s.rng.IntN(5) == 0 {

@@ -167,6 +167,23 @@ func TestSource(t *testing.T) {
 		}
 	})
 
+	// The plate the README and docs/operations.md look up is in the
+	// traffic, often enough to be found within a minute of `make run`.
+	t.Run("ExamplePlate", func(t *testing.T) {
+		t.Parallel()
+		s := newSource(t, eventgen.SourceConfig{})
+		found := 0
+		for range 2000 {
+			m := s.Next()
+			if m.Kind == eventgen.Vehicle && decode(t, m.Value)["plateNo"] == eventgen.ExamplePlate {
+				found++
+			}
+		}
+		if found < 3 {
+			t.Errorf("%s in %d of 2000 messages, want it every few hundred", eventgen.ExamplePlate, found)
+		}
+	})
+
 	t.Run("RejectsBadRates", func(t *testing.T) {
 		t.Parallel()
 		for _, cfg := range []eventgen.SourceConfig{{DuplicateRate: -0.1}, {MalformedRate: 1.1}, {DuplicateRate: 0.6, MalformedRate: 0.6}} {
