@@ -70,6 +70,10 @@ func TestChartDefaultValues(t *testing.T) {
 	}
 
 	d := one[*appsv1.Deployment](t, r, "Deployment")
+	// docs/deployment.md (Sizing) recommends three instances: the default.
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 3 || !strings.Contains(readRepo(t, "docs/deployment.md"), "Three instances on a topic of three") {
+		t.Errorf("replicas %v; want the three instances docs/deployment.md recommends", d.Spec.Replicas)
+	}
 	c := container(t, d.Spec.Template.Spec, "forwarder")
 	checkPod(t, d.Spec.Template.Spec, c)
 	checkProbesAndPorts(t, c)
@@ -236,6 +240,29 @@ func TestChartMappingEditsDoNotRestart(t *testing.T) {
 	}
 	if got := named[*corev1.ConfigMap](t, piped, "ConfigMap", "forwarder-pipelines").Data["forwarder.yaml"]; got != "input:\n  stdin: {}\n" {
 		t.Errorf("pipeline: value not applied: %q", got)
+	}
+}
+
+// TestChartExtraArgs: extraArgs follow the image's own arguments, one
+// container argument each, so docs/configuration.md's advice (--set a
+// field of the pipeline) can be given to the chart; a change rolls the
+// pods. That the forwarder accepts the documented --set is checked in
+// docs/docs_test.go.
+func TestChartExtraArgs(t *testing.T) {
+	t.Parallel()
+	const set = "input.broker.inputs.0.kafka_franz.max_buffered_bytes=32MiB"
+	if !strings.Contains(readRepo(t, "docs/configuration.md"), "  - --set\n  - "+set+"\n") {
+		t.Fatalf("docs/configuration.md no longer shows extraArgs with --set %s: update this test", set)
+	}
+	base := render(t, nil)
+	r := render(t, map[string]any{"extraArgs": []any{"--set", set}})
+	c := container(t, one[*appsv1.Deployment](t, r, "Deployment").Spec.Template.Spec, "forwarder")
+	want := append(slices.Clone(parseDockerfile(t).final.cmd), "--set", set)
+	if !slices.Equal(c.Args, want) {
+		t.Errorf("args %q, want %q", c.Args, want)
+	}
+	if reflect.DeepEqual(one[*appsv1.Deployment](t, base, "Deployment").Spec.Template, one[*appsv1.Deployment](t, r, "Deployment").Spec.Template) {
+		t.Error("extraArgs left the pod template unchanged: the pods would keep their old arguments")
 	}
 }
 

@@ -107,7 +107,7 @@ var Vars = []Var{
 	{Name: "PLATFORM_TLS_CA_FILE", Kind: Text},
 	{Name: "PLATFORM_TZ", Kind: Zone, Example: "Asia/Shanghai"},
 	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
-	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4196"},
+	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4197"},
 	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100"},
 	{Name: "FORWARD_TIMEOUT", Kind: Duration, Example: "10s"},
 	{Name: "FORWARD_MAX_ATTEMPTS", Kind: PositiveInt, Example: "5"},
