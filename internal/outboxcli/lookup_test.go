@@ -146,8 +146,10 @@ func TestShow(t *testing.T) {
 		if !strings.Contains(out, "payload (11 bytes, not valid UTF-8 from offset 0; escaped):\n\\xff\\xfe\\u{001b}[2Jplate") {
 			t.Errorf("payload not shown escaped:\n%s", out)
 		}
-		if !strings.Contains(out, "request body (../../mappings/vehicle_event.blobl): none: mapping: ") {
-			t.Errorf("no mapping error for a payload that is not JSON:\n%s", out)
+		// The mapping cannot read it: the row's own reason, not Bloblang's.
+		if !strings.Contains(out, "request body (../../mappings/vehicle_event.blobl): none: no request: the mapping cannot read this payload "+
+			"(the row's reason: payload is not valid UTF-8 (first bad byte at offset 0))") {
+			t.Errorf("the preview of a payload that is not JSON does not give the row's reason:\n%s", out)
 		}
 	})
 
