@@ -251,8 +251,11 @@ func TestConsole(t *testing.T) {
 			}
 		}
 		search := c.get("/search?plate=" + url.QueryEscape(plate))
-		if !strings.Contains(search, fmt.Sprintf(`href="/records/%d"`, b.ids["m-1"])) {
-			t.Fatalf("the search does not list m-1:\n%s", search)
+		if !strings.Contains(search, fmt.Sprintf(`href="/records/%d"`, b.ids["m-1"])) || !strings.Contains(search, ">1 row for ") {
+			t.Fatalf("the search does not list m-1, as 1 row:\n%s", search)
+		}
+		if !strings.Contains(overview, "0 rows held behind an earlier row of their key; 0 keys blocked") {
+			t.Errorf("the overview's ordering line:\n%s", overview)
 		}
 		record := c.get(fmt.Sprintf("/records/%d", b.ids["m-1"]))
 		for _, want := range []string{`&#34;plateNo&#34;: &#34;粤B12345&#34;`, `&#34;access_pwd&#34;: &#34;***&#34;`,

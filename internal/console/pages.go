@@ -67,7 +67,15 @@ var funcs = template.FuncMap{
 		return strconv.FormatFloat(float64(n)/float64(window), 'f', 1, 64)
 	},
 	"lower": strings.ToLower,
-	"list":  func(vs ...string) []string { return vs },
+	// plural is n with the noun for it: "1 row", "2 rows".
+	"plural": func(n any, one, many string) string {
+		s := fmt.Sprint(n)
+		if s == "1" {
+			return "1 " + one
+		}
+		return s + " " + many
+	},
+	"list": func(vs ...string) []string { return vs },
 	"dict": func(kv ...any) map[string]any {
 		m := map[string]any{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -447,5 +455,9 @@ func (s *Server) requeueGroup(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	http.Redirect(w, r, "/failed?done="+url.QueryEscape(fmt.Sprintf("Requeued %d rows (%s).", n, desc)), http.StatusSeeOther)
+	rows := "rows"
+	if n == 1 {
+		rows = "row"
+	}
+	http.Redirect(w, r, "/failed?done="+url.QueryEscape(fmt.Sprintf("Requeued %d %s (%s).", n, rows, desc)), http.StatusSeeOther)
 }

@@ -112,7 +112,7 @@ actions serves the console read-only.`,
 				return srv.Run(ctx, func(addr string) {
 					mode := "token required"
 					if cfg.Token == "" {
-						mode = "open to local users (no CONSOLE_TOKEN)"
+						mode = "open to local users: no CONSOLE_TOKEN"
 					}
 					if cfg.ReadOnly {
 						mode += ", read-only"

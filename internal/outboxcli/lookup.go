@@ -397,7 +397,7 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 	}
 	_ = tw.Flush()
 	if len(rows) == f.Limit || (f.Limit == 0 && len(rows) == outboxdb.DefaultFindLimit) {
-		fmt.Fprintf(w, "(%d rows shown, there may be more: --limit raises the cap, up to %d)\n", len(rows), outboxdb.MaxFindLimit)
+		fmt.Fprintf(w, "(%s shown, there may be more: --limit raises the cap, up to %d)\n", plural(len(rows), "row", "rows"), outboxdb.MaxFindLimit)
 	}
 }
 

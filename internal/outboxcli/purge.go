@@ -70,11 +70,11 @@ Durations: Go syntax plus days (7d, 36h, 0s).`,
 				}
 				at := cutoff.UTC().Format("2006-01-02 15:04:05Z")
 				if c.Bool("dry-run") {
-					fmt.Fprintf(w, "%d SUCCESS rows delivered before %s would be deleted (dry run, nothing changed)\n", n, at)
+					fmt.Fprintf(w, "%s delivered before %s would be deleted (dry run, nothing changed)\n", plural(n, "SUCCESS row", "SUCCESS rows"), at)
 					return nil
 				}
-				fmt.Fprintf(w, "deleting %d SUCCESS rows delivered before %s (older than %s) and their attempt logs (operator %s)\n",
-					n, at, c.String("older-than"), operator)
+				fmt.Fprintf(w, "deleting %s delivered before %s (older than %s) and their attempt logs (operator %s)\n",
+					plural(n, "SUCCESS row", "SUCCESS rows"), at, c.String("older-than"), operator)
 				res, err := outboxdb.Purge(ctx, pool, outboxdb.PurgeOptions{OlderThan: olderThan, BatchSize: c.Int("batch-size")})
 				filter := fmt.Sprintf("status=SUCCESS delivered before %s (older than %s)", at, c.String("older-than"))
 				if c.Bool("force") && olderThan < outboxdb.MinPurgeAge {
@@ -86,10 +86,11 @@ Durations: Go syntax plus days (7d, 36h, 0s).`,
 					err = errors.Join(err, auditErr)
 				}
 				if err != nil {
-					return fmt.Errorf("%d rows deleted before the error: %w", res.Records, err)
+					return fmt.Errorf("%s deleted before the error: %w", plural(res.Records, "row", "rows"), err)
 				}
-				fmt.Fprintf(w, "deleted %d SUCCESS rows delivered before %s and %d attempt logs, in %d batches\n",
-					res.Records, res.Cutoff.UTC().Format("2006-01-02 15:04:05Z"), res.Logs, res.Batches)
+				fmt.Fprintf(w, "deleted %s delivered before %s and %s, in %s\n",
+					plural(res.Records, "SUCCESS row", "SUCCESS rows"), res.Cutoff.UTC().Format("2006-01-02 15:04:05Z"),
+					plural(res.Logs, "attempt log", "attempt logs"), plural(res.Batches, "batch", "batches"))
 				return nil
 			})
 		},

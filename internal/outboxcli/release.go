@@ -74,7 +74,11 @@ func writeRelease(w io.Writer, r outboxdb.KeyRelease, dry bool) {
 	for i, id := range r.Unblocked {
 		ids[i] = fmt.Sprint(id)
 	}
-	fmt.Fprintf(w, "ordering key %s: FAILED row %s %sreleased (it stays FAILED)\n", console.SafeLine(r.Key), strings.Join(ids, ", "), would)
+	row, stays := "row", "it stays"
+	if len(ids) > 1 {
+		row, stays = "rows", "they stay"
+	}
+	fmt.Fprintf(w, "ordering key %s: FAILED %s %s %sreleased (%s FAILED)\n", console.SafeLine(r.Key), row, strings.Join(ids, ", "), would, stays)
 	switch {
 	case r.Promoted != 0:
 		fmt.Fprintf(w, "row %d %sdue now, next in the key\n", r.Promoted, is)

@@ -29,7 +29,7 @@ func TestRelease(t *testing.T) {
 		t.Parallel()
 		b, _, ids := blockedBerth(t)
 		out := b.mustRun(t, "stats")
-		if !strings.Contains(out, "2 rows held behind an earlier row of their key") || !strings.Contains(out, "1 keys blocked") ||
+		if !strings.Contains(out, "2 rows held behind an earlier row of their key") || !strings.Contains(out, "1 key blocked") ||
 			!strings.Contains(out, berth) || !strings.Contains(out, strconv.FormatInt(ids[0], 10)) {
 			t.Errorf("stats do not show the blocked berth:\n%s", out)
 		}

@@ -91,18 +91,19 @@ the number of rows in forward_operator_log.`,
 					return err
 				}
 				if c.Bool("dry-run") {
-					fmt.Fprintf(w, "%d rows would be requeued (dry run, nothing changed): %s\n", count.Rows, desc)
+					fmt.Fprintf(w, "%s would be requeued (dry run, nothing changed): %s\n", plural(count.Rows, "row", "rows"), desc)
 					writeLeftOut(w, count)
 					writeDelivered(w, delivered, "would be")
 					return nil
 				}
 				if resendMany && !c.Bool("force") {
-					fmt.Fprintf(w, "%d rows would be requeued: %s\n", count.Rows, desc)
+					fmt.Fprintf(w, "%s would be requeued: %s\n", plural(count.Rows, "row", "rows"), desc)
 					writeDelivered(w, delivered, "would be")
-					return cli.Exit(fmt.Sprintf("outbox requeue: --status SUCCESS without --key would send %d delivered messages "+
-						"to the platform again; nothing changed. Add --force to do it, or name the rows with --key.", delivered), 2)
+					return cli.Exit(fmt.Sprintf("outbox requeue: --status SUCCESS without --key would send %s "+
+						"to the platform again; nothing changed. Add --force to do it, or name the rows with --key.",
+						plural(delivered, "delivered message", "delivered messages")), 2)
 				}
-				fmt.Fprintf(w, "requeueing %d rows: %s (operator %s)\n", count.Rows, desc, operator)
+				fmt.Fprintf(w, "requeueing %s: %s (operator %s)\n", plural(count.Rows, "row", "rows"), desc, operator)
 				writeLeftOut(w, count)
 				writeDelivered(w, delivered, "will be")
 				n, err := outboxdb.Requeue(ctx, pool, f, outboxdb.RequeueOptions{
@@ -113,9 +114,9 @@ the number of rows in forward_operator_log.`,
 					err = errors.Join(err, auditErr)
 				}
 				if err != nil {
-					return fmt.Errorf("%d rows requeued before the error: %w", n, err)
+					return fmt.Errorf("%s requeued before the error: %w", plural(n, "row", "rows"), err)
 				}
-				fmt.Fprintf(w, "%d rows requeued\n", n)
+				fmt.Fprintf(w, "%s requeued\n", plural(n, "row", "rows"))
 				return nil
 			})
 		},
@@ -177,7 +178,10 @@ func countDelivered(ctx context.Context, pool *pgxpool.Pool, f outboxdb.RequeueF
 // writeDelivered says how many of the rows were delivered already and will
 // reach the platform a second time.
 func writeDelivered(w io.Writer, n int64, verb string) {
-	if n > 0 {
+	switch {
+	case n == 1:
+		fmt.Fprintf(w, "1 of them SUCCESS: delivered already, it %s sent to the platform again\n", verb)
+	case n > 1:
 		fmt.Fprintf(w, "%d of them SUCCESS: delivered already, they %s sent to the platform again\n", n, verb)
 	}
 }

@@ -91,8 +91,14 @@ func TestRequeue(t *testing.T) {
 		if s, _ := b.state(t, "f998"); s.Status != "PENDING" {
 			t.Errorf("f998 (REJECTED) after --include-rejected: %+v", s)
 		}
+		var note string
+		if err := b.pool.QueryRow(context.Background(), `SELECT l.error_message FROM forward_retry_logs l
+			JOIN forward_records r ON r.id = l.record_id
+			WHERE r.message_key = 'f998' AND l.result_status = 'REQUEUED'`).Scan(&note); err != nil || note != "requeued by bob (was FAILED after 1 attempt)" {
+			t.Errorf("audit row of a row that made one attempt: %q (%v)", note, err)
+		}
 		out = b.mustRun(t, "requeue", "--include-invalid", "--operator", "bob")
-		if lastLine(out) != "1 rows requeued" {
+		if lastLine(out) != "1 row requeued" {
 			t.Fatalf("with --include-invalid: %q, want the INVALID row", out)
 		}
 		if log := b.operatorLog(t); len(log) != 2 || log[1].Filter != "status=FAILED failure_class=TRANSIENT,INVALID" || log[1].Rows != 1 {
@@ -172,11 +178,15 @@ func TestRequeue(t *testing.T) {
 			b := setup(t)
 			b.insert(t, mixed...)
 			dry := b.mustRun(t, append([]string{"requeue", "--dry-run"}, c.args...)...)
-			if want := fmt.Sprintf("%d rows would be requeued", len(c.want)); !strings.HasPrefix(dry, want) {
+			rows := fmt.Sprintf("%d rows", len(c.want))
+			if len(c.want) == 1 {
+				rows = "1 row"
+			}
+			if want := rows + " would be requeued"; !strings.HasPrefix(dry, want) {
 				t.Errorf("dry run said %q, want %q", dry, want)
 			}
 			out := b.mustRun(t, append([]string{"requeue"}, c.args...)...)
-			if want := fmt.Sprintf("%d rows requeued", len(c.want)); lastLine(out) != want {
+			if want := rows + " requeued"; lastLine(out) != want {
 				t.Errorf("requeue said %q, want %q", out, want)
 			}
 			wanted := map[string]bool{}

@@ -64,7 +64,7 @@ func writeStats(w io.Writer, st outboxdb.Stats) {
 	} else {
 		o := st.Oldest
 		fmt.Fprintf(w, "oldest undelivered row: %s old (id %d, key %s, %s, created %s)\n",
-			outboxdb.FormatDuration(o.Age), o.ID, console.SafeLine(o.MessageKey), o.Status, o.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"))
+			age(o.Age), o.ID, console.SafeLine(o.MessageKey), o.Status, o.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"))
 	}
 	writePlatform(w, st.Platform)
 	fmt.Fprintf(w, "failed on transient errors: %d waiting for automatic requeue, %d frozen (requeue rounds used up)\n",
@@ -91,10 +91,14 @@ func writeTop(w io.Writer, title string, vs []outboxdb.ValueCount) {
 	_ = tw.Flush()
 }
 
+// age is a duration as stats prints every one: to the second ("0s" below
+// one), in ParseDuration's syntax.
+func age(d time.Duration) string { return outboxdb.FormatDuration(max(0, d).Round(time.Second)) }
+
 // writePlatform prints the shared breaker state and any pause, with times
 // relative to the database clock.
 func writePlatform(w io.Writer, p outboxdb.PlatformState) {
-	since := func(d time.Duration) string { return outboxdb.FormatDuration(max(0, d).Round(time.Second)) }
+	since := age
 	fmt.Fprintf(w, "platform: breaker %s for %s", p.Breaker, since(p.Now.Sub(p.ChangedAt)))
 	if p.Reason != "" {
 		fmt.Fprintf(w, " (%s)", console.SafeLine(outboxdb.CleanText(p.Reason, 120)))
@@ -112,8 +116,8 @@ func writePlatform(w io.Writer, p outboxdb.PlatformState) {
 // and the berths blocked by a FAILED row (ORDER_ON_FAILED=block), longest
 // blocked first, with what unblocks them.
 func writeOrdering(w io.Writer, o outboxdb.OrderingStats) {
-	fmt.Fprintf(w, "ordering: %d rows held behind an earlier row of their key (counted in PENDING), %d keys blocked by a FAILED row\n",
-		o.HeldRows, o.BlockedKeys)
+	fmt.Fprintf(w, "ordering: %s held behind an earlier row of their key (counted in PENDING), %s blocked by a FAILED row\n",
+		plural(o.HeldRows, "row", "rows"), plural(o.BlockedKeys, "key", "keys"))
 	if len(o.Blocked) == 0 {
 		return
 	}
@@ -121,7 +125,7 @@ func writeOrdering(w io.Writer, o outboxdb.OrderingStats) {
 	fmt.Fprintln(tw, "  blocked key\tFAILED row\tmessage key\tblocked for\theld\tlast error")
 	for _, b := range o.Blocked {
 		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%d\t%s\n", console.SafeLine(b.Key), b.ID, console.SafeLine(b.MessageKey),
-			outboxdb.FormatDuration(b.Age), b.Held, console.SafeLine(outboxdb.CleanText(b.LastError, 80)))
+			age(b.Age), b.Held, console.SafeLine(outboxdb.CleanText(b.LastError, 80)))
 	}
 	_ = tw.Flush()
 	if int64(len(o.Blocked)) < o.BlockedKeys {

@@ -26,6 +26,18 @@ func TestStats(t *testing.T) {
 		}
 	})
 
+	// Every duration stats prints is to the second, a young row's age too
+	// (not "876.236ms old" beside "42s").
+	t.Run("AgesToTheSecond", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.insert(t, row{key: "young", age: 300 * time.Millisecond})
+		out := b.mustRun(t, "stats")
+		if !regexp.MustCompile(`oldest undelivered row: (\d+[dhm])*\d+s old \(id \d+, key young,`).MatchString(out) {
+			t.Errorf("the oldest row's age is not to the second:\n%s", out)
+		}
+	})
+
 	t.Run("CountsOldestAndTops", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -372,7 +372,7 @@ func TestOrderingFailedHead(t *testing.T) {
 		// Requeue: the enter goes again, first; the exit after it.
 		s.platform.Accept("enter-B-001")
 		// Refused for good (998): a requeue must ask for it.
-		if out := cli(s, "requeue", "--key", "enter-B-001", "--include-rejected"); !strings.Contains(out, "1 rows requeued") {
+		if out := cli(s, "requeue", "--key", "enter-B-001", "--include-rejected"); !strings.Contains(out, "1 row requeued") {
 			t.Fatalf("outbox requeue said:\n%s", out)
 		}
 		waitStatus(s, "exit-B-001", "SUCCESS")

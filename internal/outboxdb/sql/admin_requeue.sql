@@ -102,7 +102,8 @@ WITH picked AS (
 ), audit AS (
     INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
     SELECT id, prev_attempts, 'REQUEUED',
-           $7::text || ' (was ' || prev_status || ' after ' || prev_attempts || ' attempts)',
+           $7::text || ' (was ' || prev_status || ' after ' || prev_attempts
+               || CASE WHEN prev_attempts = 1 THEN ' attempt)' ELSE ' attempts)' END,
            now()
     FROM picked
 )
