@@ -381,8 +381,7 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 		fmt.Fprintf(w, "no rows match %s\n", f)
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCREATED\tSTATUS\tATTEMPTS\tERRCODE\tAPI_TYPE\tPLATE\tPARK\tBERTH\tDEVICE\tMESSAGE_KEY\tLAST_ERROR")
+	table := [][]string{{"ID", "CREATED", "STATUS", "ATTEMPTS", "ERRCODE", "API_TYPE", "PLATE", "PARK", "BERTH", "DEVICE", "MESSAGE_KEY", "LAST_ERROR"}}
 	for _, r := range rows {
 		status := string(r.Status)
 		if r.FailureClass != nil {
@@ -391,11 +390,12 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 		if r.OrderHeld {
 			status += " (held)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"),
-			status, r.AttemptCount, str(r.LastErrcode), console.SafeLine(r.APIType), str(r.PlateNo), str(r.ParkCode),
-			str(r.BerthCode), str(r.DeviceID), console.SafeLine(r.MessageKey), cut(str(r.LastError), 60))
+		table = append(table, []string{strconv.FormatInt(r.ID, 10), r.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"),
+			status, strconv.Itoa(r.AttemptCount), str(r.LastErrcode), console.SafeLine(r.APIType), str(r.PlateNo), str(r.ParkCode),
+			str(r.BerthCode), str(r.DeviceID), console.SafeLine(r.MessageKey), cut(str(r.LastError), 60)})
 	}
-	_ = tw.Flush()
+	// Padded by display width: plates hold Chinese characters.
+	_ = writeTable(w, table, 2)
 	if len(rows) == f.Limit || (f.Limit == 0 && len(rows) == outboxdb.DefaultFindLimit) {
 		fmt.Fprintf(w, "(%s shown, there may be more: --limit raises the cap, up to %d)\n", plural(len(rows), "row", "rows"), outboxdb.MaxFindLimit)
 	}

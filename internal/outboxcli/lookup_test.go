@@ -59,6 +59,19 @@ func lookupFixture(t *testing.T, b *testBundle) map[string]int64 {
 	return ids
 }
 
+// displayWidth counts the terminal columns of s: CJK characters take two
+// (the plates of the fixture are all in the Basic Multilingual Plane).
+func displayWidth(s string) int {
+	n := 0
+	for _, r := range s {
+		n++
+		if r >= 0x2E80 && r <= 0x9FFF || r >= 0xFF00 && r <= 0xFF60 {
+			n++
+		}
+	}
+	return n
+}
+
 // field is the value of a "label   value" line of outbox show.
 func field(out, label string) string {
 	for _, line := range strings.Split(out, "\n") {
@@ -209,6 +222,30 @@ func TestFind(t *testing.T) {
 			!strings.HasPrefix(lines[1], strconv.FormatInt(ids[key], 10)+" ") || !strings.Contains(lines[1], "FAILED/REJECTED") ||
 			!strings.Contains(lines[1], " 998 ") || !strings.Contains(lines[1], key) {
 			t.Errorf("find --plate:\n%s", out)
+		}
+	})
+
+	// Plates hold Chinese characters, two columns wide on a terminal: the
+	// columns after them line up by display width, not by characters.
+	t.Run("ColumnsLineUpWithChinesePlates", func(t *testing.T) {
+		t.Parallel()
+		out := b.mustRun(t, "find", "--park", "P1001")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) < 3 {
+			t.Fatalf("find --park P1001:\n%s", out)
+		}
+		columnOf := func(line, text string) int {
+			i := strings.Index(line, text)
+			if i < 0 {
+				t.Fatalf("%q not in %q", text, line)
+			}
+			return displayWidth(line[:i])
+		}
+		want := columnOf(lines[0], "PARK")
+		for _, l := range lines[1:] {
+			if got := columnOf(l, "P1001"); got != want {
+				t.Errorf("PARK at column %d, P1001 at %d:\n%s", want, got, out)
+			}
 		}
 	})
 
