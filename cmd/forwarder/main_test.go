@@ -112,6 +112,46 @@ output:
 			!strings.Contains(out, "forwarder -c pipelines/forwarder.yaml") || strings.Contains(out, "mundane") {
 			t.Fatalf("--help does not describe the forwarder: %v\n%s", err, out)
 		}
+		// The service's own flags, which Benthos declares hidden.
+		for _, want := range []string{"SERVICE OPTIONS", "--config value, -c value", "--set value, -s value", "--resources value, -r value"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("--help does not list %q:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "help-autocomplete") {
+			t.Errorf("--help lists the shells' --help-autocomplete:\n%s", out)
+		}
+	})
+
+	// forwarder test reports a target_mapping that does not compile with
+	// its file, line and column, as lint does for the pipelines.
+	t.Run("TestReportsTheMappingsPosition", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		if err := os.CopyFS(filepath.Join(dir, "mappings"), os.DirFS("../../mappings")); err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(dir, "mappings", "vehicle_event.blobl")
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		broken := strings.Replace(string(b), "root.park_code = ", "root.park_code = +++ ", 1)
+		line := 1 + strings.Count(broken[:strings.Index(broken, "+++")], "\n")
+		if err := os.WriteFile(file, []byte(broken), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(testinputs.Forwarder(t, forwarderBin), "test", "./mappings/...")
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		want := fmt.Sprintf("Mapping mappings/vehicle_event.blobl (target_mapping of mappings/vehicle_event_test.yaml) does not compile: "+
+			"compiling mappings/vehicle_event.blobl:%d:", line)
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Fatalf("forwarder test with a broken mapping: %v, want a failure and %q:\n%s", err, want, out)
+		}
+		if !strings.Contains(string(out), "Test 'mappings/heartbeat_test.yaml' succeeded") {
+			t.Errorf("the other tests did not run:\n%s", out)
+		}
 	})
 
 	t.Run("OutboxMigrate", func(t *testing.T) {

@@ -23,10 +23,14 @@ var defaultConfigPaths = []string{"/benthos.yaml", "/etc/benthos/config.yaml", "
 // value is reported by its variable, not by the field it lands in or by the
 // first connection that fails. `run` (and the default command) and `streams`
 // also require the platform credentials when the config sends to the
-// platform; `lint` checks only the values that are set. Other commands
-// (test, echo, blobl) are left alone: their configs set their own
-// environment.
+// platform; `lint` checks only the values that are set. `test` compiles the
+// mapping files its test cases target (checkTestMappings). Other commands
+// (echo, blobl) are left alone: their configs set their own environment.
 func preflight(c *cli.Context) error {
+	if c.Command.Name == "test" {
+		checkTestMappings(c.App.Writer, c.Args().Slice())
+		return nil
+	}
 	mode, files, ok := configFiles(c)
 	if !ok || len(files) == 0 {
 		return nil
