@@ -18,7 +18,7 @@ help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Check Go against go.mod; install what the tests and the dev stack need (Debian packages: PostgreSQL >= 14, pgbouncer, openssl, promtool, kcat, chromium; Go modules)
+deps: ## Check Go against go.mod; install what the tests and the dev stack need (Debian packages postgresql >= 14, pgbouncer, openssl, prometheus for promtool, kcat, chromium, fonts-wqy-microhei for the plates in the console's screenshots; Go modules)
 	@GO=$(GO) .ci/check-go
 	@missing=(); \
 	if [ -n "$${PG_BIN_DIR:-}" ]; then .ci/pg-bin-dir >/dev/null || exit 1; \

@@ -308,3 +308,23 @@ func TestExamplePlateIsInTheDevData(t *testing.T) {
 		}
 	}
 }
+
+// TestMakeHelpNamesEveryPackage: `make help` names every Debian package
+// `make deps` installs (APT_PACKAGES).
+func TestMakeHelpNamesEveryPackage(t *testing.T) {
+	t.Parallel()
+	makefile := readRoot(t, "Makefile")
+	m := regexp.MustCompile(`(?m)^APT_PACKAGES\s*:=\s*(.+)$`).FindStringSubmatch(makefile)
+	if m == nil {
+		t.Fatal("no APT_PACKAGES in the Makefile: the scan is broken")
+	}
+	help := regexp.MustCompile(`(?m)^deps:.*## (.+)$`).FindStringSubmatch(makefile)
+	if help == nil {
+		t.Fatal("no help text on the deps target")
+	}
+	for _, pkg := range strings.Fields(m[1]) {
+		if !regexp.MustCompile(`\b` + regexp.QuoteMeta(pkg) + `\b`).MatchString(help[1]) {
+			t.Errorf("make help does not name %s, which make deps installs: %q", pkg, help[1])
+		}
+	}
+}
