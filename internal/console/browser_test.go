@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,9 +50,14 @@ const (
 // session's cookie opens nothing; a vehicle event the platform refuses
 // (errcode 998) is FAILED; the operator logs in again, searches its plate, opens the row, requeues it with the
 // confirmation step and sees it PENDING; the forwarder, started again with
-// the platform accepting, delivers it, and a reload shows SUCCESS. The
-// console listens on a non-loopback address of this machine, so it needs
-// its token, and a request without it is refused.
+// the platform accepting, delivers it, and a reload shows SUCCESS with its
+// attempts numbered over the row's life. On the way, in a 1280 px window,
+// it checks what the pages show: a Retry-After pause only while one is in
+// force (overview), the class table apart from the groups (Failed), no
+// identifier or time broken over two lines and the whole Since hint
+// (Search); it takes the screenshots docs/operations.md shows. The console
+// listens on a non-loopback address of this machine, so it needs its
+// token, and a request without it is refused.
 func TestBrowser(t *testing.T) {
 	chromium := chromiumPath(t)
 	bin := forwarderBinary(t)
@@ -160,6 +166,16 @@ func TestBrowser(t *testing.T) {
 		}
 		return strings.TrimSpace(s)
 	}
+	bodyText := func() string {
+		t.Helper()
+		sctx, scancel := context.WithTimeout(browser, 30*time.Second)
+		defer scancel()
+		s, err := chromedp.Run(sctx, chromedp.Text(chromedp.CSS("main")))
+		if err != nil {
+			t.Fatalf("browser: reading the page: %v", err)
+		}
+		return s
+	}
 	screenshot := func() []byte {
 		t.Helper()
 		sctx, scancel := context.WithTimeout(browser, 30*time.Second)
@@ -205,6 +221,56 @@ func TestBrowser(t *testing.T) {
 
 	logIn()
 	overviewPNG := screenshot()
+	// paused_until holds 'epoch' (never paused): no pause is shown; one in
+	// force is.
+	if body := strings.ToLower(text("by-status") + bodyText()); strings.Contains(body, "paused") || strings.Contains(body, "1970") {
+		t.Errorf("the overview shows a pause that is not in force:\n%s", body)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE forward_platform_state SET paused_until = now() + interval '10 minutes'"); err != nil {
+		t.Fatal(err)
+	}
+	do("the overview during a pause", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.ID("paused")))
+	if paused := text("paused"); !strings.HasPrefix(paused, "Sending paused (Retry-After) until 20") {
+		t.Errorf("a pause in force reads %q", paused)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE forward_platform_state SET paused_until = 'epoch'"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The Failed page: the class table and the groups table apart.
+	do("the failed rows", chromedp.Navigate(base+"/failed"), chromedp.WaitVisible(chromedp.ID("groups")))
+	if gap := evaluate[float64](t, browser, `document.getElementById("groups").getBoundingClientRect().top - document.getElementById("failed-classes").getBoundingClientRect().bottom`); gap < 16 {
+		t.Errorf("the class table and the groups table are %.0f px apart, want them separated", gap)
+	}
+	failedPNG := screenshot()
+
+	// The Search page, at 1280 px: no plate, device id or time breaks in
+	// two, and the Since field shows its whole hint.
+	do("a search by park",
+		chromedp.Navigate(base+"/search?park=P1001&limit=12"),
+		chromedp.WaitVisible(chromedp.ID("results")),
+	)
+	if note := bodyText(); !strings.Contains(note, "12 rows for ") {
+		t.Errorf("the search does not say how many rows:\n%s", note)
+	}
+	// A cell is on one line when the boxes of its text (and of a badge in
+	// it) all overlap vertically; text wrapped onto a second line starts
+	// below the first's bottom.
+	// Columns: id, created, status, attempts, errcode, api_type, plate, park,
+	// berth, device; the last error may wrap.
+	if broken := evaluate[[]string](t, browser, `Array.from(document.querySelectorAll("#results tr td:not(:last-child)")).filter(td => {
+			const r = document.createRange(); r.selectNodeContents(td);
+			const boxes = Array.from(r.getClientRects()).filter(q => q.width > 0).sort((a, b) => a.top - b.top);
+			return boxes.some(q => q.top >= boxes[0].bottom - 1);
+		}).map(td => td.textContent.trim())`); len(broken) > 0 {
+		t.Errorf("cells broken over lines on the search page: %q", broken)
+	}
+	if fits := evaluate[bool](t, browser, `(() => { const i = document.getElementById("since"); const v = i.value;
+			i.value = i.placeholder; const ok = i.scrollWidth <= i.clientWidth; i.value = v; return ok; })()`); !fits {
+		t.Error(`the Since field cuts its placeholder "2h, 7d or 2026-05-21 10:30"`)
+	}
+	searchPNG := screenshot()
+
 	do("search the plate",
 		chromedp.Navigate(base+"/search"),
 		chromedp.WaitVisible(chromedp.ID("plate")),
@@ -254,11 +320,19 @@ func TestBrowser(t *testing.T) {
 	if status := text("status"); status != "SUCCESS" {
 		t.Fatalf("after the delivery and a reload: status %q, want SUCCESS", status)
 	}
+	// Refused, requeued, delivered: the attempts are numbered over the
+	// row's life, not from 1 again after the requeue.
+	steps := evaluate[[]string](t, browser, `Array.from(document.querySelectorAll("#attempts li b")).map(b => b.textContent.trim())`)
+	if want := []string{"#1 FAILED", "#1 REQUEUED", "#2 SUCCESS"}; !slices.Equal(steps, want) {
+		t.Errorf("the attempt timeline reads %q, want %q", steps, want)
+	}
 	recordPNG := screenshot()
 
-	for name, b := range map[string][]byte{"console-overview.png": overviewPNG, "console-record.png": recordPNG} {
+	for name, b := range map[string][]byte{"console-overview.png": overviewPNG, "console-record.png": recordPNG,
+		"console-failed.png": failedPNG, "console-search.png": searchPNG} {
 		img, err := png.Decode(bytes.NewReader(b))
-		if err != nil || img.Bounds().Dx() < 800 || img.Bounds().Dy() < 400 {
+		// 1280 px wide: the window the pages are checked at.
+		if err != nil || img.Bounds().Dx() != 1280 || img.Bounds().Dy() < 400 {
 			t.Errorf("screenshot %s: %v, %v", name, err, img)
 			continue
 		}
@@ -312,6 +386,19 @@ func vehicleRecord(id, plate string, inout int) *kgo.Record {
 		`{"messageId":"%s","deviceId":"CAM-0001","parkCode":"P1001","berthCode":"B-012","itemId":73421,"plateNo":"%s",`+
 			`"plateColor":1,"inoutType":%d,"inoutTime":1779330600000,"plateCredible":0.854,`+
 			`"pictures":[{"picType":1,"picUrl":"jieshun/2026/05/21/P1001/a.jpg"}]}`, id, plate, inout)}
+}
+
+// evaluate runs a script in the page (DevTools evaluates it; the page's
+// own policy runs none) and returns its result.
+func evaluate[T any](t *testing.T, browser context.Context, expr string) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(browser, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("browser: evaluating %s: %v", expr, err)
+	}
+	return v
 }
 
 // chromiumPath finds the browser, failing (not skipping) when it is missing:
