@@ -27,7 +27,7 @@ const (
 	KafkaTimestampMs = "kafka_timestamp_ms"
 	// KafkaOversize is set, instead of a body, on a message that stands for
 	// a record (or a compressed record batch) too large to deliver; its
-	// value says why and names the sizes (docs/guarantees.md #16).
+	// value says why and names the sizes (docs/guarantees.md #17).
 	KafkaOversize = "kafka_oversize"
 )
 

@@ -23,7 +23,7 @@ import (
 // bound (and than zstdWindow), or bytes that are not valid for their codec.
 // franz-go then stops the partition at the batch and tells us its offsets
 // (kgo.ErrDecompressTooLarge), so that the poll loop skips it and a FAILED
-// row accounts for it (docs/guarantees.md #16).
+// row accounts for it (docs/guarantees.md #17).
 //
 // franz-go's own decompressor, bounded by kgo.MaxDecompressBatchBytes, does
 // that only for batches that are too large: the zstd decoder refuses a frame

@@ -21,7 +21,7 @@ import (
 )
 
 // TestBoundedDecompressor checks the decompressor kafka_franz gives franz-go
-// (docs/guarantees.md #16): every codec decodes data up to the bound byte
+// (docs/guarantees.md #17): every codec decodes data up to the bound byte
 // for byte, and anything it cannot decode within the bound (more data, a
 // zstd window past it, bytes that are not its codec's) is kgo.ErrMaxDecompress,
 // the one error on which franz-go reports the batch's offsets rather than

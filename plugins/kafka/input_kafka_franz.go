@@ -43,7 +43,7 @@ const metricConsumerLag = "forwarder_kafka_consumer_lag"
 // record batch may decompress to. Producers put a record larger than their
 // batch size in a batch of its own, so a batch past this holds a record far
 // past max_message_bytes; the room above one message is for producers that
-// batch several large messages together (docs/guarantees.md #16).
+// batch several large messages together (docs/guarantees.md #17).
 const batchBytesPerMessage = 4
 
 func franzInputSpec() *service.ConfigSpec {
@@ -405,7 +405,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		// franz-go's own decompressor bounds a batch at 1 GiB, and a
 		// batch of a few KiB of zeros decompresses to that before a
 		// record is read; ours bounds it by max_message_bytes (see
-		// boundedDecompressor and refusedBatch; docs/guarantees.md #16).
+		// boundedDecompressor and refusedBatch; docs/guarantees.md #17).
 		kgo.WithDecompressor(dec),
 		kgo.WithLogger(kgoLogger{log: f.log}),
 		kgo.WithHooks(f.outage),
@@ -617,7 +617,7 @@ func oversizeReason(r *kgo.Record, maxBytes int64) string {
 // refusedBatch stands for a record batch that could not be decompressed
 // within its bound (see boundedDecompressor): one oversized message at the batch's first offset, tracked as
 // if it were the batch's last record, so that its ack commits the offset
-// after the batch (docs/guarantees.md #16). franz-go tells us where the
+// after the batch (docs/guarantees.md #17). franz-go tells us where the
 // batch starts and ends, not what is in it, so its records are accounted
 // for by this one message.
 func (f *franzInput) refusedBatch(e *kgo.ErrDecompressTooLarge) fetched {

@@ -19,7 +19,7 @@ import (
 // batch of a few KiB holding 64 MiB of zeros (zstd, then gzip) between
 // ordinary messages, plus a 2 MiB record whose batch stays within the
 // decompression bound, and consumes them with max_message_bytes 1 MiB
-// (docs/guarantees.md #16). No message carries more than 1 MiB: the bomb
+// (docs/guarantees.md #17). No message carries more than 1 MiB: the bomb
 // becomes one empty message at its offset whose kafka_oversize names the
 // bound, the 2 MiB record an empty one naming its size; every ordinary
 // message, and one of exactly 1 MiB, arrives intact, and the group's offset reaches the end of the
@@ -145,7 +145,7 @@ func TestInputDecompressionBomb(t *testing.T) {
 // (from v0, as Kafka 3 does; see TestInputKcatCompressedBatches), and
 // consumes them with max_message_bytes 256 KiB: the bomb arrives as one empty
 // message marked kafka_oversize, the ordinary messages intact, and the
-// group's offset reaches the end of the partition (docs/guarantees.md #16).
+// group's offset reaches the end of the partition (docs/guarantees.md #17).
 //
 // CI installs kcat; without it the test fails rather than skips.
 func TestInputKcatDecompressionBomb(t *testing.T) {

@@ -531,7 +531,7 @@ func (p *outboxProcessor) record(i int, msg *service.Message, keyExec, typeExec 
 	}
 	payloadOK := err == nil
 	if why, oversize := msgmeta.Oversize(msg); oversize {
-		// The input never read the record whole (docs/guarantees.md #16):
+		// The input never read the record whole (docs/guarantees.md #17):
 		// there is no payload to store, only why.
 		rec.Payload = nil
 		reasons, payloadOK = append(reasons, "payload not stored: "+why), false

@@ -409,7 +409,7 @@ func TestOutboxProcessor(t *testing.T) {
 
 	t.Run("RecordsTheInputMarkedOversizeAreFailedWithoutPayload", func(t *testing.T) {
 		// kafka_franz delivers a record it would not read whole as an
-		// empty message marked kafka_oversize (docs/guarantees.md #16).
+		// empty message marked kafka_oversize (docs/guarantees.md #17).
 		t.Parallel()
 		b := setup(t)
 		p := b.processor(t, defaultYAML)

@@ -95,7 +95,7 @@ func TestMemoryBoundedByBytes(t *testing.T) {
 // holding 1000 MiB of zeros each, compressed with zstd and with gzip by
 // franz-go's producer, to two partitions, then 300 ordinary messages over
 // every partition, and runs the forwarder with the shipped pipeline, its
-// defaults and the chart's GOMEMLIMIT (docs/guarantees.md #16). The
+// defaults and the chart's GOMEMLIMIT (docs/guarantees.md #17). The
 // ordinary messages are all delivered, each bomb is one FAILED row under
 // its fallback key with no payload and a reason naming the bound, and the
 // forwarder's peak resident size stays under 1 GiB: no bomb was

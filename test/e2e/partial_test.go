@@ -101,7 +101,7 @@ func (s *stack) withinShare(produced map[string]time.Time, limit time.Duration) 
 }
 
 // TestPartialPlatformFailures: a platform that fails some messages is not an
-// outage (docs/guarantees.md #17). Those messages retry on their own
+// outage (docs/guarantees.md #13). Those messages retry on their own
 // schedule, spend their attempts and end FAILED with the reason; the
 // breaker stays closed and the others flow. With ordering on (the default),
 // one instance and three.

@@ -22,7 +22,7 @@ import (
 // max_message_bytes and max_payload_bytes of 1 MiB, over a partition whose
 // second batch is 64 MiB of zeros compressed with zstd and another where it
 // is compressed with gzip, each between ordinary messages, both made by
-// franz-go's producer (docs/guarantees.md #16). Each bomb becomes one FAILED
+// franz-go's producer (docs/guarantees.md #17). Each bomb becomes one FAILED
 // row under its fallback key, with no payload and a reason naming the bound;
 // every ordinary message has its PENDING row, and the group's offsets reach
 // the end of both partitions.
