@@ -132,10 +132,11 @@ func (g *Gate) Start(ctx context.Context, pool *pgxpool.Pool) error {
 		return outboxdb.TakeRateTokens(ctx, pool, n, rate, burst)
 	})
 	lctx, stop := context.WithCancel(context.Background())
-	g.stop, g.done = stop, make(chan struct{})
+	done := make(chan struct{})
+	g.stop, g.done = stop, done
 	g.mu.Unlock()
 	g.sync(ctx)
-	go g.syncLoop(lctx)
+	go g.syncLoop(lctx, done)
 	return nil
 }
 
@@ -155,8 +156,11 @@ func (g *Gate) Stop() {
 	}
 }
 
-func (g *Gate) syncLoop(ctx context.Context) {
-	defer close(g.done)
+// syncLoop reads the shared state every SyncInterval until ctx ends, then
+// closes done. done is its own copy: Stop clears g.done, under the lock,
+// possibly before this goroutine has begun.
+func (g *Gate) syncLoop(ctx context.Context, done chan struct{}) {
+	defer close(done)
 	t := time.NewTicker(g.cfg.SyncInterval)
 	defer t.Stop()
 	for {

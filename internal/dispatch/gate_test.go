@@ -238,3 +238,20 @@ func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
 		t.Fatalf("paused until %v, want the reply's arrival + 1h (%v)", until, arrived.Add(time.Hour))
 	}
 }
+
+// TestGateStopsRightAfterStart: a gate stopped as soon as it started (an
+// output closed while connecting) ends its sync loop cleanly. The loop used
+// to read the channel it closes from the gate, which Stop clears: a loop
+// that began after Stop closed a nil channel and panicked.
+func TestGateStopsRightAfterStart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	g := NewGate(GateConfig{MaxInFlight: 1}, quietLog, GateMetrics{})
+	for range 50 {
+		if err := g.Start(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		g.Stop()
+	}
+}
