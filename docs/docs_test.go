@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"net/http"
 	"os"
@@ -12,7 +15,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -300,6 +305,68 @@ func cliModel(t *testing.T) map[string][]string {
 	return model
 }
 
+// helpFlag is a flag's line in a command's --help: its names, each followed
+// by " value" when the flag takes one ("--key value [ --key value ]",
+// "--resources value, -r value", "--dry-run", "--help, -h").
+var helpFlag = regexp.MustCompile(`^\s+(-{1,2}[A-Za-z0-9][\w.-]*(?: value)?(?:, -{1,2}[A-Za-z0-9][\w.-]*(?: value)?)*)(?:\s|$)`)
+
+// flagValues runs `<command> --help` for each command path of model (each
+// must succeed) and says, for each of its flags, whether the flag takes a
+// value, as the help shows it. The root command hides its flags from its
+// help: they are run's (the same definitions) plus --config (-c), a path.
+func flagValues(t *testing.T, model map[string][]string) map[string]map[string]bool {
+	t.Helper()
+	helps := map[string][]byte{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for path := range model {
+		wg.Go(func() {
+			args := append(strings.Split(path, "_")[1:], "--help")
+			help, err := exec.Command(forwarderBin, args...).CombinedOutput()
+			if err != nil {
+				t.Errorf("forwarder %s: %v\n%s", strings.Join(args, " "), err, help)
+			}
+			mu.Lock()
+			helps[path] = help
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	out := map[string]map[string]bool{}
+	for path, help := range helps {
+		takes := map[string]bool{}
+		for _, line := range strings.Split(string(help), "\n") {
+			m := helpFlag.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			for _, alt := range strings.Split(m[1], ", ") {
+				name, value := strings.CutSuffix(alt, " value")
+				takes[name] = value
+			}
+		}
+		out[path] = takes
+	}
+	root := out["forwarder"]
+	for f, v := range out["forwarder_run"] {
+		if _, ok := root[f]; !ok {
+			root[f] = v
+		}
+	}
+	root["--config"], root["-c"] = true, true
+	for path, flags := range model {
+		for _, f := range flags {
+			if _, ok := out[path][f]; !ok && f != "--help-autocomplete" {
+				t.Fatalf("forwarder %s --help does not show whether %s takes a value", strings.ReplaceAll(path, "_", " "), f)
+			}
+		}
+	}
+	return out
+}
+
 // commandLines are the forwarder command lines the pages show: lines of
 // code blocks and code spans that start with `bin/forwarder ` or
 // `forwarder ` once a `$ ` prompt and VAR=value assignments are taken off;
@@ -350,16 +417,18 @@ func commandLines(t *testing.T) map[string]string {
 }
 
 // TestDocumentedCommandsParse: every forwarder command line in the docs
-// names commands the binary has and flags those commands take, and
-// `<command> --help` succeeds.
+// names commands the binary has and flags those commands take, a flag's
+// value only where the flag takes one, and `<command> --help` succeeds for
+// every command.
 func TestDocumentedCommandsParse(t *testing.T) {
 	t.Parallel()
 	model := cliModel(t)
+	values := flagValues(t, model)
 	for line, page := range commandLines(t) {
 		fields := strings.Fields(line)[1:] // after bin/forwarder
 		path := "forwarder"
 		var args []string
-		afterFlag := false // the token before was a flag without =value
+		afterFlag := false // the token before was a flag that takes a value, without =value
 		for _, f := range fields {
 			f = strings.TrimSuffix(strings.Trim(f, "[]"), "...")
 			f = strings.TrimSuffix(f, "]")
@@ -371,16 +440,18 @@ func TestDocumentedCommandsParse(t *testing.T) {
 			}
 			if strings.HasPrefix(f, "-") {
 				flag, _, hasValue := strings.Cut(f, "=")
-				afterFlag = !hasValue
-				if !slices.Contains(model[path], flag) && !slices.Contains(model["forwarder"], flag) {
+				takes, known := values[path][flag]
+				if !known && slices.Contains(model["forwarder"], flag) {
+					takes, known = values["forwarder"][flag]
+				}
+				if !known {
 					t.Errorf("%s: `%s`: %s takes no flag %s (it takes %v)", page, line, strings.ReplaceAll(path, "_", " "), flag, model[path])
 				}
+				afterFlag = takes && !hasValue
 				continue
 			}
-			// A flag's value (read as such when it follows a flag: the
-			// model does not say which flags are boolean), a subcommand
-			// when the current command has one of that name, else an
-			// argument.
+			// The value of the flag before, a subcommand when the current
+			// command has one of that name, else an argument.
 			if afterFlag {
 				afterFlag = false
 				continue
@@ -393,12 +464,6 @@ func TestDocumentedCommandsParse(t *testing.T) {
 		}
 		if len(args) > 0 && hasSubcommands(model, path) {
 			t.Errorf("%s: `%s`: %s has no command %s", page, line, strings.ReplaceAll(path, "_", " "), args[0])
-			continue
-		}
-		cmdPath := strings.Split(path, "_")[1:]
-		out, err := exec.Command(forwarderBin, append(cmdPath, "--help")...).CombinedOutput()
-		if err != nil {
-			t.Errorf("%s: `%s`: forwarder %s --help: %v\n%s", page, line, strings.Join(cmdPath, " "), err, out)
 		}
 	}
 }
@@ -412,4 +477,160 @@ func hasSubcommands(model map[string][]string, path string) bool {
 		}
 	}
 	return false
+}
+
+// namedTest is a test a page names: its package directory, its name
+// (`TestX/Sub` for a subtest) and where the page names it.
+type namedTest struct {
+	pkg, name, row string
+}
+
+// guaranteeTests are the tests docs/guarantees.md names in its "proven by"
+// column: a code span naming a package directory (`plugins/kafka`) sets the
+// package of the test names that follow it (`TestX`, `TestX/Sub`,
+// `BenchmarkX`), until the next package. Any other span (a command) is
+// neither.
+func guaranteeTests(t *testing.T) []namedTest {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "docs", "guarantees.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := regexp.MustCompile("`([^`\n]+)`")
+	testName := regexp.MustCompile(`^(Test|Benchmark|Fuzz|Example)[A-Za-z0-9_]*(/[^/\s]+)*$`)
+	var out []namedTest
+	for _, line := range strings.Split(string(b), "\n") {
+		cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), "|")
+		if len(cells) < 4 || !strings.HasPrefix(line, "|") {
+			continue
+		}
+		row := strings.TrimSpace(cells[0])
+		pkg := ""
+		for _, m := range span.FindAllStringSubmatch(cells[len(cells)-1], -1) {
+			s := m[1]
+			switch {
+			case testName.MatchString(s):
+				if pkg == "" {
+					t.Errorf("docs/guarantees.md row %s: %s is named before any package", row, s)
+					continue
+				}
+				out = append(out, namedTest{pkg: pkg, name: s, row: row})
+			case isGoPackage(s):
+				pkg = s
+			}
+		}
+	}
+	if len(out) < 30 {
+		t.Fatalf("found only %d tests in docs/guarantees.md: the scan is broken (%v)", len(out), out)
+	}
+	return out
+}
+
+// isGoPackage reports whether p is a directory of the module holding Go
+// files.
+func isGoPackage(p string) bool {
+	if strings.ContainsAny(p, " .") || !strings.Contains(p, "/") {
+		return false
+	}
+	matches, _ := filepath.Glob(filepath.Join(root, filepath.FromSlash(p), "*.go"))
+	return len(matches) > 0
+}
+
+// TestGuaranteesNameRealTests: every test docs/guarantees.md cites as the
+// proof of a promise exists in the package it names, subtests included, so
+// a renamed, moved or deleted test cannot leave a promise proven by nothing.
+func TestGuaranteesNameRealTests(t *testing.T) {
+	t.Parallel()
+	funcs := map[string]map[string]*ast.FuncDecl{}
+	for _, nt := range guaranteeTests(t) {
+		if funcs[nt.pkg] == nil {
+			funcs[nt.pkg] = testFuncs(t, nt.pkg)
+		}
+		top, subs, _ := strings.Cut(nt.name, "/")
+		fn := funcs[nt.pkg][top]
+		if fn == nil {
+			t.Errorf("docs/guarantees.md row %s names %s %s: %s has no func %s", nt.row, nt.pkg, nt.name, nt.pkg, top)
+			continue
+		}
+		if subs == "" {
+			continue
+		}
+		body := ast.Node(fn.Body)
+		for _, sub := range strings.Split(subs, "/") {
+			if body = subtest(body, sub); body == nil {
+				t.Errorf("docs/guarantees.md row %s names %s %s: %s has no subtest %q", nt.row, nt.pkg, nt.name, top, sub)
+				break
+			}
+		}
+	}
+}
+
+// testFuncs parses the _test.go files of the package in dir and returns
+// their top-level functions by name.
+func testFuncs(t *testing.T, dir string) map[string]*ast.FuncDecl {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(dir), "*_test.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	out := map[string]*ast.FuncDecl{}
+	for _, p := range paths {
+		f, err := parser.ParseFile(fset, p, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatalf("parsing %s: %v", p, err)
+		}
+		for _, d := range f.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Body != nil {
+				out[fn.Name.Name] = fn
+			}
+		}
+	}
+	return out
+}
+
+// subtest finds, in node, the function literal of the subtest named name:
+// the body of a `x.Run("name", func...)` call (Go's subtest names have
+// spaces as underscores). A Run whose name is not a literal (a table of
+// cases) matches when node holds the name as a string literal; its function
+// is returned then.
+func subtest(node ast.Node, name string) ast.Node {
+	var found, table ast.Node
+	named := false
+	ast.Inspect(node, func(n ast.Node) bool {
+		if found != nil {
+			return false
+		}
+		switch n := n.(type) {
+		case *ast.BasicLit:
+			if s, err := strconv.Unquote(n.Value); err == nil && n.Kind == token.STRING && strings.ReplaceAll(s, " ", "_") == name {
+				named = true
+			}
+		case *ast.CallExpr:
+			sel, ok := n.Fun.(*ast.SelectorExpr)
+			if !ok || sel.Sel.Name != "Run" || len(n.Args) != 2 {
+				return true
+			}
+			fn, ok := n.Args[1].(*ast.FuncLit)
+			if !ok {
+				return true
+			}
+			lit, ok := n.Args[0].(*ast.BasicLit)
+			if !ok {
+				if table == nil {
+					table = fn
+				}
+				return true
+			}
+			if s, err := strconv.Unquote(lit.Value); err == nil && strings.ReplaceAll(s, " ", "_") == name {
+				found = fn
+				return false
+			}
+		}
+		return true
+	})
+	if found == nil && named && table != nil {
+		return table
+	}
+	return found
 }
