@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,8 +24,10 @@ import (
 // the default 5 attempts, and kills the forwarder with SIGKILL three times,
 // restarting it each time. Every row must end SUCCESS, nothing lost, and no
 // row may loop: none runs out of its attempts (each kill costs the rows in
-// flight at most one attempt). The give-backs counted in
-// forwarder_claims_returned_total before each kill are reported.
+// flight at most one attempt), and no process gives a claim back for lack
+// of lease (forwarder_claims_returned_total{reason="lease"}, read before
+// each kill and at the end, stays 0): the rows it holds keep their claims
+// by renewal.
 func TestShortLeaseKillNine(t *testing.T) {
 	s := newStack(t, stackOptions{
 		env: map[string]string{
@@ -54,6 +55,14 @@ func TestShortLeaseKillNine(t *testing.T) {
 	// kills fall during ingest and during delivery.
 	const kills = 3
 	var returned []string
+	// giveBacks checks one process's give-backs for lack of lease.
+	giveBacks := func(p *proc, m metrics) {
+		t.Helper()
+		if back := m.require(t, "forwarder_claims_returned_total", map[string]string{"reason": "lease"}); back > 0 {
+			t.Errorf("%s gave %v claims back unsent for lack of lease while its renewals ran (forwarder_claims_returned_total: %s)",
+				p.name, back, m.describe("forwarder_claims_returned_total"))
+		}
+	}
 	for i := range kills {
 		mark := int(float64(2*n) * (0.05 + 0.8*(float64(i)+s.rng.Float64())/kills))
 		s.waitUntil(fmt.Sprintf("progress %d before kill %d", mark, i+1), 5*time.Minute, func(ctx context.Context) (bool, string) {
@@ -62,12 +71,13 @@ func TestShortLeaseKillNine(t *testing.T) {
 		})
 		time.Sleep(time.Duration(s.rng.IntN(400)) * time.Millisecond)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		m := scrapeMetrics(ctx, p)
+		m := mustScrape(t, ctx, p)
 		counts, _ := s.rowCounts(ctx)
 		cancel()
 		st := s.platform.Stats()
 		p.kill9(t)
 		dead[member] = true
+		giveBacks(p, m)
 		returned = append(returned, fmt.Sprintf("%s: %s", p.name, m.describe("forwarder_claims_returned_total")))
 		t.Logf("kill %d at %s (progress mark %d): rows %v, platform accepted %d, in flight %d; %s gave back %s, renewed %v leases, lost %v claims",
 			i+1, time.Since(start).Round(time.Millisecond), mark, counts, st.Accepted, st.InFlight,
@@ -78,7 +88,8 @@ func TestShortLeaseKillNine(t *testing.T) {
 	s.waitSettled(6 * time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	last := scrapeMetrics(ctx, p)
+	last := mustScrape(t, ctx, p)
+	giveBacks(p, last)
 	returned = append(returned, fmt.Sprintf("%s (alive at the end): %s", p.name, last.describe("forwarder_claims_returned_total")))
 	r := s.verify()
 
@@ -123,7 +134,7 @@ func TestPlatformJustUnderTimeout(t *testing.T) {
 	took := time.Since(start)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m := scrapeMetrics(ctx, p)
+	m := mustScrape(t, ctx, p)
 	r := s.verify()
 
 	var expired int
@@ -133,13 +144,13 @@ func TestPlatformJustUnderTimeout(t *testing.T) {
 	if expired > 0 {
 		t.Errorf("%d LEASE_EXPIRED attempt logs while the only instance was alive: held claims ran out", expired)
 	}
-	if lost := m.sum("forwarder_claims_lost_total"); lost > 0 {
+	if lost := m.require(t, "forwarder_claims_lost_total", nil); lost > 0 {
 		t.Errorf("forwarder_claims_lost_total = %v: renewals found held claims lost", lost)
 	}
-	if back := m.series("forwarder_claims_returned_total")[`reason="lease"`]; back > 0 {
+	if back := m.require(t, "forwarder_claims_returned_total", map[string]string{"reason": "lease"}); back > 0 {
 		t.Errorf("forwarder_claims_returned_total{reason=\"lease\"} = %v: rows were given back unsent for lack of lease while renewals run", back)
 	}
-	if renewed := m.sum("forwarder_leases_renewed_total"); renewed == 0 {
+	if renewed := m.require(t, "forwarder_leases_renewed_total", nil); renewed == 0 {
 		t.Errorf("forwarder_leases_renewed_total = 0: no lease was renewed, so the scenario did not hold rows past one lease")
 	}
 
@@ -194,54 +205,4 @@ func (s *stack) attemptHistogram(ctx context.Context) map[int]int {
 		}
 	}
 	return out
-}
-
-// metrics is one scrape of a process's /metrics: metric name → labels (as
-// written between the braces, "" when none) → value.
-type metrics map[string]map[string]float64
-
-var metricSample = regexp.MustCompile(`(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})? ([0-9.eE+-]+|NaN|[+-]Inf)$`)
-
-// scrapeMetrics reads p's /metrics; an unreachable page gives no metrics.
-func scrapeMetrics(ctx context.Context, p *proc) metrics {
-	m := metrics{}
-	code, body, err := p.get(ctx, "/metrics")
-	if err != nil || code != 200 {
-		return m
-	}
-	for _, x := range metricSample.FindAllStringSubmatch(string(body), -1) {
-		v, err := strconv.ParseFloat(x[3], 64)
-		if err != nil {
-			continue
-		}
-		if m[x[1]] == nil {
-			m[x[1]] = map[string]float64{}
-		}
-		m[x[1]][x[2]] += v
-	}
-	return m
-}
-
-func (m metrics) series(name string) map[string]float64 { return m[name] }
-
-func (m metrics) sum(name string) float64 {
-	var s float64
-	for _, v := range m[name] {
-		s += v
-	}
-	return s
-}
-
-// describe renders a metric's series, e.g. `{reason="lease"} 3, ...`, or
-// "0" when it has none (a labelled counter appears once it moves).
-func (m metrics) describe(name string) string {
-	if len(m[name]) == 0 {
-		return "0"
-	}
-	var parts []string
-	for labels, v := range m[name] {
-		parts = append(parts, fmt.Sprintf("{%s} %v", labels, v))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ", ")
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -130,8 +129,10 @@ func TestOutageFailsNothing(t *testing.T) {
 			upAt := time.Now()
 			var limits []int
 			s.waitUntil("the breaker closes", time.Minute, func(ctx context.Context) (bool, string) {
-				if l, ok := metricValue(ctx, procs[0], "forwarder_platform_concurrency_limit"); ok {
-					limits = append(limits, int(l))
+				if m, err := scrapeMetrics(ctx, procs[0]); err == nil {
+					if l, ok := m.value("forwarder_platform_concurrency_limit", nil); ok {
+						limits = append(limits, int(l))
+					}
 				}
 				st := s.breakerState(ctx)
 				return st == "CLOSED", st
@@ -301,7 +302,7 @@ func TestHealthyErrorsKeepTheBreakerClosed(t *testing.T) {
 	if opened.Load() {
 		t.Error("the breaker left CLOSED while the platform answered every request")
 	}
-	if probes, _ := metricValue(ctx, p, `forwarder_platform_probes_total`); probes != 0 {
+	if probes := mustScrape(t, ctx, p).require(t, "forwarder_platform_probes_total", nil); probes != 0 {
 		t.Errorf("%v probes sent", probes)
 	}
 
@@ -400,28 +401,6 @@ func TestCompensation(t *testing.T) {
 		t.Errorf("no row was rejected: the test proves nothing about 998")
 	}
 	t.Logf("%d rows requeued (%d rounds logged), %d frozen after %d rounds, %d rejected and left alone", requeuedRows, logs, frozen, rounds, rejected)
-}
-
-var metricLine = regexp.MustCompile(`(?m)^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$`)
-
-// metricValue sums a metric's series in p's /metrics.
-func metricValue(ctx context.Context, p *proc, name string) (float64, bool) {
-	code, body, err := p.get(ctx, "/metrics")
-	if err != nil || code != 200 {
-		return 0, false
-	}
-	var sum float64
-	found := false
-	for _, m := range metricLine.FindAllStringSubmatch(string(body), -1) {
-		if m[1] == name {
-			v, err := strconv.ParseFloat(m[3], 64)
-			if err == nil {
-				sum += v
-				found = true
-			}
-		}
-	}
-	return sum, found
 }
 
 func merged(ms ...map[string]string) map[string]string {

@@ -20,7 +20,8 @@ import (
 // lease). The held leases are renewed, so no row may expire while its
 // instance is alive and be sent by another: every message is delivered
 // exactly once (docs/guarantees.md), no LEASE_EXPIRED attempt log, no
-// claim lost. The platform takes a little time per request so that the
+// claim lost, none given back for lack of lease, and leases were renewed
+// (forwarder_leases_renewed_total > 0: rows were held that long). The platform takes a little time per request so that the
 // instances do hold rows behind their requests.
 func TestThreeInstancesShortLease(t *testing.T) {
 	s := newStack(t, stackOptions{
@@ -57,10 +58,13 @@ func TestThreeInstancesShortLease(t *testing.T) {
 	var renewed, lost float64
 	var returned []string
 	for _, p := range procs {
-		m := scrapeMetrics(ctx, p)
-		renewed += m.sum("forwarder_leases_renewed_total")
-		lost += m.sum("forwarder_claims_lost_total")
+		m := mustScrape(t, ctx, p)
+		renewed += m.require(t, "forwarder_leases_renewed_total", nil)
+		lost += m.require(t, "forwarder_claims_lost_total", nil)
 		returned = append(returned, p.name+": "+m.describe("forwarder_claims_returned_total"))
+		if back := m.require(t, "forwarder_claims_returned_total", map[string]string{"reason": "lease"}); back > 0 {
+			t.Errorf("%s gave %v claims back unsent for lack of lease while its renewals ran", p.name, back)
+		}
 	}
 	r := s.verify()
 
@@ -78,6 +82,9 @@ func TestThreeInstancesShortLease(t *testing.T) {
 	}
 	if lost > 0 {
 		t.Errorf("forwarder_claims_lost_total = %v over the instances: renewals found held claims taken by another", lost)
+	}
+	if renewed == 0 {
+		t.Errorf("forwarder_leases_renewed_total = 0 over the instances: no lease was renewed, so no row was held past half a lease and the scenario proves nothing about renewals")
 	}
 
 	shares := s.deliveredBy(ctx)
