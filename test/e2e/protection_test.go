@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,36 @@ func (s *stack) breakerState(ctx context.Context) string {
 		s.t.Fatal(err)
 	}
 	return state
+}
+
+// attemptsOf describes the attempt logs of up to n rows with status, for a
+// failure to say what happened to them.
+func (s *stack) attemptsOf(ctx context.Context, status string, n int) []string {
+	rows, err := s.pool.Query(ctx, `SELECT r.message_key, r.attempt_count, coalesce(r.last_error, ''), r.updated_at,
+			coalesce(l.attempt_number, 0), coalesce(l.result_status, '(no attempt log)'), coalesce(l.http_status, 0),
+			coalesce(l.error_message, ''), coalesce(l.attempted_at, r.updated_at)
+		FROM forward_records r LEFT JOIN forward_retry_logs l ON l.record_id = r.id
+		WHERE r.id IN (SELECT id FROM forward_records WHERE status = $1 ORDER BY id LIMIT $2)
+		ORDER BY r.id, l.id`, status, n)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var key, lastErr, result, msg string
+		var attempts, number, code int
+		var updated, at time.Time
+		if err := rows.Scan(&key, &attempts, &lastErr, &updated, &number, &result, &code, &msg, &at); err != nil {
+			return append(out, err.Error())
+		}
+		out = append(out, fmt.Sprintf("%s (%d attempts, last error %q, updated %s): attempt %d at %s: %s (HTTP %d) %q",
+			key, attempts, lastErr, updated.Format(time.StampMilli), number, at.Format(time.StampMilli), result, code, msg))
+	}
+	if err := rows.Err(); err != nil {
+		out = append(out, err.Error())
+	}
+	return out
 }
 
 func (s *stack) countStatus(ctx context.Context, status string) int {
@@ -69,18 +100,169 @@ func (s *stack) steadyLoad(src *eventgen.Source, rate int) (stop func()) {
 	return func() { once.Do(func() { close(done); wg.Wait() }) }
 }
 
-// TestOutageFailsNothing takes the platform away for ten times what a row's
-// attempts take, under a steady load, with three instances: the shared
-// breaker opens, the platform gets nothing but probes (at most one per
-// PLATFORM_PROBE_INTERVAL across the three) while it is open, no row ends
-// FAILED however long it lasts, and once it is back every message is
-// delivered exactly once, with concurrency ramping up rather than jumping.
-// Once with the platform answering 503, once with it hanging (timeouts).
+// The outage scenario's numbers (TestOutageFailsNothing).
+const (
+	// outageMaxInFlight is FORWARD_MAX_IN_FLIGHT of each instance.
+	outageMaxInFlight = 20
+	// outageLatency is the platform's least reply time: the round trip of
+	// the ramp's bound (docs/architecture.md, Protecting the platform).
+	outageLatency = 100 * time.Millisecond
+	// outageTimeout is FORWARD_TIMEOUT: ten times the platform's latency,
+	// as shortAttempts's 500ms is twenty-five times the 20ms of the other
+	// scenarios.
+	outageTimeout = time.Second
+	// outageSettle is how long after the breaker opened every instance has
+	// stopped sending: its next read of the shared state (each second) plus
+	// FORWARD_TIMEOUT for the requests already in flight, plus half a second
+	// for the read itself.
+	outageSettle = time.Second + outageTimeout + 500*time.Millisecond
+	// outageWatch is the least time the open breaker is watched once every
+	// instance stopped: three times the longest a row's three attempts take
+	// (three timeouts and the 100ms and 200ms between them), so that attempts
+	// spent while the platform is down would run rows out of them.
+	outageWatch = 10 * time.Second
+)
+
+// rampBound is the most requests in flight an instance may have elapsed
+// after the breaker half-opened, replies taking at least rtt: it starts from
+// one and adds at most one per round trip (docs/architecture.md, Protecting
+// the platform).
+func rampBound(elapsed, rtt time.Duration) int {
+	return 1 + int(elapsed/rtt)
+}
+
+// rampRequests is the most requests one instance may send in the first
+// window after the breaker half-opened: at most k in its k-th round trip.
+func rampRequests(window, rtt time.Duration) int {
+	m := int((window + rtt - 1) / rtt)
+	return m * (m + 1) / 2
+}
+
+// gateSample is one read of an instance's breaker state and concurrency
+// limit, made between from and to.
+type gateSample struct {
+	from, to     time.Time
+	state, limit int
+}
+
+// sampleGate reads p's breaker state and concurrency limit gauges as fast as
+// /metrics answers until stop is called, which returns the samples.
+func sampleGate(p *proc) (stop func() []gateSample) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan []gateSample)
+	go func() {
+		var out []gateSample
+		for ctx.Err() == nil {
+			from := time.Now()
+			m, err := scrapeMetrics(ctx, p)
+			to := time.Now()
+			state, okState := m.value("forwarder_platform_breaker_state", nil)
+			limit, okLimit := m.value("forwarder_platform_concurrency_limit", nil)
+			if err == nil && okState && okLimit {
+				out = append(out, gateSample{from: from, to: to, state: int(state), limit: int(limit)})
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		done <- out
+	}()
+	return func() []gateSample {
+		cancel()
+		return <-done
+	}
+}
+
+// checkRamp checks one instance's samples around a recovery against the
+// ramp's bound: after the last sample that saw the breaker open (the
+// instance half-opened after that sample began), every limit read is at most
+// rampBound of the time since, and the limit passes through values between
+// 1 and the maximum (a jump to the maximum within the first second would
+// break the bound: (outageMaxInFlight-1) round trips of outageLatency are
+// 1.9 s). It returns what it saw, for the log.
+func checkRamp(t *testing.T, name string, samples []gateSample) string {
+	t.Helper()
+	lastOpen := -1
+	for i, smp := range samples {
+		if smp.state == 2 {
+			lastOpen = i
+		}
+	}
+	if lastOpen < 0 || lastOpen == len(samples)-1 {
+		t.Errorf("%s: %d samples of the breaker and the limit, none open then recovered: the ramp was not watched", name, len(samples))
+		return ""
+	}
+	openedAt := samples[lastOpen].from
+	between := map[int]bool{}
+	var seen, over []string
+	prev := -1
+	for _, smp := range samples[lastOpen+1:] {
+		elapsed := smp.to.Sub(openedAt)
+		if bound := rampBound(elapsed, outageLatency); smp.limit > bound {
+			over = append(over, fmt.Sprintf("%d at most %v after (allowed %d)", smp.limit, elapsed.Round(time.Millisecond), bound))
+		}
+		if smp.limit > 1 && smp.limit < outageMaxInFlight {
+			between[smp.limit] = true
+		}
+		if smp.limit != prev {
+			seen = append(seen, fmt.Sprintf("%v %d", elapsed.Round(10*time.Millisecond), smp.limit))
+			prev = smp.limit
+		}
+	}
+	if len(over) > 0 {
+		t.Errorf("%s: the concurrency limit went past the ramp (one more per %v round trip from one at the half-open) %d times: %s",
+			name, outageLatency, len(over), strings.Join(over[:min(len(over), 5)], ", "))
+	}
+	if len(between) < 2 {
+		t.Errorf("%s: the limit took %d values between 1 and %d after the breaker half-opened (%v): no ramp seen",
+			name, len(between), outageMaxInFlight, seen)
+	}
+	return strings.Join(seen, ", ")
+}
+
+// arrivals records when the platform's request count moved, from now until
+// stop: stop returns the time of each request's arrival (at the latest).
+func arrivals(platform *mockplatform.Server) (stop func() []time.Time) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan []time.Time)
+	go func() {
+		var at []time.Time
+		last := platform.Stats().Requests
+		_ = platform.WaitFor(ctx, func(st mockplatform.Stats) bool {
+			now := time.Now()
+			for ; last < st.Requests; last++ {
+				at = append(at, now)
+			}
+			return false
+		})
+		done <- at
+	}()
+	return func() []time.Time {
+		cancel()
+		return <-done
+	}
+}
+
+// TestOutageFailsNothing takes the platform away under a steady load, with
+// three instances: the shared breaker opens, the platform gets nothing but
+// probes (at most one per PLATFORM_PROBE_INTERVAL across the three) for at
+// least outageWatch once every instance stopped, no row ends FAILED however
+// long it lasts, and once it is back every message is delivered exactly
+// once, with concurrency ramping up rather than jumping: each instance's
+// limit stays under the ramp's bound, passing through values between 1 and
+// FORWARD_MAX_IN_FLIGHT, and the platform gets at most the ramp's requests
+// in the first second of sending after the probe succeeded
+// (docs/architecture.md, Protecting the platform). Once with the platform
+// answering 503, once with it hanging (timeouts).
 func TestOutageFailsNothing(t *testing.T) {
 	for _, mode := range []string{"Down503", "Hanging"} {
 		t.Run(mode, func(t *testing.T) {
-			env := merged(shortAttempts, map[string]string{"FORWARD_MAX_IN_FLIGHT": "20"})
-			s := newStack(t, stackOptions{env: env, faults: mockplatform.Faults{Latency: 20 * time.Millisecond}})
+			env := merged(shortAttempts, map[string]string{
+				"FORWARD_MAX_IN_FLIGHT": strconv.Itoa(outageMaxInFlight),
+				"FORWARD_TIMEOUT":       outageTimeout.String(),
+			})
+			s := newStack(t, stackOptions{env: env, faults: mockplatform.Faults{Latency: outageLatency, LatencyJitter: 20 * time.Millisecond}})
 			src := s.newSource(eventgen.SourceConfig{})
 			procs := []*proc{s.start("fwd-a", nil), s.start("fwd-b", nil), s.start("fwd-c", nil)}
 			stopLoad := s.steadyLoad(src, 100)
@@ -90,7 +272,6 @@ func TestOutageFailsNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			const outage = 12 * time.Second // ten times three attempts of ~0.4s
 			downAt := time.Now()
 			if mode == "Hanging" {
 				s.platform.Hang()
@@ -102,12 +283,10 @@ func TestOutageFailsNothing(t *testing.T) {
 				return st == "OPEN", st
 			})
 			openAt := time.Now()
-			// Every instance follows within its sync interval (1s); what is
-			// in flight when it opened finishes within FORWARD_TIMEOUT.
-			time.Sleep(2 * time.Second)
+			time.Sleep(outageSettle)
 			from := s.platform.Stats().Requests
 			settledAt := time.Now()
-			time.Sleep(time.Until(downAt.Add(outage)))
+			time.Sleep(time.Until(settledAt.Add(outageWatch)))
 			during := s.platform.Stats().Requests - from
 			window := time.Since(settledAt)
 			failed := s.countStatus(ctx, "FAILED")
@@ -117,42 +296,84 @@ func TestOutageFailsNothing(t *testing.T) {
 					during, window.Round(time.Millisecond), probes)
 			}
 			if failed != 0 {
-				t.Errorf("%d rows FAILED during a %v outage", failed, outage)
+				t.Errorf("%d rows FAILED during a %v outage (began at %s); their attempts:\n  %s", failed, time.Since(downAt).Round(time.Millisecond),
+					downAt.Format(time.StampMilli), strings.Join(s.attemptsOf(ctx, "FAILED", 5), "\n  "))
 			}
 
-			// Recovery: watch one instance's concurrency limit ramp up.
+			// Recovery: watch every instance's limit ramp up, and the
+			// requests reaching the platform.
+			samplers := make([]func() []gateSample, len(procs))
+			for i, p := range procs {
+				samplers[i] = sampleGate(p)
+			}
+			time.Sleep(300 * time.Millisecond) // a few samples of the open breaker first
+			stopArrivals := arrivals(s.platform)
+			upAt := time.Now()
 			if mode == "Hanging" {
 				s.platform.Release()
 			} else {
 				s.platform.SetDown(false, 0)
 			}
-			upAt := time.Now()
-			var limits []int
 			s.waitUntil("the breaker closes", time.Minute, func(ctx context.Context) (bool, string) {
-				if m, err := scrapeMetrics(ctx, procs[0]); err == nil {
-					if l, ok := m.value("forwarder_platform_concurrency_limit", nil); ok {
-						limits = append(limits, int(l))
-					}
-				}
 				st := s.breakerState(ctx)
 				return st == "CLOSED", st
 			})
+			closedAfter := time.Since(upAt)
+			// The ramp to FORWARD_MAX_IN_FLIGHT takes at least 1.9 s from
+			// the half-open; the breaker closes after ten healthy replies.
+			time.Sleep(3 * time.Second)
+			var ramps []string
+			for i, stop := range samplers {
+				ramps = append(ramps, procs[i].name+": "+checkRamp(t, procs[i].name, stop()))
+			}
+			at := stopArrivals()
+
+			// The first reply the platform accepted after it came back is a
+			// probe's (only probes go while the breaker is open): every
+			// instance half-opened after it, with a limit of one that only
+			// replies raise. So from the first request after it, each
+			// instance's requests follow the ramp whenever it started (a
+			// second probe may come from an instance that has not yet seen
+			// the first succeed).
+			var probeAt, firstAt time.Time
+			for _, d := range s.platform.Deliveries() {
+				if d.FirstAt.After(upAt) && (probeAt.IsZero() || d.FirstAt.Before(probeAt)) {
+					probeAt = d.FirstAt
+				}
+			}
+			firstSecond := 0
+			for _, a := range at {
+				if !probeAt.IsZero() && a.After(probeAt) {
+					if firstAt.IsZero() {
+						firstAt = a
+					}
+					if !a.After(firstAt.Add(time.Second)) {
+						firstSecond++
+					}
+				}
+			}
+			allowed := len(procs)*rampRequests(time.Second, outageLatency) + 2
+			switch {
+			case firstAt.IsZero():
+				t.Errorf("no request was sent after a probe succeeded")
+			case firstSecond > allowed:
+				t.Errorf("%d requests reached the platform in the first second of sending after the breaker half-opened; the ramp allows at most %d (%d instances, at most k requests in the k-th %v round trip)",
+					firstSecond, allowed, len(procs), outageLatency)
+			}
+
 			stopLoad()
 			s.waitSettled(2 * time.Minute)
 			r := s.verify()
 			if r.dupDeliveries != 0 {
 				t.Errorf("%d messages were delivered twice", r.dupDeliveries)
 			}
-			if len(limits) == 0 || limits[0] > 4 {
-				t.Errorf("concurrency limits after the platform came back %v: want a ramp starting from 1", limits)
-			}
-			if st := s.platform.Stats(); st.PeakInFlight > 3*20 {
+			if st := s.platform.Stats(); st.PeakInFlight > 3*outageMaxInFlight {
 				t.Errorf("peak %d requests in flight, more than 3 x FORWARD_MAX_IN_FLIGHT", st.PeakInFlight)
 			}
 			t.Logf("%s: open %v after the outage began; %d requests in %v while open (at most %d allowed); rows FAILED during the outage %d; "+
-				"closed %v after recovery, limits seen %v; %s",
+				"closed %v after recovery; %d requests in the first second of sending after the probe succeeded (at most %d); limits after the half-open (time since, limit): %s; %s",
 				mode, openAt.Sub(downAt).Round(time.Millisecond), during, window.Round(time.Millisecond), probes, failed,
-				time.Since(upAt).Round(time.Millisecond), limits, r)
+				closedAfter.Round(time.Millisecond), firstSecond, allowed, strings.Join(ramps, "; "), r)
 		})
 	}
 }
