@@ -379,63 +379,114 @@ func TestOutageFailsNothing(t *testing.T) {
 }
 
 // TestRetryAfterPausesEveryInstance: one 429 with Retry-After stops both
-// instances for that long.
+// instances for as long as it asks, capped at FORWARD_RETRY_MAX: nothing
+// reaches the platform while the pause is shared, the first request after
+// it comes no sooner than the pause's length after the 429 and within two
+// reads of the shared state (a second each) after it ends. Once with
+// Retry-After under the cap, once over it.
 func TestRetryAfterPausesEveryInstance(t *testing.T) {
-	const retryAfter = 6 * time.Second
-	// FORWARD_RETRY_MAX caps a Retry-After: above the one asked for.
-	s := newStack(t, stackOptions{env: merged(shortAttempts, map[string]string{"FORWARD_RETRY_MAX": "10s"})})
-	src := s.newSource(eventgen.SourceConfig{})
-	s.start("fwd-a", nil)
-	s.start("fwd-b", nil)
-	stopLoad := s.steadyLoad(src, 100)
-	defer stopLoad()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= 50 }); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name string
+		// header is the Retry-After the platform answers; retryMax is
+		// FORWARD_RETRY_MAX; want is the pause they make.
+		header, retryMax, want time.Duration
+	}{
+		{name: "UnderTheCap", header: 6 * time.Second, retryMax: 10 * time.Second, want: 6 * time.Second},
+		{name: "CappedByRetryMax", header: 12 * time.Second, retryMax: 5 * time.Second, want: 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStack(t, stackOptions{env: merged(shortAttempts, map[string]string{"FORWARD_RETRY_MAX": tc.retryMax.String()})})
+			src := s.newSource(eventgen.SourceConfig{})
+			s.start("fwd-a", nil)
+			s.start("fwd-b", nil)
+			stopLoad := s.steadyLoad(src, 100)
+			defer stopLoad()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= 50 }); err != nil {
+				t.Fatal(err)
+			}
+			stopArrivals := arrivals(s.platform)
+			// Every 429 is answered between before and upAt, so the pause
+			// it asks for ends between before+want and upAt+want.
+			before := time.Now()
+			s.platform.SetDownWith(true, http.StatusTooManyRequests, tc.header)
+			if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Unavailable > 0 }); err != nil {
+				t.Fatal(err)
+			}
+			s.platform.SetDown(false, 0)
+			upAt := time.Now()
+			// The pause is shared when an instance handles the 429 and
+			// writes it in the database, on a loaded machine a moment after
+			// the answer: the watch starts then.
+			var until time.Time
+			for {
+				err := s.pool.QueryRow(ctx, `SELECT paused_until FROM forward_platform_state WHERE paused_until > now()`).Scan(&until)
+				if err == nil {
+					break
+				}
+				if time.Since(before) > tc.want {
+					t.Fatalf("no instance shared the pause within %v of the 429: %v", tc.want, err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			sharedAt := time.Now()
+			if until.Before(before.Add(tc.want)) {
+				t.Errorf("the shared pause ends %v after the 429: shorter than %v (Retry-After %v, FORWARD_RETRY_MAX %v)",
+					until.Sub(before).Round(time.Millisecond), tc.want, tc.header, tc.retryMax)
+			}
+			// From a second and a half after it was shared (every instance
+			// reads the shared state each second) to half a second before
+			// it ends, nothing is sent.
+			from, to := sharedAt.Add(1500*time.Millisecond), until.Add(-500*time.Millisecond)
+			if to.Sub(from) < time.Second {
+				t.Fatalf("the pause was shared %v after the 429 and ends %v after it: less than a second left to watch",
+					sharedAt.Sub(before).Round(time.Millisecond), until.Sub(before).Round(time.Millisecond))
+			}
+			// Its end, as the platform sees it: the first request after
+			// from. Watched until two reads of the shared state after the
+			// longest the pause may last.
+			const resumeSlack = 2 * time.Second
+			time.Sleep(time.Until(from))
+			sent := s.platform.Stats().Requests
+			time.Sleep(time.Until(to))
+			paused := s.platform.Stats().Requests - sent
+			time.Sleep(time.Until(upAt.Add(tc.want + resumeSlack + 500*time.Millisecond)))
+			var resumedAt time.Time
+			for _, a := range stopArrivals() {
+				if !a.Before(to) {
+					resumedAt = a
+					break
+				}
+			}
+			if paused != 0 {
+				t.Errorf("%d requests during a %v Retry-After pause (watched %v of it)", paused, tc.want, to.Sub(from).Round(time.Millisecond))
+			}
+			switch {
+			case resumedAt.IsZero():
+				t.Errorf("no request reached the platform within %v of the end of a %v pause (Retry-After %v, FORWARD_RETRY_MAX %v)",
+					resumeSlack, tc.want, tc.header, tc.retryMax)
+			case resumedAt.Before(before.Add(tc.want)):
+				t.Errorf("sending resumed %v after the 429: a pause shorter than %v (Retry-After %v, FORWARD_RETRY_MAX %v)",
+					resumedAt.Sub(before).Round(time.Millisecond), tc.want, tc.header, tc.retryMax)
+			case resumedAt.After(upAt.Add(tc.want + resumeSlack)):
+				t.Errorf("sending resumed %v after the 429: a pause longer than %v (Retry-After %v, FORWARD_RETRY_MAX %v)",
+					resumedAt.Sub(before).Round(time.Millisecond), tc.want, tc.header, tc.retryMax)
+			}
+			stopLoad()
+			s.waitSettled(time.Minute)
+			r := s.verify()
+			resumed := "never"
+			if !resumedAt.IsZero() {
+				resumed = resumedAt.Sub(before).Round(time.Millisecond).String() + " after the 429"
+			}
+			t.Logf("Retry-After %v, FORWARD_RETRY_MAX %v: pause shared %v after the 429, until %v after it; %d requests from %v to %v; resumed %s (want %v to %v); %s",
+				tc.header, tc.retryMax, sharedAt.Sub(before).Round(time.Millisecond), until.Sub(before).Round(time.Millisecond), paused,
+				from.Sub(before).Round(time.Millisecond), to.Sub(before).Round(time.Millisecond), resumed,
+				tc.want, upAt.Add(tc.want+resumeSlack).Sub(before).Round(time.Millisecond), r)
+		})
 	}
-	s.platform.SetDownWith(true, http.StatusTooManyRequests, retryAfter)
-	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Unavailable > 0 }); err != nil {
-		t.Fatal(err)
-	}
-	answeredAt := time.Now()
-	s.platform.SetDown(false, 0)
-	// The pause begins when an instance handles the 429 and shares it in
-	// the database, on a loaded machine a moment after the answer: measure
-	// from then, and until it ends.
-	var until time.Time
-	for {
-		err := s.pool.QueryRow(ctx, `SELECT paused_until FROM forward_platform_state WHERE paused_until > now()`).Scan(&until)
-		if err == nil {
-			break
-		}
-		if time.Since(answeredAt) > retryAfter {
-			t.Fatalf("no instance shared the pause within %v of the 429: %v", retryAfter, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	sharedAt := time.Now()
-	// From a second and a half after it was shared (every instance reads
-	// the shared state each second) to half a second before it ends,
-	// nothing is sent.
-	from, to := sharedAt.Add(1500*time.Millisecond), until.Add(-500*time.Millisecond)
-	if to.Sub(from) < time.Second {
-		t.Fatalf("the pause was shared %v after the 429 and ends %v after it: less than a second left to watch",
-			sharedAt.Sub(answeredAt).Round(time.Millisecond), until.Sub(answeredAt).Round(time.Millisecond))
-	}
-	time.Sleep(time.Until(from))
-	before := s.platform.Stats().Requests
-	time.Sleep(time.Until(to))
-	paused := s.platform.Stats().Requests - before
-	if paused != 0 {
-		t.Errorf("%d requests during a %v Retry-After pause (watched %v of it)", paused, retryAfter, to.Sub(from).Round(time.Millisecond))
-	}
-	stopLoad()
-	s.waitSettled(time.Minute)
-	r := s.verify()
-	t.Logf("%d requests from %v to %v after the 429 (pause shared after %v, until %v): %s", paused,
-		from.Sub(answeredAt).Round(time.Millisecond), to.Sub(answeredAt).Round(time.Millisecond),
-		sharedAt.Sub(answeredAt).Round(time.Millisecond), until.Sub(answeredAt).Round(time.Millisecond), r)
 }
 
 // TestRateLimitAcrossInstances drains a backlog with two instances under
