@@ -180,14 +180,18 @@ func (r orderReport) assert(t *testing.T) {
 }
 
 // TestOrderingPerBerth: enter/exit pairs of 5 000 berths, produced at a
-// steady rate, with a platform that fails a fifth of first attempts
-// transiently (errcode 999, retried after FORWARD_RETRY_INITIAL). Every
-// berth's events reach the platform in Kafka order, one at a time. The
-// same load also runs with ORDERING=off (first: it warms the shared
-// PostgreSQL up), and the latency of the berths no failure touched is
-// logged for both, for the events their own berth did not hold back: a
-// failing berth holds back only itself (no assertion on time: the figures
-// are for the reader).
+// steady rate to three instances, with a platform that takes 20–60 ms per
+// request and fails a fifth of first attempts transiently (errcode 999,
+// retried after FORWARD_RETRY_INITIAL). Every berth's events reach the
+// platform in Kafka order, one at a time: the platform never has two
+// requests of one berth in flight at once (it counts, per berth, the
+// requests it is handling when one arrives). The same load also runs with
+// ORDERING=off (first: it warms the shared PostgreSQL up), where the
+// platform must see some berth's requests overlap, or the check above
+// could not see them either; and the latency of the berths no failure
+// touched is logged for both, for the events their own berth did not hold
+// back: a failing berth holds back only itself (no assertion on time: the
+// figures are for the reader).
 func TestOrderingPerBerth(t *testing.T) {
 	berths := load(5_000, 1_000)
 	n := berths * 5 / 2 // a pair per berth, and heartbeats (1 in 5)
@@ -200,14 +204,17 @@ func TestOrderingPerBerth(t *testing.T) {
 		measured int
 		healthy  int
 		report   orderReport
+		// overlaps are the berths the platform had more than one request
+		// of in flight at once, with how many at most.
+		overlaps map[string]int
 	}
 	run := func(t *testing.T, ordering string) result {
 		s := newStack(t, stackOptions{
 			env:    map[string]string{"ORDERING": ordering, "CLAIM_LEASE": "20s"},
-			faults: mockplatform.Faults{FirstTry999: 0.2},
+			faults: mockplatform.Faults{FirstTry999: 0.2, Latency: 20 * time.Millisecond, LatencyJitter: 40 * time.Millisecond},
 		})
 		src := s.newSource(eventgen.SourceConfig{Berths: berths})
-		s.start("forwarder", nil)
+		s.startAll("forwarder-a", "forwarder-b", "forwarder-c")
 		be := newBerthEvents()
 		s.producePaced(src, n, rate, be)
 		s.waitSettled(4 * time.Minute)
@@ -217,8 +224,18 @@ func TestOrderingPerBerth(t *testing.T) {
 		res.report = or
 		res.p50, res.p99, res.measured, res.allP99 = s.healthyLatency(be, or.healthy)
 		res.healthy = len(or.healthy)
-		t.Logf("ORDERING=%s: %d berths, %d events in Kafka order checked, %d violations; healthy berths %d, their p50 %s p99 %s (n=%d); %s",
-			ordering, or.berths, or.events, len(or.violations), res.healthy, res.p50.Round(time.Millisecond), res.p99.Round(time.Millisecond), res.measured, r)
+		peaks := s.platform.BerthInFlightPeaks()
+		res.overlaps = map[string]int{}
+		for berth, peak := range peaks {
+			if peak > 1 {
+				res.overlaps[berth] = peak
+			}
+		}
+		if len(peaks) < or.berths {
+			t.Errorf("the platform counted requests in flight for %d berths, %d were produced", len(peaks), or.berths)
+		}
+		t.Logf("ORDERING=%s: %d berths, %d events in Kafka order checked, %d violations, %d berths with requests in flight at once; healthy berths %d, their p50 %s p99 %s (n=%d); %s",
+			ordering, or.berths, or.events, len(or.violations), len(res.overlaps), res.healthy, res.p50.Round(time.Millisecond), res.p99.Round(time.Millisecond), res.measured, r)
 		return res
 	}
 
@@ -230,10 +247,27 @@ func TestOrderingPerBerth(t *testing.T) {
 		// Without ordering an exit may overtake its enter: that is what the
 		// feature is for. Count it, for the reader.
 		t.Logf("ORDERING=off: %d berth events reached the platform before their predecessor was accepted", len(off.report.violations))
+		// The control: the same load without ordering does put requests
+		// of one berth in flight together, so that the check of the
+		// ordered run below can see it.
+		if len(off.overlaps) == 0 {
+			t.Errorf("ORDERING=off: no berth ever had two requests in flight at once: the load cannot show whether ordering keeps them apart")
+		}
 	})
 	t.Run("berth", func(t *testing.T) {
 		on = run(t, "berth")
 		on.report.assert(t)
+		if len(on.overlaps) > 0 {
+			var shown []string
+			for berth, peak := range on.overlaps {
+				if len(shown) < 10 {
+					shown = append(shown, fmt.Sprintf("%s: %d", berth, peak))
+				}
+			}
+			slices.Sort(shown)
+			t.Errorf("%d berths had more than one request in flight at once at the platform (ORDERING=berth, three instances), e.g. %s",
+				len(on.overlaps), strings.Join(shown, ", "))
+		}
 	})
 	t.Logf("produce→platform latency at %d messages/s of the healthy berths' events that no earlier event of their own berth held back: "+
 		"p99 ordering on %s, off %s; p50 %s vs %s (%d and %d healthy berths). Counting also the events held behind their own berth's previous one: p99 %s vs %s",

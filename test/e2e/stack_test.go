@@ -178,6 +178,23 @@ func (s *stack) start(name string, extra map[string]string) *proc {
 	return p
 }
 
+// startAll runs one forwarder per name with the stack's environment, all
+// at once, and waits until each answers /ping.
+func (s *stack) startAll(names ...string) []*proc {
+	s.t.Helper()
+	procs := make([]*proc, len(names))
+	for i, name := range names {
+		procs[i] = startProc(s.t, name, s.env)
+	}
+	s.mu.Lock()
+	s.procs = append(s.procs, procs...)
+	s.mu.Unlock()
+	for _, p := range procs {
+		p.waitUp(s.t, 60*time.Second)
+	}
+	return procs
+}
+
 // checkLogsForPassword fails the test if any process ever wrote the
 // platform password (docs/guarantees.md #11: never logged).
 func (s *stack) checkLogsForPassword() {

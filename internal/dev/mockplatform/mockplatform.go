@@ -11,8 +11,9 @@
 // Fail HTTP 500 for chosen message_ids. It checks the credentials, counts everything, keeps
 // every accepted delivery per message_id (with duplicates counted), keeps,
 // on demand, every business request per berth in the order it was answered
-// (to check per-berth ordering), and measures the peak number of concurrent
-// requests.
+// (to check per-berth ordering) and the most requests of each berth in
+// flight at once (to check one at a time per berth), and measures the peak
+// number of concurrent requests.
 //
 //	srv, err := mockplatform.Start(mockplatform.Config{AccessName: "dev", AccessPwd: pwd})
 //	...
@@ -111,7 +112,8 @@ type Config struct {
 	// (the real platform has been seen doing both).
 	NumericErrcode bool
 	// RecordBerths keeps every business request per berth (park_code +
-	// "/" + berth_code), in the order they were answered (BerthLog).
+	// "/" + berth_code), in the order they were answered (BerthLog), and
+	// the most requests of each berth in flight at once (BerthInFlightPeaks).
 	RecordBerths bool
 }
 
@@ -178,6 +180,10 @@ type Platform struct {
 	// tried holds the message_ids that had a request (for FirstTry999).
 	tried  map[string]bool
 	berths map[string][]BerthRequest
+	// berthInFlight counts each berth's business requests being handled,
+	// from the moment the berth is read until the answer is written;
+	// berthPeak is the most there have been at once (RecordBerths).
+	berthInFlight, berthPeak map[string]int
 }
 
 // Outcomes of a request in a berth's log.
@@ -218,6 +224,9 @@ func New(cfg Config) *Platform {
 		failing:    map[string]int{},
 		tried:      map[string]bool{},
 		berths:     map[string][]BerthRequest{},
+
+		berthInFlight: map[string]int{},
+		berthPeak:     map[string]int{},
 	}
 }
 
@@ -264,6 +273,36 @@ func (p *Platform) BerthLog() map[string][]BerthRequest {
 		out[b] = append([]BerthRequest(nil), rs...)
 	}
 	return out
+}
+
+// BerthInFlightPeaks returns, for every berth that had a business request
+// (with Config.RecordBerths), the most of its requests the platform was
+// handling at once: each arriving request counts those of its berth not yet
+// answered, itself included. 1 means its requests came one at a time.
+func (p *Platform) BerthInFlightPeaks() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int, len(p.berthPeak))
+	for b, n := range p.berthPeak {
+		out[b] = n
+	}
+	return out
+}
+
+// berthArrived counts a business request of berth in flight and returns
+// the function that counts it answered.
+func (p *Platform) berthArrived(berth string) (answered func()) {
+	p.mu.Lock()
+	p.berthInFlight[berth]++
+	p.berthPeak[berth] = max(p.berthPeak[berth], p.berthInFlight[berth])
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		if p.berthInFlight[berth]--; p.berthInFlight[berth] == 0 {
+			delete(p.berthInFlight, berth)
+		}
+		p.mu.Unlock()
+	}
 }
 
 // noteBerth adds a business request's answer to its berth's log; p.mu is
@@ -376,13 +415,18 @@ func (p *Platform) Deliveries() []Delivery {
 	return out
 }
 
-// Reset forgets every delivery and zeroes the counters (InFlight aside).
+// Reset forgets every delivery and zeroes the counters (InFlight, and each
+// berth's requests in flight, aside).
 // The switches and faults stay as they are.
 func (p *Platform) Reset() {
 	p.mu.Lock()
 	p.deliveries = map[string]*Delivery{}
 	p.tried = map[string]bool{}
 	p.berths = map[string][]BerthRequest{}
+	p.berthPeak = map[string]int{}
+	for b, n := range p.berthInFlight {
+		p.berthPeak[b] = n
+	}
 	p.mu.Unlock()
 	for _, c := range []*atomic.Int64{&p.requests, &p.business, &p.heartbeat, &p.duplicates, &p.err998,
 		&p.err999, &p.err5xx, &p.unavailable, &p.hung, &p.authFailures, &p.badRequests} {
@@ -503,6 +547,12 @@ func (p *Platform) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		park, _ := req["park_code"].(string)
 		code, _ := req["berth_code"].(string)
 		berth = park + "/" + code
+		if p.cfg.RecordBerths {
+			// Deferred, so counted answered before net/http sends the
+			// reply: the next request of the berth, which a forwarder sends
+			// only once it has the reply, never overlaps it here.
+			defer p.berthArrived(berth)()
+		}
 	}
 
 	p.mu.Lock()

@@ -2,7 +2,9 @@ package mockplatform_test
 
 import (
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 )
@@ -53,6 +55,35 @@ func TestOrderingFeatures(t *testing.T) {
 		b.srv.Accept("v1")
 		if got := b.mustPost(t, mockplatform.PathBusiness, vehicle("v1")); got.Result != 0.0 {
 			t.Errorf("accepted again: %+v", got)
+		}
+	})
+
+	t.Run("BerthInFlightPeaksCountOverlaps", func(t *testing.T) {
+		t.Parallel()
+		// Long enough that requests sent together are all in flight at once.
+		b := setup(t, mockplatform.Config{RecordBerths: true, Faults: mockplatform.Faults{Latency: 300 * time.Millisecond}})
+		onBerth := func(id, berth string) map[string]any {
+			m := vehicle(id)
+			m["berth_code"] = berth
+			return m
+		}
+		// B-1: three at once. B-2: three one after the other.
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Go(func() { b.mustPost(t, mockplatform.PathBusiness, onBerth(fmt.Sprintf("a%d", i), "B-1")) })
+		}
+		for i := range 3 {
+			b.mustPost(t, mockplatform.PathBusiness, onBerth(fmt.Sprintf("b%d", i), "B-2"))
+		}
+		wg.Wait()
+		b.mustPost(t, mockplatform.PathHeartbeat, heartbeat("beat"))
+		got := b.srv.BerthInFlightPeaks()
+		if len(got) != 2 || got["P1001/B-1"] != 3 || got["P1001/B-2"] != 1 {
+			t.Errorf("peaks %v, want P1001/B-1 3 (sent together) and P1001/B-2 1 (one after the other), no heartbeat", got)
+		}
+		b.srv.Reset()
+		if got := b.srv.BerthInFlightPeaks(); len(got) != 0 {
+			t.Errorf("peaks after Reset %v, want none", got)
 		}
 	})
 
