@@ -8,8 +8,13 @@ VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo
 DATE         := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS      := -s -w -X main.version=$(VERSION) -X main.dateBuilt=$(DATE)
 GOTEST_FLAGS ?= -timeout 15m
+# The packages whose goroutines share the most state (the dispatcher, its
+# plugins, the Kafka input, the outbox processor): make test runs them under
+# the race detector, and only so.
+RACE_PKGS    := ./internal/dispatch ./plugins/dispatch ./plugins/httpforwarder ./plugins/kafka ./plugins/outbox
 APT_PACKAGES := postgresql pgbouncer openssl prometheus kcat chromium fonts-wqy-microhei
 IMAGE        ?= forwarder:$(VERSION)
+MODULE        = $(shell $(GO) list -m)
 
 .DEFAULT_GOAL := help
 
@@ -46,8 +51,9 @@ run: deps build ## Run the real pipeline on an embedded dev stack (PostgreSQL, K
 	$(GO) run ./cmd/devstack $(ARGS)
 
 .PHONY: test
-test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, the deployment files (deploy/validate), the River baseline, forwarder lint and test
-	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) ./...
+test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, the race detector, the deployment files (deploy/validate), the River baseline, forwarder lint and test
+	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) $(filter-out $(RACE_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
+	CGO_ENABLED=1 $(GO) test -race $(GOTEST_FLAGS) $(RACE_PKGS)
 	cd deploy/validate && $(GO) test $(GOTEST_FLAGS) ./...
 	cd test/bench/riverbaseline && $(GO) test $(GOTEST_FLAGS) ./...
 	$(BIN) lint ./pipelines/...
