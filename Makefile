@@ -12,7 +12,7 @@ GOTEST_FLAGS ?= -timeout 15m
 # plugins, the Kafka input, the outbox processor): make test runs them under
 # the race detector, and only so.
 RACE_PKGS    := ./internal/dispatch ./plugins/dispatch ./plugins/httpforwarder ./plugins/kafka ./plugins/outbox
-APT_PACKAGES := postgresql pgbouncer openssl prometheus kcat chromium fonts-wqy-microhei
+APT_PACKAGES := postgresql pgbouncer openssl prometheus kcat chromium fonts-wqy-microhei gcc libc6-dev
 IMAGE        ?= forwarder:$(VERSION)
 MODULE        = $(shell $(GO) list -m)
 
@@ -23,7 +23,7 @@ help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Check Go against go.mod; install what the tests and the dev stack need (Debian packages postgresql >= 14, pgbouncer, openssl, prometheus for promtool, kcat, chromium, fonts-wqy-microhei for the plates in the console's screenshots; Go modules)
+deps: ## Check Go against go.mod; install what the tests and the dev stack need (Debian packages postgresql >= 14, pgbouncer, openssl, prometheus for promtool, kcat, chromium, fonts-wqy-microhei for the plates in the console's screenshots, gcc and libc6-dev for the race detector; Go modules)
 	@GO=$(GO) .ci/check-go
 	@missing=(); \
 	if [ -n "$${PG_BIN_DIR:-}" ]; then .ci/pg-bin-dir >/dev/null || exit 1; \
@@ -34,6 +34,7 @@ deps: ## Check Go against go.mod; install what the tests and the dev stack need 
 	command -v kcat >/dev/null || missing+=(kcat); \
 	command -v chromium >/dev/null || missing+=(chromium); \
 	[ -e /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || missing+=(fonts-wqy-microhei); \
+	command -v gcc >/dev/null || missing+=(gcc libc6-dev); \
 	if [ $${#missing[@]} -gt 0 ]; then \
 		echo "installing $${missing[*]}"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
