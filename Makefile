@@ -8,6 +8,14 @@ VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo
 DATE         := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS      := -s -w -X main.version=$(VERSION) -X main.dateBuilt=$(DATE)
 GOTEST_FLAGS ?= -timeout 15m
+# Every Go command builds as the Dockerfile does, without cgo and with
+# trimmed paths: bin/forwarder is then the binary the image ships, and
+# bin/forwarder, the test binaries and the tests that build a forwarder of
+# their own (cmd/forwarder, pipelines, docs, the console's browser test, the
+# dev stack) share their compiled packages instead of compiling them again
+# with other settings (the race detector, which needs cgo, compiles its own).
+export CGO_ENABLED := 0
+export GOFLAGS ?= -trimpath
 # The packages whose goroutines share the most state (the dispatcher, its
 # plugins, the Kafka input, the outbox processor): make test runs them under
 # the race detector, and only so.
@@ -53,12 +61,25 @@ run: deps build ## Run the real pipeline on an embedded dev stack (PostgreSQL, K
 
 .PHONY: test
 test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, the race detector, the deployment files (deploy/validate), the River baseline, forwarder lint and test
-	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) $(filter-out $(RACE_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
-	CGO_ENABLED=1 $(GO) test -race $(GOTEST_FLAGS) $(RACE_PKGS)
-	cd deploy/validate && $(GO) test $(GOTEST_FLAGS) ./...
-	cd test/bench/riverbaseline && $(GO) test $(GOTEST_FLAGS) ./...
+	@$(MAKE) --no-print-directory -j3 --output-sync=line test-go test-race test-modules
 	$(BIN) lint ./pipelines/...
 	env -u PLATFORM_TZ $(BIN) test ./pipelines/... ./mappings/...
+
+# The go test runs of make test (which builds bin/forwarder first), run
+# together: the end-to-end suite mostly waits (on platform latency, leases,
+# restarts), which leaves the CPU to the others. test/e2e comes first in its
+# run, so that go test builds and starts it first. The race detector's run
+# and the separate modules' (deploy/validate, the River baseline), mostly
+# compiling, yield the CPU (nice) to the tests whose checks a starved CPU
+# could fail: a request timeout, a restart within 15 s.
+.PHONY: test-go test-race test-modules
+test-go:
+	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) ./test/e2e $(filter-out $(RACE_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
+test-race:
+	CGO_ENABLED=1 nice -n 10 $(GO) test -race $(GOTEST_FLAGS) $(RACE_PKGS)
+test-modules:
+	cd deploy/validate && nice -n 10 $(GO) test $(GOTEST_FLAGS) ./...
+	cd test/bench/riverbaseline && nice -n 10 $(GO) test $(GOTEST_FLAGS) ./...
 
 .PHONY: lint
 lint: build ## go vet, gofmt and forwarder lint

@@ -37,6 +37,7 @@ func load(full, short int) int {
 // and every partition assigned to it. Most of it is the 10 s session timeout
 // that expires the killed member.
 func TestKillNineUnderLoad(t *testing.T) {
+	scenario(t, heavy, 75*time.Second)
 	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: time.Millisecond, LatencyJitter: 20 * time.Millisecond}})
 	n := load(30_000, 4_000)
 	src := s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MalformedRate: 0.01, MissingIDRate: 0.01})
@@ -152,6 +153,7 @@ func (s *stack) waitOwner(dead map[string]bool, since time.Time, within time.Dur
 // before the lease has expired. The time from the crash to each reclaim is
 // reported.
 func TestOrphanedClaimsReclaimed(t *testing.T) {
+	scenario(t, light, 8*time.Second)
 	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 700 * time.Millisecond}})
 	n := load(600, 300)
 	s.produce(s.newSource(eventgen.SourceConfig{}), n)
@@ -246,6 +248,7 @@ func TestOrphanedClaimsReclaimed(t *testing.T) {
 // and leave none of its claims IN_PROGRESS (docs/guarantees.md #7). A restarted
 // instance then finishes the work: nothing is lost.
 func TestSigtermUnderLoad(t *testing.T) {
+	scenario(t, heavy, 14*time.Second)
 	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 20 * time.Millisecond, LatencyJitter: 200 * time.Millisecond}})
 	n := load(5_000, 2_000)
 	wait := s.produceAsync(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01, MalformedRate: 0.01}), n)
@@ -300,6 +303,7 @@ func TestSigtermUnderLoad(t *testing.T) {
 // takes 20 s is then explained. Once the platform answers, the process
 // exits by itself with status 0.
 func TestSigtermSaysWhatItWaitsFor(t *testing.T) {
+	scenario(t, light, 3*time.Second)
 	s := newStack(t, stackOptions{env: map[string]string{
 		"FORWARD_TIMEOUT": "20s", "CLAIM_LEASE": "40s", "SHUTDOWN_TIMEOUT": "40s", "ORDERING": "off",
 	}})

@@ -18,7 +18,21 @@
 // E2E_SEED replays a run's random choices (each scenario logs it) and
 // E2E_LOG_DIR keeps the forwarders' logs after the run.
 //
+// The scenarios run in parallel, each with its own database, Kafka
+// cluster, mock platform, consumer group and ports, in two lanes
+// (schedule_test.go): those that keep the CPU busy two at a time (or alone,
+// when their checks leave a loaded CPU little room), those that mostly wait
+// two at a time, the longest first; those whose promise is about every
+// instance following the shared platform state within a second
+// (Retry-After, the breaker and the ramp, the rate limit) with nothing
+// beside them. go test's -parallel is raised for this package unless given;
+// -parallel 1 runs the scenarios one by one.
+//
 // Each scenario logs its figures (messages, duplicates delivered, reclaim and
 // drain times, peak concurrency); the assertions are about loss, duplicates
-// and row states only, never about how long something took.
+// and row states, and about time only where the promise is about time (a
+// restart consuming within 15 s, a Retry-After pause, the ramp after an
+// outage, the others delivered within 10 s while some messages fail, rows
+// inserted after a failover attempted within a second (the median)), never
+// about how fast something went.
 package e2e

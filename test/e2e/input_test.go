@@ -57,6 +57,7 @@ func heartbeatJSON(id string, edit func(m map[string]any)) []byte {
 // sent; the good messages behind them in the same partitions (a 2 MiB one
 // among them) are delivered.
 func TestMalformedInput(t *testing.T) {
+	scenario(t, light, 4*time.Second)
 	s := newStack(t, stackOptions{})
 	id := func(name string) string { return fmt.Sprintf("e2e-%s-%d", name, s.seed%100000) }
 	const key = "CAM-0001" // one partition per topic: the good messages queue behind the bad ones

@@ -29,6 +29,7 @@ import (
 // each kill and at the end, stays 0): the rows it holds keep their claims
 // by renewal.
 func TestShortLeaseKillNine(t *testing.T) {
+	scenario(t, heavy, 75*time.Second)
 	s := newStack(t, stackOptions{
 		env: map[string]string{
 			"CLAIM_LEASE":          "3s",
@@ -116,6 +117,7 @@ func TestShortLeaseKillNine(t *testing.T) {
 // lease, and no held claim may expire while the process lives (no
 // LEASE_EXPIRED attempt log, no claim found lost).
 func TestPlatformJustUnderTimeout(t *testing.T) {
+	scenario(t, light, 50*time.Second)
 	const timeout = 3 * time.Second
 	s := newStack(t, stackOptions{
 		env: map[string]string{

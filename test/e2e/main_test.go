@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,7 +31,23 @@ var (
 
 // TestMain builds the forwarder once, moves to the repository root and runs
 // the scenarios with a PostgreSQL server (pgtest).
+//
+// The scenarios schedule themselves (scenario, in lanes): go test's
+// -parallel, GOMAXPROCS by default, would hold them to two at a time
+// whatever the lanes allow, and keep the longest from being let in first.
+// Unless given on the command line it is raised above the number of
+// scenarios, so that every one is running (waiting for its lane) and the
+// lanes alone decide.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", "100"); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			os.Exit(1)
+		}
+	}
 	if err := setup(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)

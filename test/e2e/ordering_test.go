@@ -193,6 +193,7 @@ func (r orderReport) assert(t *testing.T) {
 // back: a failing berth holds back only itself (no assertion on time: the
 // figures are for the reader).
 func TestOrderingPerBerth(t *testing.T) {
+	scenario(t, heavy, 30*time.Second)
 	berths := load(5_000, 1_000)
 	n := berths * 5 / 2 // a pair per berth, and heartbeats (1 in 5)
 	const rate = 1_000
@@ -281,6 +282,7 @@ func TestOrderingPerBerth(t *testing.T) {
 // berths flow, until `forwarder outbox requeue --key` sends the enter again
 // (then the exit follows), or `forwarder outbox release` gives up on it.
 func TestOrderingFailedHead(t *testing.T) {
+	t.Parallel()
 	berth := func(code string) func(m map[string]any) {
 		return func(m map[string]any) {
 			m["berthCode"] = code
@@ -357,6 +359,7 @@ func TestOrderingFailedHead(t *testing.T) {
 	}
 
 	t.Run("SkipReleasesTheNext", func(t *testing.T) {
+		scenario(t, light, 5*time.Second)
 		s := newStack(t, stackOptions{env: map[string]string{"ORDER_ON_FAILED": "skip"}})
 		s.platform.Reject("enter-B-001")
 		s.start("forwarder", nil)
@@ -380,6 +383,7 @@ func TestOrderingFailedHead(t *testing.T) {
 	})
 
 	t.Run("BlockHoldsUntilRequeueOrRelease", func(t *testing.T) {
+		scenario(t, light, 8*time.Second)
 		s := newStack(t, stackOptions{env: map[string]string{"ORDER_ON_FAILED": "block"}})
 		s.platform.Reject("enter-B-001", "enter-B-003")
 		s.start("forwarder", nil)
@@ -440,6 +444,7 @@ func TestOrderingFailedHead(t *testing.T) {
 // crash are answered "duplicate", which the order check allows for events
 // already accepted).
 func TestOrderingThroughCrashes(t *testing.T) {
+	scenario(t, heavy, 14*time.Second)
 	pg := pgtest.StartCluster(t)
 	s := newStack(t, stackOptions{cluster: pg, faults: mockplatform.Faults{FirstTry999: 0.1, Latency: 2 * time.Millisecond, LatencyJitter: 20 * time.Millisecond}})
 	berths := load(2_000, 500)

@@ -109,12 +109,13 @@ func (s *stack) withinShare(produced map[string]time.Time, limit time.Duration) 
 // breaker stays closed and the others flow. With ordering on (the default),
 // one instance and three.
 func TestPartialPlatformFailures(t *testing.T) {
+	t.Parallel()
 	for _, instances := range []int{1, 3} {
 		// A quiet night: three vehicle events the platform answers HTTP 500
 		// every time, alone for their first two attempts, then ordinary
 		// traffic at 5 messages a second on other berths for 60 s.
 		t.Run(fmt.Sprintf("QuietNight/%dInstances", instances), func(t *testing.T) {
-			t.Parallel()
+			scenario(t, light, 65*time.Second)
 			s := newStack(t, stackOptions{env: merged(shippedRetries, map[string]string{"FORWARD_MAX_ATTEMPTS": "4"})})
 			var procs []*proc
 			for i := range instances {
@@ -198,7 +199,12 @@ func TestPartialPlatformFailures(t *testing.T) {
 		// vehicle events; every third event is answered HTTP 500 twice, then
 		// accepted.
 		t.Run(fmt.Sprintf("SomeMessagesFailForAWhile/%dInstances", instances), func(t *testing.T) {
-			t.Parallel()
+			// Three instances at 200 messages a second keep the CPU busy.
+			seat := light
+			if instances > 1 {
+				seat = heavy
+			}
+			scenario(t, seat, 45*time.Second)
 			s := newStack(t, stackOptions{env: shippedRetries})
 			var procs []*proc
 			for i := range instances {

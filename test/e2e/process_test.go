@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -46,7 +47,7 @@ func startProc(t *testing.T, name string, env map[string]string) *proc {
 			t.Fatal(err)
 		}
 	}
-	addr, err := childproc.FreeAddr()
+	addr, err := freeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +86,33 @@ func startProc(t *testing.T, name string, env map[string]string) *proc {
 	})
 	t.Logf("%s started: pid %d, http %s, log %s", name, p.Pid(), p.httpAddr, p.logPath)
 	return p
+}
+
+// handedOut holds every HTTP address given to a forwarder in this run.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// freeAddr is a loopback address nothing listens on that no forwarder of
+// this run was given before. The scenarios run in parallel: a port freed by
+// one forwarder's exit, or found free by two scenarios at once, must not go
+// to a second forwarder, whose scenario would then read the first's
+// /metrics.
+func freeAddr() (string, error) {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		addr, err := childproc.FreeAddr()
+		if err != nil {
+			return "", err
+		}
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("no loopback port left that no forwarder of this run had")
 }
 
 // signal sends sig to the process, by its PID only, and records it. A

@@ -256,8 +256,10 @@ func arrivals(platform *mockplatform.Server) (stop func() []time.Time) {
 // (docs/architecture.md, Protecting the platform). Once with the platform
 // answering 503, once with it hanging (timeouts).
 func TestOutageFailsNothing(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"Down503", "Hanging"} {
 		t.Run(mode, func(t *testing.T) {
+			scenario(t, quiet, 35*time.Second)
 			env := merged(shortAttempts, map[string]string{
 				"FORWARD_MAX_IN_FLIGHT": strconv.Itoa(outageMaxInFlight),
 				"FORWARD_TIMEOUT":       outageTimeout.String(),
@@ -385,6 +387,7 @@ func TestOutageFailsNothing(t *testing.T) {
 // reads of the shared state (a second each) after it ends. Once with
 // Retry-After under the cap, once over it.
 func TestRetryAfterPausesEveryInstance(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		// header is the Retry-After the platform answers; retryMax is
@@ -395,7 +398,7 @@ func TestRetryAfterPausesEveryInstance(t *testing.T) {
 		{name: "CappedByRetryMax", header: 12 * time.Second, retryMax: 5 * time.Second, want: 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
+			scenario(t, quiet, 20*time.Second)
 			s := newStack(t, stackOptions{env: merged(shortAttempts, map[string]string{"FORWARD_RETRY_MAX": tc.retryMax.String()})})
 			src := s.newSource(eventgen.SourceConfig{})
 			s.start("fwd-a", nil)
@@ -493,6 +496,7 @@ func TestRetryAfterPausesEveryInstance(t *testing.T) {
 // FORWARD_RATE_LIMIT: the platform never sees more than the limit per
 // second, give or take one bucket.
 func TestRateLimitAcrossInstances(t *testing.T) {
+	scenario(t, quiet, 40*time.Second)
 	const limit = 100
 	s := newStack(t, stackOptions{env: map[string]string{"FORWARD_RATE_LIMIT": strconv.Itoa(limit)}})
 	n := load(1_500, 600)
@@ -544,6 +548,7 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 // 999 to 30 % of requests is up (it answered); the breaker never opens,
 // and the rows are retried on the jittered schedule.
 func TestHealthyErrorsKeepTheBreakerClosed(t *testing.T) {
+	scenario(t, light, 6*time.Second)
 	s := newStack(t, stackOptions{
 		env:    map[string]string{"FORWARD_RETRY_INITIAL": "200ms", "FORWARD_RETRY_MAX": "2s", "FORWARD_MAX_ATTEMPTS": "50"},
 		faults: mockplatform.Faults{Errcode999: 0.3},
@@ -623,6 +628,7 @@ func TestHealthyErrorsKeepTheBreakerClosed(t *testing.T) {
 // FAILED_REQUEUE_ROUNDS times, each round in the attempt log; rows the
 // platform rejected (errcode 998) never do.
 func TestCompensation(t *testing.T) {
+	scenario(t, light, 3*time.Second)
 	const rounds = 2
 	s := newStack(t, stackOptions{
 		env: map[string]string{

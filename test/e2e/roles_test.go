@@ -35,6 +35,7 @@ import (
 // its audit row, and without the grants of the actions the console serves
 // read-only.
 func TestLeastPrivilegeRoles(t *testing.T) {
+	scenario(t, light, 20*time.Second)
 	pg := pgtest.StartCluster(t)
 	blocks := roleBlocks(t)
 	runBlocks(t, pg, blocks, "superuser")

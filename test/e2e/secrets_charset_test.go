@@ -62,9 +62,11 @@ var secretToken = regexp.MustCompile(`Qz[A-Za-z0-9]+`)
 // password), and neither secret appears in any log, in /metrics or in any
 // table (docs/guarantees.md: secrets are read as is, never printed).
 func TestSecretsWithMetacharacters(t *testing.T) {
+	t.Parallel()
 	cluster := passwordCluster(t)
 	for i, tc := range hostileSecrets {
 		t.Run(tc.name, func(t *testing.T) {
+			scenario(t, light, 4*time.Second)
 			pwd := tc.value
 			name := tc.value + "~name"
 			dbPwd := tc.value + "~db"
@@ -157,6 +159,7 @@ func TestSecretsWithMetacharacters(t *testing.T) {
 // must refuse each, naming the variable and not printing the value, and
 // lint must refuse what start-up refuses.
 func TestSecretsThatCannotWork(t *testing.T) {
+	scenario(t, light, 2*time.Second)
 	s := newStack(t, stackOptions{})
 	u, err := url.Parse(s.dsn)
 	if err != nil {

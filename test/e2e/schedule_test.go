@@ -1,0 +1,149 @@
+package e2e_test
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The scenarios run in parallel. Each owns its database, Kafka cluster,
+// mock platform, consumer group and ports, so they are independent of each
+// other; what they share is the machine, and CI has two cores. A scenario
+// that keeps the CPU busy for long (tens of thousands of messages, several
+// instances, crashes and restarts, its own PostgreSQL server crashed or
+// failed over) runs in the heavy lane, two at a time, or alone there when
+// its checks leave a loaded CPU little room (a request timeout a few
+// hundred milliseconds above the platform's latency, a bound on resident
+// memory); the others, which mostly wait (on the platform's latency, a
+// lease, a pause, a process starting or stopping), in the light lane, two
+// at a time. A scenario whose promise is about every instance following the
+// shared platform state within a second (a Retry-After pause, the open
+// breaker and the ramp after it, the global rate limit) runs with nothing
+// beside it: next to others on a loaded machine, instances read that state
+// seconds late and the checks failed (requests during a pause, rows left
+// unclaimed under the rate limit, deliveries twice after a hang), which a
+// run one by one does not show as often. Within a lane the longest start
+// first, so that the suite ends sooner.
+var (
+	heavyLane = &lane{name: "heavy", room: 2}
+	lightLane = &lane{name: "light", room: 2}
+
+	heavy = seat{{heavyLane, 1}}
+	alone = seat{{heavyLane, heavyLane.room}}
+	light = seat{{lightLane, 1}}
+	// quiet takes both lanes whole, the heavy one first (always in that
+	// order, so that two quiet scenarios cannot each hold one lane).
+	quiet = seat{{heavyLane, heavyLane.room}, {lightLane, lightLane.room}}
+)
+
+// seat is the room a scenario takes, in one lane or more.
+type seat []claim
+
+// claim is room in one lane.
+type claim struct {
+	lane *lane
+	room int
+}
+
+// lane runs the scenarios given to it, room at a time.
+type lane struct {
+	name string
+	room int
+
+	mu      sync.Mutex
+	used    int
+	queued  int
+	waiting []*ticket
+}
+
+// ticket is one scenario's place in a lane.
+type ticket struct {
+	room   int
+	expect time.Duration
+	seq    int
+	// ready is set once the scenario runs (go test released it from
+	// t.Parallel): only a running scenario is let in, so that one still
+	// held by go test's -parallel limit never keeps room it cannot use.
+	ready   bool
+	granted chan struct{}
+}
+
+// scenario runs t in parallel with the other scenarios once its lanes have
+// room for its seat; the room is given back when t and its subtests are
+// done. expect is about how long t takes on an idle two-core machine: the
+// scheduling order, not a limit.
+func scenario(t *testing.T, s seat, expect time.Duration) {
+	t.Helper()
+	// Queued before t.Parallel: the top-level scenarios all queue while go
+	// test runs them up to their t.Parallel, one by one, before any runs.
+	tickets := make([]*ticket, len(s))
+	for i, c := range s {
+		tickets[i] = c.lane.enqueue(c.room, expect)
+	}
+	t.Parallel()
+	for i, c := range s {
+		c.lane.wait(tickets[i])
+		t.Cleanup(func() { c.lane.release(c.room) })
+	}
+}
+
+func (l *lane) enqueue(room int, expect time.Duration) *ticket {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.queued++
+	tk := &ticket{room: room, expect: expect, seq: l.queued, granted: make(chan struct{})}
+	l.waiting = append(l.waiting, tk)
+	return tk
+}
+
+// laneSettle is how long the lanes let none in after the first scenario
+// runs: go test releases every parallel scenario at once, and within that
+// moment the longest must not lose their turn to whichever woke first.
+// Each marks itself running before it waits for the moment to pass.
+const laneSettle = 200 * time.Millisecond
+
+var settleOnce sync.Once
+
+func (l *lane) wait(tk *ticket) {
+	l.mu.Lock()
+	tk.ready = true
+	l.mu.Unlock()
+	settleOnce.Do(func() { time.Sleep(laneSettle) })
+	l.mu.Lock()
+	l.grantLocked()
+	l.mu.Unlock()
+	<-tk.granted
+}
+
+func (l *lane) release(room int) {
+	l.mu.Lock()
+	l.used -= room
+	l.grantLocked()
+	l.mu.Unlock()
+}
+
+// grantLocked lets the running scenarios in, longest first, as long as the
+// next fits: one that does not yet waits for room, and those after it wait
+// behind it, so that a scenario needing the whole lane is not passed over
+// until the end.
+func (l *lane) grantLocked() {
+	slices.SortFunc(l.waiting, func(a, b *ticket) int {
+		return cmp.Or(cmp.Compare(b.expect, a.expect), cmp.Compare(a.seq, b.seq))
+	})
+	kept := l.waiting[:0]
+	blocked := false
+	for _, tk := range l.waiting {
+		if !blocked && tk.ready {
+			if l.used+tk.room <= l.room {
+				l.used += tk.room
+				close(tk.granted)
+				continue
+			}
+			blocked = true
+		}
+		kept = append(kept, tk)
+	}
+	l.waiting = kept
+}
