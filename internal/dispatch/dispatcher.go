@@ -265,7 +265,7 @@ func (d *Dispatcher) Pool() *pgxpool.Pool {
 // for room when the ledger is full; it returns when ctx is cancelled.
 // service.ErrNotConnected asks the caller to reconnect;
 // service.ErrEndOfInput says the dispatcher was closed.
-func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.ClaimedRow, error) {
+func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.Record, error) {
 	d.mu.Lock()
 	pool, listener, closed := d.pool, d.listener, d.closed
 	d.mu.Unlock()
@@ -346,7 +346,7 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.ClaimedRow, error) {
 // the breaker is open and a probe is due, it takes the probe (one per
 // interval across every instance) and claims one row for it. wait says the
 // caller should look again (it waited for a change, or for the probe time).
-func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *Gate) (probe []outboxdb.ClaimedRow, wait bool, err error) {
+func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *Gate) (probe []outboxdb.Record, wait bool, err error) {
 	blocked, until, changed := g.Blocked()
 	d.ledger.SetBlocked(blocked)
 	if !blocked {
@@ -421,7 +421,7 @@ func (d *Dispatcher) claim(ctx context.Context, pool *pgxpool.Pool, p outboxdb.C
 
 // handOut returns rows to the caller; if shutdown began meanwhile they are
 // given back unsent instead, because the engine would drop them unread.
-func (d *Dispatcher) handOut(ctx context.Context, pool *pgxpool.Pool, rows []outboxdb.ClaimedRow) ([]outboxdb.ClaimedRow, error) {
+func (d *Dispatcher) handOut(ctx context.Context, pool *pgxpool.Pool, rows []outboxdb.Record) ([]outboxdb.Record, error) {
 	if ctx.Err() != nil {
 		d.giveBackUnsent(ctx, pool, rows)
 		return nil, ctx.Err()
@@ -429,7 +429,7 @@ func (d *Dispatcher) handOut(ctx context.Context, pool *pgxpool.Pool, rows []out
 	return rows, nil
 }
 
-func (d *Dispatcher) giveBackUnsent(ctx context.Context, pool *pgxpool.Pool, rows []outboxdb.ClaimedRow) {
+func (d *Dispatcher) giveBackUnsent(ctx context.Context, pool *pgxpool.Pool, rows []outboxdb.Record) {
 	refs := make([]outboxdb.ClaimRef, len(rows))
 	for i, r := range rows {
 		refs[i] = r.Ref()
@@ -554,7 +554,7 @@ func (d *Dispatcher) DirectClaim() outboxdb.DirectClaim {
 func (d *Dispatcher) Reserve(sizes []int) Grant { return d.ledger.Reserve(sizes) }
 
 // Deliver hands over rows inserted claimed under g (see Ledger.Deliver).
-func (d *Dispatcher) Deliver(g Grant, rows []outboxdb.ClaimedRow) bool {
+func (d *Dispatcher) Deliver(g Grant, rows []outboxdb.Record) bool {
 	if !d.ledger.Deliver(g, rows) {
 		return false
 	}
@@ -614,7 +614,7 @@ func (d *Dispatcher) Close(ctx context.Context) error {
 	return nil
 }
 
-func (d *Dispatcher) logExhausted(rows []outboxdb.ExhaustedRow) {
+func (d *Dispatcher) logExhausted(rows []outboxdb.Record) {
 	const show = 10
 	ids := make([]int64, 0, min(len(rows), show))
 	for _, r := range rows[:min(len(rows), show)] {

@@ -52,7 +52,7 @@ func (b *testBundle) dispatcher(t *testing.T, cfg DispatcherConfig) *Dispatcher 
 	return d
 }
 
-func (b *testBundle) next(t *testing.T, d *Dispatcher) []outboxdb.ClaimedRow {
+func (b *testBundle) next(t *testing.T, d *Dispatcher) []outboxdb.Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer cancel()

@@ -31,7 +31,7 @@ type Ledger struct {
 	reservedBytes int64
 	// queue holds rows delivered by direct dispatch and not yet handed to
 	// the pipeline (they are in held too).
-	queue []outboxdb.ClaimedRow
+	queue []outboxdb.Record
 	// waitForRoom is set while the dispatcher waits for room to claim rows
 	// due in the database: no reservations are granted meanwhile, so that
 	// retries and expired claims are not starved by a flow of new rows.
@@ -159,7 +159,7 @@ func (l *Ledger) ReserveChain(n int) Grant {
 // and more only when a retried insert recovered claims its lost attempt had
 // committed. It returns false, taking nothing, when the ledger was closed
 // meanwhile: the caller must then give the rows back.
-func (l *Ledger) Deliver(g Grant, rows []outboxdb.ClaimedRow) bool {
+func (l *Ledger) Deliver(g Grant, rows []outboxdb.Record) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.reserved -= g.Rows
@@ -174,7 +174,7 @@ func (l *Ledger) Deliver(g Grant, rows []outboxdb.ClaimedRow) bool {
 
 // Hold takes rows the dispatcher claimed. It returns false, taking nothing,
 // when the ledger is closed.
-func (l *Ledger) Hold(rows []outboxdb.ClaimedRow) bool {
+func (l *Ledger) Hold(rows []outboxdb.Record) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -184,19 +184,19 @@ func (l *Ledger) Hold(rows []outboxdb.ClaimedRow) bool {
 	return true
 }
 
-func (l *Ledger) holdLocked(rows []outboxdb.ClaimedRow) {
+func (l *Ledger) holdLocked(rows []outboxdb.Record) {
 	for _, r := range rows {
 		if old, ok := l.held[r.ID]; ok {
 			l.heldBytes -= old.size
 		}
 		size := int64(len(r.Payload))
-		l.held[r.ID] = &heldRow{token: r.ClaimToken, deadline: r.LeaseExpiresAt, size: size}
+		l.held[r.ID] = &heldRow{token: r.ClaimToken, deadline: r.LeaseExpiresAt(), size: size}
 		l.heldBytes += size
 	}
 }
 
 // Take hands out up to n delivered rows, oldest first.
-func (l *Ledger) Take(n int) []outboxdb.ClaimedRow {
+func (l *Ledger) Take(n int) []outboxdb.Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n = min(n, len(l.queue))

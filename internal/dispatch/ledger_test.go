@@ -8,9 +8,10 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-func row(id int64, size int) outboxdb.ClaimedRow {
-	return outboxdb.ClaimedRow{ID: id, ClaimToken: "t" + string(rune('a'+id%26)), Payload: make([]byte, size),
-		LeaseExpiresAt: time.Unix(1000+id, 0)}
+func row(id int64, size int) outboxdb.Record {
+	lease := time.Unix(1000+id, 0)
+	return outboxdb.Record{ID: id, ClaimToken: "t" + string(rune('a'+id%26)), Payload: make([]byte, size),
+		NextRetryAt: &lease}
 }
 
 func ids(refs []outboxdb.ClaimRef) []int64 {
@@ -31,7 +32,7 @@ func TestLedger(t *testing.T) {
 		if rows, bytes := l.Room(); rows != 5 || bytes != -1 {
 			t.Fatalf("empty ledger: room %d rows, %d bytes; want 5, unbounded", rows, bytes)
 		}
-		l.Hold([]outboxdb.ClaimedRow{row(1, 10), row(2, 10)})
+		l.Hold([]outboxdb.Record{row(1, 10), row(2, 10)})
 		g := l.Reserve([]int{1, 1, 1, 1})
 		if g.Rows != 3 {
 			t.Fatalf("granted %d rows with 3 free, want 3", g.Rows)
@@ -39,7 +40,7 @@ func TestLedger(t *testing.T) {
 		if rows, _ := l.Room(); rows != 0 {
 			t.Fatalf("room %d while every slot is held or reserved", rows)
 		}
-		if !l.Deliver(g, []outboxdb.ClaimedRow{row(3, 1)}) { // two keys existed already
+		if !l.Deliver(g, []outboxdb.Record{row(3, 1)}) { // two keys existed already
 			t.Fatal("Deliver refused on an open ledger")
 		}
 		if rows, _ := l.Room(); rows != 2 {
@@ -54,7 +55,7 @@ func TestLedger(t *testing.T) {
 			t.Fatalf("an empty ledger granted %+v to a 500-byte row, want it alone", g)
 		}
 		l2 := NewLedger(100, 100)
-		l2.Hold([]outboxdb.ClaimedRow{row(1, 60)})
+		l2.Hold([]outboxdb.Record{row(1, 60)})
 		if g := l2.Reserve([]int{30, 30}); g.Rows != 1 || g.Bytes != 30 {
 			t.Fatalf("with 40 bytes free granted %+v, want only the first 30-byte row", g)
 		}
@@ -77,13 +78,13 @@ func TestLedger(t *testing.T) {
 		l.SetWaitForRoom(false)
 		g := l.Reserve([]int{1})
 		l.Close()
-		if l.Deliver(g, []outboxdb.ClaimedRow{row(1, 1)}) {
+		if l.Deliver(g, []outboxdb.Record{row(1, 1)}) {
 			t.Fatal("a closed ledger took delivered rows")
 		}
 		if g := l.Reserve([]int{1}); g.Rows != 0 {
 			t.Fatal("a closed ledger granted room")
 		}
-		if l.Hold([]outboxdb.ClaimedRow{row(2, 1)}) {
+		if l.Hold([]outboxdb.Record{row(2, 1)}) {
 			t.Fatal("a closed ledger took claimed rows")
 		}
 	})
@@ -91,7 +92,7 @@ func TestLedger(t *testing.T) {
 	t.Run("TakeHandsOutDeliveredRowsInOrder", func(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(10, 0)
-		l.Deliver(l.Reserve([]int{1, 1, 1}), []outboxdb.ClaimedRow{row(1, 1), row(2, 1), row(3, 1)})
+		l.Deliver(l.Reserve([]int{1, 1, 1}), []outboxdb.Record{row(1, 1), row(2, 1), row(3, 1)})
 		if got := l.Take(2); len(got) != 2 || got[0].ID != 1 || got[1].ID != 2 {
 			t.Fatalf("Take(2) = %v", got)
 		}
@@ -104,7 +105,7 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(10, 0)
 		r := row(1, 1)
-		l.Hold([]outboxdb.ClaimedRow{r})
+		l.Hold([]outboxdb.Record{r})
 		l.Settle([]outboxdb.ClaimRef{{ID: 1, ClaimToken: "someone else's"}})
 		if l.Held() != 1 {
 			t.Fatal("a settle under another token forgot the claim")
@@ -119,7 +120,7 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(10, 0)
 		a, b, c := row(1, 1), row(2, 1), row(3, 1)
-		l.Hold([]outboxdb.ClaimedRow{a, b, c})
+		l.Hold([]outboxdb.Record{a, b, c})
 		asked := l.Expiring(time.Unix(1002, 500))
 		if got := ids(asked); !slices.Equal(got, []int64{1, 2}) {
 			t.Fatalf("expiring before 1002.5: %v, want rows 1 and 2", got)
@@ -142,8 +143,8 @@ func TestLedger(t *testing.T) {
 	t.Run("CloseSeparatesUnsentRows", func(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(10, 0)
-		l.Hold([]outboxdb.ClaimedRow{row(1, 1)})
-		l.Deliver(l.Reserve([]int{1, 1}), []outboxdb.ClaimedRow{row(2, 1), row(3, 1)})
+		l.Hold([]outboxdb.Record{row(1, 1)})
+		l.Deliver(l.Reserve([]int{1, 1}), []outboxdb.Record{row(2, 1), row(3, 1)})
 		l.Take(1) // row 2 goes down the pipeline
 		unsent, others := l.Close()
 		if !slices.Equal(ids(unsent), []int64{3}) || !slices.Equal(ids(others), []int64{1, 2}) {

@@ -105,12 +105,12 @@ func TestOrdering(t *testing.T) {
 func TestLedgerReserveChain(t *testing.T) {
 	t.Parallel()
 	l := NewLedger(2, 0)
-	l.Hold([]outboxdb.ClaimedRow{row(1, 10), row(2, 10)})
+	l.Hold([]outboxdb.Record{row(1, 10), row(2, 10)})
 	g := l.ReserveChain(2)
 	if g.Rows != 2 {
 		t.Fatalf("granted %d with a full ledger, want 2", g.Rows)
 	}
-	l.Deliver(g, []outboxdb.ClaimedRow{row(3, 10)})
+	l.Deliver(g, []outboxdb.Record{row(3, 10)})
 	if l.Held() != 3 || l.Queued() != 1 {
 		t.Fatalf("held %d, queued %d after delivering one chained row", l.Held(), l.Queued())
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +18,7 @@ var (
 	statsErrcodesSQL = mustSQL("admin_stats_errcodes.sql")
 	requeueCountSQL  = mustSQL("admin_requeue_count.sql")
 	requeueSQL       = mustSQL("admin_requeue.sql")
+	requeueDoneSQL   = mustSQL("admin_requeue_delivered.sql")
 	purgeCountSQL    = mustSQL("admin_purge_count.sql")
 	purgeSQL         = mustSQL("admin_purge.sql")
 )
@@ -298,9 +300,33 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 			return total, fmt.Errorf("requeueing rows after id %d: %w", lastID, err)
 		}
 		if n == 0 {
-			return total, nil
+			break
 		}
 		total += n
+	}
+	if !slices.Contains(args[0].([]string), string(StatusSuccess)) || f.Reason != nil {
+		return total, nil
+	}
+	// Delivered messages have no delivery row: they get one.
+	for lastID = 0; ; {
+		var n, picked int64
+		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, requeueDoneSQL, args[1], args[2], args[3], lastID, batch, note).Scan(&n, &lastID, &picked); err != nil {
+				return err
+			}
+			if n == 0 {
+				return nil
+			}
+			_, err := tx.Exec(ctx, "SELECT pg_notify($1, 'requeued')", NotifyChannel)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("requeueing delivered messages after id %d: %w", lastID, err)
+		}
+		total += n
+		if picked == 0 {
+			return total, nil
+		}
 	}
 }
 
@@ -396,11 +422,11 @@ type Progress struct {
 	Delivered, Failed int64
 }
 
-// MaxRecordID is the highest forward_records id (0 when empty): the mark
-// after which ReadProgress counts.
+// MaxRecordID is the highest message id (0 when none): the mark after which
+// ReadProgress counts.
 func MaxRecordID(ctx context.Context, q Querier) (int64, error) {
 	var id int64
-	if err := q.QueryRow(ctx, "SELECT coalesce(max(id), 0) FROM forward_records").Scan(&id); err != nil {
+	if err := q.QueryRow(ctx, "SELECT coalesce(max(id), 0) FROM forward_messages").Scan(&id); err != nil {
 		return 0, fmt.Errorf("reading the last record id: %w", err)
 	}
 	return id, nil

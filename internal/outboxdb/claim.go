@@ -29,27 +29,6 @@ func spliceLocked(claim, locked string) string {
 	return claim[:i] + locked + "\n    " + claim[j:]
 }
 
-// ClaimedRow is a row handed to a dispatcher by a claim.
-type ClaimedRow struct {
-	ID             int64
-	MessageKey     string
-	APIType        string
-	KafkaTopic     string
-	KafkaPartition int32
-	KafkaOffset    int64
-	KafkaKey       []byte
-	Payload        []byte
-	// AttemptCount already counts this attempt (1 for the first).
-	AttemptCount int
-	// ClaimToken fences every write for this claim (result, release).
-	ClaimToken     string
-	CreatedAt      time.Time
-	LeaseExpiresAt time.Time
-}
-
-// Ref identifies this claim for a fenced write.
-func (r ClaimedRow) Ref() ClaimRef { return ClaimRef{ID: r.ID, ClaimToken: r.ClaimToken} }
-
 // ClaimRef names one claim of one row: writes fenced by it change the row only
 // while that claim still holds it.
 type ClaimRef struct {
@@ -66,22 +45,6 @@ func claimArrays(refs []ClaimRef) (ids []int64, tokens []string) {
 	}
 	return ids, tokens
 }
-
-// ExhaustedRow is a due row that had already used its attempts: the claim
-// took it without counting an attempt, and the claimer must record it
-// FAILED (FailExhausted) instead of sending it.
-type ExhaustedRow struct {
-	ID           int64
-	MessageKey   string
-	AttemptCount int
-	ClaimToken   string
-	// LastError is what the row now says (it names the expired lease or the
-	// exhausted attempts).
-	LastError string
-}
-
-// Ref identifies this claim for a fenced write.
-func (r ExhaustedRow) Ref() ClaimRef { return ClaimRef{ID: r.ID, ClaimToken: r.ClaimToken} }
 
 // ClaimParams says what to claim.
 type ClaimParams struct {
@@ -106,11 +69,18 @@ type ClaimParams struct {
 
 // ClaimResult is what one claim statement did.
 type ClaimResult struct {
-	// Claimed rows are IN_PROGRESS, leased to the claimer.
-	Claimed []ClaimedRow
+	// Claimed rows are IN_PROGRESS, leased to the claimer, with their
+	// message (payload, Kafka origin).
+	Claimed []Record
 	// Exhausted rows were due but out of attempts: they are claimed, and
-	// must be recorded FAILED (FailExhausted).
-	Exhausted []ExhaustedRow
+	// must be recorded FAILED (FailExhausted); their last_error names why.
+	Exhausted []Record
+}
+
+// claimedRecord is a row of claim.sql.
+type claimedRecord struct {
+	Record
+	Exhausted bool `db:"exhausted"`
 }
 
 // ClaimSQL is the claim statement, exported for plan tests. Its parameters:
@@ -143,33 +113,20 @@ func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claiming due rows: %w", err)
 	}
-	defer rows.Close()
-	var res ClaimResult
-	for rows.Next() {
-		var (
-			r         ClaimedRow
-			lastError *string
-			exhausted bool
-		)
-		if err := rows.Scan(&r.ID, &r.MessageKey, &r.APIType, &r.KafkaTopic, &r.KafkaPartition,
-			&r.KafkaOffset, &r.KafkaKey, &r.Payload, &r.AttemptCount, &r.ClaimToken, &r.CreatedAt,
-			&r.LeaseExpiresAt, &lastError, &exhausted); err != nil {
-			return ClaimResult{}, fmt.Errorf("claiming due rows: reading row: %w", err)
-		}
-		if exhausted {
-			res.Exhausted = append(res.Exhausted, ExhaustedRow{
-				ID: r.ID, MessageKey: r.MessageKey, AttemptCount: r.AttemptCount,
-				ClaimToken: r.ClaimToken, LastError: textOrEmpty(lastError),
-			})
-			continue
-		}
-		res.Claimed = append(res.Claimed, r)
-	}
-	if err := rows.Err(); err != nil {
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[claimedRecord])
+	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claiming due rows: %w", err)
 	}
+	var res ClaimResult
+	for _, r := range got {
+		if r.Exhausted {
+			res.Exhausted = append(res.Exhausted, r.Record)
+			continue
+		}
+		res.Claimed = append(res.Claimed, r.Record)
+	}
 	// RETURNING has no order; ids give a stable one (roughly arrival order).
-	slices.SortFunc(res.Claimed, func(a, b ClaimedRow) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(res.Claimed, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
 	return res, nil
 }
 
@@ -177,10 +134,10 @@ func ClaimDue(ctx context.Context, q Querier, p ClaimParams) (ClaimResult, error
 // TRANSIENT: automatic compensation may requeue them), each with the reason
 // the claim gave it, through the result write (which releases or blocks
 // their ordering keys as opts say), and returns the ids written.
-func FailExhausted(ctx context.Context, q Querier, rows []ExhaustedRow, opts RecordOptions) ([]int64, error) {
+func FailExhausted(ctx context.Context, q Querier, rows []Record, opts RecordOptions) ([]int64, error) {
 	results := make([]Result, len(rows))
 	for i, r := range rows {
-		results[i] = Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: StatusFailed, Class: ClassTransient, Error: r.LastError}
+		results[i] = Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: StatusFailed, Class: ClassTransient, Error: r.LastErrorText()}
 	}
 	return RecordResults(ctx, q, results, opts)
 }
@@ -189,7 +146,7 @@ func FailExhausted(ctx context.Context, q Querier, rows []ExhaustedRow, opts Rec
 // no limit on attempts. The rows come back IN_PROGRESS with a fresh claim
 // token and attempt_count already counting this attempt. Dispatchers use
 // ClaimDue, which also ends rows that ran out of attempts.
-func Claim(ctx context.Context, q Querier, limit int, lease time.Duration, claimer string) ([]ClaimedRow, error) {
+func Claim(ctx context.Context, q Querier, limit int, lease time.Duration, claimer string) ([]Record, error) {
 	res, err := ClaimDue(ctx, q, ClaimParams{Limit: limit, Lease: lease, Claimer: claimer})
 	return res.Claimed, err
 }

@@ -58,8 +58,8 @@ func TestClaimDue(t *testing.T) {
 				r.KafkaTopic != "device-vehicle-event" || r.KafkaPartition != 3 || r.CreatedAt.IsZero() {
 				t.Errorf("claimed row %+v", r)
 			}
-			if r.LeaseExpiresAt.Before(r.CreatedAt.Add(59 * time.Second)) {
-				t.Errorf("row %d: lease ends %v, want about a minute after %v", r.ID, r.LeaseExpiresAt, r.CreatedAt)
+			if r.LeaseExpiresAt().Before(r.CreatedAt.Add(59 * time.Second)) {
+				t.Errorf("row %d: lease ends %v, want about a minute after %v", r.ID, r.LeaseExpiresAt(), r.CreatedAt)
 			}
 			s := b.State(r.ID)
 			if s.Status != "IN_PROGRESS" || s.AttemptCount != 1 || s.ClaimToken == nil || *s.ClaimToken != r.ClaimToken ||
@@ -216,8 +216,8 @@ func TestClaimDue(t *testing.T) {
 			s.LastError == nil || !strings.Contains(*s.LastError, "lease expired") || !strings.Contains(*s.LastError, "crash-3") {
 			t.Fatalf("row %+v, want FAILED naming the expired lease", s)
 		}
-		if res.Exhausted[0].LastError != *s.LastError {
-			t.Errorf("reported %q, row says %q", res.Exhausted[0].LastError, *s.LastError)
+		if res.Exhausted[0].LastErrorText() != *s.LastError {
+			t.Errorf("reported %q, row says %q", res.Exhausted[0].LastErrorText(), *s.LastError)
 		}
 		if class := fixture.Str(b.State(id).FailureClass); class != "TRANSIENT" {
 			t.Errorf("failure class %q, want TRANSIENT (compensation may requeue it)", class)
@@ -430,7 +430,7 @@ func explainPlan(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) expl
 // due, and found even behind a backlog of older retries.
 func TestClaimProbe(t *testing.T) {
 	t.Parallel()
-	probe := func(t *testing.T, b *fixture.DB) outboxdb.ClaimedRow {
+	probe := func(t *testing.T, b *fixture.DB) outboxdb.Record {
 		t.Helper()
 		res := b.Claim(outboxdb.ClaimParams{Probe: true, Lease: time.Minute, Claimer: "prober", MaxAttempts: 5})
 		if len(res.Claimed) != 1 {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The dead-letter topic's queries: the outbox_dead_letter input publishes
@@ -15,34 +17,6 @@ var (
 	deadLetterMarkSQL    = mustSQL("deadletter_mark.sql")
 	deadLetterReleaseSQL = mustSQL("deadletter_release.sql")
 )
-
-// DeadLetterRow is a FAILED row claimed for publishing to the dead-letter
-// topic.
-type DeadLetterRow struct {
-	ID             int64
-	MessageKey     string
-	APIType        string
-	KafkaTopic     string
-	KafkaPartition int32
-	KafkaOffset    int64
-	KafkaKey       []byte
-	// Payload is the message as received, byte for byte.
-	Payload      []byte
-	AttemptCount int
-	// LastHTTPStatus is the platform's last HTTP status; nil when there was
-	// no response (a mapping error, a timeout).
-	LastHTTPStatus *int
-	// LastError is why the row failed ("" when it says nothing).
-	LastError string
-	CreatedAt time.Time
-	// FailedAt is the row's updated_at: when it became FAILED.
-	FailedAt time.Time
-	// Token fences the mark and the release of this claim.
-	Token string
-}
-
-// Ref identifies this claim for MarkDeadLettered and ReleaseDeadLetters.
-func (r DeadLetterRow) Ref() DeadLetterRef { return DeadLetterRef{ID: r.ID, Token: r.Token} }
 
 // DeadLetterRef names one dead-letter claim of one row.
 type DeadLetterRef struct {
@@ -55,7 +29,7 @@ type DeadLetterRef struct {
 // lease: a row neither marked nor released by then may be claimed again.
 // With several publishers claiming at once no row is taken twice (FOR UPDATE
 // SKIP LOCKED). The rows come back sorted by id.
-func ClaimDeadLetters(ctx context.Context, q Querier, limit int, lease time.Duration) ([]DeadLetterRow, error) {
+func ClaimDeadLetters(ctx context.Context, q Querier, limit int, lease time.Duration) ([]Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
@@ -63,25 +37,11 @@ func ClaimDeadLetters(ctx context.Context, q Querier, limit int, lease time.Dura
 	if err != nil {
 		return nil, fmt.Errorf("claiming failed rows to dead-letter: %w", err)
 	}
-	defer rows.Close()
-	var out []DeadLetterRow
-	for rows.Next() {
-		var (
-			r       DeadLetterRow
-			lastErr *string
-		)
-		if err := rows.Scan(&r.ID, &r.MessageKey, &r.APIType, &r.KafkaTopic, &r.KafkaPartition, &r.KafkaOffset,
-			&r.KafkaKey, &r.Payload, &r.AttemptCount, &r.LastHTTPStatus, &lastErr,
-			&r.CreatedAt, &r.FailedAt, &r.Token); err != nil {
-			return nil, fmt.Errorf("claiming failed rows to dead-letter: reading row: %w", err)
-		}
-		r.LastError = textOrEmpty(lastErr)
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[Record])
+	if err != nil {
 		return nil, fmt.Errorf("claiming failed rows to dead-letter: %w", err)
 	}
-	slices.SortFunc(out, func(a, b DeadLetterRow) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
 }
 

@@ -42,7 +42,7 @@ func (b *deadLetterBundle) insert(t *testing.T, key, status string) int64 {
 	return id
 }
 
-func (b *deadLetterBundle) claim(t *testing.T, limit int, lease time.Duration) []outboxdb.DeadLetterRow {
+func (b *deadLetterBundle) claim(t *testing.T, limit int, lease time.Duration) []outboxdb.Record {
 	t.Helper()
 	rows, err := outboxdb.ClaimDeadLetters(b.ctx, b.pool, limit, lease)
 	if err != nil {
@@ -60,7 +60,7 @@ func (b *deadLetterBundle) published(t *testing.T, id int64) bool {
 	return ok
 }
 
-func ids(rows []outboxdb.DeadLetterRow) []int64 {
+func ids(rows []outboxdb.Record) []int64 {
 	out := make([]int64, len(rows))
 	for i, r := range rows {
 		out[i] = r.ID
@@ -68,10 +68,10 @@ func ids(rows []outboxdb.DeadLetterRow) []int64 {
 	return out
 }
 
-func refs(rows []outboxdb.DeadLetterRow) []outboxdb.DeadLetterRef {
+func refs(rows []outboxdb.Record) []outboxdb.DeadLetterRef {
 	out := make([]outboxdb.DeadLetterRef, len(rows))
 	for i, r := range rows {
-		out[i] = r.Ref()
+		out[i] = r.DeadLetterRef()
 	}
 	return out
 }
@@ -96,8 +96,8 @@ func TestDeadLetter(t *testing.T) {
 		if r.MessageKey != "f1" || r.APIType != "VEHICLE_EVENT" || r.KafkaTopic != "device-vehicle-event" ||
 			r.KafkaPartition != 3 || r.KafkaOffset != 42 || string(r.KafkaKey) != "k" ||
 			!bytes.Equal(r.Payload, []byte("f1\xff\x00")) || r.AttemptCount != 5 ||
-			r.LastHTTPStatus == nil || *r.LastHTTPStatus != 200 || r.LastError != "platform errcode 998: do not resend" ||
-			r.Token == "" || r.CreatedAt.IsZero() || r.FailedAt.IsZero() {
+			r.LastHTTPStatus == nil || *r.LastHTTPStatus != 200 || r.LastErrorText() != "platform errcode 998: do not resend" ||
+			r.DeadLetterToken == "" || r.CreatedAt.IsZero() || r.FailedAt.IsZero() {
 			t.Fatalf("row %+v", r)
 		}
 		if again := b.claim(t, 10, time.Minute); len(again) != 0 {
@@ -115,7 +115,7 @@ func TestDeadLetter(t *testing.T) {
 			t.Fatal("want f1 published and f2 not")
 		}
 		again := b.claim(t, 10, time.Minute)
-		if !slices.Equal(ids(again), []int64{f2}) || again[0].Token == got[1].Token {
+		if !slices.Equal(ids(again), []int64{f2}) || again[0].DeadLetterToken == got[1].DeadLetterToken {
 			t.Fatalf("after release claimed %v, want f2 with a new token", ids(again))
 		}
 	})
@@ -139,7 +139,7 @@ func TestDeadLetter(t *testing.T) {
 		id := b.insert(t, "f", "FAILED")
 		first := b.claim(t, 10, 0) // the lease is over at once
 		second := b.claim(t, 10, time.Minute)
-		if !slices.Equal(ids(second), []int64{id}) || second[0].Token == first[0].Token {
+		if !slices.Equal(ids(second), []int64{id}) || second[0].DeadLetterToken == first[0].DeadLetterToken {
 			t.Fatalf("after the lease claimed %v", ids(second))
 		}
 		for what, f := range map[string]func() (int64, error){
@@ -232,7 +232,7 @@ func TestDeadLetter(t *testing.T) {
 			t.Fatal(err)
 		}
 		again := b.claim(t, 10, time.Minute)
-		if !slices.Equal(ids(again), []int64{published, inFlight}) || again[0].LastError != "failed again" {
+		if !slices.Equal(ids(again), []int64{published, inFlight}) || again[0].LastErrorText() != "failed again" {
 			t.Fatalf("after failing again claimed %v", ids(again))
 		}
 	})

@@ -55,7 +55,7 @@ func TestOnlyTheInsertWaitsForTheWALFlush(t *testing.T) {
 		return n
 	}
 
-	var claimed []outboxdb.ClaimedRow
+	var claimed []outboxdb.Record
 	inserts := measure("insert", func(i int) {
 		rec := outboxdb.NewRecord{MessageKey: fmt.Sprintf("k-%d", i), APIType: outboxdb.APITypeHeartbeat,
 			KafkaTopic: "t", KafkaOffset: int64(i), Payload: []byte(`{}`), Status: outboxdb.StatusPending}

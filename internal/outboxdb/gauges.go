@@ -60,7 +60,7 @@ type RecordGauges struct {
 
 // GaugeOptions tunes ReadRecordGauges. The zero value picks the defaults.
 type GaugeOptions struct {
-	// ExactSuccessMaxPages: while the heap of forward_records has at most
+	// ExactSuccessMaxPages: while the message partitions have at most
 	// this many pages, SUCCESS rows are counted exactly; above it they are
 	// estimated. 0 means DefaultExactSuccessMaxPages; negative means never
 	// count exactly.
@@ -81,8 +81,7 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 		oldestBlocked float64
 		liveTuples    int64
 		liveComplete  bool
-		reltuples     float64
-		relpages      int64
+		estimate      float64
 		pages         int64
 	)
 	txOpts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
@@ -95,7 +94,7 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 			return err
 		}
 		if err := tx.QueryRow(ctx, gaugesSQL).Scan(&g.Pending, &g.InProgress, &g.Failed, &oldestDueSecs,
-			&g.OrderHeld, &g.OrderBlockedKeys, &oldestHeld, &oldestBlocked, &liveTuples, &liveComplete, &reltuples, &relpages, &pages, &g.TakenAt); err != nil {
+			&g.OrderHeld, &g.OrderBlockedKeys, &oldestHeld, &oldestBlocked, &liveTuples, &liveComplete, &estimate, &pages, &g.TakenAt); err != nil {
 			return err
 		}
 		if maxPages >= 0 && pages <= maxPages {
@@ -114,12 +113,12 @@ func ReadRecordGauges(ctx context.Context, db TxBeginner, opts GaugeOptions) (Re
 		return g, nil
 	}
 
-	// Every status is a live row; the unfinished ones are counted exactly,
-	// so SUCCESS is the rest of the live rows.
+	// Every message is a live row of a partition; the undelivered ones
+	// are counted exactly (their delivery rows), so SUCCESS is the rest.
 	total := float64(liveTuples)
 	g.SuccessSource = SuccessStats
-	if !liveComplete && relpages > 0 && reltuples >= 0 {
-		total = reltuples / float64(relpages) * float64(pages)
+	if !liveComplete {
+		total = estimate
 		g.SuccessSource = SuccessPlanner
 	}
 	g.Success = max(0, int64(math.Round(total))-g.Pending-g.InProgress-g.Failed)

@@ -16,6 +16,7 @@ import (
 
 var (
 	insertSQL         = mustSQL("insert.sql")
+	insertBackstopSQL = mustSQL("insert_backstop.sql")
 	insertExistingSQL = mustSQL("insert_existing.sql")
 )
 
@@ -193,12 +194,12 @@ func NewClaimTokens(n int) []string {
 // dispatcher with room for c.Limit more rows: up to c.Limit of the new
 // PENDING rows are inserted IN_PROGRESS, claimed for c.Claimer with
 // attempt_count 1, as ClaimDue would have left them, and come back as
-// ClaimedRows (sorted by id) for that dispatcher to send. Claimed rows are
+// Records (sorted by id) for that dispatcher to send. Claimed rows are
 // not counted in the returned InsertCounts.Pending; records whose key
 // already had a row are neither counted nor returned, except, with c.Retry,
 // a row still IN_PROGRESS under the claim token c.Tokens gives its record,
 // which comes back claimed.
-func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c DirectClaim) (InsertCounts, []ClaimedRow, error) {
+func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c DirectClaim) (InsertCounts, []Record, error) {
 	if len(recs) == 0 {
 		return InsertCounts{}, nil, nil
 	}
@@ -243,7 +244,7 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 	}
 	var (
 		counts  InsertCounts
-		claimed []ClaimedRow
+		claimed []Record
 	)
 	err = runInsert(ctx, q, args, orderLockKeys(recs, unique), c, false, func(r insertedRow) error {
 		if r.Status != StatusInProgress {
@@ -254,18 +255,18 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 			return fmt.Errorf("insert returned an unknown or unclaimed key %q", r.Key)
 		}
 		rec := &recs[i]
-		claimed = append(claimed, ClaimedRow{
+		claimed = append(claimed, Record{
 			ID: r.ID, MessageKey: r.Key, APIType: rec.APIType, KafkaTopic: rec.KafkaTopic,
 			KafkaPartition: rec.KafkaPartition, KafkaOffset: rec.KafkaOffset, KafkaKey: rec.KafkaKey,
-			Payload: rec.Payload, AttemptCount: 1, ClaimToken: *r.Token,
-			CreatedAt: r.Created, LeaseExpiresAt: *r.Due,
+			Payload: rec.Payload, Status: StatusInProgress, AttemptCount: 1, ClaimToken: *r.Token,
+			CreatedAt: r.Created, NextRetryAt: r.Due,
 		})
 		return nil
 	}, &counts)
 	if err != nil {
 		return InsertCounts{}, nil, err
 	}
-	slices.SortFunc(claimed, func(a, b ClaimedRow) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(claimed, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
 	return counts, claimed, nil
 }
 
@@ -323,7 +324,7 @@ func runInsert(ctx context.Context, q Querier, args []any, keys []string, c Dire
 	var err error
 	for try := 1; ; try++ {
 		got, total = got[:0], InsertCounts{}
-		err = queryInsertLocked(ctx, q, keys, insertSQL, args, read)
+		err = queryInsertLocked(ctx, q, keys, insertSQL, args, args[0].([]string), read)
 		if err == nil || !isOrderConflict(err) || try == maxOrderConflictTries {
 			break
 		}

@@ -54,7 +54,7 @@ func TestInsertBatchClaim(t *testing.T) {
 				c.APIType != src.APIType || c.KafkaTopic != src.KafkaTopic || c.KafkaPartition != src.KafkaPartition {
 				t.Errorf("claimed row %+v does not carry its record %+v", c, src)
 			}
-			if d := c.LeaseExpiresAt.Sub(c.CreatedAt); d < 59*time.Second || d > 61*time.Second {
+			if d := c.LeaseExpiresAt().Sub(c.CreatedAt); d < 59*time.Second || d > 61*time.Second {
 				t.Errorf("%s: lease ends %v after creation, want 1m", c.MessageKey, d)
 			}
 			s := stored[c.MessageKey]
@@ -63,7 +63,7 @@ func TestInsertBatchClaim(t *testing.T) {
 			}
 			var token, by string
 			if err := pool.QueryRow(ctx, `SELECT claim_token::text, claimed_by FROM forward_records
-				WHERE id = $1 AND claimed_at IS NOT NULL AND next_retry_at = $2`, c.ID, c.LeaseExpiresAt).Scan(&token, &by); err != nil {
+				WHERE id = $1 AND claimed_at IS NOT NULL AND next_retry_at = $2`, c.ID, c.LeaseExpiresAt()).Scan(&token, &by); err != nil {
 				t.Fatalf("%s: claim columns: %v", c.MessageKey, err)
 			}
 			if token != c.ClaimToken || by != "me" {

@@ -66,7 +66,7 @@ func TestRenewLeases(t *testing.T) {
 	if _, ok := renewed[held[1].ID]; ok {
 		t.Fatal("a lost claim was renewed")
 	}
-	for _, r := range []outboxdb.ClaimedRow{held[0], held[2]} {
+	for _, r := range []outboxdb.Record{held[0], held[2]} {
 		s := db.State(r.ID)
 		if s.DueInMs == nil || *s.DueInMs < (59*time.Minute).Milliseconds() || *s.ClaimToken != r.ClaimToken {
 			t.Errorf("row %d after renewal: due in %v ms, token %s; want about an hour, same claim", r.ID, s.DueInMs, fixture.Str(s.ClaimToken))

@@ -49,16 +49,16 @@ func BenchmarkRowLifecycle(b *testing.B) {
 	paths := []struct {
 		name string
 		// deliver inserts recs and returns their claims.
-		deliver func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error)
+		deliver func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.Record, error)
 	}{
-		{"backlog", func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error) {
+		{"backlog", func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.Record, error) {
 			if _, err := outboxdb.InsertBatchCount(ctx, tb.Pool, recs); err != nil {
 				return nil, err
 			}
 			res, err := outboxdb.ClaimDue(ctx, tb.Pool, claim)
 			return res.Claimed, err
 		}},
-		{"direct", func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error) {
+		{"direct", func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.Record, error) {
 			_, claimed, err := outboxdb.InsertBatchClaim(ctx, tb.Pool, recs, lease)
 			return claimed, err
 		}},

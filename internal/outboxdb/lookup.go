@@ -208,25 +208,7 @@ func (f FindFilter) args(d driver) []any {
 
 // FoundRow is one row of a search; `outbox find --json` prints it as is.
 type FoundRow struct {
-	ID             int64      `db:"id" json:"id"`
-	MessageKey     string     `db:"message_key" json:"message_key"`
-	APIType        string     `db:"api_type" json:"api_type"`
-	Status         Status     `db:"status" json:"status"`
-	AttemptCount   int        `db:"attempt_count" json:"attempt_count"`
-	LastError      *string    `db:"last_error" json:"last_error"`
-	LastHTTPStatus *int32     `db:"last_http_status" json:"last_http_status"`
-	FailureClass   *string    `db:"failure_class" json:"failure_class"`
-	PlateNo        *string    `db:"plate_no" json:"plate_no"`
-	ParkCode       *string    `db:"park_code" json:"park_code"`
-	BerthCode      *string    `db:"berth_code" json:"berth_code"`
-	DeviceID       *string    `db:"device_id" json:"device_id"`
-	CreatedAt      time.Time  `db:"created_at" json:"created_at"`
-	UpdatedAt      time.Time  `db:"updated_at" json:"updated_at"`
-	NextRetryAt    *time.Time `db:"next_retry_at" json:"next_retry_at"`
-	SucceededAt    *time.Time `db:"succeeded_at" json:"succeeded_at"`
-	OrderingKey    *string    `db:"ordering_key" json:"ordering_key"`
-	OrderHeld      bool       `db:"order_held" json:"order_held"`
-	OrderBlocked   bool       `db:"order_blocked" json:"order_blocked"`
+	Record
 	// LastErrcode is the platform errcode of the latest attempt, nil when
 	// there is none (no attempt, or a reply without errcode).
 	LastErrcode *string `db:"-" json:"last_errcode"`
@@ -327,41 +309,6 @@ func explain(ctx context.Context, db TxBeginner, opts LookupOptions, sql string,
 		return tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&plan)
 	})
 	return plan, err
-}
-
-// Record is one forward_records row with everything an operator may want
-// to see about it.
-type Record struct {
-	ID             int64      `db:"id"`
-	MessageKey     string     `db:"message_key"`
-	APIType        string     `db:"api_type"`
-	KafkaTopic     string     `db:"kafka_topic"`
-	KafkaPartition int32      `db:"kafka_partition"`
-	KafkaOffset    int64      `db:"kafka_offset"`
-	KafkaKey       []byte     `db:"kafka_key"`
-	Payload        []byte     `db:"payload"`
-	Status         Status     `db:"status"`
-	AttemptCount   int        `db:"attempt_count"`
-	NextRetryAt    *time.Time `db:"next_retry_at"`
-	LastHTTPStatus *int32     `db:"last_http_status"`
-	LastError      *string    `db:"last_error"`
-	CreatedAt      time.Time  `db:"created_at"`
-	UpdatedAt      time.Time  `db:"updated_at"`
-	SucceededAt    *time.Time `db:"succeeded_at"`
-	ClaimedBy      *string    `db:"claimed_by"`
-	ClaimedAt      *time.Time `db:"claimed_at"`
-	FailureClass   *string    `db:"failure_class"`
-	FailedAt       *time.Time `db:"failed_at"`
-	RequeueRounds  int        `db:"requeue_rounds"`
-	LeaseReturns   int        `db:"lease_returns"`
-	OrderingKey    *string    `db:"ordering_key"`
-	OrderHeld      bool       `db:"order_held"`
-	OrderBlocked   bool       `db:"order_blocked"`
-	PlateNo        *string    `db:"plate_no"`
-	ParkCode       *string    `db:"park_code"`
-	BerthCode      *string    `db:"berth_code"`
-	DeviceID       *string    `db:"device_id"`
-	DeadLetteredAt *time.Time `db:"dead_lettered_at"`
 }
 
 // Attempt is one forward_retry_logs row.

@@ -67,14 +67,21 @@ var skipOrderLocks bool
 // snapshot is taken after they were granted. Without keys and ids it runs
 // sql alone. each reads sql's rows.
 func queryLocked(ctx context.Context, q Querier, keys []string, ids []int64, sql string, args []any, each func(pgx.Rows) error) error {
-	return pipelineLocked(ctx, q, orderLockSQL, []any{keys, ids}, len(keys)+len(ids) > 0, sql, args, each)
+	return pipeline(ctx, q, step{orderLockSQL, []any{keys, ids}, len(keys)+len(ids) > 0},
+		step{sql, args, true}, step{}, each)
 }
 
 // queryInsertLocked is queryLocked for insert.sql: keys, one per ordered
 // record, go to order_lock_active.sql, which locks the keys whose rows the
-// insert may hold.
-func queryInsertLocked(ctx context.Context, q Querier, keys []string, sql string, args []any, each func(pgx.Rows) error) error {
-	return pipelineLocked(ctx, q, orderLockActiveSQL, []any{keys}, len(keys) > 0, sql, args, each)
+// insert may hold; insert_backstop.sql follows it, with the batch's message
+// keys (msgKeys), in the same transaction.
+func queryInsertLocked(ctx context.Context, q Querier, keys []string, sql string, args []any, msgKeys []string, each func(pgx.Rows) error) error {
+	lock := step{orderLockActiveSQL, []any{keys}, len(keys) > 0}
+	switch {
+	case skipOrderLocks:
+		lock.sql = skipLocksSQL
+	}
+	return pipeline(ctx, q, lock, step{sql, args, true}, step{insertBackstopSQL, []any{msgKeys}, true}, each)
 }
 
 // skipLocksSQL stands for order_lock_active.sql when the locks are left out
@@ -82,14 +89,35 @@ func queryInsertLocked(ctx context.Context, q Querier, keys []string, sql string
 const skipLocksSQL = `SELECT set_config('forwarder.order_locked',
 	coalesce((SELECT string_agg(DISTINCT hashtext(k)::text, ',') FROM unnest($1::text[]) k WHERE k <> ''), ''), true)`
 
-func pipelineLocked(ctx context.Context, q Querier, lockSQL string, lockArgs []any, lock bool, sql string, args []any, each func(pgx.Rows) error) error {
-	if skipOrderLocks && lockSQL == orderLockActiveSQL {
-		lockSQL = skipLocksSQL
-	} else if skipOrderLocks {
-		lock = false
+// step is one statement of a pipeline; run false leaves it out.
+type step struct {
+	sql  string
+	args []any
+	run  bool
+}
+
+// pipeline runs before, main and after (those whose run is set) in one
+// pipeline: one round trip, one implicit transaction (or the caller's when
+// q is a transaction). each reads main's rows; the others' results are
+// discarded, their errors returned.
+func pipeline(ctx context.Context, q Querier, before, main, after step, each func(pgx.Rows) error) error {
+	if skipOrderLocks && before.sql == orderLockSQL {
+		before.run = false
 	}
-	if !lock {
-		rows, err := q.Query(ctx, sql, args...)
+	for i, a := range before.args {
+		switch v := a.(type) {
+		case []string:
+			if v == nil {
+				before.args[i] = []string{}
+			}
+		case []int64:
+			if v == nil {
+				before.args[i] = []int64{}
+			}
+		}
+	}
+	if !before.run && !after.run {
+		rows, err := q.Query(ctx, main.sql, main.args...)
 		if err != nil {
 			return err
 		}
@@ -100,25 +128,20 @@ func pipelineLocked(ctx context.Context, q Querier, lockSQL string, lockArgs []a
 		rows.Close()
 		return rows.Err()
 	}
-	for i, a := range lockArgs {
-		switch v := a.(type) {
-		case []string:
-			if v == nil {
-				lockArgs[i] = []string{}
-			}
-		case []int64:
-			if v == nil {
-				lockArgs[i] = []int64{}
-			}
-		}
-	}
 	b := &pgx.Batch{}
-	b.Queue(lockSQL, lockArgs...)
-	b.Queue(sql, args...)
+	if before.run {
+		b.Queue(before.sql, before.args...)
+	}
+	b.Queue(main.sql, main.args...)
+	if after.run {
+		b.Queue(after.sql, after.args...)
+	}
 	br := q.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return fmt.Errorf("locking ordering keys: %w", err)
+	if before.run {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("locking ordering keys: %w", err)
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -129,6 +152,9 @@ func pipelineLocked(ctx context.Context, q Querier, lockSQL string, lockArgs []a
 	rows.Close()
 	if err == nil {
 		err = rows.Err()
+	}
+	if err == nil && after.run {
+		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -403,8 +429,9 @@ func isOrderConflict(err error) bool {
 	if !errors.As(err, &pgErr) {
 		return false
 	}
-	return (pgErr.Code == "40001" && strings.Contains(pgErr.Message, "gained an active row")) ||
-		(pgErr.Code == "23505" && pgErr.ConstraintName == "forward_records_order_head_key")
+	return (pgErr.Code == "40001" && (strings.Contains(pgErr.Message, "gained an active row") ||
+		strings.Contains(pgErr.Message, "stored by another transaction while this insert ran"))) ||
+		(pgErr.Code == "23505" && pgErr.ConstraintName == "forward_deliveries_order_head_key")
 }
 
 // OrderLockActiveSQL is the insert's key-lock statement, exported for

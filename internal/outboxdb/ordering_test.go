@@ -44,11 +44,11 @@ func (b orderingBundle) insert(recs ...outboxdb.NewRecord) {
 }
 
 // claimKeys claims every due row and returns their message keys, by id.
-func (b orderingBundle) claimKeys() ([]string, map[string]outboxdb.ClaimedRow) {
+func (b orderingBundle) claimKeys() ([]string, map[string]outboxdb.Record) {
 	b.t.Helper()
 	rows := b.ClaimN(100)
 	keys := make([]string, len(rows))
-	byKey := map[string]outboxdb.ClaimedRow{}
+	byKey := map[string]outboxdb.Record{}
 	for i, r := range rows {
 		keys[i] = r.MessageKey
 		byKey[r.MessageKey] = r
@@ -67,11 +67,11 @@ func (b orderingBundle) record(opts outboxdb.RecordOptions, results ...outboxdb.
 	}
 }
 
-func success(r outboxdb.ClaimedRow) outboxdb.Result {
+func success(r outboxdb.Record) outboxdb.Result {
 	return outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200}
 }
 
-func rejected(r outboxdb.ClaimedRow) outboxdb.Result {
+func rejected(r outboxdb.Record) outboxdb.Result {
 	return outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: outboxdb.StatusFailed, Sent: true, HTTPStatus: 200,
 		PlatformErrcode: "998", Error: "platform errcode 998: do not resend", Class: outboxdb.ClassRejected}
 }
@@ -234,7 +234,7 @@ func TestOrdering(t *testing.T) {
 		for _, c := range out.Claimed {
 			s := b.State(c.ID)
 			if s.Status != "IN_PROGRESS" || s.OrderHeld || s.AttemptCount != 1 || fixture.Str(s.ClaimToken) != c.ClaimToken ||
-				fixture.Str(s.ClaimedBy) != "chain" || c.AttemptCount != 1 || len(c.Payload) == 0 || c.LeaseExpiresAt.Before(time.Now().Add(50*time.Second)) {
+				fixture.Str(s.ClaimedBy) != "chain" || c.AttemptCount != 1 || len(c.Payload) == 0 || c.LeaseExpiresAt().Before(time.Now().Add(50*time.Second)) {
 				t.Errorf("chained row %s: %+v (claim %+v)", c.MessageKey, s, c)
 			}
 		}
@@ -318,7 +318,7 @@ func TestOrdering(t *testing.T) {
 			if e.MessageKey == "a1" {
 				opts.OnFailed = outboxdb.OrderBlock
 			}
-			if _, err := outboxdb.FailExhausted(b.Ctx, b.Pool, []outboxdb.ExhaustedRow{e}, opts); err != nil {
+			if _, err := outboxdb.FailExhausted(b.Ctx, b.Pool, []outboxdb.Record{e}, opts); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -935,7 +935,7 @@ func TestOrderingPlans(t *testing.T) {
 	// The result write of 150 heads, each releasing the row behind it.
 	b.insert(recs...)
 	claimed := b.ClaimN(1000)
-	var heads []outboxdb.ClaimedRow
+	var heads []outboxdb.Record
 	for _, c := range claimed {
 		if strings.HasPrefix(c.MessageKey, "r-") {
 			heads = append(heads, c)

@@ -102,7 +102,7 @@ type RecordOutcome struct {
 	// Recorded are the ids whose result was written.
 	Recorded []int64
 	// Claimed are released rows claimed for RecordOptions.Chain, by id.
-	Claimed []ClaimedRow
+	Claimed []Record
 }
 
 // RecordResults writes a batch of attempt results in one statement: every row
@@ -206,45 +206,35 @@ func RecordResultsChained(ctx context.Context, q Querier, results []Result, opts
 		chain.Claimer, chain.Lease.Milliseconds(), max(chain.Limit, 0)}
 	out := RecordOutcome{Recorded: make([]int64, 0, n)}
 	err = queryLocked(ctx, q, nil, finishing, recordSQL, args, func(rows pgx.Rows) error {
-		for rows.Next() {
-			var (
-				kind      string
-				r         ClaimedRow
-				key, typ  *string
-				topic     *string
-				partition *int32
-				offset    *int64
-				attempt   *int32
-				token     *string
-				created   *time.Time
-				lease     *time.Time
-			)
-			if err := rows.Scan(&kind, &r.ID, &key, &typ, &topic, &partition, &offset, &r.KafkaKey, &r.Payload,
-				&attempt, &token, &created, &lease); err != nil {
-				return err
-			}
-			if kind == "r" {
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[recordedRow])
+		if err != nil {
+			return err
+		}
+		for _, r := range got {
+			if r.Kind == "r" {
 				out.Recorded = append(out.Recorded, r.ID)
 				continue
 			}
-			if key == nil || typ == nil || topic == nil || partition == nil || offset == nil || attempt == nil ||
-				token == nil || created == nil || lease == nil {
-				return fmt.Errorf("a chained claim of row %d came back incomplete", r.ID)
-			}
-			r.MessageKey, r.APIType, r.KafkaTopic, r.KafkaPartition, r.KafkaOffset = *key, *typ, *topic, *partition, *offset
-			r.AttemptCount, r.ClaimToken, r.CreatedAt, r.LeaseExpiresAt = int(*attempt), *token, *created, *lease
+			r.Status = StatusInProgress
 			if r.Payload == nil {
 				r.Payload = []byte{}
 			}
-			out.Claimed = append(out.Claimed, r)
+			out.Claimed = append(out.Claimed, r.Record)
 		}
-		return rows.Err()
+		return nil
 	})
 	if err != nil {
 		return RecordOutcome{}, fmt.Errorf("recording results: %w", err)
 	}
-	slices.SortFunc(out.Claimed, func(a, b ClaimedRow) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out.Claimed, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
+}
+
+// recordedRow is a row of record.sql: a recorded id (kind "r") or a row
+// claimed for chained dispatch (kind "c").
+type recordedRow struct {
+	Kind string `db:"kind"`
+	Record
 }
 
 // CleanText makes s storable in a text column and short: invalid UTF-8 and

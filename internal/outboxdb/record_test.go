@@ -24,7 +24,7 @@ func setupRecordTest(t *testing.T) *recordTestBundle {
 }
 
 // claimN inserts n due rows and claims them.
-func (b *recordTestBundle) claimN(t *testing.T, n int) []outboxdb.ClaimedRow {
+func (b *recordTestBundle) claimN(t *testing.T, n int) []outboxdb.Record {
 	t.Helper()
 	for i := range n {
 		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records

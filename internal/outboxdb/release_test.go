@@ -18,7 +18,7 @@ func TestRelease(t *testing.T) {
 	t.Parallel()
 
 	var seq atomic.Int64
-	claimOne := func(t *testing.T, b *fixture.DB) outboxdb.ClaimedRow {
+	claimOne := func(t *testing.T, b *fixture.DB) outboxdb.Record {
 		t.Helper()
 		b.InsertDue(fmt.Sprintf("due-%d", seq.Add(1)), 1)
 		res := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "holder", MaxAttempts: 5})

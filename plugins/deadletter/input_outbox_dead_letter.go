@@ -211,14 +211,14 @@ func (in *deadLetter) ReadBatch(ctx context.Context) (service.MessageBatch, serv
 
 // emit turns claimed rows into a batch. If shutdown began meanwhile the rows
 // are given back unsent instead: the engine would drop the batch unread.
-func (in *deadLetter) emit(ctx context.Context, pool *pgxpool.Pool, rows []outboxdb.DeadLetterRow) (service.MessageBatch, service.AckFunc, error) {
+func (in *deadLetter) emit(ctx context.Context, pool *pgxpool.Pool, rows []outboxdb.Record) (service.MessageBatch, service.AckFunc, error) {
 	refs := make([]outboxdb.DeadLetterRef, len(rows))
 	batch := make(service.MessageBatch, len(rows))
 	in.mu.Lock()
 	for i, r := range rows {
-		refs[i] = r.Ref()
+		refs[i] = r.DeadLetterRef()
 		batch[i] = newMessage(r)
-		in.held[r.ID] = r.Token
+		in.held[r.ID] = r.DeadLetterToken
 	}
 	in.mu.Unlock()
 	if ctx.Err() != nil {
@@ -230,7 +230,7 @@ func (in *deadLetter) emit(ctx context.Context, pool *pgxpool.Pool, rows []outbo
 	return batch, in.ackFunc(pool, batch.Index(), refs), nil
 }
 
-func newMessage(r outboxdb.DeadLetterRow) *service.Message {
+func newMessage(r outboxdb.Record) *service.Message {
 	msg := service.NewMessage(r.Payload)
 	f := msgmeta.Failed{
 		Claim: msgmeta.Claim{
@@ -238,10 +238,13 @@ func newMessage(r outboxdb.DeadLetterRow) *service.Message {
 			Kafka:     msgmeta.Kafka{Topic: r.KafkaTopic, Partition: r.KafkaPartition, Offset: r.KafkaOffset, Key: r.KafkaKey},
 			CreatedAt: r.CreatedAt,
 		},
-		LastError: r.LastError, AttemptCount: r.AttemptCount, FailedAt: r.FailedAt,
+		LastError: r.LastErrorText(), AttemptCount: r.AttemptCount,
+	}
+	if r.FailedAt != nil {
+		f.FailedAt = *r.FailedAt
 	}
 	if r.LastHTTPStatus != nil {
-		f.LastHTTPStatus = *r.LastHTTPStatus
+		f.LastHTTPStatus = int(*r.LastHTTPStatus)
 	}
 	msgmeta.SetFailed(msg, f)
 	return msg

@@ -16,7 +16,7 @@ import (
 
 // handOver does what the outbox processor does for a dispatcher with room:
 // reserve, insert n new rows claimed for it, deliver.
-func (b *testBundle) handOver(t testing.TB, in *outboxRetry, n int) []outboxdb.ClaimedRow {
+func (b *testBundle) handOver(t testing.TB, in *outboxRetry, n int) []outboxdb.Record {
 	t.Helper()
 	d := in.d
 	granted := d.Reserve(make([]int, n))
@@ -98,7 +98,7 @@ func TestHandoff(t *testing.T) {
 		if g := in.d.Reserve([]int{1}); g.Rows != 0 {
 			t.Error("a closed input granted a reservation")
 		}
-		if in.d.Deliver(dispatch.Grant{}, []outboxdb.ClaimedRow{{ID: 1, ClaimToken: "x"}}) {
+		if in.d.Deliver(dispatch.Grant{}, []outboxdb.Record{{ID: 1, ClaimToken: "x"}}) {
 			t.Error("a closed input took rows")
 		}
 	})
@@ -194,7 +194,7 @@ func TestHandoff(t *testing.T) {
 		}
 		// The insert found 2 of the 5 keys stored already: 3 handed over,
 		// the other 2 slots come back.
-		d.Deliver(g, []outboxdb.ClaimedRow{{ID: 1, ClaimToken: "a"}, {ID: 2, ClaimToken: "b"}, {ID: 3, ClaimToken: "c"}})
+		d.Deliver(g, []outboxdb.Record{{ID: 1, ClaimToken: "a"}, {ID: 2, ClaimToken: "b"}, {ID: 3, ClaimToken: "c"}})
 		g = d.Reserve(make([]int, 10))
 		if g.Rows != 2 {
 			t.Fatalf("granted %d with 3 of 5 held, want 2", g.Rows)

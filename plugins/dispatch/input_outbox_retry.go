@@ -439,12 +439,12 @@ func (in *outboxRetry) ReadBatch(ctx context.Context) (service.MessageBatch, ser
 	}, nil
 }
 
-func newMessage(r outboxdb.ClaimedRow) *service.Message {
+func newMessage(r outboxdb.Record) *service.Message {
 	msg := service.NewMessage(r.Payload)
 	msgmeta.SetClaim(msg, msgmeta.Claim{
 		ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Attempt: r.AttemptCount, Token: r.ClaimToken,
 		Kafka:     msgmeta.Kafka{Topic: r.KafkaTopic, Partition: r.KafkaPartition, Offset: r.KafkaOffset, Key: r.KafkaKey},
-		CreatedAt: r.CreatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
+		CreatedAt: r.CreatedAt, LeaseExpiresAt: r.LeaseExpiresAt(),
 	})
 	return msg
 }

@@ -167,7 +167,7 @@ func newTestOutput(t testing.TB, yaml string, logs io.Writer) *httpForwarder {
 }
 
 // claim inserts n due rows of apiType and claims them as outbox_retry would.
-func (b *testBundle) claim(t testing.TB, n int, apiType string) []outboxdb.ClaimedRow {
+func (b *testBundle) claim(t testing.TB, n int, apiType string) []outboxdb.Record {
 	t.Helper()
 	for range n {
 		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
@@ -180,7 +180,7 @@ func (b *testBundle) claim(t testing.TB, n int, apiType string) []outboxdb.Claim
 }
 
 // claimDue claims up to n due rows.
-func (b *testBundle) claimDue(t testing.TB, n int) []outboxdb.ClaimedRow {
+func (b *testBundle) claimDue(t testing.TB, n int) []outboxdb.Record {
 	t.Helper()
 	rows, err := outboxdb.Claim(b.ctx, b.pool, n, time.Minute, "test")
 	if err != nil {
@@ -198,7 +198,7 @@ func (b *testBundle) makeDue(t testing.TB, id int64) {
 }
 
 // message is what outbox_retry plus the mapping would hand the output.
-func message(r outboxdb.ClaimedRow, body string) *service.Message {
+func message(r outboxdb.Record, body string) *service.Message {
 	msg := service.NewMessage([]byte(body))
 	msg.MetaSetMut(msgmeta.OutboxID, r.ID)
 	msg.MetaSetMut(msgmeta.ClaimToken, r.ClaimToken)
@@ -206,14 +206,14 @@ func message(r outboxdb.ClaimedRow, body string) *service.Message {
 	msg.MetaSetMut(msgmeta.APIType, r.APIType)
 	msg.MetaSetMut(msgmeta.MessageKey, r.MessageKey)
 	msg.MetaSetMut(msgmeta.CreatedAtMs, r.CreatedAt.UnixMilli())
-	msg.MetaSetMut(msgmeta.LeaseExpiresAtMs, r.LeaseExpiresAt.UnixMilli())
+	msg.MetaSetMut(msgmeta.LeaseExpiresAtMs, r.LeaseExpiresAt().UnixMilli())
 	msg.MetaSetMut("kafka_topic", r.KafkaTopic)
 	msg.MetaSetMut("kafka_partition", strconv.Itoa(int(r.KafkaPartition)))
 	msg.MetaSetMut("kafka_offset", r.KafkaOffset)
 	return msg
 }
 
-func mappedBody(r outboxdb.ClaimedRow) string {
+func mappedBody(r outboxdb.Record) string {
 	return fmt.Sprintf(`{"message_id":%q,"device_id":"CAM-0001","park_code":"P1001"}`, r.MessageKey)
 }
 

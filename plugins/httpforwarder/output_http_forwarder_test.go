@@ -538,7 +538,7 @@ func TestSemaphoreBoundsRequests(t *testing.T) {
 	rows := b.claim(t, 8, outboxdb.APITypeVehicleEvent)
 
 	errs := make(chan error, 2)
-	for _, part := range [][]outboxdb.ClaimedRow{rows[:4], rows[4:]} {
+	for _, part := range [][]outboxdb.Record{rows[:4], rows[4:]} {
 		var batch service.MessageBatch
 		for _, r := range part {
 			batch = append(batch, message(r, mappedBody(r)))

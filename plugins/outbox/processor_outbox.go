@@ -486,7 +486,7 @@ func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewR
 // giveBack releases rows claimed for a dispatcher that closed (or is gone)
 // before they could be handed over, as if never claimed; failing that, their
 // lease brings them back.
-func (p *outboxProcessor) giveBack(ctx context.Context, rows []outboxdb.ClaimedRow) {
+func (p *outboxProcessor) giveBack(ctx context.Context, rows []outboxdb.Record) {
 	refs := make([]outboxdb.ClaimRef, len(rows))
 	for i, r := range rows {
 		refs[i] = r.Ref()

@@ -3,10 +3,11 @@
 -- key: cheap for a dev run's few hundred thousand rows, not meant for
 -- production dashboards (the prometheus exporter's gauges are).
 SELECT count(*) AS persisted,
-       count(*) FILTER (WHERE status = 'PENDING' AND attempt_count = 0) AS waiting,
-       count(*) FILTER (WHERE status = 'PENDING' AND attempt_count > 0) AS retrying,
-       count(*) FILTER (WHERE status = 'IN_PROGRESS') AS in_progress,
-       count(*) FILTER (WHERE status = 'SUCCESS') AS delivered,
-       count(*) FILTER (WHERE status = 'FAILED') AS failed
-FROM forward_records
-WHERE id > $1;
+       count(*) FILTER (WHERE d.status = 'PENDING' AND d.attempt_count = 0) AS waiting,
+       count(*) FILTER (WHERE d.status = 'PENDING' AND d.attempt_count > 0) AS retrying,
+       count(*) FILTER (WHERE d.status = 'IN_PROGRESS') AS in_progress,
+       count(*) FILTER (WHERE d.id IS NULL) AS delivered,
+       count(*) FILTER (WHERE d.status = 'FAILED') AS failed
+FROM forward_messages m
+LEFT JOIN forward_deliveries d ON d.id = m.id
+WHERE m.id > $1;

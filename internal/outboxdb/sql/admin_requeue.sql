@@ -43,9 +43,9 @@
 -- $9 normalised reason (NULL: any; the expression of
 -- console_failed_groups.sql).
 WITH picked AS (
-    SELECT r.id, r.status AS prev_status, r.attempt_count AS prev_attempts, r.ordering_key,
+    SELECT r.id, r.created_at, r.status AS prev_status, r.attempt_count AS prev_attempts, r.ordering_key,
            (r.status IN ('PENDING', 'IN_PROGRESS') AND NOT r.order_held) AS was_head
-    FROM forward_records r
+    FROM forward_deliveries r
     WHERE r.id > $5::bigint
       AND r.status = ANY ($1::text[])
       AND (r.status <> 'IN_PROGRESS' OR r.next_retry_at <= now())
@@ -54,7 +54,7 @@ WITH picked AS (
       AND ($2::text IS NULL OR (
             SELECT l.platform_errcode
             FROM forward_retry_logs l
-            WHERE l.record_id = r.id
+            WHERE l.record_id = r.id AND l.record_created_at = r.created_at
               AND l.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
             ORDER BY l.id DESC
             LIMIT 1) = $2::text)
@@ -69,7 +69,7 @@ WITH picked AS (
     SELECT p.id,
            p.ordering_key IS NOT NULL AND NOT p.was_head AND (
                EXISTS (SELECT 1
-                       FROM forward_records o
+                       FROM forward_deliveries o
                        WHERE o.ordering_key = p.ordering_key
                          AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
                          AND o.id <> p.id
@@ -80,14 +80,13 @@ WITH picked AS (
                           WHERE q.ordering_key = p.ordering_key AND q.id < p.id)) AS held
     FROM picked p
 ), requeued AS (
-    UPDATE forward_records AS r
+    UPDATE forward_deliveries AS r
     SET status        = 'PENDING',
         next_retry_at = now(),
         attempt_count = 0,
         claim_token   = NULL,
         claimed_by    = NULL,
         claimed_at    = NULL,
-        succeeded_at  = NULL,
         dead_lettered_at        = NULL,
         dead_letter_token       = NULL,
         dead_letter_lease_until = NULL,
@@ -100,8 +99,8 @@ WITH picked AS (
     WHERE r.id = held.id
     RETURNING r.id
 ), audit AS (
-    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
-    SELECT id, prev_attempts, 'REQUEUED',
+    INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message, next_retry_at)
+    SELECT id, created_at, prev_attempts, 'REQUEUED',
            $7::text || ' (was ' || prev_status || ' after ' || prev_attempts
                || CASE WHEN prev_attempts = 1 THEN ' attempt)' ELSE ' attempts)' END,
            now()

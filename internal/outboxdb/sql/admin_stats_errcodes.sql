@@ -5,11 +5,11 @@
 -- sent no errcode (a mapping error, a timeout, an HTTP error). The same rule
 -- serves `outbox requeue --errcode`. $1 is how many to return.
 SELECT coalesce(l.platform_errcode, '') AS errcode, count(*) AS rows
-FROM forward_records r
+FROM forward_deliveries r
 LEFT JOIN LATERAL (
     SELECT platform_errcode
     FROM forward_retry_logs
-    WHERE record_id = r.id
+    WHERE record_id = r.id AND record_created_at = r.created_at
       AND result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
     ORDER BY id DESC
     LIMIT 1

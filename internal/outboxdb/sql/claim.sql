@@ -3,7 +3,7 @@
 -- A row is due when it is PENDING and its retry time has come, or IN_PROGRESS
 -- and its lease (kept in next_retry_at) has run out because its holder
 -- vanished. Rows held behind an earlier row of their ordering key are not
--- due: they are not in forward_records_due_idx at all. The "locked" CTE reads
+-- due: they are not in forward_deliveries_due_idx at all. The "locked" CTE reads
 -- through that index in index order and stops after $1 rows, so neither the
 -- number of finished or held rows nor the backlog size adds a sort; SKIP
 -- LOCKED lets any number of dispatchers claim side by side without waiting on
@@ -14,8 +14,8 @@
 -- dispatcher has room for: rows are taken in due order while their running
 -- total fits, and the first one always (a message larger than the budget is
 -- still delivered, alone). Rows locked by "locked" but left out by "due" are
--- not changed; their locks go with the statement. octet_length of a bytea
--- reads the size from the stored value's header, not the value.
+-- not changed; their locks go with the statement. The sizes are the delivery
+-- rows' payload_size: the messages are read only for the rows claimed.
 --
 -- Every claim is an attempt: attempt_count goes up here, not when the result
 -- is written, so an attempt lost in a crash still counts. A fresh claim_token
@@ -45,8 +45,8 @@ WITH async AS (
            status        AS prev_status,
            attempt_count AS prev_attempt,
            claimed_by    AS prev_holder,
-           octet_length(payload) AS size
-    FROM forward_records
+           payload_size  AS size
+    FROM forward_deliveries
     WHERE status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
       AND next_retry_at <= now()
     ORDER BY next_retry_at, id
@@ -61,17 +61,10 @@ WITH async AS (
                  row_number() OVER (ORDER BY next_retry_at, id) AS n
           FROM locked) AS l
     WHERE $5::bigint < 0 OR n = 1 OR running <= $5::bigint
-), lost AS (
-    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message)
-    SELECT id, prev_attempt, 'LEASE_EXPIRED',
-           'lease expired: attempt ' || prev_attempt || ' by '
-           || coalesce(prev_holder, 'unknown holder') || ' left no result'
-    FROM due
-    WHERE prev_status = 'IN_PROGRESS'
 ), claimed AS (
     -- The SET expressions read the old values of each row (r.*), the ones
     -- "locked" saw, since the rows are locked.
-    UPDATE forward_records AS r
+    UPDATE forward_deliveries AS r
     SET status        = 'IN_PROGRESS',
         attempt_count = CASE WHEN $4::integer > 0 AND r.attempt_count >= $4::integer
                              THEN r.attempt_count ELSE r.attempt_count + 1 END,
@@ -95,14 +88,25 @@ WITH async AS (
     -- join over a sequential scan of the whole table when the table is small
     -- or the statistics are stale.
     WHERE r.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING r.id, r.message_key, r.api_type, r.kafka_topic, r.kafka_partition,
-              r.kafka_offset, r.kafka_key, r.payload, r.attempt_count,
-              r.claim_token::text AS claim_token, r.created_at,
-              r.next_retry_at AS lease_expires_at, r.last_error
+    RETURNING r.id, r.created_at, r.attempt_count, r.claim_token, r.claimed_by, r.next_retry_at, r.last_error
+), lost AS (
+    INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message)
+    SELECT due.id, claimed.created_at, due.prev_attempt, 'LEASE_EXPIRED',
+           'lease expired: attempt ' || due.prev_attempt || ' by '
+           || coalesce(due.prev_holder, 'unknown holder') || ' left no result'
+    FROM due
+    JOIN claimed ON claimed.id = due.id
+    WHERE due.prev_status = 'IN_PROGRESS'
 )
--- An exhausted row's last_error names why it must fail.
-SELECT claimed.*, due.exhausted
-FROM claimed
-JOIN due ON due.id = claimed.id
+-- The claimed rows as forward_records shows them, their message read by
+-- (id, created_at): one partition per row (run-time pruning). An exhausted
+-- row's last_error names why it must fail.
+SELECT m.id, m.message_key, m.api_type, m.kafka_topic, m.kafka_partition, m.kafka_offset,
+       m.kafka_key, m.payload, m.created_at,
+       'IN_PROGRESS' AS status, c.attempt_count, c.claim_token::text AS claim_token, c.claimed_by,
+       c.next_retry_at, c.last_error, due.exhausted
+FROM claimed c
+JOIN due ON due.id = c.id
+JOIN forward_messages m ON m.id = c.id AND m.created_at = c.created_at
 CROSS JOIN async
 WHERE async.done = 'off';

@@ -17,20 +17,20 @@ SELECT id, next_retry_at,
        status        AS prev_status,
        attempt_count AS prev_attempt,
        claimed_by    AS prev_holder,
-       octet_length(payload) AS size
-FROM forward_records
+       payload_size  AS size
+FROM forward_deliveries
 WHERE id = (
     SELECT c.id
     FROM ((SELECT id, attempt_count, updated_at
-           FROM forward_records
+           FROM forward_deliveries
            WHERE status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
              AND next_retry_at <= now()
            ORDER BY next_retry_at, id
            LIMIT 50)
           UNION
           (SELECT id, attempt_count, updated_at
-           FROM forward_records
-           WHERE id > (SELECT max(id) - 10000 FROM forward_records)
+           FROM forward_deliveries
+           WHERE id > (SELECT max(id) - 10000 FROM forward_deliveries)
              AND status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
              AND next_retry_at <= now()
            ORDER BY id DESC

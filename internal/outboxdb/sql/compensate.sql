@@ -23,7 +23,7 @@
 -- $4 notification channel, $5 the candidate ids.
 WITH picked AS (
     SELECT id, attempt_count, requeue_rounds, ordering_key
-    FROM forward_records
+    FROM forward_deliveries
     WHERE id = ANY ($5::bigint[])
       AND status = 'FAILED'
       AND failure_class = 'TRANSIENT'
@@ -33,7 +33,7 @@ WITH picked AS (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), requeued AS (
-    UPDATE forward_records AS r
+    UPDATE forward_deliveries AS r
     SET status                  = 'PENDING',
         next_retry_at           = now(),
         attempt_count           = 0,
@@ -48,7 +48,7 @@ WITH picked AS (
         order_blocked           = false,
         order_held              = picked.ordering_key IS NOT NULL AND (
             EXISTS (SELECT 1
-                    FROM forward_records o
+                    FROM forward_deliveries o
                     WHERE o.ordering_key = picked.ordering_key
                       AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
                       AND o.id <> picked.id
@@ -60,10 +60,10 @@ WITH picked AS (
         updated_at              = now()
     FROM picked
     WHERE r.id = picked.id
-    RETURNING r.id, picked.attempt_count, r.requeue_rounds
+    RETURNING r.id, r.created_at, picked.attempt_count, r.requeue_rounds
 ), logged AS (
-    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
-    SELECT id, attempt_count, 'REQUEUED',
+    INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message, next_retry_at)
+    SELECT id, created_at, attempt_count, 'REQUEUED',
            'automatic compensation, round ' || requeue_rounds || ' of ' || $1::integer, now()
     FROM requeued
 ), notified AS (

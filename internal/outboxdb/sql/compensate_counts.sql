@@ -3,5 +3,5 @@
 -- forward_records_compensation_idx.
 SELECT count(*) FILTER (WHERE requeue_rounds < $1::integer) AS waiting,
        count(*) FILTER (WHERE requeue_rounds >= $1::integer) AS frozen
-FROM forward_records
+FROM forward_deliveries
 WHERE status = 'FAILED' AND failure_class = 'TRANSIENT';

@@ -5,7 +5,7 @@
 --
 -- $1 rounds, $2 delay after the failure in milliseconds, $3 batch size.
 SELECT id
-FROM forward_records
+FROM forward_deliveries
 WHERE status = 'FAILED'
   AND failure_class = 'TRANSIENT'
   AND requeue_rounds < $1::integer

@@ -19,7 +19,7 @@ SELECT coalesce(r.failure_class, '') AS class,
        max(r.id) AS newest_id
 FROM (
     SELECT failure_class, last_error, updated_at, id
-    FROM forward_records
+    FROM forward_deliveries
     WHERE status = 'FAILED'
     ORDER BY updated_at DESC
     LIMIT $2

@@ -5,8 +5,8 @@
 -- (forward_records_order_blocked_idx), both exact counts over partial
 -- indexes that hold only those rows.
 SELECT s.breaker_state, s.changed_at, s.changed_by, s.reason, s.next_probe_at, s.paused_until,
-       (SELECT count(*) FROM forward_records WHERE order_held) AS held_rows,
-       (SELECT count(DISTINCT ordering_key) FROM forward_records WHERE order_blocked) AS blocked_keys,
+       (SELECT count(*) FROM forward_deliveries WHERE order_held) AS held_rows,
+       (SELECT count(DISTINCT ordering_key) FROM forward_deliveries WHERE order_blocked) AS blocked_keys,
        now() AS db_now
 FROM (SELECT 1) AS one
 LEFT JOIN forward_platform_state s ON true;

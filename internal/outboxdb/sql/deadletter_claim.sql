@@ -19,20 +19,25 @@
 -- $1 batch size, $2 lease in milliseconds.
 WITH picked AS (
     SELECT id
-    FROM forward_records
+    FROM forward_deliveries
     WHERE status = 'FAILED'
       AND dead_lettered_at IS NULL
       AND (dead_letter_lease_until IS NULL OR dead_letter_lease_until <= now())
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE forward_deliveries AS r
+    SET dead_letter_token       = gen_random_uuid(),
+        dead_letter_lease_until = now() + $2::bigint * interval '1 millisecond'
+    WHERE r.id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING r.id, r.created_at, r.status, r.attempt_count, r.last_http_status, r.last_error,
+              r.updated_at, r.failed_at, r.dead_letter_token
 )
-UPDATE forward_records AS r
-SET dead_letter_token       = gen_random_uuid(),
-    dead_letter_lease_until = now() + $2::bigint * interval '1 millisecond'
--- = ANY(ARRAY(...)) rather than a join, as in claim.sql: always the primary
--- key, never a hash join over the whole table.
-WHERE r.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING r.id, r.message_key, r.api_type, r.kafka_topic, r.kafka_partition, r.kafka_offset,
-          r.kafka_key, r.payload, r.attempt_count, r.last_http_status, r.last_error,
-          r.created_at, r.updated_at, r.dead_letter_token::text AS dead_letter_token;
+-- With its message, read by (id, created_at): one partition per row.
+SELECT m.id, m.message_key, m.api_type, m.kafka_topic, m.kafka_partition, m.kafka_offset,
+       m.kafka_key, m.payload, c.status, c.attempt_count, c.last_http_status, c.last_error,
+       m.created_at, c.updated_at, coalesce(c.failed_at, c.updated_at) AS failed_at,
+       c.dead_letter_token::text AS dead_letter_token
+FROM claimed c
+JOIN forward_messages m ON m.id = c.id AND m.created_at = c.created_at;

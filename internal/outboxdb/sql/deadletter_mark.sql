@@ -9,7 +9,7 @@
 -- as text, as in release.sql.
 --
 -- $1 ids, $2 dead-letter tokens (pairwise with $1).
-UPDATE forward_records AS r
+UPDATE forward_deliveries AS r
 SET dead_lettered_at        = now(),
     dead_letter_token       = NULL,
     dead_letter_lease_until = NULL

@@ -5,7 +5,7 @@
 -- than in a tight loop.
 --
 -- $1 ids, $2 dead-letter tokens (pairwise with $1), $3 delay in milliseconds.
-UPDATE forward_records AS r
+UPDATE forward_deliveries AS r
 SET dead_letter_token       = NULL,
     dead_letter_lease_until = now() + $3::bigint * interval '1 millisecond'
 FROM unnest($1::bigint[], $2::text[]) AS held (id, token)

@@ -1,12 +1,21 @@
 -- Persists one batch of Kafka messages as new outbox rows, in one statement.
 --
 -- The batch arrives as parallel arrays, one element per row, so the statement
--- text and its prepared plan stay the same whatever the batch size. ON CONFLICT
--- DO NOTHING makes a redelivered message a no-op: the row already there keeps
--- its status, attempts and payload, whatever state it is in. The caller removes
--- duplicate keys from the arrays first and orders them by key, so that
--- concurrent inserters meet overlapping keys in the same order and cannot
--- deadlock on each other's speculative insertions.
+-- text and its prepared plan stay the same whatever the batch size. Each new
+-- message gets its id, its delivery row (forward_deliveries) and its
+-- immutable message (forward_messages, in the partition of now()).
+--
+-- A redelivered message is a no-op, whatever state its row is in
+-- (docs/architecture.md, "Dedupe across partitions"): a key stored in any
+-- partition is found by one `message_key = ANY(...)` scan per partition
+-- ("stored"), and a key whose row another transaction is inserting right now
+-- meets it in the unique index of forward_deliveries.message_key, which ON
+-- CONFLICT DO NOTHING waits for and skips. (A message another transaction
+-- stored and delivered while this statement ran is caught by the statement
+-- that follows it, insert_backstop.sql.) The caller removes duplicate keys
+-- from the arrays first and orders them by key, so that concurrent inserters
+-- meet overlapping keys in the same order and cannot deadlock on each
+-- other's speculative insertions.
 --
 -- A row asked for as PENDING is due at once (next_retry_at = now()); a FAILED
 -- one is finished (next_retry_at NULL, failure class INVALID: it is never
@@ -36,7 +45,7 @@
 --
 -- Ordering (docs/architecture.md, "Ordering"): a PENDING row with an
 -- ordering key ($15) is inserted held (order_held, not due, left out of
--- forward_records_due_idx) while its key has an active row, unfinished or a
+-- forward_deliveries_due_idx) while its key has an active row, unfinished or a
 -- FAILED row blocking it, or when an earlier record of this batch (lower
 -- position, hence lower id: the caller lays a key's records out in batch
 -- order) has the same key and is new. "New" means its message_key is not
@@ -76,16 +85,21 @@ WITH batch AS (
          AS u(message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
               kafka_key, payload, status, last_error, claim_token,
               plate_no, park_code, berth_code, device_id, ordering_key, n)
+), stored AS MATERIALIZED (
+    -- The keys some partition already holds: one index scan of each
+    -- partition's forward_messages_key_idx for the whole batch.
+    SELECT DISTINCT m.message_key
+    FROM forward_messages m
+    WHERE m.message_key = ANY ($1::text[])
 ), locks AS MATERIALIZED (
     -- The lock ids order_lock_active.sql took, parsed once.
     SELECT coalesce(string_to_array(nullif(current_setting('forwarder.order_locked', true), ''), ',')::integer[],
                     '{}') AS hs
 ), planned AS (
-    -- The probes are LATERAL subqueries with LIMIT 1, so that each record
-    -- costs one index probe (forward_records_message_key_key, and
-    -- forward_records_order_idx for an active row of its key) whatever the
-    -- statistics say: as plain EXISTS tests the planner may hash every
-    -- unfinished row, or every key, once per statement instead.
+    -- The active-row probe is a LATERAL subquery with LIMIT 1, so that each
+    -- ordered record costs one probe of forward_deliveries_order_idx
+    -- whatever the statistics say: as a plain EXISTS test the planner may
+    -- hash every unfinished row instead.
     SELECT f.*,
            f.okey IS NOT NULL AND (
                active.found IS NOT NULL
@@ -103,59 +117,64 @@ WITH batch AS (
                      AND NOT hashtext(f.okey) = ANY (locks.hs)
                 THEN forward_records_order_conflict(f.okey)
                 ELSE false END AS conflict
-    FROM (SELECT b.*, b.okey IS NOT NULL AND stored.found IS NULL AS new_ordered
-          -- Only a key with several records here needs to know which are new.
-          FROM (SELECT batch.*, count(*) OVER (PARTITION BY batch.okey) > 1 AS repeated FROM batch) AS b
-          LEFT JOIN LATERAL (
-              SELECT 1 AS found
-              FROM forward_records s
-              WHERE b.okey IS NOT NULL AND b.repeated AND s.message_key = b.message_key
-              LIMIT 1) AS stored ON true) AS f
+    FROM (SELECT b.*, b.okey IS NOT NULL AND NOT b.is_stored AS new_ordered
+          FROM (SELECT batch.*, batch.message_key IN (SELECT message_key FROM stored) AS is_stored
+                FROM batch) AS b) AS f
     LEFT JOIN LATERAL (
         SELECT 1 AS found
-        FROM forward_records a
+        FROM forward_deliveries a
         WHERE f.okey IS NOT NULL
           AND a.ordering_key = f.okey
           AND (a.status IN ('PENDING', 'IN_PROGRESS') OR a.order_blocked)
         LIMIT 1) AS active ON true
     CROSS JOIN locks
+), fresh AS (
+    -- The records to store, with their ids drawn in batch order (a key's
+    -- rows are delivered in id order) and st, the status each gets: PENDING
+    -- for a held row asked IN_PROGRESS.
+    SELECT p.*, nextval('forward_messages_id_seq') AS id,
+           CASE WHEN p.held THEN 'PENDING' ELSE p.status END AS st
+    FROM (SELECT * FROM planned WHERE NOT conflict AND NOT is_stored ORDER BY n) AS p
 ), ins AS (
-    INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
-                                 kafka_offset, kafka_key, payload, status,
-                                 attempt_count, next_retry_at, claim_token,
-                                 claimed_by, claimed_at, last_error, failure_class, failed_at,
-                                 plate_no, park_code, berth_code, device_id,
-                                 ordering_key, order_held)
-    SELECT p.message_key, p.api_type, p.kafka_topic, p.kafka_partition,
-           p.kafka_offset, p.kafka_key, p.payload, p.st,
+    INSERT INTO forward_deliveries (id, created_at, message_key, status, attempt_count, next_retry_at,
+                                    payload_size, claim_token, claimed_by, claimed_at, last_error,
+                                    failure_class, failed_at, ordering_key, order_held)
+    SELECT p.id, now(), p.message_key, p.st,
            CASE WHEN p.st = 'IN_PROGRESS' THEN 1 ELSE 0 END,
            CASE p.st WHEN 'PENDING' THEN now()
                      WHEN 'IN_PROGRESS' THEN now() + $17::bigint * interval '1 millisecond' END,
+           octet_length(p.payload),
            CASE WHEN p.st = 'IN_PROGRESS' THEN p.claim_token::uuid END,
            CASE WHEN p.st = 'IN_PROGRESS' THEN $18::text END,
            CASE WHEN p.st = 'IN_PROGRESS' THEN now() END,
            nullif(p.last_error, ''),
            CASE WHEN p.st = 'FAILED' THEN 'INVALID' END,
            CASE WHEN p.st = 'FAILED' THEN now() END,
-           nullif(p.plate_no, ''), nullif(p.park_code, ''), nullif(p.berth_code, ''),
-           nullif(p.device_id, ''),
            p.okey, p.held
-    -- st: the status the row gets, PENDING for a held row asked IN_PROGRESS.
-    FROM (SELECT planned.*, CASE WHEN planned.held THEN 'PENDING' ELSE planned.status END AS st
-          FROM planned) AS p
-    WHERE NOT p.conflict
+    FROM fresh AS p
     ORDER BY p.n
     ON CONFLICT (message_key) DO NOTHING
     RETURNING id, message_key, status, claim_token, created_at, next_retry_at, order_held
+), messages AS (
+    INSERT INTO forward_messages (id, created_at, message_key, api_type, kafka_topic, kafka_partition,
+                                  kafka_offset, kafka_key, payload, plate_no, park_code, berth_code, device_id)
+    SELECT p.id, now(), p.message_key, p.api_type, p.kafka_topic, p.kafka_partition,
+           p.kafka_offset, p.kafka_key, p.payload,
+           nullif(p.plate_no, ''), nullif(p.park_code, ''), nullif(p.berth_code, ''),
+           nullif(p.device_id, '')
+    FROM fresh AS p
+    WHERE p.id IN (SELECT id FROM ins)
+    ORDER BY p.n
+    RETURNING id
 ), recovered AS (
     SELECT r.id, r.message_key, r.status, r.claim_token, r.created_at, r.next_retry_at
     FROM unnest($1::text[], $10::text[]) AS k(message_key, claim_token)
     -- LATERAL: one probe of the message_key index per claimed key, never a
     -- scan of the table, whatever plan a small table's statistics suggest.
     CROSS JOIN LATERAL (
-        SELECT f.id, f.message_key, f.status, f.claim_token, f.created_at, f.next_retry_at
-        FROM forward_records f
-        WHERE f.message_key = k.message_key
+        SELECT d.id, d.message_key, d.status, d.claim_token, d.created_at, d.next_retry_at
+        FROM forward_deliveries d
+        WHERE d.message_key = k.message_key
     ) r
     WHERE $19::boolean
       AND k.claim_token <> ''
@@ -178,4 +197,4 @@ UNION ALL
 SELECT NULL, NULL, '', NULL, NULL, NULL,
        (SELECT count(*) FROM ins WHERE status = 'PENDING'),
        (SELECT count(*) FROM ins WHERE status = 'FAILED')
-FROM (SELECT count(*) FROM notified) AS n;
+FROM (SELECT count(*) FROM notified) AS n, (SELECT count(*) FROM messages) AS m;

@@ -36,7 +36,7 @@ WITH k AS (
     FROM (SELECT unnest($1::text[]) AS key
           UNION ALL
           SELECT f.ordering_key
-          FROM forward_records f
+          FROM forward_deliveries f
           WHERE f.id = ANY ($2::bigint[]) AND f.ordering_key IS NOT NULL) AS s
     WHERE s.key <> ''
 )

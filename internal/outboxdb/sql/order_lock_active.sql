@@ -27,14 +27,14 @@ WITH k AS (
     SELECT pg_advisory_xact_lock_shared(1869767778, 0) AS b
     WHERE EXISTS (SELECT 1 FROM k)
 ), active AS (
-    -- One probe of forward_records_order_idx per key (LATERAL, LIMIT 1:
+    -- One probe of forward_deliveries_order_idx per key (LATERAL, LIMIT 1:
     -- never a hash of every active row, whatever the statistics say).
     SELECT DISTINCT k.h
     FROM k
     CROSS JOIN (SELECT count(*) FROM barrier) AS taken
     LEFT JOIN LATERAL (
         SELECT 1 AS found
-        FROM forward_records a
+        FROM forward_deliveries a
         WHERE NOT k.repeated
           AND a.ordering_key = k.key
           AND (a.status IN ('PENDING', 'IN_PROGRESS') OR a.order_blocked)

@@ -14,7 +14,7 @@
 -- $1 ordering key, $2 the blocked row's id (NULL: all of the key's),
 -- $3 operator, $4 notification channel.
 WITH unblocked AS (
-    UPDATE forward_records
+    UPDATE forward_deliveries
     SET order_blocked = false,
         updated_at    = now()
     WHERE ordering_key = $1::text
@@ -25,7 +25,7 @@ WITH unblocked AS (
     -- What still holds the key: a head, or a blocked row not released now.
     SELECT EXISTS (
         SELECT 1
-        FROM forward_records o
+        FROM forward_deliveries o
         WHERE o.ordering_key = $1::text
           AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
           AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held)
@@ -33,7 +33,7 @@ WITH unblocked AS (
     ) AS held
 ), successor AS (
     SELECT h.id
-    FROM forward_records h
+    FROM forward_deliveries h
     WHERE h.ordering_key = $1::text
       AND coalesce(h.order_held, false)
       -- order_idx's predicate, and coalesce() so that order_held_idx does not
@@ -42,7 +42,7 @@ WITH unblocked AS (
     ORDER BY h.ordering_key, h.id
     LIMIT 1
 ), promoted AS (
-    UPDATE forward_records AS h
+    UPDATE forward_deliveries AS h
     SET order_held    = false,
         next_retry_at = now(),
         updated_at    = now()
@@ -52,10 +52,10 @@ WITH unblocked AS (
       AND h.order_held
       AND NOT holder.held
       AND EXISTS (SELECT 1 FROM unblocked)
-    RETURNING h.id, h.attempt_count
+    RETURNING h.id, h.created_at, h.attempt_count
 ), released AS (
-    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
-    SELECT p.id, p.attempt_count, 'ORDER_RELEASED',
+    INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message, next_retry_at)
+    SELECT p.id, p.created_at, p.attempt_count, 'ORDER_RELEASED',
            left('released by operator ' || $3::text || ': FAILED row '
                 || (SELECT string_agg(u.id::text, ', ' ORDER BY u.id) FROM unblocked u)
                 || ' no longer blocks the ordering key', 1024),

@@ -6,21 +6,21 @@
 --
 -- Read without locks: a key found here is locked and checked again before
 -- anything changes (order_repair.sql). The distinct keys of
--- forward_records_order_idx (unfinished and blocked ordered rows) are
+-- forward_deliveries_order_idx (unfinished and blocked ordered rows) are
 -- walked one index probe per key (a loose index scan), so the cost grows
 -- with the number of active keys, not with the rows held behind them.
 --
 -- $1 most keys returned.
 WITH RECURSIVE keys AS (
     (SELECT ordering_key
-     FROM forward_records
+     FROM forward_deliveries
      WHERE ordering_key IS NOT NULL
        AND (status IN ('PENDING', 'IN_PROGRESS') OR order_blocked)
      ORDER BY ordering_key
      LIMIT 1)
     UNION ALL
     SELECT (SELECT f.ordering_key
-            FROM forward_records f
+            FROM forward_deliveries f
             WHERE f.ordering_key > keys.ordering_key
               AND (f.status IN ('PENDING', 'IN_PROGRESS') OR f.order_blocked)
             ORDER BY f.ordering_key
@@ -31,12 +31,12 @@ WITH RECURSIVE keys AS (
 SELECT k.ordering_key
 FROM keys k
 WHERE k.ordering_key IS NOT NULL
-  AND EXISTS (SELECT 1 FROM forward_records h
+  AND EXISTS (SELECT 1 FROM forward_deliveries h
               WHERE h.ordering_key = k.ordering_key AND coalesce(h.order_held, false)
                 -- order_idx's predicate, and coalesce() so that order_held_idx does not
                 -- qualify: one key's entries of order_idx, never every held row in id order.
                 AND (h.status IN ('PENDING', 'IN_PROGRESS') OR h.order_blocked))
-  AND NOT EXISTS (SELECT 1 FROM forward_records o
+  AND NOT EXISTS (SELECT 1 FROM forward_deliveries o
                   WHERE o.ordering_key = k.ordering_key
                     AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
                     AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held) OR o.order_blocked))

@@ -1,7 +1,11 @@
 -- Records the result of one attempt for a batch of claimed rows and appends one
 -- forward_retry_logs row per recorded attempt: one statement, so one
 -- transaction and one round trip per batch (state change and attempt log can
--- never disagree).
+-- never disagree). A row that ends SUCCESS leaves forward_deliveries: its
+-- delivery row is deleted (a deletion writes no index entry) and the attempt
+-- log says when, by whom (the claimer), with which HTTP status and at which
+-- attempt (docs/architecture.md, "Database: the data model"). The others are
+-- updated in place.
 --
 -- Fencing: a row is written only while the caller still holds its claim, that
 -- is the row still carries the caller's claim_token and is still IN_PROGRESS.
@@ -73,8 +77,22 @@ WITH async AS (
                 $10::text[], $11::boolean[], $13::boolean[])
         AS t(id, claim_token, status, retry_in_ms, http_status, error, errcode, duration_ms, undo,
              failure_class, for_lease, logged)
-), recorded AS (
-    UPDATE forward_records AS r
+), delivered AS (
+    DELETE FROM forward_deliveries AS r
+    USING result
+    WHERE r.id = result.id
+      AND r.claim_token::text = result.claim_token
+      -- IS TRUE keeps this test out of index conditions: the rows must be
+      -- found by primary key, one probe per result, never by reading every
+      -- IN_PROGRESS row of every instance through the status index, which
+      -- the planner would pick whenever its statistics saw few of them.
+      AND (r.status = 'IN_PROGRESS') IS TRUE
+      AND result.status = 'SUCCESS' AND NOT result.undo
+    RETURNING r.id, r.created_at, r.attempt_count, 'SUCCESS'::text AS status,
+              NULL::timestamptz AS next_retry_at, r.ordering_key, NULL::text AS last_error,
+              r.claimed_by, false AS unlogged
+), updated AS (
+    UPDATE forward_deliveries AS r
     SET status           = result.status,
         next_retry_at    = CASE WHEN result.status = 'PENDING'
                                 THEN now() + coalesce(result.retry_in_ms, 0) * interval '1 millisecond'
@@ -93,28 +111,29 @@ WITH async AS (
                                 THEN r.last_error ELSE result.error END,
         failure_class    = CASE WHEN result.status = 'FAILED' THEN coalesce(result.failure_class, 'TRANSIENT') END,
         failed_at        = CASE WHEN result.status = 'FAILED' THEN now() ELSE r.failed_at END,
-        succeeded_at     = CASE WHEN result.status = 'SUCCESS' THEN now() END,
         order_blocked    = (result.status = 'FAILED' AND r.ordering_key IS NOT NULL
                             AND $14::text = 'block'),
         updated_at       = now()
     FROM result
     WHERE r.id = result.id
       AND r.claim_token::text = result.claim_token
-      -- IS TRUE keeps this test out of index conditions: the rows must be
-      -- found by primary key, one probe per result, never by reading every
-      -- IN_PROGRESS row of every instance through the status index, which
-      -- the planner would pick whenever its statistics saw few of them.
       AND (r.status = 'IN_PROGRESS') IS TRUE
-    RETURNING r.id, r.attempt_count, r.status, r.next_retry_at, r.ordering_key, r.last_error,
+      AND (result.status <> 'SUCCESS' OR result.undo)
+    RETURNING r.id, r.created_at, r.attempt_count, r.status, r.next_retry_at, r.ordering_key, r.last_error,
+              r.claimed_by,
               -- An undo for lack of lease past the bound kept its attempt:
               -- it is logged like one.
               (result.undo AND NOT result.logged
                AND NOT (result.for_lease AND r.lease_returns = 0)) AS unlogged
+), recorded AS (
+    SELECT * FROM delivered
+    UNION ALL
+    SELECT * FROM updated
 ), logged AS (
-    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status,
-                                    platform_errcode, error_message, duration_ms, next_retry_at)
-    SELECT recorded.id, recorded.attempt_count, recorded.status, result.http_status,
-           result.errcode, result.error, result.duration_ms, recorded.next_retry_at
+    INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status,
+                                    platform_errcode, error_message, duration_ms, next_retry_at, attempted_by)
+    SELECT recorded.id, recorded.created_at, recorded.attempt_count, recorded.status, result.http_status,
+           result.errcode, result.error, result.duration_ms, recorded.next_retry_at, recorded.claimed_by
     FROM recorded
     JOIN result ON result.id = recorded.id
     WHERE NOT recorded.unlogged
@@ -127,7 +146,7 @@ WITH async AS (
 ), successor AS (
     SELECT finished.*,
            (SELECT h.id
-            FROM forward_records h
+            FROM forward_deliveries h
             WHERE h.ordering_key = finished.ordering_key
               AND coalesce(h.order_held, false)
               -- order_idx's predicate, and coalesce() so that order_held_idx does not
@@ -146,7 +165,7 @@ WITH async AS (
     -- Claimed as claim.sql would: an attempt counts, a fresh token fences
     -- its result, and the lease starts now. One row version instead of a
     -- promotion and a claim.
-    UPDATE forward_records AS h
+    UPDATE forward_deliveries AS h
     SET order_held    = false,
         status        = 'IN_PROGRESS',
         attempt_count = h.attempt_count + 1,
@@ -159,24 +178,22 @@ WITH async AS (
     -- primary key, one probe each, never by hashing every held row.
     WHERE h.id = ANY (ARRAY(SELECT id FROM chained WHERE claim))
       AND h.order_held
-    RETURNING h.id, h.message_key, h.api_type, h.kafka_topic, h.kafka_partition, h.kafka_offset,
-              h.kafka_key, h.payload, h.attempt_count, h.claim_token::text AS claim_token, h.created_at,
-              h.next_retry_at AS lease_expires_at
+    RETURNING h.id, h.created_at, h.attempt_count, h.claim_token, h.next_retry_at
 ), promoted_due AS (
-    UPDATE forward_records AS h
+    UPDATE forward_deliveries AS h
     SET order_held    = false,
         next_retry_at = now(),
         updated_at    = now()
     WHERE h.id = ANY (ARRAY(SELECT id FROM chained WHERE NOT claim))
       AND h.order_held
-    RETURNING h.id, h.attempt_count
+    RETURNING h.id, h.created_at, h.attempt_count
 ), promoted AS (
-    SELECT id, attempt_count - 1 AS attempt_count FROM promoted_claimed
+    SELECT id, created_at, attempt_count - 1 AS attempt_count FROM promoted_claimed
     UNION ALL
-    SELECT id, attempt_count FROM promoted_due
+    SELECT id, created_at, attempt_count FROM promoted_due
 ), released AS (
-    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
-    SELECT p.id, p.attempt_count, 'ORDER_RELEASED',
+    INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message, next_retry_at)
+    SELECT p.id, p.created_at, p.attempt_count, 'ORDER_RELEASED',
            left('released by on_failed skip: row ' || s.id || ', earlier in the ordering key, ended FAILED: '
                 || coalesce(s.last_error, 'no error recorded'), 1024),
            now()
@@ -189,14 +206,15 @@ WITH async AS (
     SELECT pg_notify($15::text, 'released')
     WHERE EXISTS (SELECT 1 FROM promoted_due)
 )
--- The recorded ids, then the rows claimed for the caller (kind 'c').
-SELECT 'r' AS kind, recorded.id, NULL::text AS message_key, NULL::text AS api_type, NULL::text AS kafka_topic,
-       NULL::integer AS kafka_partition, NULL::bigint AS kafka_offset, NULL::bytea AS kafka_key, NULL::bytea AS payload,
-       NULL::integer AS attempt_count, NULL::text AS claim_token, NULL::timestamptz AS created_at,
-       NULL::timestamptz AS lease_expires_at
+-- The recorded ids (kind 'r'), then the rows claimed for the caller (kind
+-- 'c'), with their message read by (id, created_at).
+SELECT 'r' AS kind, recorded.id, ''::text AS message_key, ''::text AS api_type, ''::text AS kafka_topic,
+       0 AS kafka_partition, 0::bigint AS kafka_offset, NULL::bytea AS kafka_key, NULL::bytea AS payload,
+       0 AS attempt_count, ''::text AS claim_token, recorded.created_at, NULL::timestamptz AS next_retry_at
 FROM recorded, async, (SELECT count(*) FROM notified) AS n
 WHERE async.done = 'off'
 UNION ALL
-SELECT 'c', id, message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload,
-       attempt_count, claim_token, created_at, lease_expires_at
-FROM promoted_claimed;
+SELECT 'c', m.id, m.message_key, m.api_type, m.kafka_topic, m.kafka_partition, m.kafka_offset, m.kafka_key,
+       m.payload, c.attempt_count, c.claim_token::text, m.created_at, c.next_retry_at
+FROM promoted_claimed c
+JOIN forward_messages m ON m.id = c.id AND m.created_at = c.created_at;

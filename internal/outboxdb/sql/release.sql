@@ -22,7 +22,7 @@
 -- $1 ids, $2 claim tokens (pairwise with $1), $3 delay in milliseconds,
 -- $4 undo the attempt, $5 reason, $6 notification channel.
 WITH released AS (
-    UPDATE forward_records AS r
+    UPDATE forward_deliveries AS r
     SET status        = 'PENDING',
         next_retry_at = now() + $3::bigint * interval '1 millisecond',
         attempt_count = CASE WHEN $4::boolean THEN greatest(r.attempt_count - 1, 0)
@@ -36,10 +36,10 @@ WITH released AS (
     WHERE r.id = held.id
       AND r.claim_token::text = held.claim_token
       AND r.status = 'IN_PROGRESS'
-    RETURNING r.id, r.attempt_count, r.next_retry_at
+    RETURNING r.id, r.created_at, r.attempt_count, r.next_retry_at
 ), logged AS (
-    INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, error_message, next_retry_at)
-    SELECT id, attempt_count, 'PENDING', $5::text, next_retry_at
+    INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message, next_retry_at)
+    SELECT id, created_at, attempt_count, 'PENDING', $5::text, next_retry_at
     FROM released
     WHERE NOT $4::boolean
 ), notified AS (

@@ -22,13 +22,13 @@ WITH async AS (
 ), locked AS (
     SELECT f.id
     FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
-    JOIN forward_records f ON f.id = held.id
+    JOIN forward_deliveries f ON f.id = held.id
     WHERE f.claim_token::text = held.claim_token
       AND f.status = 'IN_PROGRESS'
     ORDER BY f.id
     FOR UPDATE OF f SKIP LOCKED
 )
-UPDATE forward_records AS r
+UPDATE forward_deliveries AS r
 SET next_retry_at = now() + $3::bigint * interval '1 millisecond'
 FROM locked, async
 WHERE r.id = locked.id

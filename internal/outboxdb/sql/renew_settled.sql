@@ -17,7 +17,7 @@ FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
 -- LATERAL: one primary-key probe per claim, whatever the statistics say.
 CROSS JOIN LATERAL (
     SELECT f.id, f.claim_token
-    FROM forward_records f
+    FROM forward_deliveries f
     WHERE f.id = held.id
 ) AS r
 WHERE r.claim_token::text = held.claim_token;
