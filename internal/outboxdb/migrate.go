@@ -384,7 +384,9 @@ func MigrateConn(ctx context.Context, conn *pgx.Conn, opts MigrateOptions) (Migr
 	if len(pending) == 0 {
 		return res, nil
 	}
-	if offline := firstOffline(pending); offline != "" {
+	// A database without a schema has no instance of an earlier version to
+	// keep working: the whole schema is created, offline steps included.
+	if offline := firstOffline(pending); offline != "" && current > 0 {
 		if opts.OnlineOnly {
 			return res, fmt.Errorf("%w: it is at version %d, this binary needs %d, and migration %s must run with no instance using the database: stop the instances and run `forwarder outbox migrate`", ErrSchemaBehind, current, latest, offline)
 		}
