@@ -87,7 +87,7 @@ func (d *Dispatcher) withoutSettled(ctx context.Context, pool *pgxpool.Pool, ask
 			missing = append(missing, r)
 		}
 	}
-	settled, err := outboxdb.SettledClaims(ctx, pool, missing)
+	settled, err := outboxdb.SettledClaims(ctx, pool, missing, d.cfg.Claimer)
 	if err != nil {
 		d.log.Debugf("%v", err)
 		return asked

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -14,15 +15,10 @@ func TestReadProgress(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
+	db := fixture.New(t, pool)
 	insert := func(key, status string, attempts int) {
 		t.Helper()
-		if _, err := pool.Exec(ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count, next_retry_at, succeeded_at)
-			VALUES ($1, 'HEARTBEAT', 't', 0, 0, '\x7b7d', $2::text, $3,
-			        CASE WHEN $2::text IN ('PENDING', 'IN_PROGRESS') THEN now() END,
-			        CASE WHEN $2::text = 'SUCCESS' THEN now() END)`, key, status, attempts); err != nil {
-			t.Fatal(err)
-		}
+		db.Insert(fixture.Row{Key: key, APIType: "HEARTBEAT", Status: status, Attempts: attempts})
 	}
 	insert("before", "PENDING", 0)
 	mark, err := outboxdb.MaxRecordID(ctx, pool)

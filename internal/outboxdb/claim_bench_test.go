@@ -31,9 +31,7 @@ func BenchmarkClaim(b *testing.B) {
 				tb.InsertDue(fmt.Sprintf("bench-%d-%d", batch, keys), b.N*batch)
 				claimFull(b, tb, batch, "")
 				// Finish what was claimed, as the output would.
-				if _, err := tb.Pool.Exec(tb.Ctx, `UPDATE forward_records
-					SET status = 'SUCCESS', next_retry_at = NULL, succeeded_at = now()
-					WHERE status = 'IN_PROGRESS'`); err != nil {
+				if _, err := tb.Pool.Exec(tb.Ctx, `DELETE FROM forward_deliveries WHERE status = 'IN_PROGRESS'`); err != nil {
 					b.Fatal(err)
 				}
 			})
@@ -70,7 +68,7 @@ func BenchmarkClaimWithHotKey(b *testing.B) {
 // Every claim must come back full; why ends the failure message.
 func claimFull(b *testing.B, tb *fixture.DB, batch int, why string) {
 	b.Helper()
-	if _, err := tb.Pool.Exec(tb.Ctx, "VACUUM (ANALYZE) forward_records"); err != nil {
+	if _, err := tb.Pool.Exec(tb.Ctx, "VACUUM (ANALYZE) forward_deliveries, forward_messages"); err != nil {
 		b.Fatal(err)
 	}
 	p := outboxdb.ClaimParams{Limit: batch, Lease: time.Minute, Claimer: "bench", MaxAttempts: 5}

@@ -32,16 +32,13 @@ func TestClaimDue(t *testing.T) {
 		b := setupClaimTest(t)
 		ids := b.InsertDue("due", 3)
 		// Not due yet, finished, and leased to someone else: none is claimed.
-		if _, err := b.Pool.Exec(b.Ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at, claim_token, claimed_by)
-			VALUES ('later', 'HEARTBEAT', 't', 0, 1, '\x00ff', 'PENDING', now() + interval '1 hour', NULL, NULL),
-			       ('done', 'HEARTBEAT', 't', 0, 2, '\x00ff', 'SUCCESS', NULL, NULL, NULL),
-			       ('gave-up', 'HEARTBEAT', 't', 0, 3, '\x00ff', 'FAILED', NULL, NULL, NULL),
-			       ('held', 'HEARTBEAT', 't', 0, 4, '\x00ff', 'IN_PROGRESS', now() + interval '1 minute', gen_random_uuid(), 'other')`); err != nil {
-			t.Fatal(err)
-		}
+		hour, minute := time.Hour, time.Minute
+		b.Insert(fixture.Row{Key: "later", APIType: "HEARTBEAT", Payload: []byte{0, 0xff}, DueIn: &hour},
+			fixture.Row{Key: "done", APIType: "HEARTBEAT", Payload: []byte{0, 0xff}, Status: "SUCCESS"},
+			fixture.Row{Key: "gave-up", APIType: "HEARTBEAT", Payload: []byte{0, 0xff}, Status: "FAILED"},
+			fixture.Row{Key: "held", APIType: "HEARTBEAT", Payload: []byte{0, 0xff}, Status: "IN_PROGRESS", DueIn: &minute, ClaimedBy: "other"})
 		// Non-UTF-8 payload bytes survive.
-		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_records SET payload = '\xff00fe' WHERE id = $1`, ids[1]); err != nil {
+		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_messages SET payload = '\xff00fe' WHERE id = $1`, ids[1]); err != nil {
 			t.Fatal(err)
 		}
 
@@ -243,7 +240,7 @@ func TestClaimDue(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
 		ids := b.InsertDue("nacked", 2)
-		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_records SET attempt_count = 5, last_error = 'nacked: db down' WHERE id = $1`, ids[0]); err != nil {
+		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_deliveries SET attempt_count = 5, last_error = 'nacked: db down' WHERE id = $1`, ids[0]); err != nil {
 			t.Fatal(err)
 		}
 		res := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a", MaxAttempts: 5})
@@ -270,7 +267,7 @@ func TestClaimDue(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
 		id := b.InsertDue("many", 1)[0]
-		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_records SET attempt_count = 1000 WHERE id = $1`, id); err != nil {
+		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_deliveries SET attempt_count = 1000 WHERE id = $1`, id); err != nil {
 			t.Fatal(err)
 		}
 		rows, err := outboxdb.Claim(b.Ctx, b.Pool, 1, time.Minute, "a")
@@ -288,12 +285,9 @@ func TestClaimDue(t *testing.T) {
 		if _, ok, err := outboxdb.NextDue(b.Ctx, b.Pool); err != nil || ok {
 			t.Fatalf("empty table: ok %v err %v, want nothing due", ok, err)
 		}
-		if _, err := b.Pool.Exec(b.Ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, next_retry_at)
-			VALUES ('a', 'HEARTBEAT', 't', 0, 1, '', now() + interval '1 hour'),
-			       ('b', 'HEARTBEAT', 't', 0, 2, '', now() + interval '10 minutes')`); err != nil {
-			t.Fatal(err)
-		}
+		hour, ten := time.Hour, 10*time.Minute
+		b.Insert(fixture.Row{Key: "a", APIType: "HEARTBEAT", Payload: []byte{}, DueIn: &hour},
+			fixture.Row{Key: "b", APIType: "HEARTBEAT", Payload: []byte{}, DueIn: &ten})
 		d, ok, err := outboxdb.NextDue(b.Ctx, b.Pool)
 		if err != nil || !ok || d <= 9*time.Minute || d > 10*time.Minute {
 			t.Fatalf("next due in %v (ok %v, err %v), want about 10 minutes", d, ok, err)
@@ -314,7 +308,7 @@ func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 	b := setupClaimTest(t)
 	fixture.New(t, b.Pool).InsertFinished(1_000_000)
 	b.InsertDue("due", 1000)
-	if _, err := b.Pool.Exec(b.Ctx, "ANALYZE forward_records"); err != nil {
+	if _, err := b.Pool.Exec(b.Ctx, "ANALYZE forward_deliveries, forward_messages"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -335,9 +329,9 @@ func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 				t.Fatalf("no Limit node:\n%s", plan)
 			}
 			if scan := limit.find(func(n explainNode) bool {
-				return (n.NodeType == "Index Scan" || n.NodeType == "Index Only Scan") && n.IndexName == "forward_records_due_idx"
+				return (n.NodeType == "Index Scan" || n.NodeType == "Index Only Scan") && n.IndexName == "forward_deliveries_due_idx"
 			}); scan == nil {
-				t.Fatalf("no scan of forward_records_due_idx under the Limit:\n%s", plan)
+				t.Fatalf("no scan of forward_deliveries_due_idx under the Limit:\n%s", plan)
 			}
 			// The byte budget's running total sorts the rows already locked
 			// (at most one claim's worth, read from the CTE), never the table.
@@ -348,9 +342,9 @@ func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 				t.Fatalf("plan sorts (%s):\n%s", n.NodeType, plan)
 			}
 			if n := plan.find(func(n explainNode) bool {
-				return n.RelationName == "forward_records" && (n.NodeType == "Seq Scan" || n.NodeType == "Bitmap Heap Scan")
+				return n.RelationName == "forward_deliveries" && (n.NodeType == "Seq Scan" || n.NodeType == "Bitmap Heap Scan")
 			}); n != nil {
-				t.Fatalf("plan reads forward_records with a %s:\n%s", n.NodeType, plan)
+				t.Fatalf("plan reads forward_deliveries with a %s:\n%s", n.NodeType, plan)
 			}
 			t.Logf("plan:\n%s", plan)
 		})
@@ -465,7 +459,7 @@ func TestClaimProbe(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Due before the other row, as a retry can be.
-		b.Exec(`UPDATE forward_records SET next_retry_at = now() - interval '1 hour' WHERE id = $1`, first.ID)
+		b.Exec(`UPDATE forward_deliveries SET next_retry_at = now() - interval '1 hour' WHERE id = $1`, first.ID)
 		second := probe(t, b)
 		if second.ID == first.ID || !slices.Contains(ids, second.ID) {
 			t.Fatalf("second probe took row %d, the first took %d; want the other due row", second.ID, first.ID)

@@ -45,7 +45,7 @@ func TestCompensate(t *testing.T) {
 
 	// It fails again, twice: the second time it is frozen.
 	for round := 2; round <= 3; round++ {
-		db.Exec(`UPDATE forward_records SET status = 'FAILED', next_retry_at = NULL, failure_class = 'TRANSIENT',
+		db.Exec(`UPDATE forward_deliveries SET status = 'FAILED', next_retry_at = NULL, failure_class = 'TRANSIENT',
 			failed_at = now() - interval '1 hour', attempt_count = 5 WHERE id = $1`, ids[0])
 		n, err := outboxdb.Compensate(db.Ctx, db.Pool, rounds, 30*time.Minute, 100)
 		if err != nil {

@@ -3,6 +3,7 @@ package outboxdb_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -11,35 +12,34 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 type deadLetterBundle struct {
 	ctx  context.Context
 	pool *pgxpool.Pool
+	db   *fixture.DB
 }
 
 func setupDeadLetter(t *testing.T) *deadLetterBundle {
 	t.Helper()
-	return &deadLetterBundle{ctx: context.Background(), pool: pgtest.NewPool(t)}
+	pool := pgtest.NewPool(t)
+	return &deadLetterBundle{ctx: context.Background(), pool: pool, db: fixture.New(t, pool)}
 }
 
 // insert adds a row with the given status and returns its id.
 func (b *deadLetterBundle) insert(t *testing.T, key, status string) int64 {
 	t.Helper()
-	var id int64
-	if err := b.pool.QueryRow(b.ctx, `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload, status,
-		 attempt_count, next_retry_at, last_http_status, last_error)
-		VALUES ($1, 'VEHICLE_EVENT', 'device-vehicle-event', 3, 42, 'k', convert_to($1, 'UTF8') || '\xff00'::bytea, $2::text,
-		        CASE WHEN $2::text = 'PENDING' THEN 0 ELSE 5 END,
-		        CASE WHEN $2::text IN ('PENDING', 'IN_PROGRESS') THEN now() END,
-		        CASE WHEN $2::text = 'FAILED' THEN 200 END,
-		        CASE WHEN $2::text = 'FAILED' THEN 'platform errcode 998: do not resend' END)
-		RETURNING id`, key, status).Scan(&id); err != nil {
-		t.Fatal(err)
+	r := fixture.Row{Key: key, Status: status, Partition: 3, Offset: 42, KafkaKey: []byte("k"),
+		Payload: append([]byte(key), 0xff, 0x00)}
+	if status != "PENDING" {
+		r.Attempts = 5
 	}
-	return id
+	if status == "FAILED" {
+		r.LastHTTPStatus, r.LastError = 200, "platform errcode 998: do not resend"
+	}
+	return b.db.Insert(r)[0]
 }
 
 func (b *deadLetterBundle) claim(t *testing.T, limit int, lease time.Duration) []outboxdb.Record {
@@ -158,11 +158,11 @@ func TestDeadLetter(t *testing.T) {
 	t.Run("ConcurrentClaimersNeverShareARow", func(t *testing.T) {
 		t.Parallel()
 		b := setupDeadLetter(t)
-		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at, last_error)
-			SELECT 'f' || g, 'HEARTBEAT', 't', 0, g, '\x7b7d', 'FAILED', NULL, 'x' FROM generate_series(1, 400) g`); err != nil {
-			t.Fatal(err)
+		rows := make([]fixture.Row, 400)
+		for i := range rows {
+			rows[i] = fixture.Row{Key: fmt.Sprintf("f%d", i+1), APIType: "HEARTBEAT", Status: "FAILED", LastError: "x"}
 		}
+		b.db.Insert(rows...)
 		var (
 			mu   sync.Mutex
 			seen = map[int64]int{}
@@ -227,7 +227,7 @@ func TestDeadLetter(t *testing.T) {
 
 		// Both fail again (as the dispatcher would leave them): both are
 		// published again.
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET status = 'FAILED', next_retry_at = NULL,
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_deliveries SET status = 'FAILED', next_retry_at = NULL,
 			last_error = 'failed again'`); err != nil {
 			t.Fatal(err)
 		}

@@ -168,7 +168,7 @@ func TestInsertBatchClaim(t *testing.T) {
 		}
 		// The holder dies; after its lease the row is due for anyone, with
 		// the lost attempt logged.
-		if _, err := pool.Exec(ctx, `UPDATE forward_records SET next_retry_at = now() - interval '1 second'`); err != nil {
+		if _, err := pool.Exec(ctx, `UPDATE forward_deliveries SET next_retry_at = now() - interval '1 second'`); err != nil {
 			t.Fatal(err)
 		}
 		res, err := outboxdb.ClaimDue(ctx, pool, outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "rescuer", MaxAttempts: 5})

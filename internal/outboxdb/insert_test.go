@@ -156,10 +156,14 @@ func TestInsertBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := pool.Exec(ctx, `UPDATE forward_records SET status = 'SUCCESS', next_retry_at = NULL, attempt_count = 1 WHERE message_key = 'done'`); err != nil {
+		// done was delivered (its delivery row gone, its attempt logged);
+		// bad FAILED.
+		if _, err := pool.Exec(ctx, `WITH d AS (DELETE FROM forward_deliveries WHERE message_key = 'done' RETURNING id, created_at)
+			INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status)
+			SELECT id, created_at, 1, 'SUCCESS', 200 FROM d`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := pool.Exec(ctx, `UPDATE forward_records SET status = 'FAILED', next_retry_at = NULL, last_error = 'x', attempt_count = 5 WHERE message_key = 'bad'`); err != nil {
+		if _, err := pool.Exec(ctx, `UPDATE forward_deliveries SET status = 'FAILED', next_retry_at = NULL, last_error = 'x', attempt_count = 5 WHERE message_key = 'bad'`); err != nil {
 			t.Fatal(err)
 		}
 		before := readRows(t, pool)

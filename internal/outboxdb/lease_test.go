@@ -50,7 +50,7 @@ func TestRenewLeases(t *testing.T) {
 		t.Fatalf("claimed %d rows, want 3", len(held))
 	}
 	// Row 2 was lost: its lease ran out and another dispatcher claimed it.
-	db.Exec(`UPDATE forward_records SET next_retry_at = now() - interval '1 second' WHERE id = $1`, held[1].ID)
+	db.Exec(`UPDATE forward_deliveries SET next_retry_at = now() - interval '1 second' WHERE id = $1`, held[1].ID)
 	stolen := db.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "other"}).Claimed
 	if len(stolen) != 1 || stolen[0].ID != held[1].ID {
 		t.Fatalf("the other dispatcher claimed %+v", stolen)
@@ -87,10 +87,10 @@ func TestRenewLeases(t *testing.T) {
 func TestSettledClaims(t *testing.T) {
 	t.Parallel()
 	db := setupClaimTest(t)
-	db.InsertDue("s", 5)
-	held := db.Claim(outboxdb.ClaimParams{Limit: 5, Lease: time.Second, Claimer: "me"}).Claimed
-	if len(held) != 5 {
-		t.Fatalf("claimed %d rows, want 5", len(held))
+	db.InsertDue("s", 6)
+	held := db.Claim(outboxdb.ClaimParams{Limit: 6, Lease: time.Second, Claimer: "me"}).Claimed
+	if len(held) != 6 {
+		t.Fatalf("claimed %d rows, want 6", len(held))
 	}
 	// Row 0 SUCCESS and row 1 retried (PENDING) by this holder's results.
 	if _, err := outboxdb.RecordResults(db.Ctx, db.Pool, []outboxdb.Result{
@@ -100,9 +100,20 @@ func TestSettledClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Row 2 lost: its lease ran out and another dispatcher claimed it.
-	db.Exec(`UPDATE forward_records SET next_retry_at = now() - interval '1 second' WHERE id = $1`, held[2].ID)
+	db.Exec(`UPDATE forward_deliveries SET next_retry_at = now() - interval '1 second' WHERE id = $1`, held[2].ID)
 	if stolen := db.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "other"}).Claimed; len(stolen) != 1 || stolen[0].ID != held[2].ID {
 		t.Fatalf("the other dispatcher claimed %+v", stolen)
+	}
+	// Row 5 lost too: claimed by another dispatcher once its lease ran out,
+	// and delivered by it (its delivery row gone).
+	db.Exec(`UPDATE forward_deliveries SET next_retry_at = now() - interval '1 second' WHERE id = $1`, held[5].ID)
+	stolen := db.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "other"}).Claimed
+	if len(stolen) != 1 || stolen[0].ID != held[5].ID {
+		t.Fatalf("the other dispatcher claimed %+v", stolen)
+	}
+	if _, err := outboxdb.RecordResults(db.Ctx, db.Pool, []outboxdb.Result{{ID: stolen[0].ID, ClaimToken: stolen[0].ClaimToken,
+		Status: outboxdb.StatusSuccess, Sent: true}}, outboxdb.RecordOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	// Row 3 given back (release clears the claim).
 	if _, err := outboxdb.ReleaseUnsent(db.Ctx, db.Pool, []outboxdb.ClaimRef{held[3].Ref()}); err != nil {
@@ -117,11 +128,11 @@ func TestSettledClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(db.Ctx) }()
-	if _, err := tx.Exec(db.Ctx, `SELECT id FROM forward_records WHERE id = $1 FOR UPDATE`, held[4].ID); err != nil {
+	if _, err := tx.Exec(db.Ctx, `SELECT id FROM forward_deliveries WHERE id = $1 FOR UPDATE`, held[4].ID); err != nil {
 		t.Fatal(err)
 	}
 
-	refs := []outboxdb.ClaimRef{held[0].Ref(), held[1].Ref(), held[2].Ref(), held[3].Ref(), held[4].Ref()}
+	refs := []outboxdb.ClaimRef{held[0].Ref(), held[1].Ref(), held[2].Ref(), held[3].Ref(), held[4].Ref(), held[5].Ref()}
 	ctx, cancel := context.WithTimeout(db.Ctx, 5*time.Second)
 	defer cancel()
 	renewed, err := outboxdb.RenewLeases(ctx, db.Pool, refs, time.Hour)
@@ -131,13 +142,13 @@ func TestSettledClaims(t *testing.T) {
 	if len(renewed) != 0 {
 		t.Fatalf("renewed %v: none of them is IN_PROGRESS under its claim and unlocked", renewed)
 	}
-	settled, err := outboxdb.SettledClaims(db.Ctx, db.Pool, refs)
+	settled, err := outboxdb.SettledClaims(db.Ctx, db.Pool, refs, "me")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(settled) != 3 || !settled[held[0].ID] || !settled[held[1].ID] || !settled[held[4].ID] {
-		t.Fatalf("not lost %v, want rows %d and %d (finished under the same claim) and %d (skipped while locked), not %d (claimed by another) or %d (given back)",
-			settled, held[0].ID, held[1].ID, held[4].ID, held[2].ID, held[3].ID)
+		t.Fatalf("not lost %v, want rows %d and %d (finished under the same claim) and %d (skipped while locked), not %d (claimed by another), %d (given back) or %d (delivered by another)",
+			settled, held[0].ID, held[1].ID, held[4].ID, held[2].ID, held[3].ID, held[5].ID)
 	}
 	if err := tx.Rollback(db.Ctx); err != nil {
 		t.Fatal(err)

@@ -104,7 +104,7 @@ func openBenchPool(b *testing.B, suffix string, cfg outboxdb.PoolConfig) *pgxpoo
 
 // lifecycleLoop delivers b.N batches of new rows with deliver and records
 // their results.
-func lifecycleLoop(b *testing.B, tb *fixture.DB, deliver func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.ClaimedRow, error)) {
+func lifecycleLoop(b *testing.B, tb *fixture.DB, deliver func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.Record, error)) {
 	const batch = 300
 	recs := make([]outboxdb.NewRecord, batch)
 	results := make([]outboxdb.Result, 0, batch)

@@ -23,26 +23,26 @@ import (
 // batches, indexed concurrently, then a constraint added NOT VALID and
 // validated without blocking writes.
 const liveTestMigration = `-- migration: online
-ALTER TABLE forward_records ADD COLUMN payload_bytes integer;
-ALTER TABLE forward_records ALTER COLUMN payload_bytes SET DEFAULT 0;
+ALTER TABLE forward_deliveries ADD COLUMN payload_bytes integer;
+ALTER TABLE forward_deliveries ALTER COLUMN payload_bytes SET DEFAULT 0;
 
 -- step: batch
-UPDATE forward_records SET payload_bytes = length(payload)
-WHERE id IN (SELECT id FROM forward_records WHERE payload_bytes IS NULL LIMIT 200 FOR UPDATE SKIP LOCKED);
+UPDATE forward_deliveries SET payload_bytes = payload_size
+WHERE id IN (SELECT id FROM forward_deliveries WHERE payload_bytes IS NULL LIMIT 200 FOR UPDATE SKIP LOCKED);
 
 -- step: concurrent
-CREATE INDEX CONCURRENTLY forward_records_payload_bytes_idx ON forward_records (payload_bytes);
+CREATE INDEX CONCURRENTLY forward_deliveries_payload_bytes_idx ON forward_deliveries (payload_bytes);
 
 -- step: transaction
-ALTER TABLE forward_records ADD CONSTRAINT forward_records_payload_bytes_check CHECK (payload_bytes >= 0) NOT VALID;
+ALTER TABLE forward_deliveries ADD CONSTRAINT forward_deliveries_payload_bytes_check CHECK (payload_bytes >= 0) NOT VALID;
 
 -- step: transaction
-ALTER TABLE forward_records VALIDATE CONSTRAINT forward_records_payload_bytes_check;
+ALTER TABLE forward_deliveries VALIDATE CONSTRAINT forward_deliveries_payload_bytes_check;
 `
 
 // TestMigrateUnderLoad applies a migration while writers insert, claim and
 // record results as the service does, and while a long transaction holds
-// forward_records (a report, a slow lookup) when the migration starts
+// forward_deliveries (a report, a slow lookup) when the migration starts
 // (docs/deployment.md, "Schema changes while the service runs"). Every
 // writer runs with its own lock_timeout of the migration's lock timeout plus
 // a second: a write that waits longer for a lock fails, and the test with
@@ -85,9 +85,9 @@ func TestMigrateUnderLoad(t *testing.T) {
 		l.drainAndVerify()
 		var nulls int
 		var valid, validated bool
-		if err := l.pool.QueryRow(l.ctx, `SELECT (SELECT count(*) FROM forward_records WHERE payload_bytes IS NULL),
-				(SELECT indisvalid FROM pg_index WHERE indexrelid = 'forward_records_payload_bytes_idx'::regclass),
-				(SELECT convalidated FROM pg_constraint WHERE conname = 'forward_records_payload_bytes_check')`).Scan(&nulls, &valid, &validated); err != nil {
+		if err := l.pool.QueryRow(l.ctx, `SELECT (SELECT count(*) FROM forward_deliveries WHERE payload_bytes IS NULL),
+				(SELECT indisvalid FROM pg_index WHERE indexrelid = 'forward_deliveries_payload_bytes_idx'::regclass),
+				(SELECT convalidated FROM pg_constraint WHERE conname = 'forward_deliveries_payload_bytes_check')`).Scan(&nulls, &valid, &validated); err != nil {
 			t.Fatal(err)
 		}
 		if nulls != 0 || !valid || !validated {
@@ -226,12 +226,12 @@ func claimAndRecord(ctx context.Context, pool *pgxpool.Pool, limit int) (int, er
 }
 
 // migrate lets the writers run for a moment, opens a transaction that reads
-// forward_records and holds its lock for hold, and applies
+// forward_deliveries and holds its lock for hold, and applies
 // liveTestMigration meanwhile.
 func (l *liveLoad) migrate(hold time.Duration, opts outboxdb.MigrateOptions) (outboxdb.MigrateResult, error) {
 	l.t.Helper()
 	time.Sleep(500 * time.Millisecond)
-	release := holdLock(l.t, l.dsn, "SELECT count(*) FROM forward_records")
+	release := holdLock(l.t, l.dsn, "SELECT count(*) FROM forward_deliveries")
 	timer := time.AfterFunc(hold, release)
 	defer timer.Stop()
 	m, err := outboxdb.ParseMigration("0100_live.sql", liveTestMigration)

@@ -173,8 +173,8 @@ func TestSchema(t *testing.T) {
 
 	t.Run("LogColumns", func(t *testing.T) {
 		cols := columns("forward_retry_logs")
-		for _, name := range []string{"id", "record_id", "attempt_number", "result_status", "http_status",
-			"platform_errcode", "error_message", "duration_ms", "attempted_at", "next_retry_at"} {
+		for _, name := range []string{"id", "record_id", "record_created_at", "attempt_number", "result_status", "http_status",
+			"platform_errcode", "error_message", "duration_ms", "attempted_at", "next_retry_at", "attempted_by"} {
 			if _, ok := cols[name]; !ok {
 				t.Errorf("forward_retry_logs.%s is missing", name)
 			}
@@ -195,50 +195,63 @@ func TestSchema(t *testing.T) {
 			defs[n] = d
 		}
 		for name, fragment := range map[string]string{
-			"forward_records_message_key_key":       "UNIQUE INDEX forward_records_message_key_key ON public.forward_records USING btree (message_key)",
-			"forward_records_due_idx":               "(next_retry_at, id) WHERE ((status = ANY (ARRAY['PENDING'::text, 'IN_PROGRESS'::text])) AND (NOT order_held))",
-			"forward_records_order_head_key":        "UNIQUE INDEX forward_records_order_head_key ON public.forward_records USING btree (ordering_key) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'IN_PROGRESS'::text])) AND (NOT order_held))",
-			"forward_records_plate_idx":             "(plate_no, id) WHERE (plate_no IS NOT NULL)",
-			"forward_records_park_idx":              "(park_code, berth_code, id) WHERE (park_code IS NOT NULL)",
-			"forward_records_unfinished_status_idx": "WHERE (status <> 'SUCCESS'::text)",
-			"forward_records_created_at_idx":        "(created_at)",
-			"forward_retry_logs_record_id_idx":      "(record_id)",
+			"forward_deliveries_message_key_key": "UNIQUE INDEX forward_deliveries_message_key_key ON public.forward_deliveries USING btree (message_key)",
+			"forward_deliveries_due_idx":         "(next_retry_at, id) WHERE ((status = ANY (ARRAY['PENDING'::text, 'IN_PROGRESS'::text])) AND (NOT order_held))",
+			"forward_deliveries_order_head_key":  "UNIQUE INDEX forward_deliveries_order_head_key ON public.forward_deliveries USING btree (ordering_key) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'IN_PROGRESS'::text])) AND (NOT order_held))",
+			"forward_deliveries_status_idx":      "(status, updated_at)",
+			"forward_messages_pkey":              "ON ONLY public.forward_messages USING btree (id, created_at)",
+			"forward_messages_key_idx":           "ON ONLY public.forward_messages USING btree (message_key)",
+			"forward_messages_plate_idx":         "(plate_no, id) WHERE (plate_no IS NOT NULL)",
+			"forward_messages_park_idx":          "(park_code, berth_code, id) WHERE (park_code IS NOT NULL)",
+			"forward_retry_logs_record_id_idx":   "ON ONLY public.forward_retry_logs USING btree (record_id, id)",
 		} {
 			if !strings.Contains(defs[name], fragment) {
 				t.Errorf("index %s = %q, want it to contain %q", name, defs[name], fragment)
 			}
 		}
+		// Every partition has the parent's indexes.
+		var missing int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits i
+			JOIN pg_index pi ON pi.indrelid = i.inhparent
+			WHERE i.inhparent IN ('forward_messages'::regclass, 'forward_retry_logs'::regclass)
+			  AND NOT EXISTS (SELECT 1 FROM pg_inherits ii JOIN pg_index ci ON ci.indexrelid = ii.inhrelid
+			                  WHERE ii.inhparent = pi.indexrelid AND ci.indrelid = i.inhrelid)`).Scan(&missing); err != nil {
+			t.Fatal(err)
+		}
+		if missing != 0 {
+			t.Errorf("%d partition indexes missing", missing)
+		}
 	})
 
 	t.Run("Constraints", func(t *testing.T) {
-		insert := func(key, status string, due bool) error {
-			_, err := pool.Exec(ctx, `INSERT INTO forward_records
-				(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at)
-				VALUES ($1, 'HEARTBEAT', 't', 0, 0, '\x7b7d', $2, CASE WHEN $3 THEN now() END)`, key, status, due)
+		// The delivery state refuses what no statement may write: a second
+		// row for a key, an unknown status, a delivered (SUCCESS) row
+		// (delivery rows are deleted instead), an unfinished row never due.
+		insert := func(id int64, key, status string, due bool) error {
+			_, err := pool.Exec(ctx, `INSERT INTO forward_deliveries (id, created_at, message_key, status, next_retry_at, payload_size)
+				VALUES ($1, now(), $2, $3, CASE WHEN $4 THEN now() END, 2)`, id, key, status, due)
 			return err
 		}
-		if err := insert("ok", "PENDING", true); err != nil {
+		if err := insert(1, "ok", "PENDING", true); err != nil {
 			t.Fatalf("valid row rejected: %v", err)
 		}
-		for _, c := range []struct {
+		for i, c := range []struct {
 			name, key, status string
 			due               bool
 		}{
 			{"DuplicateKey", "ok", "PENDING", true},
 			{"UnknownStatus", "bad-status", "DONE", false},
-			{"FinishedRowStillDue", "finished-due", "SUCCESS", true},
+			{"DeliveredRowKept", "delivered", "SUCCESS", false},
+			{"FailedRowStillDue", "failed-due", "FAILED", true},
 			{"PendingRowNeverDue", "pending-never", "PENDING", false},
 		} {
-			if err := insert(c.key, c.status, c.due); err == nil {
+			if err := insert(int64(i+2), c.key, c.status, c.due); err == nil {
 				t.Errorf("%s: insert succeeded, want a constraint violation", c.name)
 			}
 		}
-		var id int64
-		if err := pool.QueryRow(ctx, "SELECT id FROM forward_records WHERE message_key = 'ok'").Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, "INSERT INTO forward_retry_logs (record_id, attempt_number, result_status) VALUES ($1 + 1000, 1, 'SUCCESS')", id); err == nil {
-			t.Error("log row for a missing record accepted, want a foreign key violation")
+		// forward_records is a view for reading: writes go to the tables.
+		if _, err := pool.Exec(ctx, "UPDATE forward_records SET status = 'PENDING'"); err == nil {
+			t.Error("an update of the view forward_records succeeded")
 		}
 	})
 }

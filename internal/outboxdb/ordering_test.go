@@ -308,7 +308,7 @@ func TestOrdering(t *testing.T) {
 		t.Parallel()
 		b := setupOrdering(t)
 		b.insert(orderedRec("a1", berth, 1), orderedRec("a2", berth, 2), orderedRec("b1", other, 3), orderedRec("b2", other, 4))
-		b.Exec(`UPDATE forward_records SET attempt_count = 5 WHERE message_key IN ('a1', 'b1')`)
+		b.Exec(`UPDATE forward_deliveries SET attempt_count = 5 WHERE message_key IN ('a1', 'b1')`)
 		res := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "me", MaxAttempts: 5})
 		if len(res.Exhausted) != 2 {
 			t.Fatalf("exhausted %+v, want a1 and b1", res.Exhausted)
@@ -436,12 +436,11 @@ func TestOrdering(t *testing.T) {
 		t.Parallel()
 		b := setupOrdering(t)
 		b.Insert(fixture.Row{Key: "head", Status: "IN_PROGRESS", OrderingKey: berth})
-		_, err := b.Pool.Exec(b.Ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, ordering_key)
-			VALUES ('second', 'VEHICLE_EVENT', 't', 0, 1, '{}', $1)`, berth)
+		second := b.Insert(fixture.Row{Key: "second", OrderingKey: berth, OrderHeld: true})[0]
+		_, err := b.Pool.Exec(b.Ctx, `UPDATE forward_deliveries SET order_held = false WHERE id = $1`, second)
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.ConstraintName != "forward_records_order_head_key" {
-			t.Fatalf("inserting a second head: %v, want a violation of forward_records_order_head_key", err)
+		if !errors.As(err, &pgErr) || pgErr.ConstraintName != "forward_deliveries_order_head_key" {
+			t.Fatalf("making a second head: %v, want a violation of forward_deliveries_order_head_key", err)
 		}
 		// Held behind it is fine, and so is a head of another key.
 		b.Insert(fixture.Row{Key: "held", OrderingKey: berth, OrderHeld: true}, fixture.Row{Key: "other", OrderingKey: other})
@@ -878,7 +877,7 @@ func TestOrderingPlans(t *testing.T) {
 	t.Parallel()
 	b := setupOrdering(t)
 	b.InsertDue("backlog", 20_000)
-	b.Exec(`UPDATE forward_records SET next_retry_at = now() + interval '1 hour'`) // due later: not claimed here
+	b.Exec(`UPDATE forward_deliveries SET next_retry_at = now() + interval '1 hour'`) // due later: not claimed here
 	b.InsertHeld("P0/B0", 2_000)
 	// The pool the components share has enable_seqscan off (see
 	// outboxdb.PoolConfig.NoSeqScan): plans are read as it makes them.
@@ -891,7 +890,7 @@ func TestOrderingPlans(t *testing.T) {
 	for i := range recs {
 		recs[i] = orderedRec(fmt.Sprintf("r-%d", i), fmt.Sprintf("P1/B%d", i%150), int64(i))
 	}
-	b.Exec("ANALYZE forward_records")
+	b.Exec("ANALYZE forward_messages, forward_deliveries")
 	explain := func(sql string, args ...any) string {
 		t.Helper()
 		tx, err := pool.Begin(b.Ctx)
@@ -926,10 +925,13 @@ func TestOrderingPlans(t *testing.T) {
 	}
 	plan := explain(outboxdb.InsertSQL(), msgKeys, types, topics, parts, offsets, kafkaKeys, payloads, statuses, empty,
 		empty, empty, empty, empty, empty, okeys, outboxdb.NotifyChannel, int64(60000), "me", false, false)
-	for _, want := range []string{"Index Only Scan using forward_records_order_idx", "Index Only Scan using forward_records_message_key_key"} {
+	for _, want := range []string{"Index Only Scan using forward_deliveries_order_idx", "_message_key_idx\" on \"forward_messages_p"} {
 		if !strings.Contains(plan, want) {
-			t.Errorf("the insert's ordering probes do not use %q:\n%s", want, plan)
+			t.Errorf("the insert's probes do not use %q:\n%s", want, plan)
 		}
+	}
+	if strings.Contains(plan, "Seq Scan on \"forward_messages_p") {
+		t.Errorf("the insert's dedupe probe reads a partition sequentially:\n%s", plan)
 	}
 
 	// The result write of 150 heads, each releasing the row behind it.
@@ -952,11 +954,11 @@ func TestOrderingPlans(t *testing.T) {
 	plan = explain(outboxdb.RecordSQL(), ids, tokens, sts, make([]*int64, n), make([]*int32, n), make([]*string, n),
 		make([]*string, n), make([]*int32, n), make([]bool, n), make([]*string, n), make([]bool, n),
 		outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel, "me", int64(60000), 100)
-	if !strings.Contains(plan, "Index Scan using forward_records_order_idx on forward_records h") ||
-		strings.Contains(plan, "Rows Removed by Filter: 2") && strings.Contains(plan, "unfinished_status_idx on forward_records h") {
-		t.Errorf("the result write does not find each key's next row through forward_records_order_idx:\n%s", plan)
+	if !strings.Contains(plan, "Index Scan using forward_deliveries_order_idx on forward_deliveries h") ||
+		strings.Contains(plan, "Rows Removed by Filter: 2") && strings.Contains(plan, "status_idx on forward_deliveries h") {
+		t.Errorf("the result write does not find each key's next row through forward_deliveries_order_idx:\n%s", plan)
 	}
-	if strings.Contains(plan, "forward_records_unfinished_status_idx on forward_records h") {
+	if strings.Contains(plan, "forward_deliveries_status_idx on forward_deliveries h") {
 		t.Errorf("the result write reads every PENDING row to find a key's next row:\n%s", plan)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -26,14 +27,11 @@ func setupRecordTest(t *testing.T) *recordTestBundle {
 // claimN inserts n due rows and claims them.
 func (b *recordTestBundle) claimN(t *testing.T, n int) []outboxdb.Record {
 	t.Helper()
-	for i := range n {
-		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
-			VALUES ($1, 'VEHICLE_EVENT', 'device-vehicle-event', 0, $2, '{}')`,
-			fmt.Sprintf("%s-%d", t.Name(), i), i); err != nil {
-			t.Fatal(err)
-		}
+	due := make([]fixture.Row, n)
+	for i := range due {
+		due[i] = fixture.Row{Key: fmt.Sprintf("%s-%d", t.Name(), i), Offset: int64(i), Payload: []byte("{}")}
 	}
+	fixture.New(t, b.pool).Insert(due...)
 	rows, err := outboxdb.Claim(b.ctx, b.pool, n, time.Minute, "test")
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +159,7 @@ func TestRecordResults(t *testing.T) {
 		b := setupRecordTest(t)
 		first := b.claimN(t, 1)[0]
 		// The lease runs out and another dispatcher claims the row again.
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() - interval '1 second' WHERE id = $1`, first.ID); err != nil {
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_deliveries SET next_retry_at = now() - interval '1 second' WHERE id = $1`, first.ID); err != nil {
 			t.Fatal(err)
 		}
 		again, err := outboxdb.Claim(b.ctx, b.pool, 1, time.Minute, "other")
@@ -237,7 +235,7 @@ func TestRecordResults(t *testing.T) {
 		}, outboxdb.RecordOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() WHERE id = $1`, c.ID); err != nil {
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_deliveries SET next_retry_at = now() WHERE id = $1`, c.ID); err != nil {
 			t.Fatal(err)
 		}
 		// ...the second claim is never sent.
@@ -308,12 +306,8 @@ func TestRecordResults(t *testing.T) {
 func TestRecordPlan(t *testing.T) {
 	t.Parallel()
 	b := setupRecordTest(t)
-	if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at)
-		SELECT 'done-' || g, 'VEHICLE_EVENT', 't', 0, g, '{}', 'SUCCESS', NULL FROM generate_series(1, 20000) g`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(b.ctx, "ANALYZE forward_records"); err != nil {
+	fixture.New(t, b.pool).InsertFinished(20000)
+	if _, err := b.pool.Exec(b.ctx, "ANALYZE forward_messages, forward_deliveries, forward_retry_logs"); err != nil {
 		t.Fatal(err)
 	}
 	// Many rows in flight that the statistics do not know about.
@@ -345,8 +339,8 @@ func TestRecordPlan(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(plan.String(), "Index Scan using forward_records_pkey on forward_records r") ||
-		strings.Contains(plan.String(), "forward_records_unfinished_status_idx") {
+	if !strings.Contains(plan.String(), "Index Scan using forward_deliveries_pkey on forward_deliveries r") ||
+		strings.Contains(plan.String(), "forward_deliveries_status_idx") {
 		t.Fatalf("result write does not probe by primary key:\n%s", plan.String())
 	}
 }

@@ -96,8 +96,8 @@ func TestRelease(t *testing.T) {
 			}
 		}
 		// A result already written (the token stays) is not undone.
-		if _, err := b.Pool.Exec(b.Ctx, `UPDATE forward_records SET status = 'SUCCESS', next_retry_at = NULL,
-			succeeded_at = now() WHERE id = $1`, r.ID); err != nil {
+		if _, err := outboxdb.RecordResults(b.Ctx, b.Pool, []outboxdb.Result{{ID: r.ID, ClaimToken: r.ClaimToken,
+			Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200}}, outboxdb.RecordOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := outboxdb.Release(b.Ctx, b.Pool, []outboxdb.ClaimRef{r.Ref(), other.Ref()}, 0, "late nack"); err != nil || n != 1 {

@@ -50,14 +50,15 @@ func RenewSettledSQL() string { return renewSettledSQL }
 // holder's own output, before its dispatcher heard of it), or still held
 // but skipped because another transaction had the row locked (see
 // renew_settled.sql). The others were lost to another dispatcher, a
-// requeue or a release.
-func SettledClaims(ctx context.Context, q Querier, refs []ClaimRef) (map[int64]bool, error) {
+// requeue or a release. A delivered row is settled when claimer delivered
+// it.
+func SettledClaims(ctx context.Context, q Querier, refs []ClaimRef, claimer string) (map[int64]bool, error) {
 	settled := make(map[int64]bool, len(refs))
 	if len(refs) == 0 {
 		return settled, nil
 	}
 	ids, tokens := claimArrays(refs)
-	rows, err := q.Query(ctx, renewSettledSQL, ids, tokens)
+	rows, err := q.Query(ctx, renewSettledSQL, ids, tokens, claimer)
 	if err != nil {
 		return nil, fmt.Errorf("checking %d unrenewed claims: %w", len(refs), err)
 	}

@@ -53,7 +53,9 @@ func (r Record) Ref() ClaimRef { return ClaimRef{ID: r.ID, ClaimToken: r.ClaimTo
 
 // DeadLetterRef identifies the dead-letter claim of the row for
 // MarkDeadLettered and ReleaseDeadLetters.
-func (r Record) DeadLetterRef() DeadLetterRef { return DeadLetterRef{ID: r.ID, Token: r.DeadLetterToken} }
+func (r Record) DeadLetterRef() DeadLetterRef {
+	return DeadLetterRef{ID: r.ID, Token: r.DeadLetterToken}
+}
 
 // LeaseExpiresAt is when the claim of an IN_PROGRESS row ends: its
 // next_retry_at. Zero when the row has none.
