@@ -49,12 +49,15 @@ func checkPrevious(dir string) error {
 
 // migrate creates the schema of a run's database: the previous build's own
 // for its runs (named after the scenario), River's for the River baseline's,
-// today's for every other.
+// the wide row of schema 4 for the hand-written baselines', today's for the
+// forwarder's.
 func (env *benchEnv) migrate(ctx context.Context, run string, pool *pgxpool.Pool, dsn string) error {
-	if strings.HasSuffix(run, "_"+scenarioRiver) {
+	switch {
+	case strings.HasSuffix(run, "_"+scenarioRiver):
 		return env.migrateRiver(ctx, run, dsn)
-	}
-	if !strings.HasSuffix(run, "_"+scenarioPrevious) {
+	case strings.HasSuffix(run, "_"+scenarioNaive), strings.HasSuffix(run, "_"+scenarioBatched):
+		return migrateWide(ctx, pool)
+	case !strings.HasSuffix(run, "_"+scenarioPrevious):
 		_, err := outboxdb.Migrate(ctx, pool)
 		return err
 	}
@@ -63,6 +66,35 @@ func (env *benchEnv) migrate(ctx context.Context, run string, pool *pgxpool.Pool
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("migrating %s with the previous build: %w\n%s", run, err, out)
+	}
+	return nil
+}
+
+// wideSchema is the last schema version with one forward_records row per
+// message, updated in place by every state change: the table a developer
+// writing the loop by hand would keep (test/bench/sql).
+const wideSchema = 4
+
+// migrateWide gives a baseline's database the wide schema: the embedded
+// migrations up to wideSchema.
+func migrateWide(ctx context.Context, pool *pgxpool.Pool) error {
+	ms, err := outboxdb.Migrations()
+	if err != nil {
+		return err
+	}
+	var wide []outboxdb.Migration
+	for _, m := range ms {
+		if m.Version <= wideSchema {
+			wide = append(wide, m)
+		}
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := outboxdb.MigrateConn(ctx, conn.Conn(), outboxdb.MigrateOptions{Migrations: wide}); err != nil {
+		return fmt.Errorf("migrating a baseline's database to schema %d: %w", wideSchema, err)
 	}
 	return nil
 }

@@ -63,9 +63,24 @@ type progressSQL struct {
 	Watch string
 }
 
-// outboxProgress reads the forwarder's and the hand-written baselines'
-// forward_records.
+// outboxProgress reads the forwarder's outbox (docs/architecture.md, the
+// data model): a message is unfinished while it has a delivery row, and
+// delivered by the result write that logs its SUCCESS attempt, whose
+// attempted_at is that write's time.
 var outboxProgress = progressSQL{
+	Unfinished: `SELECT count(*) FROM forward_deliveries`,
+	Total:      `SELECT count(*) FROM forward_messages`,
+	Window: `SELECT count(*), min(record_created_at), max(attempted_at) FROM forward_retry_logs
+		WHERE result_status = 'SUCCESS'`,
+	// The id sequence's high-water mark (ids are not reused) and the
+	// delivery rows left.
+	Watch: `SELECT (SELECT coalesce(max(id), 0) FROM forward_messages),
+		(SELECT count(*) FROM forward_deliveries)`,
+}
+
+// wideProgress reads the wide forward_records table of the hand-written
+// baselines and of a previous build (schema 4).
+var wideProgress = progressSQL{
 	Unfinished: `SELECT count(*) FROM forward_records WHERE status <> 'SUCCESS'`,
 	Total:      `SELECT count(*) FROM forward_records`,
 	Window:     `SELECT count(*), min(created_at), max(succeeded_at) FROM forward_records WHERE status = 'SUCCESS'`,
@@ -86,8 +101,8 @@ const riverNotCompleted = `SELECT count(*) FROM river_job
 
 // riverProgress reads River's jobs. A job's finalized_at is when its
 // worker returned, written by River's batch completer up to 250 ms later:
-// the River window ends that much earlier than a forward_records one, whose
-// succeeded_at is the result's write.
+// the River window ends that much earlier than an outbox one, which ends
+// with the result's write.
 var riverProgress = progressSQL{
 	Unfinished: riverNotCompleted,
 	Total:      `SELECT count(*) FROM river_job`,
@@ -97,8 +112,11 @@ var riverProgress = progressSQL{
 
 // progressOf is how a scenario's progress is read.
 func progressOf(scenario string) progressSQL {
-	if scenario == scenarioRiver {
+	switch scenario {
+	case scenarioRiver:
 		return riverProgress
+	case scenarioNaive, scenarioBatched, scenarioPrevious:
+		return wideProgress
 	}
 	return outboxProgress
 }
