@@ -40,7 +40,8 @@ WITH picked AS (
 ), audit AS (
     INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message, next_retry_at)
     SELECT p.id, p.created_at, p.prev_attempts, 'REQUEUED',
-           $6::text || ' (was SUCCESS after ' || p.prev_attempts || ' attempts)', now()
+           $6::text || ' (was SUCCESS after ' || p.prev_attempts
+               || CASE WHEN p.prev_attempts = 1 THEN ' attempt)' ELSE ' attempts)' END, now()
     FROM picked p
     JOIN requeued r ON r.id = p.id
 )
