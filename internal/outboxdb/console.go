@@ -86,9 +86,13 @@ type Rates struct {
 
 // ReadRates counts recent rows and attempts (console_rates.sql).
 func ReadRates(ctx context.Context, q Querier) (Rates, error) {
+	return readRates(ctx, q, RateCap)
+}
+
+func readRates(ctx context.Context, q Querier, limit int) (Rates, error) {
 	var r Rates
 	var capped *bool
-	err := q.QueryRow(ctx, consoleRatesSQL, RateCap).Scan(&r.Created1m, &r.Created10m, &r.CreatedCapped,
+	err := q.QueryRow(ctx, consoleRatesSQL, limit).Scan(&r.Created1m, &r.Created10m, &r.CreatedCapped,
 		&r.Delivered1m, &r.Delivered10m, &r.Failed1m, &r.Failed10m, &capped)
 	if err != nil {
 		return r, fmt.Errorf("reading recent rates: %w", err)

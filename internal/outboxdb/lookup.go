@@ -16,6 +16,9 @@ import (
 // in its own read-only transaction.
 var (
 	findTemplateSQL = mustSQL("lookup_find.sql")
+	findMessagesSQL = mustSQL("lookup_find_messages.sql")
+	findErrcodeSQL  = mustSQL("lookup_find_errcode.sql")
+	findStatusSQL   = mustSQL("lookup_find_status.sql")
 	errcodesSQL     = mustSQL("lookup_errcodes.sql")
 	showSQL         = mustSQL("lookup_show.sql")
 	attemptsSQL     = mustSQL("lookup_attempts.sql")
@@ -97,57 +100,57 @@ func (f FindFilter) String() string {
 // driver is the part of a search that reaches the rows: the index it walks,
 // in that index's order, so the walk stops after the limit (lookup_find.sql).
 type driver struct {
-	name, from, where, order string
+	name string
+	// rows is the statement that finds the rows' ids and partitions.
+	rows string
+	// result orders the rows found (forward_records r) as rows did.
+	result string
+}
+
+// messagesDriver walks an index of forward_messages
+// (lookup_find_messages.sql): where is its condition, order the column
+// order of the index.
+func messagesDriver(name, where, order string) driver {
+	s := strings.Replace(findMessagesSQL, "/*DRIVER*/", where, 1)
+	return driver{name, strings.Replace(s, "/*ORDER*/", order, 1), "r.id DESC"}
 }
 
 // The drivers, most selective first; findDriver picks the first whose
-// filters are given. Placeholders as in lookup_find.sql.
+// filters are given. The lookup indexes are on every partition of
+// forward_messages and forward_retry_logs: a driver that walks one reads
+// each partition's index in its order and merges them, so it starts with
+// one probe per partition that the time filters leave in.
 var (
-	// forward_records_plate_idx (plate_no, id).
-	driverPlate = driver{"plate", "forward_records r",
-		"r.plate_no >= $1::text AND r.plate_no <= $1::text",
-		"r.plate_no DESC, r.id DESC"}
-	// forward_records_park_idx (park_code, berth_code, id).
-	driverParkBerth = driver{"park_berth", "forward_records r",
-		"r.park_code >= $2::text AND r.park_code <= $2::text AND r.berth_code >= $3::text AND r.berth_code <= $3::text",
-		"r.park_code DESC, r.berth_code DESC, r.id DESC"}
-	// forward_records_device_idx (device_id, id).
-	driverDevice = driver{"device", "forward_records r",
-		"r.device_id >= $4::text AND r.device_id <= $4::text",
-		"r.device_id DESC, r.id DESC"}
-	// forward_records_berth_idx (berth_code, id).
-	driverBerth = driver{"berth", "forward_records r",
-		"r.berth_code >= $3::text AND r.berth_code <= $3::text",
-		"r.berth_code DESC, r.id DESC"}
-	// forward_records_park_id_idx (park_code, id).
-	driverPark = driver{"park", "forward_records r",
-		"r.park_code >= $2::text AND r.park_code <= $2::text",
-		"r.park_code DESC, r.id DESC"}
-	// forward_retry_logs_errcode_idx (platform_errcode, record_id): the logs
-	// with the errcode, newest row first, each kept only when it is its
-	// row's latest log (so every row comes once), then the row by its key.
-	driverErrcode = driver{"errcode",
-		"forward_retry_logs l JOIN forward_records r ON r.id = l.record_id",
-		`l.platform_errcode >= $6::text AND l.platform_errcode <= $6::text
-  AND l.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
-  AND NOT EXISTS (SELECT 1 FROM forward_retry_logs n
-                  WHERE n.record_id = l.record_id AND n.id > l.id
-                    AND n.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED'))`,
-		"l.platform_errcode DESC, l.record_id DESC"}
-	// forward_records_unfinished_status_idx (status, updated_at) WHERE
-	// status <> 'SUCCESS': the most recently changed rows of a status first.
-	// A row is updated no earlier than it was created, so a lower bound on
-	// created_at bounds the walk too.
-	driverStatus = driver{"status", "forward_records r",
-		`r.status >= $5::text AND r.status <= $5::text AND r.status <> 'SUCCESS'
-  AND ($7::timestamptz IS NULL OR r.updated_at >= $7::timestamptz)`,
-		"r.status DESC, r.updated_at DESC, r.id DESC"}
-	// forward_records_created_at_idx (created_at); the bounds are the
-	// filters' own.
-	driverTime = driver{"time", "forward_records r", "true", "r.created_at DESC, r.id DESC"}
-	// The primary key, newest first: no filter, or only SUCCESS, the bulk of
-	// the table, where the newest rows match at once.
-	driverAll = driver{"all", "forward_records r", "true", "r.id DESC"}
+	// forward_messages_plate_idx (plate_no, id).
+	driverPlate = messagesDriver("plate",
+		"m.plate_no >= @plate::text AND m.plate_no <= @plate::text",
+		"m.plate_no DESC, m.id DESC")
+	// forward_messages_park_idx (park_code, berth_code, id).
+	driverParkBerth = messagesDriver("park_berth",
+		"m.park_code >= @park::text AND m.park_code <= @park::text AND m.berth_code >= @berth::text AND m.berth_code <= @berth::text",
+		"m.park_code DESC, m.berth_code DESC, m.id DESC")
+	// forward_messages_device_idx (device_id, id).
+	driverDevice = messagesDriver("device",
+		"m.device_id >= @device::text AND m.device_id <= @device::text",
+		"m.device_id DESC, m.id DESC")
+	// forward_messages_berth_idx (berth_code, id).
+	driverBerth = messagesDriver("berth",
+		"m.berth_code >= @berth::text AND m.berth_code <= @berth::text",
+		"m.berth_code DESC, m.id DESC")
+	// forward_messages_park_id_idx (park_code, id).
+	driverPark = messagesDriver("park",
+		"m.park_code >= @park::text AND m.park_code <= @park::text",
+		"m.park_code DESC, m.id DESC")
+	// forward_retry_logs_errcode_idx (platform_errcode, record_id).
+	driverErrcode = driver{"errcode", findErrcodeSQL, "r.id DESC"}
+	// forward_deliveries_status_idx (status, updated_at).
+	driverStatus = driver{"status", findStatusSQL, "r.updated_at DESC, r.id DESC"}
+	// The primary key (id, created_at) of the partitions, newest id first:
+	// no filter, only SUCCESS (the bulk, where the newest rows match at
+	// once), or only a time range, which leaves out the partitions outside
+	// it and is checked on the key's entries (created_at is in the key), so
+	// a walk reads past at most one partition's entries outside the range.
+	driverAll = messagesDriver("all", "true", "m.id DESC")
 )
 
 func findDriver(f FindFilter) driver {
@@ -166,8 +169,6 @@ func findDriver(f FindFilter) driver {
 		return driverErrcode
 	case f.Status != "" && f.Status != StatusSuccess:
 		return driverStatus
-	case !f.Since.IsZero() || !f.Until.IsZero():
-		return driverTime
 	default:
 		return driverAll
 	}
@@ -177,15 +178,16 @@ func findDriver(f FindFilter) driver {
 var findSQL = func() map[string]string {
 	m := map[string]string{}
 	for _, d := range []driver{driverPlate, driverParkBerth, driverDevice, driverBerth, driverPark,
-		driverErrcode, driverStatus, driverTime, driverAll} {
-		s := strings.Replace(findTemplateSQL, "/*FROM*/", d.from, 1)
-		s = strings.Replace(s, "/*DRIVER*/", d.where, 1)
-		m[d.name] = strings.Replace(s, "/*ORDER*/", d.order, 1)
+		driverErrcode, driverStatus, driverAll} {
+		s := strings.Replace(findTemplateSQL, "/*ROWS*/", d.rows, 1)
+		m[d.name] = strings.Replace(s, "/*RESULT ORDER*/", d.result, 1)
 	}
 	return m
 }()
 
-func (f FindFilter) args(d driver) []any {
+// args are the filter's values by the names the statements use; a
+// statement reads those it needs.
+func (f FindFilter) args() pgx.NamedArgs {
 	text := func(s string) any {
 		if s == "" {
 			return nil
@@ -202,8 +204,11 @@ func (f FindFilter) args(d driver) []any {
 	if limit == 0 {
 		limit = DefaultFindLimit
 	}
-	return []any{text(f.Plate), text(f.Park), text(f.Berth), text(f.Device), text(string(f.Status)),
-		text(f.Errcode), at(f.Since), at(f.Until), limit, d.name == driverErrcode.name}
+	return pgx.NamedArgs{
+		"plate": text(f.Plate), "park": text(f.Park), "berth": text(f.Berth), "device": text(f.Device),
+		"status": text(string(f.Status)), "errcode": text(f.Errcode),
+		"since": at(f.Since), "until": at(f.Until), "limit": limit,
+	}
 }
 
 // FoundRow is one row of a search; `outbox find --json` prints it as is.
@@ -253,7 +258,7 @@ func Find(ctx context.Context, db TxBeginner, f FindFilter, opts LookupOptions) 
 	var found []FoundRow
 	err := ReadOnly(ctx, db, opts, func(tx pgx.Tx) error {
 		d := findDriver(f)
-		rows, err := tx.Query(ctx, findSQL[d.name], f.args(d)...)
+		rows, err := tx.Query(ctx, findSQL[d.name], f.args())
 		if err != nil {
 			return err
 		}
@@ -262,12 +267,13 @@ func Find(ctx context.Context, db TxBeginner, f FindFilter, opts LookupOptions) 
 			return err
 		}
 		ids := make([]int64, len(found))
+		created := make([]time.Time, len(found))
 		at := make(map[int64]int, len(found))
 		for i, r := range found {
-			ids[i] = r.ID
+			ids[i], created[i] = r.ID, r.CreatedAt
 			at[r.ID] = i
 		}
-		rows, err = tx.Query(ctx, errcodesSQL, ids)
+		rows, err = tx.Query(ctx, errcodesSQL, ids, created)
 		if err != nil {
 			return err
 		}
@@ -295,7 +301,7 @@ func ExplainFind(ctx context.Context, db TxBeginner, f FindFilter, opts LookupOp
 		return "", err
 	}
 	d := findDriver(f)
-	return explain(ctx, db, opts, findSQL[d.name], f.args(d)...)
+	return explain(ctx, db, opts, findSQL[d.name], f.args())
 }
 
 // ExplainShow is ExplainFind for ShowRecord(ref).
@@ -384,7 +390,7 @@ func showRecord(ctx context.Context, db TxBeginner, opts LookupOptions, args []a
 		if err != nil {
 			return err
 		}
-		recs, err := pgx.CollectRows(rows, pgx.RowToStructByName[Record])
+		recs, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[Record])
 		if err != nil {
 			return err
 		}
@@ -395,7 +401,7 @@ func showRecord(ctx context.Context, db TxBeginner, opts LookupOptions, args []a
 		if len(recs) > 1 {
 			v.OtherID = &recs[1].ID
 		}
-		rows, err = tx.Query(ctx, attemptsSQL, v.ID, DefaultAttemptLimit)
+		rows, err = tx.Query(ctx, attemptsSQL, v.ID, DefaultAttemptLimit, v.CreatedAt)
 		if err != nil {
 			return err
 		}

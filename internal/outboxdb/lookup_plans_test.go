@@ -3,18 +3,22 @@ package outboxdb_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
-// millionRows fills forward_records with 1 M rows spread over 30 days
-// (newest last), in one statement, and gives the unfinished rows and a tenth
-// of the delivered ones an attempt log:
+// The lookup plan tests fill the outbox with 1 M messages spread over 30
+// days (newest last, ids 1 to 1 000 000 in creation order), so over 31
+// daily partitions of about 33 000 messages each:
 //
 //   - 80 % vehicle events with a plate (200 000 plates, about 4 rows each),
 //     20 % heartbeats without one;
@@ -23,87 +27,85 @@ import (
 //     stopped sending a month ago: a search for it must not read the newer
 //     995 000 rows first;
 //   - 2 % FAILED (half REJECTED by errcode 998, half TRANSIENT after 999),
-//     1 % PENDING plus the newest 1000 rows (a backlog), the rest SUCCESS;
-//     every 50th delivered row with a log got errcode 4 (duplicate).
-const millionRows = `
-INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
-    payload, status, attempt_count, next_retry_at, last_error, created_at, updated_at, succeeded_at,
-    plate_no, park_code, berth_code, device_id, failure_class, failed_at)
-SELECT 'key-' || g,
+//     1 % PENDING plus the newest 1000 rows (a backlog), each with a delivery
+//     row; the rest delivered (SUCCESS: no delivery row);
+//   - every message has an attempt: SUCCESS for the delivered ones (every
+//     50th with errcode 4, duplicate), FAILED or PENDING with 998 or 999.
+const (
+	millionMessages = `
+INSERT INTO forward_messages (id, created_at, message_key, api_type, kafka_topic, kafka_partition,
+    kafka_offset, payload, plate_no, park_code, berth_code, device_id)
+SELECT g, now() - (1000000 - g) * interval '2.6 second', 'key-' || g,
        CASE WHEN g % 5 = 0 THEN 'HEARTBEAT' ELSE 'VEHICLE_EVENT' END,
-       'device-vehicle-event', g % 3, g, '\x7b7d'::bytea, s.status,
-       CASE s.status WHEN 'SUCCESS' THEN 1 WHEN 'FAILED' THEN 5 ELSE 2 END,
-       CASE WHEN s.status = 'PENDING' THEN t.at + interval '1 minute' END,
-       CASE s.status WHEN 'FAILED' THEN CASE WHEN g % 2 = 0
-           THEN 'not retried (rules[1] no_retry): http 200: {"errcode":"998"}'
-           ELSE 'http 200: {"errcode":"999"}' END END,
-       t.at, t.at, CASE WHEN s.status = 'SUCCESS' THEN t.at END,
+       'device-vehicle-event', g % 3, g, '\x7b7d'::bytea,
        CASE WHEN g % 5 <> 0 THEN '粤B' || lpad((g::bigint * 7919 % 200000)::text, 6, '0') END,
        CASE WHEN g <= 5000 THEN 'P0999' ELSE 'P' || (1000 + g % 200) END,
        'B-' || lpad(((g / 200) % 50)::text, 3, '0'),
-       'CAM-' || lpad((g % 2000)::text, 4, '0'),
-       CASE s.status WHEN 'FAILED' THEN CASE WHEN g % 2 = 0 THEN 'REJECTED' ELSE 'TRANSIENT' END END,
-       CASE s.status WHEN 'FAILED' THEN t.at END
-FROM generate_series(1, 1000000) AS g,
-     LATERAL (SELECT now() - (1000000 - g) * interval '2.6 second' AS at) t,
-     LATERAL (SELECT CASE WHEN g > 999000 OR g % 100 = 2 THEN 'PENDING'
-                          WHEN g % 100 < 2 THEN 'FAILED'
-                          ELSE 'SUCCESS' END AS status) s`
+       'CAM-' || lpad((g % 2000)::text, 4, '0')
+FROM generate_series(1, 1000000) AS g`
 
-const millionLogs = `
-INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, platform_errcode, attempted_at)
-SELECT r.id, 1, CASE r.status WHEN 'FAILED' THEN 'FAILED' WHEN 'SUCCESS' THEN 'SUCCESS' ELSE 'PENDING' END,
-       CASE WHEN r.failure_class = 'REJECTED' THEN '998'
-            WHEN r.status IN ('FAILED', 'PENDING') THEN '999'
-            WHEN r.id % 50 = 0 THEN '4' END,
-       r.created_at
-FROM forward_records r
-WHERE r.status <> 'SUCCESS' OR r.id % 10 = 0`
+	millionDeliveries = `
+INSERT INTO forward_deliveries (id, created_at, message_key, status, attempt_count, next_retry_at,
+    payload_size, last_error, updated_at, failure_class, failed_at)
+SELECT m.id, m.created_at, m.message_key, s.status,
+       CASE s.status WHEN 'FAILED' THEN 5 ELSE 2 END,
+       CASE WHEN s.status = 'PENDING' THEN m.created_at + interval '1 minute' END, 2,
+       CASE WHEN s.status = 'FAILED' THEN CASE WHEN m.id % 2 = 0
+           THEN 'not retried (rules[1] no_retry): http 200: {"errcode":"998"}'
+           ELSE 'http 200: {"errcode":"999"}' END END,
+       m.created_at,
+       CASE WHEN s.status = 'FAILED' THEN CASE WHEN m.id % 2 = 0 THEN 'REJECTED' ELSE 'TRANSIENT' END END,
+       CASE WHEN s.status = 'FAILED' THEN m.created_at END
+FROM forward_messages m,
+     LATERAL (SELECT CASE WHEN m.id > 999000 OR m.id % 100 = 2 THEN 'PENDING' ELSE 'FAILED' END AS status) s
+WHERE m.id > 999000 OR m.id % 100 < 3`
+
+	millionLogs = `
+INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status,
+    platform_errcode, attempted_at, attempted_by)
+SELECT m.id, m.created_at, coalesce(d.attempt_count, 1), coalesce(d.status, 'SUCCESS'), 200,
+       CASE WHEN d.failure_class = 'REJECTED' THEN '998'
+            WHEN d.status IS NOT NULL THEN '999'
+            WHEN m.id % 50 = 0 THEN '4' END,
+       m.created_at, 'fill'
+FROM forward_messages m
+LEFT JOIN forward_deliveries d ON d.id = m.id`
+)
 
 // TestLookupPlans: every search `outbox find` and the console can run, and
-// `outbox show` by key and by id, reach their rows through an index on a
-// table of 1 M rows: no sequential scan of forward_records (or of the
-// attempt log), and the index each search is meant to walk is the one in
-// the plan. One database is shared by the subtests; it takes most of the
-// test's time to fill.
+// `outbox show` by key and by id, reach their rows through an index with 1 M
+// messages in 31 daily partitions: no sequential scan of a table that holds
+// rows, the index each search is meant to walk is the one in the plan (on
+// every partition, merged), a search with a time filter reads no partition
+// outside its range, and the attempt logs of a row are read in its
+// partition only. One database is shared by the subtests; it takes most of
+// the test's time to fill.
 func TestLookupPlans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
 	start := time.Now()
-	// One connection: the temporary table and the setting live in its session.
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Filled the quick way, which takes a third less time than inserting
-	// into the indexed tables: unlogged (both tables are empty, so that is
-	// instant; the rows are not written to the WAL too), and with the
-	// secondary indexes of forward_records dropped first and built again
-	// afterwards from their own definitions (pg_get_indexdef), so the schema
-	// under test is exactly the migrated one. Plans depend on neither.
-	for _, sql := range []string{
-		"ALTER TABLE forward_retry_logs SET UNLOGGED",
-		"ALTER TABLE forward_records SET UNLOGGED",
-		"SET maintenance_work_mem = '128MB'",
-		`CREATE TEMP TABLE lookup_indexes AS
-		   SELECT indexrelid::regclass::text AS name, pg_get_indexdef(indexrelid) AS def
-		   FROM pg_index WHERE indrelid = 'forward_records'::regclass AND NOT indisprimary AND NOT indisunique`,
-		`DO $$ DECLARE i record; BEGIN
-		   FOR i IN SELECT name FROM lookup_indexes LOOP EXECUTE 'DROP INDEX ' || i.name; END LOOP; END $$`,
-		millionRows, millionLogs,
-		`DO $$ DECLARE i record; BEGIN
-		   FOR i IN SELECT def FROM lookup_indexes LOOP EXECUTE i.def; END LOOP; END $$`,
-		"ANALYZE forward_records", "ANALYZE forward_retry_logs",
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("filling the table: %v", err)
+	fixture.New(t, pool).EnsurePartitions(31 * 24 * time.Hour)
+	for _, sql := range []string{millionMessages, millionDeliveries, millionLogs,
+		"ANALYZE forward_messages", "ANALYZE forward_deliveries", "ANALYZE forward_retry_logs"} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("filling the outbox: %v", err)
 		}
 	}
-	conn.Release()
-	t.Logf("1 M rows written and analysed in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("1 M messages written and analysed in %v", time.Since(start).Round(time.Millisecond))
+	tables := readPlanTables(t, pool)
+	filled := 0
+	for name := range tables.partitions {
+		if strings.HasPrefix(name, "forward_messages_") && !tables.empty[name] {
+			filled++
+		}
+	}
+	if filled < 31 {
+		t.Fatalf("the messages fill %d partitions, want 31", filled)
+	}
 
 	now := time.Now()
+	day := 24 * time.Hour
 	for _, c := range []struct {
 		name   string
 		filter outboxdb.FindFilter
@@ -113,51 +115,71 @@ func TestLookupPlans(t *testing.T) {
 		check func(outboxdb.FoundRow) bool
 	}{
 		// Rows 4242, 204242, ... 804242 (7919 × g mod 200000 = 192398).
-		{"Plate", outboxdb.FindFilter{Plate: "粤B192398"}, "forward_records_plate_idx",
+		{"Plate", outboxdb.FindFilter{Plate: "粤B192398"}, "forward_messages_plate_idx",
 			func(r outboxdb.FoundRow) bool { return deref(r.PlateNo) == "粤B192398" }},
-		{"Park", outboxdb.FindFilter{Park: "P1050"}, "forward_records_park_id_idx",
+		{"Park", outboxdb.FindFilter{Park: "P1050"}, "forward_messages_park_id_idx",
 			func(r outboxdb.FoundRow) bool { return deref(r.ParkCode) == "P1050" }},
-		{"ParkWithOnlyOldRows", outboxdb.FindFilter{Park: "P0999"}, "forward_records_park_id_idx",
+		{"ParkWithOnlyOldRows", outboxdb.FindFilter{Park: "P0999"}, "forward_messages_park_id_idx",
 			func(r outboxdb.FoundRow) bool { return deref(r.ParkCode) == "P0999" }},
-		{"ParkAndBerth", outboxdb.FindFilter{Park: "P1050", Berth: "B-010"}, "forward_records_park_idx",
+		{"ParkAndBerth", outboxdb.FindFilter{Park: "P1050", Berth: "B-010"}, "forward_messages_park_idx",
 			func(r outboxdb.FoundRow) bool { return deref(r.ParkCode) == "P1050" && deref(r.BerthCode) == "B-010" }},
-		{"Berth", outboxdb.FindFilter{Berth: "B-010"}, "forward_records_berth_idx",
+		{"Berth", outboxdb.FindFilter{Berth: "B-010"}, "forward_messages_berth_idx",
 			func(r outboxdb.FoundRow) bool { return deref(r.BerthCode) == "B-010" }},
-		{"Device", outboxdb.FindFilter{Device: "CAM-0042"}, "forward_records_device_idx",
+		{"Device", outboxdb.FindFilter{Device: "CAM-0042"}, "forward_messages_device_idx",
 			func(r outboxdb.FoundRow) bool { return deref(r.DeviceID) == "CAM-0042" }},
-		{"StatusFailed", outboxdb.FindFilter{Status: outboxdb.StatusFailed}, "forward_records_unfinished_status_idx",
+		{"StatusFailed", outboxdb.FindFilter{Status: outboxdb.StatusFailed}, "forward_deliveries_status_idx",
 			func(r outboxdb.FoundRow) bool { return r.Status == outboxdb.StatusFailed }},
-		{"StatusPending", outboxdb.FindFilter{Status: outboxdb.StatusPending}, "forward_records_unfinished_status_idx",
+		{"StatusPending", outboxdb.FindFilter{Status: outboxdb.StatusPending}, "forward_deliveries_status_idx",
 			func(r outboxdb.FoundRow) bool { return r.Status == outboxdb.StatusPending }},
-		{"StatusSuccess", outboxdb.FindFilter{Status: outboxdb.StatusSuccess}, "forward_records_pkey",
-			func(r outboxdb.FoundRow) bool { return r.Status == outboxdb.StatusSuccess }},
+		{"StatusSuccess", outboxdb.FindFilter{Status: outboxdb.StatusSuccess}, "forward_messages_pkey",
+			func(r outboxdb.FoundRow) bool { return r.Status == outboxdb.StatusSuccess && r.SucceededAt != nil }},
 		{"Errcode", outboxdb.FindFilter{Errcode: "998"}, "forward_retry_logs_errcode_idx",
 			func(r outboxdb.FoundRow) bool { return deref(r.LastErrcode) == "998" }},
 		{"ErrcodeDuplicate", outboxdb.FindFilter{Errcode: "4"}, "forward_retry_logs_errcode_idx",
 			func(r outboxdb.FoundRow) bool {
 				return deref(r.LastErrcode) == "4" && r.Status == outboxdb.StatusSuccess
 			}},
-		{"Since", outboxdb.FindFilter{Since: now.Add(-24 * time.Hour)}, "forward_records_created_at_idx",
-			func(r outboxdb.FoundRow) bool { return !r.CreatedAt.Before(now.Add(-24 * time.Hour)) }},
-		{"Until", outboxdb.FindFilter{Until: now.Add(-20 * 24 * time.Hour)}, "forward_records_created_at_idx",
-			func(r outboxdb.FoundRow) bool { return r.CreatedAt.Before(now.Add(-20 * 24 * time.Hour)) }},
-		{"SinceAndUntil", outboxdb.FindFilter{Since: now.Add(-10 * 24 * time.Hour), Until: now.Add(-9 * 24 * time.Hour)},
-			"forward_records_created_at_idx", nil},
-		{"StatusFailedSince", outboxdb.FindFilter{Status: outboxdb.StatusFailed, Since: now.Add(-time.Hour)},
-			"forward_records_unfinished_status_idx", nil},
-		{"PlateStatusAndSince", outboxdb.FindFilter{Plate: "粤B192398", Status: outboxdb.StatusSuccess, Since: now.Add(-30 * 24 * time.Hour)},
-			"forward_records_plate_idx", nil},
-		{"DeviceAndErrcode", outboxdb.FindFilter{Device: "CAM-0002", Errcode: "999"}, "forward_records_device_idx",
+		{"ErrcodeFailedUntil", outboxdb.FindFilter{Errcode: "999", Status: outboxdb.StatusFailed, Until: now.Add(-20 * day)},
+			"forward_retry_logs_errcode_idx",
+			func(r outboxdb.FoundRow) bool {
+				return deref(r.LastErrcode) == "999" && r.Status == outboxdb.StatusFailed && r.CreatedAt.Before(now.Add(-20*day))
+			}},
+		{"Since", outboxdb.FindFilter{Since: now.Add(-day)}, "forward_messages_pkey",
+			func(r outboxdb.FoundRow) bool { return !r.CreatedAt.Before(now.Add(-day)) }},
+		{"Until", outboxdb.FindFilter{Until: now.Add(-20 * day)}, "forward_messages_pkey",
+			func(r outboxdb.FoundRow) bool { return r.CreatedAt.Before(now.Add(-20 * day)) }},
+		{"SinceAndUntil", outboxdb.FindFilter{Since: now.Add(-10 * day), Until: now.Add(-9 * day)},
+			"forward_messages_pkey", func(r outboxdb.FoundRow) bool {
+				return !r.CreatedAt.Before(now.Add(-10*day)) && r.CreatedAt.Before(now.Add(-9*day))
+			}},
+		{"StatusFailedSince", outboxdb.FindFilter{Status: outboxdb.StatusFailed, Since: now.Add(-2 * day)},
+			"forward_deliveries_status_idx", func(r outboxdb.FoundRow) bool {
+				return r.Status == outboxdb.StatusFailed && !r.CreatedAt.Before(now.Add(-2*day))
+			}},
+		{"PlateStatusAndSince", outboxdb.FindFilter{Plate: "粤B192398", Status: outboxdb.StatusSuccess, Since: now.Add(-30 * day)},
+			"forward_messages_plate_idx", nil},
+		{"ParkPendingSince", outboxdb.FindFilter{Park: "P1050", Status: outboxdb.StatusPending, Since: now.Add(-day)},
+			"forward_messages_park_id_idx", func(r outboxdb.FoundRow) bool {
+				return deref(r.ParkCode) == "P1050" && r.Status == outboxdb.StatusPending
+			}},
+		{"DeviceAndErrcode", outboxdb.FindFilter{Device: "CAM-0002", Errcode: "999"}, "forward_messages_device_idx",
 			func(r outboxdb.FoundRow) bool { return deref(r.LastErrcode) == "999" }},
-		{"Nothing", outboxdb.FindFilter{}, "forward_records_pkey", nil},
-		{"UnknownPlate", outboxdb.FindFilter{Plate: "no such plate"}, "forward_records_plate_idx", nil},
+		{"Nothing", outboxdb.FindFilter{}, "forward_messages_pkey", nil},
+		{"UnknownPlate", outboxdb.FindFilter{Plate: "no such plate"}, "forward_messages_plate_idx", nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			plan, err := outboxdb.ExplainFind(ctx, pool, c.filter, outboxdb.LookupOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkPlan(t, plan, c.index)
+			tables.checkPlan(t, plan, c.index)
+			if !c.filter.Since.IsZero() || !c.filter.Until.IsZero() {
+				run, err := outboxdb.ExplainAnalyzeFind(ctx, pool, c.filter)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tables.checkReadInRange(t, run, c.filter.Since, c.filter.Until)
+			}
 
 			start := time.Now()
 			rows, err := outboxdb.Find(ctx, pool, c.filter, outboxdb.LookupOptions{})
@@ -176,69 +198,215 @@ func TestLookupPlans(t *testing.T) {
 		})
 	}
 
-	// Newest first, within one search.
+	// Newest first, within one search, merged across partitions.
 	t.Run("NewestFirst", func(t *testing.T) {
-		rows, err := outboxdb.Find(ctx, pool, outboxdb.FindFilter{Park: "P1050", Limit: 200}, outboxdb.LookupOptions{})
+		rows, err := outboxdb.Find(ctx, pool, outboxdb.FindFilter{Park: "P1050", Limit: 1000}, outboxdb.LookupOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(rows) != 200 || !slices.IsSortedFunc(rows, func(a, b outboxdb.FoundRow) int { return int(b.ID - a.ID) }) {
-			t.Errorf("%d rows, want 200 in descending id order", len(rows))
+		if len(rows) != 1000 || !slices.IsSortedFunc(rows, func(a, b outboxdb.FoundRow) int { return int(b.ID - a.ID) }) {
+			t.Errorf("%d rows, want 1000 in descending id order", len(rows))
+		}
+		if oldest := rows[len(rows)-1].CreatedAt; now.Sub(oldest) < 2*day {
+			t.Errorf("the oldest row found was created %v ago: the search did not reach past one partition", now.Sub(oldest))
 		}
 	})
 
+	// Row 4242: delivered, on the second day.
 	for _, c := range []struct{ name, ref, index string }{
-		{"ShowByKey", "key-4242", "forward_records_message_key_key"},
-		{"ShowByID", "4242", "forward_records_pkey"},
+		{"ShowByKey", "key-4242", "forward_messages_key_idx"},
+		{"ShowByID", "4242", "forward_messages_pkey"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			plan, err := outboxdb.ExplainShow(ctx, pool, c.ref, outboxdb.LookupOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkPlan(t, plan, c.index)
+			tables.checkPlan(t, plan, c.index)
 			v, err := outboxdb.ShowRecord(ctx, pool, c.ref, outboxdb.LookupOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v.ID != 4242 || v.MessageKey != "key-4242" {
-				t.Errorf("found row %d (%s), want 4242 (key-4242)", v.ID, v.MessageKey)
+			if v.ID != 4242 || v.MessageKey != "key-4242" || v.Status != outboxdb.StatusSuccess ||
+				v.AttemptsTotal != 1 || len(v.Attempts) != 1 || deref(v.ClaimedBy) != "fill" {
+				t.Errorf("found row %d (%s, %s, %d attempts, delivered by %s), want 4242 (key-4242, SUCCESS, 1, fill)",
+					v.ID, v.MessageKey, v.Status, v.AttemptsTotal, fixture.Str(v.ClaimedBy))
 			}
 		})
 	}
+
+	// The console's recent rates walk the primary keys of the newest
+	// messages and attempts, not a partition whole.
+	t.Run("ConsoleRates", func(t *testing.T) {
+		plan, err := outboxdb.ExplainRates(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables.checkPlan(t, plan, "forward_messages_pkey")
+		tables.checkPlan(t, plan, "forward_retry_logs_pkey")
+		if _, err := outboxdb.ReadRates(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// The attempt logs of the rows shown or found are read in the
+	// partitions of those rows only.
+	t.Run("AttemptsInTheirPartition", func(t *testing.T) {
+		rows, err := outboxdb.Find(ctx, pool, outboxdb.FindFilter{Plate: "粤B192398"}, outboxdb.LookupOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]int64, len(rows))
+		created := make([]time.Time, len(rows))
+		want := map[string]bool{}
+		for i, r := range rows {
+			ids[i], created[i] = r.ID, r.CreatedAt
+			want[tables.logsPartitionOf(t, r.CreatedAt)] = true
+		}
+		if len(want) < 3 {
+			t.Fatalf("the plate's %d rows are in %d partitions, want several", len(rows), len(want))
+		}
+		attempts, errcodes, err := outboxdb.ExplainAnalyzeAttempts(ctx, pool, rows[0].ID, rows[0].CreatedAt, ids, created)
+		if err != nil {
+			t.Fatal(err)
+		}
+		read := scannedRelations(t, attempts)
+		if logs := tables.logsPartitionOf(t, rows[0].CreatedAt); !slices.Equal(read, []string{logs}) {
+			t.Errorf("the attempt log of row %d was read in %v, want only %s:\n%s", rows[0].ID, read, logs, attempts)
+		}
+		for _, rel := range scannedRelations(t, errcodes) {
+			if !want[rel] {
+				t.Errorf("the errcodes of the plate's rows read %s, which holds none of them:\n%s", rel, errcodes)
+			}
+		}
+	})
 }
 
-// checkPlan fails the test when an EXPLAIN (FORMAT JSON) plan scans
-// forward_records or forward_retry_logs sequentially, or does not use index.
-func checkPlan(t *testing.T, planJSON, index string) {
+// TestLookupPlansEmpty: on a new outbox, whose partitions are all empty and
+// analysed as such, every search still returns (nothing) without error.
+func TestLookupPlansEmpty(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(ctx, "ANALYZE"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []outboxdb.FindFilter{{}, {Plate: "x"}, {Errcode: "4"}, {Status: outboxdb.StatusFailed},
+		{Since: time.Now().Add(-time.Hour)}} {
+		rows, err := outboxdb.Find(ctx, pool, f, outboxdb.LookupOptions{})
+		if err != nil || len(rows) != 0 {
+			t.Errorf("Find(%v) = %d rows, %v; want none", f, len(rows), err)
+		}
+	}
+}
+
+// planTables is what the plan checks need to know about the partitions.
+type planTables struct {
+	// parentIndex maps a partition's index to the index of the partitioned
+	// table it was made from.
+	parentIndex map[string]string
+	// partitions maps a partition (of messages or attempts) to its range.
+	partitions map[string][2]time.Time
+	// empty holds the partitions without a row.
+	empty map[string]bool
+}
+
+func readPlanTables(t *testing.T, pool *pgxpool.Pool) planTables {
 	t.Helper()
-	var plans []struct {
-		Plan planNode `json:"Plan"`
+	ctx := context.Background()
+	pt := planTables{parentIndex: map[string]string{}, partitions: map[string][2]time.Time{}, empty: map[string]bool{}}
+	rows, err := pool.Query(ctx, `SELECT c.relname::text, p.relname::text
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+		WHERE c.relkind = 'i'`)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := json.Unmarshal([]byte(planJSON), &plans); err != nil || len(plans) != 1 {
-		t.Fatalf("reading the plan: %v\n%s", err, planJSON)
+	for rows.Next() {
+		var child, parent string
+		if err := rows.Scan(&child, &parent); err != nil {
+			t.Fatal(err)
+		}
+		pt.parentIndex[child] = parent
 	}
-	var seq, indexes []string
-	var walk func(n planNode)
-	walk = func(n planNode) {
-		if n.NodeType == "Seq Scan" {
-			seq = append(seq, n.RelationName)
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err = pool.Query(ctx, `SELECT lower, upper, messages, retry_logs FROM forward_partitions`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var lower, upper time.Time
+		var messages, logs string
+		if err := rows.Scan(&lower, &upper, &messages, &logs); err != nil {
+			t.Fatal(err)
 		}
-		if n.IndexName != "" {
-			indexes = append(indexes, n.IndexName)
+		pt.partitions[messages] = [2]time.Time{lower, upper}
+		pt.partitions[logs] = [2]time.Time{lower, upper}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for name := range pt.partitions {
+		var any bool
+		if err := pool.QueryRow(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %q)", name)).Scan(&any); err != nil {
+			t.Fatal(err)
 		}
-		for _, c := range n.Plans {
-			walk(c)
+		if !any {
+			pt.empty[name] = true
 		}
 	}
-	walk(plans[0].Plan)
-	for _, rel := range seq {
-		if rel == "forward_records" || rel == "forward_retry_logs" {
-			t.Errorf("the plan scans %s sequentially:\n%s", rel, planJSON)
+	return pt
+}
+
+// logsPartitionOf names the attempt log partition of rows created at at.
+func (pt planTables) logsPartitionOf(t *testing.T, at time.Time) string {
+	t.Helper()
+	for name, r := range pt.partitions {
+		if strings.HasPrefix(name, "forward_retry_logs_") && !at.Before(r[0]) && at.Before(r[1]) {
+			return name
 		}
 	}
-	if !slices.Contains(indexes, index) {
-		t.Errorf("the plan does not use %s (it uses %s):\n%s", index, strings.Join(indexes, ", "), planJSON)
+	t.Fatalf("no partition holds %v", at)
+	return ""
+}
+
+// checkPlan fails the test when an EXPLAIN (FORMAT JSON) plan scans a table
+// that holds rows sequentially (an empty partition, known empty to the
+// planner, costs nothing to scan), or does not walk index (a partitioned
+// index: its partitions' indexes count).
+func (pt planTables) checkPlan(t *testing.T, planJSON, index string) {
+	t.Helper()
+	var used []string
+	for _, n := range planNodes(t, planJSON) {
+		if n.NodeType == "Seq Scan" && !pt.empty[n.RelationName] {
+			t.Errorf("the plan scans %s sequentially:\n%s", n.RelationName, planJSON)
+		}
+		if n.IndexName == "" {
+			continue
+		}
+		name := n.IndexName
+		if parent, ok := pt.parentIndex[name]; ok {
+			name = parent
+		}
+		used = append(used, name)
+	}
+	if !slices.Contains(used, index) {
+		t.Errorf("the plan does not use %s (it uses %s):\n%s", index, strings.Join(used, ", "), planJSON)
+	}
+}
+
+// checkReadInRange fails the test when a search run under EXPLAIN
+// (ANALYZE, FORMAT JSON) read a partition outside [since, until): pruned
+// when planned (absent from the plan) or while running (never executed)
+// is what a time filter promises.
+func (pt planTables) checkReadInRange(t *testing.T, planJSON string, since, until time.Time) {
+	t.Helper()
+	for _, rel := range scannedRelations(t, planJSON) {
+		if r, ok := pt.partitions[rel]; ok &&
+			(!since.IsZero() && !r[1].After(since) || !until.IsZero() && !r[0].Before(until)) {
+			t.Errorf("the search read %s, outside its time range:\n%s", rel, planJSON)
+		}
 	}
 }
 
@@ -246,7 +414,44 @@ type planNode struct {
 	NodeType     string     `json:"Node Type"`
 	RelationName string     `json:"Relation Name"`
 	IndexName    string     `json:"Index Name"`
+	ActualLoops  *float64   `json:"Actual Loops"`
 	Plans        []planNode `json:"Plans"`
+}
+
+// planNodes lists the nodes of an EXPLAIN (FORMAT JSON) plan.
+func planNodes(t *testing.T, planJSON string) []planNode {
+	t.Helper()
+	var plans []struct {
+		Plan planNode `json:"Plan"`
+	}
+	if err := json.Unmarshal([]byte(planJSON), &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("reading the plan: %v\n%s", err, planJSON)
+	}
+	var nodes []planNode
+	var walk func(n planNode)
+	walk = func(n planNode) {
+		nodes = append(nodes, n)
+		for _, c := range n.Plans {
+			walk(c)
+		}
+	}
+	walk(plans[0].Plan)
+	return nodes
+}
+
+// scannedRelations lists the relations an EXPLAIN (ANALYZE, FORMAT JSON)
+// plan read at least once (a partition pruned while the statement ran
+// shows in the plan but never ran), sorted.
+func scannedRelations(t *testing.T, planJSON string) []string {
+	t.Helper()
+	var rels []string
+	for _, n := range planNodes(t, planJSON) {
+		if n.RelationName != "" && n.ActualLoops != nil && *n.ActualLoops > 0 && !slices.Contains(rels, n.RelationName) {
+			rels = append(rels, n.RelationName)
+		}
+	}
+	slices.Sort(rels)
+	return rels
 }
 
 func deref[T any](p *T) T {

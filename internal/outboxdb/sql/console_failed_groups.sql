@@ -6,7 +6,7 @@
 -- expression selects a group's rows in admin_requeue.sql and
 -- admin_requeue_count.sql (the console requeues a group by it; a test
 -- checks that the counts agree). Reads the $2 most recently failed rows
--- through forward_records_unfinished_status_idx, so the cost is bounded
+-- through forward_deliveries_status_idx, so the cost is bounded
 -- when a bad mapping fails millions of rows; past $2 FAILED rows the counts
 -- describe the latest $2 (the console says so, and a group's requeue page
 -- counts all its rows). $1 how many groups, $2 how many rows to read.

@@ -1,8 +1,8 @@
 -- The console overview's shared state: the platform breaker (one row in
 -- forward_platform_state; none only on a schema that was never migrated
 -- fully), and the ordering state: rows held behind an earlier row of their
--- key (forward_records_order_held_idx) and keys blocked by a FAILED row
--- (forward_records_order_blocked_idx), both exact counts over partial
+-- key (forward_deliveries_order_held_idx) and keys blocked by a FAILED row
+-- (forward_deliveries_order_blocked_idx), both exact counts over partial
 -- indexes that hold only those rows.
 SELECT s.breaker_state, s.changed_at, s.changed_by, s.reason, s.next_probe_at, s.paused_until,
        (SELECT count(*) FROM forward_deliveries WHERE order_held) AS held_rows,

@@ -1,7 +1,9 @@
 -- One row for `forwarder outbox show` and the console's record page, by
--- message_key ($1) or id ($2, NULL when the argument is not a number): a
--- probe of forward_records_message_key_key and one of the primary key. A
--- number can be both a key and another row's id: the key's row comes first.
+-- message_key ($1) or id ($2, NULL when the argument is not a number),
+-- through the view forward_records: a probe of forward_messages_key_idx and
+-- one of the primary key in each partition, then the row's delivery state
+-- and last attempt by its key. A number can be both a key and another row's
+-- id: the key's row comes first.
 SELECT r.id, r.message_key, r.api_type, r.kafka_topic, r.kafka_partition, r.kafka_offset,
        r.kafka_key, r.payload, r.status, r.attempt_count, r.next_retry_at,
        r.last_http_status, r.last_error, r.created_at, r.updated_at, r.succeeded_at,
