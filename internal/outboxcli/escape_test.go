@@ -46,8 +46,9 @@ func TestStoredValuesAreEscaped(t *testing.T) {
 		fixture.Row{Key: "held-" + hostile, OrderingKey: orderKey, OrderHeld: true, Age: 2 * time.Hour},
 		fixture.Row{Key: "oldest-" + hostile, Age: 3 * time.Hour},
 	)
-	db.Exec(`INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status, platform_errcode, error_message)
-		VALUES ($1, 1, 'FAILED', 200, $2, $3)`, ids[0], "9"+hostile, "http 200: "+hostile)
+	db.Exec(`INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status,
+		platform_errcode, error_message)
+		SELECT id, created_at, 1, 'FAILED', 200, $2, $3 FROM forward_messages WHERE id = $1`, ids[0], "9"+hostile, "http 200: "+hostile)
 	if _, err := outboxdb.SetBreaker(context.Background(), b.pool, []string{"CLOSED"}, "OPEN", "test", "HTTP 503: "+hostile, time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxcli"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -63,8 +65,8 @@ func (b *testBundle) mustRun(t *testing.T, args ...string) string {
 	return out
 }
 
-// row describes a forward_records row to insert. Zero values give a fresh
-// PENDING row due now.
+// row describes an outbox row to insert (through the fixture). Zero values
+// give a fresh PENDING row due now.
 type row struct {
 	key      string
 	status   outboxdb.Status
@@ -76,7 +78,9 @@ type row struct {
 	deliveredAgo *time.Duration
 	// leaseLeft is the lease remaining for IN_PROGRESS rows (negative: expired).
 	leaseLeft time.Duration
-	// logs are appended attempt logs: {result_status, errcode} ("" errcode: NULL).
+	// logs are appended attempt logs: {result_status, errcode} ("" errcode:
+	// NULL). A SUCCESS row says how it was delivered in its last SUCCESS
+	// log: when logs has none, the fixture's is kept.
 	logs [][2]string
 	// class is the failure class of a FAILED row ("": none).
 	class string
@@ -84,7 +88,7 @@ type row struct {
 
 func (b *testBundle) insert(t *testing.T, rows ...row) map[string]int64 {
 	t.Helper()
-	ctx := context.Background()
+	db := fixture.New(t, b.pool)
 	ids := map[string]int64{}
 	for _, r := range rows {
 		status := r.status
@@ -95,33 +99,33 @@ func (b *testBundle) insert(t *testing.T, rows ...row) map[string]int64 {
 		if r.deliveredAgo != nil {
 			delivered = *r.deliveredAgo
 		}
-		var id int64
-		err := b.pool.QueryRow(ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status,
-			 attempt_count, next_retry_at, last_error, created_at, updated_at, succeeded_at,
-			 claim_token, claimed_by, claimed_at, failure_class, failed_at)
-			VALUES ($1, 'VEHICLE_EVENT', 'device-vehicle-event', 0, 0, '\x7b7d', $2::text, $3,
-			 CASE $2::text WHEN 'PENDING' THEN now() - $5::bigint * interval '1 ms'
-			               WHEN 'IN_PROGRESS' THEN now() + $7::bigint * interval '1 ms' END,
-			 nullif($4, ''),
-			 now() - $5::bigint * interval '1 ms', now() - $5::bigint * interval '1 ms',
-			 CASE WHEN $2::text = 'SUCCESS' THEN now() - $6::bigint * interval '1 ms' END,
-			 CASE WHEN $2::text = 'IN_PROGRESS' THEN gen_random_uuid() END,
-			 CASE WHEN $2::text = 'IN_PROGRESS' THEN 'holder' END,
-			 CASE WHEN $2::text = 'IN_PROGRESS' THEN now() END,
-			 nullif($8, ''), CASE WHEN $2::text = 'FAILED' THEN now() - $5::bigint * interval '1 ms' END)
-			RETURNING id`,
-			r.key, string(status), r.attempts, r.lastErr, r.age.Milliseconds(), delivered.Milliseconds(),
-			r.leaseLeft.Milliseconds(), r.class).Scan(&id)
-		if err != nil {
-			t.Fatalf("inserting %s: %v", r.key, err)
+		var due *time.Duration
+		switch status {
+		case outboxdb.StatusPending:
+			due = ptr(-r.age)
+		case outboxdb.StatusInProgress:
+			due = ptr(r.leaseLeft)
+		}
+		id := db.Insert(fixture.Row{Key: r.key, Status: string(status), Payload: []byte("{}"),
+			Attempts: r.attempts, DueIn: due, Age: r.age, ClaimedBy: "holder", LastError: r.lastErr,
+			FailureClass: r.class})[0]
+		ownSuccess := slices.ContainsFunc(r.logs, func(l [2]string) bool { return l[0] == string(outboxdb.StatusSuccess) })
+		if status == outboxdb.StatusSuccess && ownSuccess {
+			db.Exec(`DELETE FROM forward_retry_logs WHERE record_id = $1`, id)
 		}
 		for i, l := range r.logs {
-			if _, err := b.pool.Exec(ctx, `INSERT INTO forward_retry_logs
-				(record_id, attempt_number, result_status, platform_errcode)
-				VALUES ($1, $2, $3, nullif($4, ''))`, id, i+1, l[0], l[1]); err != nil {
-				t.Fatal(err)
-			}
+			db.Exec(`INSERT INTO forward_retry_logs
+				(record_id, record_created_at, attempt_number, result_status, platform_errcode)
+				SELECT id, created_at, $2, $3, nullif($4, '') FROM forward_messages WHERE id = $1`,
+				id, i+1, l[0], l[1])
+		}
+		if status == outboxdb.StatusSuccess {
+			db.Exec(`UPDATE forward_retry_logs SET attempted_at = now() - $2::bigint * interval '1 ms'
+				WHERE record_id = $1 AND result_status = 'SUCCESS'`, id, delivered.Milliseconds())
+		}
+		if status == outboxdb.StatusFailed && r.class == "" {
+			// A row failed before failure classes existed.
+			db.Exec(`UPDATE forward_deliveries SET failure_class = NULL WHERE id = $1`, id)
 		}
 		ids[r.key] = id
 	}

@@ -143,9 +143,12 @@ func TestPurge(t *testing.T) {
 			defer wg.Done()
 			// The service's writes meanwhile: new rows that succeed at once.
 			for i := 0; ctx.Err() == nil; i++ {
-				if _, err := b.pool.Exec(ctx, `INSERT INTO forward_records
-					(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count, next_retry_at, succeeded_at)
-					VALUES ($1, 'HEARTBEAT', 't', 0, $2, '\x7b7d', 'SUCCESS', 1, NULL, now())`, fmt.Sprintf("live-%d", i), i); err != nil {
+				if _, err := b.pool.Exec(ctx, `WITH m AS (
+					INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
+					VALUES ($1, 'HEARTBEAT', 't', 0, $2, '\x7b7d')
+					RETURNING id, created_at)
+					INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status)
+					SELECT id, created_at, 1, 'SUCCESS', 200 FROM m`, fmt.Sprintf("live-%d", i), i); err != nil {
 					if ctx.Err() == nil {
 						writeErr = err
 					}

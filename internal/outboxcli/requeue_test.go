@@ -115,7 +115,7 @@ func TestRequeue(t *testing.T) {
 		// Key A: two FAILED rows, the first blocking it. Key B: a FAILED row
 		// and a later PENDING head. Key C: one FAILED row.
 		for key, ordering := range map[string]string{"a1": "A", "a2": "A", "b1": "B", "b2": "B", "c1": "C"} {
-			if _, err := b.pool.Exec(ctx, "UPDATE forward_records SET ordering_key = $2, order_blocked = ($1 = 'a1') WHERE message_key = $1", key, ordering); err != nil {
+			if _, err := b.pool.Exec(ctx, "UPDATE forward_deliveries SET ordering_key = $2, order_blocked = ($1 = 'a1') WHERE message_key = $1", key, ordering); err != nil {
 				t.Fatal(err)
 			}
 		}

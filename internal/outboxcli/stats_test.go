@@ -115,11 +115,11 @@ func TestStats(t *testing.T) {
 			row{key: "t3", status: "FAILED", lastErr: "platform busy: errcode 999"},
 			row{key: "r", status: "FAILED", lastErr: "platform rejected: errcode 998"},
 		)
-		if _, err := b.pool.Exec(ctx, `UPDATE forward_records SET failure_class = 'TRANSIENT',
+		if _, err := b.pool.Exec(ctx, `UPDATE forward_deliveries SET failure_class = 'TRANSIENT',
 			requeue_rounds = substr(message_key, 2)::int WHERE message_key LIKE 't%'`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.pool.Exec(ctx, `UPDATE forward_records SET failure_class = 'REJECTED' WHERE message_key = 'r'`); err != nil {
+		if _, err := b.pool.Exec(ctx, `UPDATE forward_deliveries SET failure_class = 'REJECTED' WHERE message_key = 'r'`); err != nil {
 			t.Fatal(err)
 		}
 
