@@ -17,6 +17,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -68,23 +69,26 @@ type testBundle struct {
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	b := &testBundle{pool: pgtest.NewPool(t), ids: map[string]int64{}}
-	ctx := context.Background()
+	db := fixture.New(t, b.pool)
 	add := func(key, status, class, lastErr, payload, plate string) {
-		var id int64
-		if err := b.pool.QueryRow(ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count,
-			 next_retry_at, last_error, failure_class, failed_at, plate_no, park_code, berth_code, device_id)
-			VALUES ($1, 'VEHICLE_EVENT', 'device-vehicle-event', 0, 1, convert_to($5, 'UTF8'), $2::text, 5,
-			        CASE WHEN $2::text = 'PENDING' THEN now() END, nullif($3, ''), nullif($4, ''),
-			        CASE WHEN $2::text = 'FAILED' THEN now() END, nullif($6, ''), 'P1001', 'B-012', 'CAM-0001')
-			RETURNING id`, key, status, lastErr, class, payload, plate).Scan(&id); err != nil {
-			t.Fatal(err)
+		id := db.Insert(fixture.Row{Key: key, Status: status, FailureClass: class, LastError: lastErr,
+			Payload: []byte(payload), Attempts: 5, PlateNo: plate, ParkCode: "P1001", BerthCode: "B-012",
+			DeviceID: "CAM-0001", Offset: 1})[0]
+		if status == "FAILED" && class == "" {
+			// A row failed before failure classes existed.
+			db.Exec(`UPDATE forward_deliveries SET failure_class = NULL WHERE id = $1`, id)
 		}
 		b.ids[key] = id
-		if _, err := b.pool.Exec(ctx, `INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status, platform_errcode, error_message)
-			VALUES ($1, 5, $2, 200, '999', 'http 200: {"result":1,"errcode":"999"}')`, id, status); err != nil {
-			t.Fatal(err)
+		if status == "SUCCESS" {
+			// The fixture's SUCCESS attempt says how it was delivered.
+			db.Exec(`UPDATE forward_retry_logs SET http_status = 200, platform_errcode = '999',
+				error_message = 'http 200: {"result":1,"errcode":"999"}' WHERE record_id = $1`, id)
+			return
 		}
+		db.Exec(`INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status,
+			http_status, platform_errcode, error_message)
+			SELECT id, created_at, 5, $2, 200, '999', 'http 200: {"result":1,"errcode":"999"}'
+			FROM forward_messages WHERE id = $1`, id, status)
 	}
 	add("m-1", "FAILED", "TRANSIENT", `http 200: {"errcode":"999","message_id":"m-1"}`, vehicle, plate)
 	// Two rows of one reason once normalised (long numbers differ).
