@@ -30,8 +30,8 @@ var outboxComponents = map[string]bool{
 //     is not set (or the direct one is pooled too);
 //   - the schema is newer than this binary;
 //   - the schema is behind and the service may not migrate it (its role
-//     does not own the schema, or a pending migration is offline): the
-//     error names the command to run;
+//     does not own the schema, or a pending migration is offline and the
+//     database has a schema already): the error names the command to run;
 //   - the role lacks a privilege the service needs;
 //   - the server's TLS certificate is refused (a wrong CA, a host name it
 //     does not name).
@@ -115,6 +115,8 @@ func checkDatabase(db database) error {
 	case st.Version < latest && !st.CanMigrate:
 		return fmt.Errorf("database %s: %w: it is at version %d, this binary needs %d, and role %s may not change the schema: run `forwarder outbox migrate` as the schema's owner (DATABASE_MIGRATE_URL; docs/deployment.md, Roles and grants)",
 			where, outboxdb.ErrSchemaBehind, st.Version, latest, st.Role)
+	case st.Version == 0:
+		return nil // no schema: the first component creates all of it, offline steps included (outboxdb.MigrateConn)
 	case st.Version < latest:
 		ms, err := outboxdb.Migrations()
 		if err != nil {

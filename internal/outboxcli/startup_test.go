@@ -1,0 +1,53 @@
+package outboxcli_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/forwarder/forwarder/internal/outboxcli"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+// TestStartChecksPendingOfflineMigrations: the service starts on a database
+// without a schema (its first component creates the whole schema, offline
+// migrations included: no instance of an earlier version uses it), and
+// refuses to start on a schema-4 database, whose offline migration 0005
+// must run with every instance stopped, naming the command to run.
+func TestStartChecksPendingOfflineMigrations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	if err := outboxcli.CheckDatabase(pgtest.NewEmptyDB(t)); err != nil {
+		t.Errorf("on an empty database: %v, want a start", err)
+	}
+
+	dsn := pgtest.NewEmptyDB(t)
+	ms, err := outboxdb.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upTo4 []outboxdb.Migration
+	for _, m := range ms {
+		if m.Version <= 4 {
+			upTo4 = append(upTo4, m)
+		}
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := outboxdb.MigrateConn(ctx, conn, outboxdb.MigrateOptions{Migrations: upTo4}); err != nil {
+		t.Fatal(err)
+	}
+	err = outboxcli.CheckDatabase(dsn)
+	if !errors.Is(err, outboxdb.ErrSchemaBehind) || !strings.Contains(err.Error(), "at version 4") ||
+		!strings.Contains(err.Error(), "0005_messages_deliveries") || !strings.Contains(err.Error(), "forwarder outbox migrate") {
+		t.Errorf("on a schema-4 database: %v, want ErrSchemaBehind naming 0005 and the command", err)
+	}
+}
