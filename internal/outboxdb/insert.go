@@ -320,12 +320,25 @@ func runInsert(ctx context.Context, q Querier, args []any, keys []string, c Dire
 	}
 	// A key that gained an active row between the lock statement and the
 	// insert fails the insert, which then committed nothing: run it again
-	// (it then locks the key).
-	var err error
+	// (it then locks the key). So does a time no partition covers yet (the
+	// dispatchers keep partitions ahead, but none may be running): create
+	// it and run the insert again, once.
+	var (
+		err     error
+		ensured bool
+	)
 	for try := 1; ; try++ {
 		got, total = got[:0], InsertCounts{}
 		err = queryInsertLocked(ctx, q, keys, insertSQL, args, args[0].([]string), read)
-		if err == nil || !isOrderConflict(err) || try == maxOrderConflictTries {
+		if err != nil && !ensured && isMissingPartition(err) {
+			ensured = true
+			if eerr := ensureCurrentPartition(ctx, q); eerr != nil {
+				err = fmt.Errorf("%w (%w)", err, eerr)
+				break
+			}
+			continue
+		}
+		if err == nil || !isOrderConflict(err) || try >= maxOrderConflictTries {
 			break
 		}
 	}

@@ -197,8 +197,10 @@ CREATE FUNCTION forward_partition_ensure(p_from timestamptz, p_to timestamptz, p
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
-    lo      timestamptz := date_bin(p_width, p_from, timestamptz '2000-01-01 00:00:00+00');
+    origin  constant timestamptz := timestamptz '2000-01-01 00:00:00+00';
+    lo      timestamptz := date_bin(p_width, p_from, origin);
     hi      timestamptz;
+    covered timestamptz;
     name    text;
     created integer := 0;
 BEGIN
@@ -208,29 +210,166 @@ BEGIN
     -- 'forwprtn'
     PERFORM pg_advisory_xact_lock(7381244171596756078);
     WHILE lo < p_to LOOP
-        hi := lo + p_width;
-        -- Shorten the range to what no partition covers yet.
-        SELECT coalesce(max(upper), lo) INTO lo FROM forward_partitions WHERE lower <= lo AND upper > lo;
-        SELECT coalesce(min(lower), hi) INTO hi FROM forward_partitions WHERE lower > lo AND lower < hi;
-        IF lo < hi THEN
-            name := to_char(lo AT TIME ZONE 'UTC', '"p"YYYYMMDD"T"HH24MI');
-            EXECUTE format('CREATE TABLE %I (LIKE forward_messages INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 100)',
-                           'forward_messages_' || name);
-            EXECUTE format('ALTER TABLE forward_messages ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                           'forward_messages_' || name, lo, hi);
-            EXECUTE format('CREATE TABLE %I (LIKE forward_retry_logs INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
-                           'forward_retry_logs_' || name);
-            EXECUTE format('ALTER TABLE forward_retry_logs ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                           'forward_retry_logs_' || name, lo, hi);
-            INSERT INTO forward_partitions (lower, upper, messages, retry_logs)
-            VALUES (lo, hi, 'forward_messages_' || name, 'forward_retry_logs_' || name);
-            created := created + 1;
+        -- Step over a partition that covers lo (one of another width may
+        -- end anywhere).
+        SELECT p.upper INTO covered FROM forward_partitions p WHERE p.lower <= lo AND p.upper > lo;
+        IF FOUND THEN
+            lo := covered;
+            CONTINUE;
         END IF;
+        -- From lo to the end of its width, or to the next partition.
+        hi := date_bin(p_width, lo, origin) + p_width;
+        SELECT coalesce(min(p.lower), hi) INTO hi FROM forward_partitions p WHERE p.lower > lo AND p.lower < hi;
+        name := to_char(lo AT TIME ZONE 'UTC', '"p"YYYYMMDD"t"HH24MI');
+        EXECUTE format('CREATE TABLE %I (LIKE forward_messages INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 100)',
+                       'forward_messages_' || name);
+        EXECUTE format('ALTER TABLE forward_messages ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                       'forward_messages_' || name, lo, hi);
+        EXECUTE format('CREATE TABLE %I (LIKE forward_retry_logs INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                       'forward_retry_logs_' || name);
+        EXECUTE format('ALTER TABLE forward_retry_logs ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                       'forward_retry_logs_' || name, lo, hi);
+        INSERT INTO forward_partitions (lower, upper, messages, retry_logs)
+        VALUES (lo, hi, 'forward_messages_' || name, 'forward_retry_logs_' || name);
+        created := created + 1;
         lo := hi;
     END LOOP;
     RETURN created;
 END
 $$;
+-- SECURITY DEFINER functions run as the schema's owner: only the roles
+-- granted EXECUTE may call them (docs/deployment.md, "Roles and grants").
+REVOKE ALL ON FUNCTION forward_partition_ensure(timestamptz, timestamptz, interval) FROM PUBLIC;
+
+-- forward_partition_retire retires the partition of messages and attempts
+-- that starts at p_lower: it drops both tables, with the delivery rows of
+-- its FAILED messages, when every message in it is finished
+-- (docs/architecture.md, "Retention"). Never a row-by-row DELETE of
+-- messages: dropping a day writes a few kilobytes of WAL whatever it holds.
+--
+-- It returns one row: outcome RETIRED, KEPT (the counts say why), BUSY
+-- (another retirement is running, or the tables could not be locked in
+-- p_tries waits of p_lock_timeout_ms) or GONE (no such partition), with
+-- the partition's messages (counted before the lock: a partition whose
+-- range has passed gets no new rows) and its delivery rows by kind.
+--
+-- A partition stays, whole, while it holds a PENDING or IN_PROGRESS
+-- delivery row, a FAILED row blocking its ordering key (order_blocked:
+-- dropping it would leave the rows held behind it waiting for an operator
+-- who can no longer see why), or, with p_keep_unpublished (the dead-letter
+-- topic is in use), a FAILED row not yet published to it. Its other FAILED
+-- rows go with it, and the retirement of a partition that held messages is
+-- recorded in forward_operator_log (operator p_operator, filter naming the
+-- range, p_note and the FAILED rows deleted).
+--
+-- The drop needs an ACCESS EXCLUSIVE lock on the two parent tables (DROP
+-- of a partition takes it; DETACH ... CONCURRENTLY cannot run inside a
+-- function or a transaction, and only for the tables' owner). It is asked
+-- for with lock_timeout p_lock_timeout_ms, so that the statements queued
+-- behind it wait at most that long, and asked again, up to p_tries times,
+-- with a growing pause between; it is then held for the few milliseconds
+-- of the checks and the drop. The checks are made again under the lock:
+-- every statement that can give a message of this range an unfinished
+-- delivery row (a requeue, which writes a REQUEUED attempt log; `requeue
+-- --status SUCCESS`, which reads the message) uses one of the two tables,
+-- so none can run between the checks and the drop. The delivery rows of the
+-- range are found through the primary key: their ids are the ids of the
+-- partition's messages, between its smallest and largest.
+--
+-- SECURITY DEFINER: the service's role drops no table itself; it needs only
+-- EXECUTE on this. p_cutoff may not be in the future, so the partitions
+-- being written to are out of its reach.
+CREATE FUNCTION forward_partition_retire(p_lower timestamptz, p_cutoff timestamptz, p_keep_unpublished boolean,
+                                         p_operator text, p_note text, p_lock_timeout_ms integer, p_tries integer)
+RETURNS TABLE (outcome text, range_lower timestamptz, range_upper timestamptz, message_count bigint,
+               failed_count bigint, pending_count bigint, in_progress_count bigint, blocked_count bigint,
+               unpublished_count bigint, lock_waits integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '100ms' AS $$
+DECLARE
+    part  forward_partitions%ROWTYPE;
+    lo_id bigint;
+    hi_id bigint;
+BEGIN
+    outcome := 'GONE';
+    range_lower := p_lower;
+    message_count := 0; failed_count := 0; pending_count := 0; in_progress_count := 0;
+    blocked_count := 0; unpublished_count := 0; lock_waits := 0;
+    IF p_cutoff > now() THEN
+        RAISE EXCEPTION 'retention cutoff % is in the future', p_cutoff USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- One retirement at a time ('forwretr'): two would wait for each
+    -- other's lock upgrade.
+    IF NOT pg_try_advisory_xact_lock(7381244171629458546) THEN
+        outcome := 'BUSY';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT * INTO part FROM forward_partitions p WHERE p.lower = p_lower;
+    IF NOT FOUND THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    range_upper := part.upper;
+    IF part.upper > p_cutoff THEN
+        RAISE EXCEPTION 'partition from % to % is not older than the retention cutoff %', part.lower, part.upper, p_cutoff
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT count(*) INTO message_count
+    FROM forward_messages m WHERE m.created_at >= part.lower AND m.created_at < part.upper;
+
+    PERFORM set_config('lock_timeout', greatest(p_lock_timeout_ms, 1)::text || 'ms', true);
+    LOOP
+        BEGIN
+            EXECUTE format('LOCK TABLE ONLY forward_messages, ONLY forward_retry_logs, ONLY %I, ONLY %I IN ACCESS EXCLUSIVE MODE',
+                           part.messages, part.retry_logs);
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            lock_waits := lock_waits + 1;
+            IF lock_waits >= p_tries THEN
+                outcome := 'BUSY';
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            PERFORM pg_sleep(least(0.05 * 2 ^ lock_waits, 1));
+        END;
+    END LOOP;
+
+    SELECT min(m.id), max(m.id) INTO lo_id, hi_id
+    FROM forward_messages m WHERE m.created_at >= part.lower AND m.created_at < part.upper;
+    SELECT count(*) FILTER (WHERE d.status = 'PENDING'),
+           count(*) FILTER (WHERE d.status = 'IN_PROGRESS'),
+           count(*) FILTER (WHERE d.status = 'FAILED'),
+           count(*) FILTER (WHERE d.order_blocked),
+           count(*) FILTER (WHERE d.status = 'FAILED' AND d.dead_lettered_at IS NULL)
+    INTO pending_count, in_progress_count, failed_count, blocked_count, unpublished_count
+    FROM forward_deliveries d
+    WHERE d.id BETWEEN lo_id AND hi_id AND d.created_at >= part.lower AND d.created_at < part.upper;
+    IF pending_count + in_progress_count + blocked_count > 0 OR (p_keep_unpublished AND unpublished_count > 0) THEN
+        outcome := 'KEPT';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- Only FAILED rows are left in the range: they go with their messages.
+    DELETE FROM forward_deliveries d
+    WHERE d.id BETWEEN lo_id AND hi_id AND d.created_at >= part.lower AND d.created_at < part.upper;
+    EXECUTE format('DROP TABLE %I, %I', part.messages, part.retry_logs);
+    DELETE FROM forward_partitions p WHERE p.lower = part.lower;
+    INSERT INTO forward_operator_log (operator, action, filter, rows)
+    SELECT p_operator, 'purge',
+           format('partition %s to %s retired (%s)%s',
+                  to_char(part.lower AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI"Z"'),
+                  to_char(part.upper AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI"Z"'),
+                  p_note,
+                  CASE WHEN failed_count > 0 THEN format(', with its %s FAILED rows', failed_count) ELSE '' END),
+           message_count
+    WHERE message_count > 0;
+    outcome := 'RETIRED';
+    RETURN NEXT;
+END
+$$;
+REVOKE ALL ON FUNCTION forward_partition_retire(timestamptz, timestamptz, boolean, text, text, integer, integer) FROM PUBLIC;
 
 -- Partitions for every day a schema-4 row was created on, and three ahead.
 SELECT forward_partition_ensure(
