@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
@@ -14,30 +16,41 @@ import (
 func purgeCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "purge",
-		Usage:     "Delete SUCCESS rows delivered longer ago than --older-than, and their attempt logs, in batches",
-		UsageText: "forwarder outbox purge --older-than D [--batch-size N] [--operator NAME] [--force] [--dry-run]",
-		Description: `Age is by succeeded_at, the time of delivery. PENDING, IN_PROGRESS and FAILED
-rows are never deleted. Each batch of --batch-size rows is one short
-transaction, so purge is safe while the service runs; the cutoff is fixed
-when it starts. A message redelivered by Kafka after its row was purged is
-persisted and sent again (the platform answers "duplicate"), so keep D longer
-than Kafka's retention when that matters.
+		Usage:     "Retire the partitions older than --older-than whose messages are all finished",
+		UsageText: "forwarder outbox purge --older-than D [--dead-letter] [--operator NAME] [--force] [--dry-run]",
+		Description: `Messages and their attempt logs are kept in partitions by creation time, a
+day each by default (OUTBOX_PARTITION). purge retires the partitions whose
+range ended longer than D ago: each is dropped whole, messages and attempt
+logs, when every message in it is finished, never row by row. The delivery
+rows of its FAILED messages go with it. A partition holding a PENDING or
+IN_PROGRESS row, or a FAILED row blocking its ordering key, stays whole;
+with --dead-letter (the dead-letter topic is in use), so does one holding a
+FAILED row not yet published to it. purge says, partition by partition,
+what it retired and what it kept and why.
+
+Retiring a partition is one short transaction that waits at most 100ms at a
+time for its lock on the tables, so purge is safe while the service runs;
+the cutoff is fixed when it starts. A message redelivered by Kafka after its
+partition was retired is persisted and sent again (the platform answers
+"duplicate"), so keep D longer than Kafka's retention when that matters.
 
 That is why D below 24h is refused unless --force is given: the key of a
-purged row no longer makes a redelivery of its message harmless, and
+retired message no longer makes a redelivery of it harmless, and
 redeliveries happen in ordinary operation (a rebalance after a crash
 re-reads offsets not yet committed).
 
-It prints what it will delete (how many rows, which cutoff) before it
-starts, and records who ran it (--operator, default $USER), the cutoff and
-the number of rows in forward_operator_log.
+Each partition retired is recorded in forward_operator_log with who ran it
+(--operator, default $USER); a run that retired nothing leaves one row too.
 
 Durations: Go syntax plus days (7d, 36h, 0s).`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "older-than", Required: true, Usage: "delete rows delivered longer ago than this (e.g. 7d)"},
-			&cli.IntFlag{Name: "batch-size", Value: outboxdb.DefaultAdminBatchSize, Usage: "rows per transaction"},
-			&cli.BoolFlag{Name: "dry-run", Usage: "only print how many rows would be deleted"},
+			&cli.StringFlag{Name: "older-than", Required: true, Usage: "retire partitions whose range ended longer ago than this (e.g. 7d)"},
+			&cli.BoolFlag{Name: "dead-letter", Usage: "the dead-letter topic is in use: keep partitions with FAILED rows not yet published to it"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "only print what would be retired and what would stay"},
 			&cli.BoolFlag{Name: "force", Usage: "accept --older-than below the safe minimum (24h)"},
+			// Partitions are retired whole; kept so that scripts written for
+			// row batches still run.
+			&cli.IntFlag{Name: "batch-size", Hidden: true, Usage: "ignored"},
 			operatorFlag(),
 		},
 		Action: func(c *cli.Context) error {
@@ -45,13 +58,10 @@ Durations: Go syntax plus days (7d, 36h, 0s).`,
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("outbox purge: --older-than: %v", err), 2)
 			}
-			if c.Int("batch-size") <= 0 {
-				return cli.Exit("outbox purge: --batch-size must be positive", 2)
-			}
 			if olderThan < outboxdb.MinPurgeAge && !c.Bool("force") {
 				return cli.Exit(fmt.Sprintf("outbox purge: --older-than %s is below the safe minimum of %s: "+
 					"a delivered row's key is what makes a Kafka redelivery of its message harmless, and a message "+
-					"redelivered after its row is purged is sent to the platform again. Add --force to purge anyway.",
+					"redelivered after its partition is retired is sent to the platform again. Add --force to purge anyway.",
 					c.String("older-than"), outboxdb.FormatDuration(outboxdb.MinPurgeAge)), 2)
 			}
 			operator, err := operatorName(c)
@@ -60,39 +70,87 @@ Durations: Go syntax plus days (7d, 36h, 0s).`,
 			}
 			w := c.App.Writer
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
-				cutoff, err := outboxdb.PurgeCutoff(ctx, pool, olderThan)
-				if err != nil {
-					return err
-				}
-				n, err := outboxdb.CountPurge(ctx, pool, cutoff)
-				if err != nil {
-					return err
-				}
-				at := cutoff.UTC().Format("2006-01-02 15:04:05Z")
-				if c.Bool("dry-run") {
-					fmt.Fprintf(w, "%s delivered before %s would be deleted (dry run, nothing changed)\n", plural(n, "SUCCESS row", "SUCCESS rows"), at)
-					return nil
-				}
-				fmt.Fprintf(w, "deleting %s delivered before %s (older than %s) and their attempt logs (operator %s)\n",
-					plural(n, "SUCCESS row", "SUCCESS rows"), at, c.String("older-than"), operator)
-				res, err := outboxdb.Purge(ctx, pool, outboxdb.PurgeOptions{OlderThan: olderThan, BatchSize: c.Int("batch-size")})
-				filter := fmt.Sprintf("status=SUCCESS delivered before %s (older than %s)", at, c.String("older-than"))
-				if c.Bool("force") && olderThan < outboxdb.MinPurgeAge {
-					filter += " --force"
-				}
-				// Recorded whatever happened: the batches before an error stay.
-				if _, auditErr := outboxdb.LogOperatorAction(context.WithoutCancel(ctx), pool, outboxdb.OperatorAction{
-					Operator: operator, Action: outboxdb.ActionPurge, Filter: filter, Rows: res.Records}); auditErr != nil {
-					err = errors.Join(err, auditErr)
-				}
-				if err != nil {
-					return fmt.Errorf("%s deleted before the error: %w", plural(res.Records, "row", "rows"), err)
-				}
-				fmt.Fprintf(w, "deleted %s delivered before %s and %s, in %s\n",
-					plural(res.Records, "SUCCESS row", "SUCCESS rows"), res.Cutoff.UTC().Format("2006-01-02 15:04:05Z"),
-					plural(res.Logs, "attempt log", "attempt logs"), plural(res.Batches, "batch", "batches"))
-				return nil
+				return purge(ctx, w, pool, purgeRun{
+					olderThan: olderThan, given: c.String("older-than"), deadLetter: c.Bool("dead-letter"),
+					dryRun: c.Bool("dry-run"), forced: c.Bool("force") && olderThan < outboxdb.MinPurgeAge, operator: operator,
+				})
 			})
 		},
+	}
+}
+
+// purgeRun is what `outbox purge` was asked.
+type purgeRun struct {
+	olderThan  time.Duration
+	given      string // --older-than as written
+	deadLetter bool
+	dryRun     bool
+	forced     bool // --force was needed
+	operator   string
+}
+
+func purge(ctx context.Context, w io.Writer, pool *pgxpool.Pool, r purgeRun) error {
+	cutoff, err := outboxdb.PurgeCutoff(ctx, pool, r.olderThan)
+	if err != nil {
+		return err
+	}
+	at := cutoff.UTC().Format("2006-01-02 15:04:05Z")
+	if r.dryRun {
+		plan, err := outboxdb.PlanPurge(ctx, pool, cutoff, r.deadLetter, true)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "partitions that ended before %s (older than %s): %d\n", at, r.given, len(plan))
+		for _, o := range plan {
+			printOutcome(w, o, true)
+		}
+		fmt.Fprintln(w, "(dry run, nothing changed)")
+		return nil
+	}
+	fmt.Fprintf(w, "retiring the partitions that ended before %s (older than %s) and whose messages are all finished (operator %s)\n",
+		at, r.given, r.operator)
+	res, err := outboxdb.Purge(ctx, pool, outboxdb.PurgeOptions{
+		OlderThan: r.olderThan, DeadLetter: r.deadLetter, Operator: r.operator,
+		Progress: func(o outboxdb.PartitionOutcome) { printOutcome(w, o, false) },
+	})
+	parts, msgs, failed := res.Retired()
+	// Each partition that held messages is recorded by the database as it
+	// is retired; a run that retired none leaves a row of its own, so that
+	// every purge is in the log.
+	if msgs == 0 {
+		filter := fmt.Sprintf("partitions that ended before %s (older than %s): none retired, %d kept", at, r.given, len(res.Kept()))
+		if r.forced {
+			filter += " --force"
+		}
+		if _, auditErr := outboxdb.LogOperatorAction(context.WithoutCancel(ctx), pool, outboxdb.OperatorAction{
+			Operator: r.operator, Action: outboxdb.ActionPurge, Filter: filter}); auditErr != nil {
+			err = errors.Join(err, auditErr)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%d partitions retired before the error: %w", parts, err)
+	}
+	fmt.Fprintf(w, "retired %d partitions of %d messages (%d FAILED); kept %d\n", parts, msgs, failed, len(res.Kept()))
+	return nil
+}
+
+// printOutcome prints one line per partition: "2026-11-20 retired: 1200
+// messages, 3 of them FAILED" or "2026-11-21 kept: 3 PENDING rows".
+func printOutcome(w io.Writer, o outboxdb.PartitionOutcome, dryRun bool) {
+	switch {
+	case o.Outcome == outboxdb.PartitionRetired:
+		verb := "retired"
+		if dryRun {
+			verb = "would be retired"
+		}
+		line := fmt.Sprintf("%s %s: %d messages", o.Label(), verb, o.Messages)
+		if o.Failed > 0 {
+			line += fmt.Sprintf(", %d of them FAILED", o.Failed)
+		}
+		fmt.Fprintln(w, line)
+	case o.Outcome == outboxdb.PartitionKept:
+		fmt.Fprintf(w, "%s kept: %s\n", o.Label(), o.Why())
+	default:
+		fmt.Fprintf(w, "%s not retired this time: %s\n", o.Label(), o.Why())
 	}
 }

@@ -19,8 +19,6 @@ var (
 	requeueCountSQL  = mustSQL("admin_requeue_count.sql")
 	requeueSQL       = mustSQL("admin_requeue.sql")
 	requeueDoneSQL   = mustSQL("admin_requeue_delivered.sql")
-	purgeCountSQL    = mustSQL("admin_purge_count.sql")
-	purgeSQL         = mustSQL("admin_purge.sql")
 )
 
 // DefaultAdminBatchSize is how many rows requeue and purge change per
@@ -326,84 +324,6 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 		total += n
 		if picked == 0 {
 			return total, nil
-		}
-	}
-}
-
-// PurgeOptions tunes Purge.
-type PurgeOptions struct {
-	// OlderThan: SUCCESS rows delivered (succeeded_at) longer ago than this
-	// are deleted. 0 deletes every SUCCESS row delivered before the call.
-	OlderThan time.Duration
-	// BatchSize is how many rows one transaction deletes (default
-	// DefaultAdminBatchSize).
-	BatchSize int
-	// Progress, when set, is called after each batch with the totals so far.
-	Progress func(PurgeResult)
-}
-
-// PurgeResult says what Purge deleted.
-type PurgeResult struct {
-	// Cutoff is the database time before which delivered rows were deleted.
-	Cutoff time.Time
-	// Records and Logs count the deleted forward_records and
-	// forward_retry_logs rows.
-	Records, Logs int64
-	// Batches is the number of transactions that deleted something.
-	Batches int
-}
-
-// PurgeCutoff is the database time older-than ago.
-func PurgeCutoff(ctx context.Context, q Querier, olderThan time.Duration) (time.Time, error) {
-	if olderThan < 0 {
-		return time.Time{}, fmt.Errorf("older-than %s is negative", olderThan)
-	}
-	var cutoff time.Time
-	if err := q.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", olderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return time.Time{}, fmt.Errorf("computing purge cutoff: %w", err)
-	}
-	return cutoff, nil
-}
-
-// CountPurge counts the SUCCESS rows delivered before cutoff.
-func CountPurge(ctx context.Context, q Querier, cutoff time.Time) (int64, error) {
-	var n int64
-	if err := q.QueryRow(ctx, purgeCountSQL, cutoff).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting rows to purge: %w", err)
-	}
-	return n, nil
-}
-
-// Purge deletes SUCCESS rows delivered longer than opts.OlderThan ago, with
-// their attempt logs, in batches of one transaction each, so it is safe
-// while the service runs: it never touches PENDING, IN_PROGRESS or FAILED
-// rows, skips rows someone holds a lock on, and the cutoff is fixed when it
-// starts, so it ends even while new rows keep succeeding.
-func Purge(ctx context.Context, q Querier, opts PurgeOptions) (PurgeResult, error) {
-	cutoff, err := PurgeCutoff(ctx, q, opts.OlderThan)
-	if err != nil {
-		return PurgeResult{}, err
-	}
-	batch := opts.BatchSize
-	if batch <= 0 {
-		batch = DefaultAdminBatchSize
-	}
-	res := PurgeResult{Cutoff: cutoff}
-	var lastCreated *time.Time
-	var lastID *int64
-	for {
-		var records, logs int64
-		if err := q.QueryRow(ctx, purgeSQL, cutoff, batch, lastCreated, lastID).Scan(&records, &logs, &lastCreated, &lastID); err != nil {
-			return res, fmt.Errorf("purging delivered rows: %w", err)
-		}
-		if records == 0 {
-			return res, nil
-		}
-		res.Records += records
-		res.Logs += logs
-		res.Batches++
-		if opts.Progress != nil {
-			opts.Progress(res)
 		}
 	}
 }

@@ -58,8 +58,8 @@ func ParsePartitionWidth(s string) (time.Duration, error) {
 // nil.
 func CheckPartitionWidth(d time.Duration) error {
 	if d < MinPartitionWidth || d > MaxPartitionWidth || d%time.Hour != 0 {
-		return fmt.Errorf("a partition width must be a whole number of hours from %s to %s, e.g. 1d or 6h",
-			FormatDuration(MinPartitionWidth), FormatDuration(MaxPartitionWidth))
+		// The bounds as a user writes them (FormatDuration says 1h0m0s).
+		return errors.New("a partition width must be a whole number of hours from 1h to 7d, e.g. 1d or 6h")
 	}
 	return nil
 }

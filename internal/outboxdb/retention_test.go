@@ -17,11 +17,11 @@ import (
 )
 
 // TestTryPurgeWithSession: behind PgBouncer in transaction pooling mode the
-// retention lock is held on the direct session and the batches go through
-// the pooler: a run skips while another session holds the lock, purges once
-// it is free, and leaves no advisory lock behind on any server session
-// (a session lock taken through the pooler would stay on whichever server
-// connection ran it).
+// retention lock is held on the direct session and the retirements go
+// through the pooler: a run skips while another session holds the lock,
+// purges once it is free, and leaves no advisory lock behind on any server
+// session (a session lock taken through the pooler would stay on whichever
+// server connection ran it).
 func TestTryPurgeWithSession(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -50,20 +50,20 @@ func TestTryPurgeWithSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := outboxdb.PurgeOptions{OlderThan: 24 * time.Hour, BatchSize: 7}
+	opts := outboxdb.PurgeOptions{OlderThan: 24 * time.Hour}
 
 	release := holdLock(t, dsn, "SELECT pg_advisory_xact_lock(x'666f727770757267'::bigint)")
 	res, locked, err := outboxdb.TryPurgeWithSession(ctx, pooled, session, opts)
-	if err != nil || locked || res.Records != 0 {
-		t.Fatalf("with the lock held elsewhere: locked %v, %d deleted, %v; want a skipped run", locked, res.Records, err)
+	if _, msgs, _ := res.Retired(); err != nil || locked || msgs != 0 {
+		t.Fatalf("with the lock held elsewhere: locked %v, %d retired, %v; want a skipped run", locked, msgs, err)
 	}
 	release()
 	// Other clients keep PgBouncer's server connections changing hands.
 	stop := keepBusy(t, b.DSN(strings.TrimPrefix(u.Path, "/")), 2)
 	res, locked, err = outboxdb.TryPurgeWithSession(ctx, pooled, session, opts)
 	stop()
-	if err != nil || !locked || res.Records != 30 {
-		t.Fatalf("locked %v, %d deleted, %v; want all 30 old rows purged", locked, res.Records, err)
+	if _, msgs, _ := res.Retired(); err != nil || !locked || msgs != 30 {
+		t.Fatalf("locked %v, %d messages retired, %v; want the partition of the 30 old rows", locked, msgs, err)
 	}
 	var held int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&held); err != nil || held != 0 {

@@ -31,15 +31,17 @@ const (
 	orFieldMaxAttempts     = "max_attempts"
 	orFieldNackDelay       = "nack_delay"
 	orFieldOrderOnFailed   = "order_on_failed"
+	orFieldPartitionWidth  = "partition_width"
 	orFieldRetention       = "retention"
 	orFieldRequeue         = "failed_requeue"
 	orFieldRequeueAfter    = "after"
 	orFieldRequeueRounds   = "rounds"
 
-	orFieldRetentionOlderThan = "older_than"
-	orFieldRetentionInterval  = "interval"
-	orFieldRetentionBatchSize = "batch_size"
-	orFieldRetentionForce     = "force"
+	orFieldRetentionOlderThan  = "older_than"
+	orFieldRetentionInterval   = "interval"
+	orFieldRetentionBatchSize  = "batch_size"
+	orFieldRetentionForce      = "force"
+	orFieldRetentionDeadLetter = "dead_letter"
 )
 
 // Metric names (docs/reference/outbox_retry.md).
@@ -141,17 +143,28 @@ claim statement, no wake-up). Once a minute the input also looks for held rows w
 holds (which the database's lock protocol never leaves; a row changed by hand might), releases them,
 logs them and counts them in `+"`forwarder_ordering_repairs_total`"+`.
 
+### Partitions
+
+Messages and their attempt logs are partitioned by creation time, `+"`partition_width`"+` wide (a day by
+default). The input creates the partition of the current time and the three after it when it connects, and
+keeps them ahead every quarter of a width (at most every hour), on every instance: the database creates each
+partition once, and creating one does not stop inserts or claims. An insert that finds no partition for its
+rows (no dispatcher has run for three widths) creates it itself.
+
 ### Retention
 
-With `+"`retention.older_than`"+` set, the input also deletes `+"`SUCCESS`"+` rows delivered (`+"`succeeded_at`"+`) longer
-ago than that, with their attempt logs, once at start and then every `+"`retention.interval`"+`: what
-`+"`forwarder outbox purge --older-than`"+` does, in batches of one short transaction each, so it is safe
-while the service runs. `+"`PENDING`"+`, `+"`IN_PROGRESS`"+` and `+"`FAILED`"+` rows are never deleted. Of several
-instances configured alike, one purges at a time: each run first takes a PostgreSQL advisory lock
-(`+"`pg_try_advisory_lock`"+`) and skips its turn when another instance holds it. What a run deleted is
-logged at INFO level.
+With `+"`retention.older_than`"+` set, the input also retires old partitions, once at start and then every
+`+"`retention.interval`"+`: what `+"`forwarder outbox purge --older-than`"+` does. A partition whose range ended
+longer ago than `+"`older_than`"+` is dropped whole, messages and attempt logs, when every message in it is
+finished; the delivery rows of its `+"`FAILED`"+` messages go with it, and the operator log records it. A partition
+holding a `+"`PENDING`"+` or `+"`IN_PROGRESS`"+` row, a `+"`FAILED`"+` row blocking its ordering key or, with
+`+"`retention.dead_letter`"+`, a `+"`FAILED`"+` row not yet published to the dead-letter topic, stays whole. Retiring
+a partition waits at most 100 ms at a time for its lock on the tables and holds it for milliseconds, so it
+is safe while the service runs. Of several instances configured alike, one retires at a time: each run first
+takes a PostgreSQL advisory lock (`+"`pg_try_advisory_lock`"+`) and skips its turn when another instance holds
+it. What a run retired, and what it kept and why, is logged at INFO level.
 
-A message that Kafka redelivers after its row was purged is persisted and sent again (the platform
+A message that Kafka redelivers after its partition was retired is persisted and sent again (the platform
 answers "duplicate"), so keep `+"`older_than`"+` longer than the topics' retention when that matters. An
 `+"`older_than`"+` below a day is refused unless `+"`retention.force`"+` is true: redeliveries happen in
 ordinary operation (a rebalance after a crash re-reads the offsets not yet committed).
@@ -209,23 +222,33 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 				Description("What a row with an ordering key (see Ordering) that ends `FAILED` does to the later rows of its key (`ORDER_ON_FAILED`).").
 				Default(string(outboxdb.OrderSkip)).
 				Example("${ORDER_ON_FAILED:skip}"),
+			service.NewStringField(orFieldPartitionWidth).
+				Description("Width of the time partitions of messages and attempt logs (`OUTBOX_PARTITION`; see Partitions): a whole number of hours from `1h` to `7d`, Go duration syntax plus days. Retention retires whole partitions, so this is its granularity.").
+				Default("1d").
+				Examples("${OUTBOX_PARTITION:1d}", "6h"),
 			service.NewObjectField(orFieldRetention,
 				service.NewStringField(orFieldRetentionOlderThan).
-					Description("Deletes `SUCCESS` rows delivered longer ago than this, with their attempt logs. Go duration syntax plus days (`7d`, `36h`, `1d12h`). Empty: no periodic cleaning.").
+					Description("Retires the partitions whose range ended longer ago than this, when every message in them is finished (see Retention). Go duration syntax plus days (`7d`, `36h`, `1d12h`). Empty: no retention.").
 					Default("").
 					Examples("7d", "${OUTBOX_RETENTION:}"),
 				service.NewStringField(orFieldRetentionInterval).
 					Description("Time between two cleaning runs; the first runs when the input connects. Go duration syntax plus days.").
 					Default("1h"),
 				service.NewIntField(orFieldRetentionBatchSize).
-					Description("Rows deleted per transaction: small enough that each holds its locks briefly while the service runs.").
-					Default(outboxdb.DefaultAdminBatchSize),
+					Description("Ignored: partitions are retired whole (accepted so that older configs still run).").
+					Default(outboxdb.DefaultAdminBatchSize).
+					Deprecated(),
 				service.NewBoolField(orFieldRetentionForce).
-					Description("Accept an `older_than` below the safe minimum of a day. A delivered row's key is what makes a Kafka redelivery of its message harmless; a message redelivered after its row is deleted is sent to the platform again.").
+					Description("Accept an `older_than` below the safe minimum of a day. A delivered row's key is what makes a Kafka redelivery of its message harmless; a message redelivered after its partition is retired is sent to the platform again.").
 					Default(false).
 					Advanced(),
+				service.NewBoolField(orFieldRetentionDeadLetter).
+					Description("The dead-letter topic is in use (`OUTBOX_RETENTION_DEAD_LETTER`): a partition holding a `FAILED` row not yet published to it stays until it is. Leave it off without a dead-letter publisher, or such partitions would stay for ever.").
+					Default(false).
+					Example("${OUTBOX_RETENTION_DEAD_LETTER:false}").
+					Advanced(),
 			).
-				Description("An optional periodic cleaner of delivered rows (see Retention above). Off unless `older_than` is set."),
+				Description("Optional retention of old partitions (see Retention above). Off unless `older_than` is set."),
 		).
 		Example("Dispatcher", "Claims due rows and hands them to the mapping and the HTTP output. The database comes from `DATABASE_URL`.", `
 input:
@@ -235,13 +258,13 @@ input:
     poll_interval: 5s
     max_unacked: 300
 `).
-		Example("Dispatcher with retention", "Also deletes rows delivered more than a week ago, checking every hour; one instance purges at a time.", `
+		Example("Dispatcher with retention", "Also retires the days that ended more than a week ago and are finished, checking every hour; one instance retires at a time.", `
 input:
   outbox_retry:
+    partition_width: 1d
     retention:
       older_than: 7d
       interval: 1h
-      batch_size: 5000
 `)
 }
 
@@ -259,11 +282,14 @@ type outboxRetry struct {
 	d   *dispatch.Dispatcher
 	hub *dispatch.Hub
 	log *service.Logger
+	// width is the partition width (partition_width).
+	width time.Duration
 	// retention is nil unless retention.older_than is set.
 	retention *retentionConfig
 
 	mu      sync.Mutex
-	cleaner *retention
+	upkeep  *maintenance
+	started bool
 
 	// shutdown says, from the moment the engine stops reading until Close,
 	// how many rows handed out are still in flight: the engine waits for
@@ -340,6 +366,13 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		return nil, fmt.Errorf("field %s: %v must not be negative", orFieldNackDelay, cfg.NackDelay)
 	}
 	in := &outboxRetry{log: mgr.Logger()}
+	width, err := conf.FieldString(orFieldPartitionWidth)
+	if err != nil {
+		return nil, err
+	}
+	if in.width, err = outboxdb.ParsePartitionWidth(width); err != nil {
+		return nil, fmt.Errorf("field %s (OUTBOX_PARTITION in the shipped pipeline): %w", orFieldPartitionWidth, err)
+	}
 	if in.retention, err = parseRetention(conf.Namespace(orFieldRetention)); err != nil {
 		return nil, err
 	}
@@ -402,17 +435,26 @@ func plural(n int, one, many string) string {
 	return many
 }
 
-// Connect connects the dispatcher; the first time, it also starts the
-// retention cleaner.
+// Connect connects the dispatcher and makes sure the partitions of now and
+// ahead exist; the first time, it also starts the upkeep of partitions and
+// the retention.
 func (in *outboxRetry) Connect(ctx context.Context) error {
 	if err := in.d.Connect(ctx); err != nil {
 		return err
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.retention != nil && in.cleaner == nil {
-		in.cleaner = newRetention(*in.retention, in.d.Pool(), in.hub.DirectConfig(), in.log)
-		in.cleaner.start()
+	if in.upkeep == nil {
+		in.upkeep = newMaintenance(in.width, in.retention, in.d.Pool(), in.hub.DirectConfig(), in.log)
+	}
+	if n, err := in.upkeep.ensure(ctx); err != nil {
+		return err
+	} else if n > 0 {
+		in.log.Infof("Partitions: created %d partitions of %s ahead", n, outboxdb.FormatDuration(in.width))
+	}
+	if !in.started {
+		in.upkeep.start()
+		in.started = true
 	}
 	return nil
 }
@@ -449,15 +491,15 @@ func newMessage(r outboxdb.Record) *service.Message {
 	return msg
 }
 
-// Close stops the cleaner and closes the dispatcher, which gives back
-// every claim still held.
+// Close stops the upkeep and closes the dispatcher, which gives back every
+// claim still held.
 func (in *outboxRetry) Close(ctx context.Context) error {
 	in.shutdown.Stop()
 	in.mu.Lock()
-	cleaner := in.cleaner
+	upkeep := in.upkeep
 	in.mu.Unlock()
-	if cleaner != nil {
-		cleaner.close()
+	if upkeep != nil {
+		upkeep.close()
 	}
 	return in.d.Close(ctx)
 }
@@ -497,8 +539,8 @@ func parseRetention(conf *service.ParsedConfig) (*retentionConfig, error) {
 	}
 	if rc.OlderThan < outboxdb.MinPurgeAge && !force {
 		return nil, fmt.Errorf("field %s: %s is below the safe minimum of %s: a delivered row's key is what makes "+
-			"a Kafka redelivery of its message harmless, and a message redelivered after its row is deleted is sent "+
-			"to the platform again; set it to %s or more, or %s: true to accept it",
+			"a Kafka redelivery of its message harmless, and a message redelivered after its partition is retired is "+
+			"sent to the platform again; set it to %s or more, or %s: true to accept it",
 			field(orFieldRetentionOlderThan), olderThan, outboxdb.FormatDuration(outboxdb.MinPurgeAge),
 			outboxdb.FormatDuration(outboxdb.MinPurgeAge), field(orFieldRetentionForce))
 	}
@@ -512,11 +554,8 @@ func parseRetention(conf *service.ParsedConfig) (*retentionConfig, error) {
 	if rc.Interval <= 0 {
 		return nil, fmt.Errorf("field %s: %q must be positive", field(orFieldRetentionInterval), interval)
 	}
-	if rc.BatchSize, err = conf.FieldInt(orFieldRetentionBatchSize); err != nil {
+	if rc.DeadLetter, err = conf.FieldBool(orFieldRetentionDeadLetter); err != nil {
 		return nil, err
-	}
-	if rc.BatchSize < 1 {
-		return nil, fmt.Errorf("field %s: %d must be at least 1", field(orFieldRetentionBatchSize), rc.BatchSize)
 	}
 	return &rc, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,108 +15,179 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-// retentionConfig is the outbox_retry input's optional periodic cleaner.
+// retentionConfig is the outbox_retry input's optional retention.
 type retentionConfig struct {
-	// OlderThan: SUCCESS rows delivered longer ago than this are deleted,
-	// with their attempt logs.
+	// OlderThan: partitions whose range ended longer ago than this are
+	// retired once every message in them is finished.
 	OlderThan time.Duration
 	// Interval is the time between two runs; the first runs at Connect.
 	Interval time.Duration
-	// BatchSize is how many rows one transaction deletes.
-	BatchSize int
+	// DeadLetter: FAILED rows not yet published to the dead-letter topic
+	// keep their partition.
+	DeadLetter bool
 }
 
-// retentionResult is what one run of the cleaner did.
+// retentionResult is what one run of the retention did.
 type retentionResult struct {
 	// Skipped is true when another instance held the retention lock: this
-	// run deleted nothing and left the work to it.
+	// run retired nothing and left the work to it.
 	Skipped bool
 	outboxdb.PurgeResult
 }
 
-// retention deletes delivered rows on a schedule. Of several instances
-// configured alike, the one holding the retention advisory lock purges and
-// the others skip their turn (outboxdb.TryPurge).
-type retention struct {
-	cfg  retentionConfig
-	pool *pgxpool.Pool
+// maxEnsureInterval caps the time between two runs of the partition
+// upkeep: partitions are kept three widths ahead, so even hourly ones have
+// hours of margin.
+const maxEnsureInterval = time.Hour
+
+// maintenance is the outbox_retry input's background work on the database:
+// it keeps partitions created ahead (on every instance: the database
+// serialises the creations, docs/architecture.md "Partitions") and, when
+// configured, retires old partitions. Of several instances configured
+// alike, the one holding the retention advisory lock retires and the others
+// skip their turn (outboxdb.TryPurge).
+type maintenance struct {
+	width time.Duration
+	// retention is nil when retention is off.
+	retention *retentionConfig
+	pool      *pgxpool.Pool
 	// session is the direct connection's settings behind a transaction
 	// pooler (the lock is held there), nil otherwise.
 	session *pgx.ConnConfig
 	log     *service.Logger
 
-	// onProgress, a test hook set before start, runs after each deleted
-	// batch while the lock is held.
-	onProgress func(outboxdb.PurgeResult)
+	// onProgress, a test hook set before start, runs after each partition
+	// of a retention run while the lock is held.
+	onProgress func(outboxdb.PartitionOutcome)
 
 	mu   sync.Mutex
 	stop context.CancelFunc
 	done chan struct{}
 }
 
-func newRetention(cfg retentionConfig, pool *pgxpool.Pool, session *pgx.ConnConfig, log *service.Logger) *retention {
-	return &retention{cfg: cfg, pool: pool, session: session, log: log}
+func newMaintenance(width time.Duration, retention *retentionConfig, pool *pgxpool.Pool, session *pgx.ConnConfig, log *service.Logger) *maintenance {
+	return &maintenance{width: width, retention: retention, pool: pool, session: session, log: log}
 }
 
-// runOnce purges once, if no other instance is purging.
-func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
-	res, locked, err := outboxdb.TryPurgeWithSession(ctx, r.pool, r.session, outboxdb.PurgeOptions{
-		OlderThan: r.cfg.OlderThan,
-		BatchSize: r.cfg.BatchSize,
-		Progress:  r.onProgress,
+// ensureInterval is the time between two runs of the partition upkeep: a
+// quarter of a width, at most maxEnsureInterval.
+func (m *maintenance) ensureInterval() time.Duration {
+	return min(m.width/4, maxEnsureInterval)
+}
+
+// ensure creates the partitions of the current time and PartitionsAhead
+// widths after it that do not exist yet.
+func (m *maintenance) ensure(ctx context.Context) (int, error) {
+	n, err := outboxdb.EnsurePartitions(ctx, m.pool, m.width)
+	if err != nil {
+		return n, fmt.Errorf("keeping %s partitions ahead: %w", outboxdb.FormatDuration(m.width), err)
+	}
+	return n, nil
+}
+
+// runOnce retires old partitions once, if no other instance is doing it.
+func (m *maintenance) runOnce(ctx context.Context) (retentionResult, error) {
+	res, locked, err := outboxdb.TryPurgeWithSession(ctx, m.pool, m.session, outboxdb.PurgeOptions{
+		OlderThan:  m.retention.OlderThan,
+		DeadLetter: m.retention.DeadLetter,
+		Operator:   "retention",
+		Progress:   m.onProgress,
 	})
 	out := retentionResult{Skipped: !locked, PurgeResult: res}
 	if err != nil {
-		return out, fmt.Errorf("purging rows delivered more than %s ago (%d deleted before the error): %w",
-			outboxdb.FormatDuration(r.cfg.OlderThan), res.Records, err)
+		parts, _, _ := res.Retired()
+		return out, fmt.Errorf("retiring partitions older than %s (%d retired before the error): %w",
+			outboxdb.FormatDuration(m.retention.OlderThan), parts, err)
 	}
 	return out, nil
 }
 
-// start runs the cleaner in the background until close: once now, then
-// every interval.
-func (r *retention) start() {
+// start runs the upkeep in the background until close: the retention once
+// now (the partitions were ensured by Connect), then each on its interval.
+func (m *maintenance) start() {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	r.mu.Lock()
-	r.stop, r.done = stop, done
-	r.mu.Unlock()
+	m.mu.Lock()
+	m.stop, m.done = stop, done
+	m.mu.Unlock()
 	go func() {
 		defer close(done)
-		t := time.NewTicker(r.cfg.Interval)
-		defer t.Stop()
+		ensureTick := time.NewTicker(m.ensureInterval())
+		defer ensureTick.Stop()
+		var retain <-chan time.Time
+		if m.retention != nil {
+			t := time.NewTicker(m.retention.Interval)
+			defer t.Stop()
+			retain = t.C
+			m.retainAndLog(ctx)
+		}
 		for {
-			r.runAndLog(ctx)
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-ensureTick.C:
+				m.ensureAndLog(ctx)
+			case <-retain:
+				m.retainAndLog(ctx)
 			}
 		}
 	}()
 }
 
-func (r *retention) runAndLog(ctx context.Context) {
-	res, err := r.runOnce(ctx)
-	if res.Records > 0 {
-		r.log.Infof("Retention: deleted %d SUCCESS rows delivered before %s and %d attempt logs, in %d batches",
-			res.Records, res.Cutoff.UTC().Format(time.RFC3339), res.Logs, res.Batches)
-	}
+func (m *maintenance) ensureAndLog(ctx context.Context) {
+	n, err := m.ensure(ctx)
 	switch {
 	case err != nil && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
-		// Shutting down: a purge cut short is finished by the next run.
 	case err != nil:
-		r.log.Errorf("Retention: %v; trying again in %s", err, r.cfg.Interval)
-	case res.Skipped:
-		r.log.Debugf("Retention: another instance holds the retention lock, skipping this run")
+		m.log.Errorf("Partitions: %v; trying again in %s", err, m.ensureInterval())
+	case n > 0:
+		m.log.Infof("Partitions: created %d partitions of %s ahead", n, outboxdb.FormatDuration(m.width))
 	}
 }
 
+func (m *maintenance) retainAndLog(ctx context.Context) {
+	res, err := m.runOnce(ctx)
+	if parts, msgs, failed := res.Retired(); parts > 0 {
+		var days []string
+		for _, p := range res.Partitions {
+			if p.Outcome == outboxdb.PartitionRetired && p.Messages > 0 {
+				days = append(days, p.Label())
+			}
+		}
+		m.log.Infof("Retention: retired %d partitions created before %s (%d messages, %d of them FAILED)%s",
+			parts, res.Cutoff.UTC().Format(time.RFC3339), msgs, failed, listed(days))
+	}
+	if kept := res.Kept(); len(kept) > 0 {
+		why := make([]string, len(kept))
+		for i, p := range kept {
+			why[i] = p.Label() + ": " + p.Why()
+		}
+		m.log.Infof("Retention: kept %d partitions older than %s: %s", len(kept),
+			outboxdb.FormatDuration(m.retention.OlderThan), strings.Join(why, "; "))
+	}
+	switch {
+	case err != nil && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
+		// Shutting down: what is left is retired by the next run.
+	case err != nil:
+		m.log.Errorf("Retention: %v; trying again in %s", err, m.retention.Interval)
+	case res.Skipped:
+		m.log.Debugf("Retention: another instance holds the retention lock, skipping this run")
+	}
+}
+
+// listed is ": a, b" for a non-empty list.
+func listed(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(s, ", ")
+}
+
 // close stops the loop, cancelling a run under way, and waits for it.
-func (r *retention) close() {
-	r.mu.Lock()
-	stop, done := r.stop, r.done
-	r.mu.Unlock()
+func (m *maintenance) close() {
+	m.mu.Lock()
+	stop, done := m.stop, m.done
+	m.mu.Unlock()
 	if stop != nil {
 		stop()
 		<-done

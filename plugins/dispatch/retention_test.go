@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,107 +12,107 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 )
 
-// insertAged inserts one row with the given status, delivered (SUCCESS) or
-// created age ago, with logs attempt-log rows, and returns its id.
-func (b *testBundle) insertAged(t testing.TB, status string, age time.Duration, logs int) int64 {
+const day = 24 * time.Hour
+
+// insertAged inserts one row with the given status, created age ago (in the
+// partition of that day), and returns its id. A FAILED row is REJECTED: the
+// input's compensation leaves it alone.
+func (b *testBundle) insertAged(t testing.TB, status string, age time.Duration) int64 {
 	t.Helper()
-	key := b.keys.Add(1)
-	var id int64
-	if err := b.pool.QueryRow(b.ctx, `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count,
-		 next_retry_at, created_at, updated_at, succeeded_at, last_error)
-		SELECT 'aged-' || $1::bigint, 'HEARTBEAT', 'device-heartbeat', 0, $1::bigint, '\x7b7d', $2::text, $4::integer,
-		       CASE WHEN $2::text IN ('PENDING', 'IN_PROGRESS') THEN now() END,
-		       ts, ts,
-		       CASE WHEN $2::text = 'SUCCESS' THEN ts END,
-		       CASE WHEN $2::text = 'FAILED' THEN 'errcode 998' END
-		FROM (SELECT now() - $3::bigint * interval '1 millisecond' AS ts) t
-		RETURNING id`, key, status, age.Milliseconds(), logs).Scan(&id); err != nil {
-		t.Fatal(err)
+	r := fixture.Row{Key: fmt.Sprintf("aged-%d", b.keys.Add(1)), APIType: outboxdb.APITypeHeartbeat, Status: status, Age: age, Attempts: 1}
+	if status == "FAILED" {
+		r.FailureClass = "REJECTED"
 	}
-	if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_retry_logs (record_id, attempt_number, result_status)
-		SELECT $1, g, 'PENDING' FROM generate_series(1, $2::integer) g`, id, logs); err != nil {
-		t.Fatal(err)
-	}
-	return id
+	return fixture.New(t, b.pool).Insert(r)[0]
 }
 
 func (b *testBundle) exists(t testing.TB, id int64) bool {
 	t.Helper()
-	return b.count(t, "id = $1", id) == 1
+	return fixture.New(t, b.pool).Count("id = $1", id) == 1
 }
 
-func (b *testBundle) logCount(t testing.TB, id int64) int {
-	t.Helper()
-	var n int
-	if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM forward_retry_logs WHERE record_id = $1", id).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+func (b *testBundle) cleaner(olderThan time.Duration) *maintenance {
+	return newMaintenance(day, &retentionConfig{OlderThan: olderThan, Interval: time.Hour}, b.pool, nil,
+		service.MockResources().Logger())
 }
 
-func (b *testBundle) cleaner(olderThan time.Duration, batch int) *retention {
-	return newRetention(retentionConfig{OlderThan: olderThan, Interval: time.Hour, BatchSize: batch}, b.pool, nil, service.MockResources().Logger())
+// retiredMessages counts the messages of the partitions a run retired.
+func retiredMessages(res retentionResult) int64 {
+	_, msgs, _ := res.Retired()
+	return msgs
 }
 
 func TestRetention(t *testing.T) {
 	t.Parallel()
-	const week = 7 * 24 * time.Hour
+	const week = 7 * day
 
-	t.Run("RunOnceDeletesOnlyOldDeliveredRows", func(t *testing.T) {
+	t.Run("RunOnceRetiresOnlyFinishedOldPartitions", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		var old []int64
 		for range 5 {
-			old = append(old, b.insertAged(t, "SUCCESS", 8*24*time.Hour, 2))
+			old = append(old, b.insertAged(t, "SUCCESS", 8*day))
 		}
+		// A FAILED row older than the retention goes with its day
+		// (docs/architecture.md, "Retention").
+		oldFailed := b.insertAged(t, "FAILED", 32*day)
 		keep := map[string]int64{
-			"recent SUCCESS":  b.insertAged(t, "SUCCESS", 6*24*time.Hour, 1),
-			"old PENDING":     b.insertAged(t, "PENDING", 30*24*time.Hour, 1),
-			"old IN_PROGRESS": b.insertAged(t, "IN_PROGRESS", 30*24*time.Hour, 1),
-			"old FAILED":      b.insertAged(t, "FAILED", 30*24*time.Hour, 3),
+			"recent SUCCESS":  b.insertAged(t, "SUCCESS", 6*day),
+			"old PENDING":     b.insertAged(t, "PENDING", 30*day),
+			"old IN_PROGRESS": b.insertAged(t, "IN_PROGRESS", 31*day),
+			// Same day as the PENDING row: kept with it.
+			"SUCCESS beside a PENDING row": b.insertAged(t, "SUCCESS", 30*day),
 		}
 
-		// A batch size of 2 makes the 5 rows take three transactions.
-		res, err := b.cleaner(week, 2).runOnce(b.ctx)
+		res, err := b.cleaner(week).runOnce(b.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Skipped || res.Records != 5 || res.Logs != 10 || res.Batches != 3 {
-			t.Fatalf("result %+v, want 5 rows and 10 logs in 3 batches", res)
+		if _, msgs, failed := res.Retired(); res.Skipped || msgs != 6 || failed != 1 {
+			t.Fatalf("result %+v: %d messages retired, %d FAILED; want the 5 delivered and the 1 FAILED old row", res, msgs, failed)
 		}
-		for _, id := range old {
-			if b.exists(t, id) || b.logCount(t, id) != 0 {
-				t.Errorf("old SUCCESS row %d or its logs still there", id)
+		for _, id := range append(old, oldFailed) {
+			if b.exists(t, id) {
+				t.Errorf("old finished row %d still there", id)
 			}
 		}
 		for what, id := range keep {
-			if !b.exists(t, id) || b.logCount(t, id) == 0 {
-				t.Errorf("%s row %d or its logs deleted", what, id)
+			if !b.exists(t, id) {
+				t.Errorf("%s row %d retired", what, id)
 			}
 		}
+		var why []string
+		for _, k := range res.Kept() {
+			why = append(why, k.Why())
+		}
+		if strings.Join(why, "; ") != "1 PENDING row; 1 IN_PROGRESS row" && strings.Join(why, "; ") != "1 IN_PROGRESS row; 1 PENDING row" {
+			t.Errorf("kept partitions %q, want the PENDING and IN_PROGRESS days", why)
+		}
 
-		res, err = b.cleaner(week, 2).runOnce(b.ctx)
-		if err != nil || res.Skipped || res.Records != 0 {
-			t.Fatalf("second run %+v, %v; want nothing left to delete", res, err)
+		res, err = b.cleaner(week).runOnce(b.ctx)
+		if parts, _, _ := res.Retired(); err != nil || res.Skipped || parts != 0 || len(res.Kept()) != 2 {
+			t.Fatalf("second run %+v, %v; want nothing left to retire and the 2 unfinished days kept", res, err)
 		}
 	})
 
-	t.Run("OneOfTwoInstancesPurges", func(t *testing.T) {
+	t.Run("OneOfTwoInstancesRetires", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		for range 4 {
-			b.insertAged(t, "SUCCESS", 8*24*time.Hour, 1)
+		for range 2 {
+			b.insertAged(t, "SUCCESS", 8*day)
+			b.insertAged(t, "SUCCESS", 9*day)
 		}
-		first, second := b.cleaner(week, 1), b.cleaner(week, 1)
+		first, second := b.cleaner(week), b.cleaner(week)
 
-		// The first instance stops after its first batch, holding the lock,
-		// until the second has run.
+		// The first instance stops after its first partition, holding the
+		// lock, until the second has run.
 		inside, resume := make(chan struct{}), make(chan struct{})
-		first.onProgress = func(p outboxdb.PurgeResult) {
-			if p.Batches == 1 {
+		calls := 0
+		first.onProgress = func(outboxdb.PartitionOutcome) {
+			if calls++; calls == 1 {
 				close(inside)
 				<-resume
 			}
@@ -133,19 +134,19 @@ func TestRetention(t *testing.T) {
 
 		res, err := second.runOnce(b.ctx)
 		close(resume)
-		if err != nil || !res.Skipped || res.Records != 0 {
-			t.Fatalf("second instance: %+v, %v; want it to skip while the first purges", res, err)
+		if err != nil || !res.Skipped || retiredMessages(res) != 0 {
+			t.Fatalf("second instance: %+v, %v; want it to skip while the first retires", res, err)
 		}
 		r := <-firstDone
-		if r.err != nil || r.res.Skipped || r.res.Records != 4 {
-			t.Fatalf("first instance: %+v, %v; want all 4 rows", r.res, r.err)
+		if r.err != nil || r.res.Skipped || retiredMessages(r.res) != 4 {
+			t.Fatalf("first instance: %+v, %v; want the 4 rows of both days", r.res, r.err)
 		}
 
 		// The lock went with the first run: the next run of the second
 		// instance takes it.
-		b.insertAged(t, "SUCCESS", 8*24*time.Hour, 0)
+		b.insertAged(t, "SUCCESS", 10*day)
 		res, err = second.runOnce(b.ctx)
-		if err != nil || res.Skipped || res.Records != 1 {
+		if err != nil || res.Skipped || retiredMessages(res) != 1 {
 			t.Fatalf("second instance, next run: %+v, %v", res, err)
 		}
 	})
@@ -153,19 +154,22 @@ func TestRetention(t *testing.T) {
 	t.Run("CancelledRunReleasesTheLock", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		for range 3 {
-			b.insertAged(t, "SUCCESS", 8*24*time.Hour, 0)
+		for _, age := range []time.Duration{8 * day, 9 * day, 10 * day} {
+			b.insertAged(t, "SUCCESS", age)
 		}
 		ctx, cancel := context.WithCancel(b.ctx)
-		c := b.cleaner(week, 1)
-		c.onProgress = func(outboxdb.PurgeResult) { cancel() }
+		c := b.cleaner(week)
+		c.onProgress = func(outboxdb.PartitionOutcome) { cancel() }
 		res, err := c.runOnce(ctx)
-		if !errors.Is(err, context.Canceled) || res.Records != 1 {
-			t.Fatalf("cancelled run: %+v, %v; want one batch and context.Canceled", res, err)
+		if parts, _, _ := res.Retired(); !errors.Is(err, context.Canceled) || parts != 1 {
+			t.Fatalf("cancelled run: %+v, %v; want one partition retired and context.Canceled", res, err)
 		}
-		res, err = b.cleaner(week, 1).runOnce(b.ctx)
-		if err != nil || res.Skipped || res.Records != 2 {
-			t.Fatalf("next run: %+v, %v; want the lock free and the 2 rows left deleted", res, err)
+		res, err = b.cleaner(week).runOnce(b.ctx)
+		if err != nil || res.Skipped {
+			t.Fatalf("next run: %+v, %v; want the lock free", res, err)
+		}
+		if n := fixture.New(t, b.pool).Count("message_key LIKE 'aged-%'"); n != 0 {
+			t.Errorf("%d old rows left after the second run", n)
 		}
 	})
 
@@ -182,11 +186,12 @@ func TestRetention(t *testing.T) {
 			"":                            nil,
 			"retention: {}":               nil,
 			"retention: {older_than: ''}": nil,
-			"retention: {older_than: 7d}": {OlderThan: week, Interval: time.Hour, BatchSize: 5000},
-			"retention: {older_than: 1d12h, interval: 15m, batch_size: 100}": {OlderThan: 36 * time.Hour, Interval: 15 * time.Minute, BatchSize: 100},
-			"retention: {older_than: 1d, interval: 1d}":                      {OlderThan: 24 * time.Hour, Interval: 24 * time.Hour, BatchSize: 5000},
-			"retention: {older_than: 7m, force: true}":                       {OlderThan: 7 * time.Minute, Interval: time.Hour, BatchSize: 5000},
-			"retention: {older_than: 0s, interval: 1d, force: true}":         {Interval: 24 * time.Hour, BatchSize: 5000},
+			"retention: {older_than: 7d}": {OlderThan: week, Interval: time.Hour},
+			// batch_size is accepted from older configs, and ignored.
+			"retention: {older_than: 1d12h, interval: 15m, batch_size: 100}": {OlderThan: 36 * time.Hour, Interval: 15 * time.Minute},
+			"retention: {older_than: 1d, interval: 1d, dead_letter: true}":   {OlderThan: day, Interval: day, DeadLetter: true},
+			"retention: {older_than: 7m, force: true}":                       {OlderThan: 7 * time.Minute, Interval: time.Hour},
+			"retention: {older_than: 0s, interval: 1d, force: true}":         {Interval: day},
 		} {
 			in, err := parse(yaml)
 			if err != nil {
@@ -197,47 +202,102 @@ func TestRetention(t *testing.T) {
 				t.Errorf("%q: retention %+v, want %+v", yaml, in.retention, want)
 			}
 		}
+		// The narrowest and widest partitions, and the default.
+		for yaml, want := range map[string]time.Duration{
+			"":                    day,
+			"partition_width: 1h": time.Hour,
+			"partition_width: 6h": 6 * time.Hour,
+			"partition_width: 7d": week,
+		} {
+			if in, err := parse(yaml); err != nil || in.width != want {
+				t.Errorf("%q: width %v, %v; want %v", yaml, in, err, want)
+			}
+		}
 		for yaml, want := range map[string]string{
 			"retention: {older_than: 7 days}":             "retention.older_than",
 			"retention: {older_than: -7d}":                "retention.older_than",
 			"retention: {older_than: 7d, interval: 0s}":   "retention.interval",
 			"retention: {older_than: 7d, interval: soon}": "retention.interval",
-			"retention: {older_than: 7d, batch_size: 0}":  "retention.batch_size",
 			// Below a day without force: the message says why and how.
 			"retention: {older_than: 7m}":                "retention.older_than: 7m is below the safe minimum of 1d",
 			"retention: {older_than: 0s}":                "or retention.force: true to accept it",
 			"retention: {older_than: 23h, force: false}": "retention.older_than: 23h is below the safe minimum",
+			// Partition widths outside 1h..7d, or not whole hours: the
+			// message names the field, its variable and what it accepts.
+			"partition_width: 59m":   "field partition_width (OUTBOX_PARTITION in the shipped pipeline): 59m: a partition width must be a whole number of hours from 1h to 7d",
+			"partition_width: 8d":    "partition_width (OUTBOX_PARTITION in the shipped pipeline): 8d: a partition width must be a whole number of hours from 1h to 7d",
+			"partition_width: 90m":   "whole number of hours from 1h to 7d",
+			"partition_width: 1 day": "partition_width",
 		} {
 			if _, err := parse(yaml); err == nil || !strings.Contains(err.Error(), want) {
-				t.Errorf("%q: error %v, want one naming %s", yaml, err, want)
+				t.Errorf("%q: error %v, want one containing %q", yaml, err, want)
 			}
 		}
 	})
 }
 
-// TestRetentionLoopStopsOnClose runs the cleaner inside a connected input:
-// it purges at start by itself, and Close stops it with every goroutine. Not
-// parallel, so that only its own goroutines are counted.
+// TestRetentionLoopStopsOnClose runs the upkeep inside a connected input:
+// Connect makes the partitions ahead that are missing, the retention runs at
+// start by itself, and Close stops it with every goroutine. Not parallel,
+// so that only its own goroutines are counted.
 func TestRetentionLoopStopsOnClose(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	b := setup(t)
-	old := b.insertAged(t, "SUCCESS", 8*24*time.Hour, 1)
-	failed := b.insertAged(t, "FAILED", 8*24*time.Hour, 1)
+	old := b.insertAged(t, "SUCCESS", 8*day)
+	pending := b.insertAged(t, "PENDING", 8*day+time.Minute)
+	failed := b.insertAged(t, "FAILED", 9*day)
 
-	in := b.newInput(t, "retention:\n  older_than: 7d\n  interval: 1h\n")
+	// The partitions after the current hour are gone, as if no dispatcher
+	// had run for days; the input runs with hourly partitions.
+	db := fixture.New(t, b.pool)
+	ps, err := outboxdb.ListPartitions(b.ctx, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var now time.Time
+	if err := b.pool.QueryRow(b.ctx, "SELECT now()").Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Upper.After(now) {
+			db.Exec("DROP TABLE " + p.Messages + ", " + p.RetryLogs)
+			db.Exec("DELETE FROM forward_partitions WHERE lower = $1", p.Lower)
+		}
+	}
+
+	in := b.newInput(t, "partition_width: 1h\nretention:\n  older_than: 7d\n  interval: 1h\n")
 	if err := in.Connect(b.ctx); err != nil {
 		t.Fatal(err)
 	}
+	ps, err = outboxdb.ListPartitions(b.ctx, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ahead []outboxdb.Partition
+	for _, p := range ps {
+		if p.Upper.After(now) {
+			ahead = append(ahead, p)
+		}
+	}
+	if len(ahead) != 1+outboxdb.PartitionsAhead || ahead[0].Lower.After(now) {
+		t.Errorf("after Connect: partitions %+v from now on, want the current hour and %d ahead", ahead, outboxdb.PartitionsAhead)
+	}
+	for _, p := range ahead {
+		if p.Upper.Sub(p.Lower) != time.Hour {
+			t.Errorf("partition %s made by Connect, want an hour wide", p.Label())
+		}
+	}
+
 	deadline := time.Now().Add(30 * time.Second)
-	for b.exists(t, old) {
+	for b.exists(t, failed) {
 		if time.Now().After(deadline) {
-			t.Fatal("the cleaner did not purge the delivered row after Connect")
+			t.Fatal("the retention did not retire the finished old day after Connect")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if !b.exists(t, failed) {
-		t.Fatal("the cleaner deleted a FAILED row")
+	if !b.exists(t, pending) || !b.exists(t, old) {
+		t.Fatal("the retention retired the day of a PENDING row")
 	}
 	if err := in.Close(b.ctx); err != nil {
 		t.Fatal(err)
