@@ -60,6 +60,8 @@ func TestEnvironmentErrors(t *testing.T) {
 		{name: "LogLevel", env: []string{"LOG_LEVEL=loud"}, want: "LOG_LEVEL=loud: not a log level"},
 		{name: "RetentionDays", env: []string{"OUTBOX_RETENTION=a week"}, want: `OUTBOX_RETENTION="a week": not a duration (Go's syntax plus days`},
 		{name: "RetentionBelowADay", env: []string{"OUTBOX_RETENTION=7m"}, want: "OUTBOX_RETENTION=7m is below the safe minimum of 1d"},
+		{name: "PartitionTooNarrow", env: []string{"OUTBOX_PARTITION=30m"}, want: "OUTBOX_PARTITION=30m: not a partition width: a whole number of hours from 1h to 7d"},
+		{name: "PartitionTooWide", env: []string{"OUTBOX_PARTITION=8d"}, want: "OUTBOX_PARTITION=8d: not a partition width"},
 		{name: "ShutdownTimeout", env: []string{"SHUTDOWN_TIMEOUT=30"}, want: "SHUTDOWN_TIMEOUT=30: not a duration"},
 		{
 			name: "DatabaseURLURL", env: []string{"DATABASE_URL=postgres://forwarder:S3cret-Pw@db:port/forwarder"},

@@ -95,8 +95,8 @@ func retentionProblem(refs Refs, getenv func(string) string) error {
 	}
 	minimum := outboxdb.FormatDuration(outboxdb.MinPurgeAge)
 	return fmt.Errorf("OUTBOX_RETENTION=%s is below the safe minimum of %s: a delivered row's key is what makes "+
-		"a Kafka redelivery of its message harmless, and a message redelivered after its row is deleted is sent to "+
-		"the platform again; set OUTBOX_RETENTION to %s or more, or OUTBOX_RETENTION_FORCE=true to accept it",
+		"a Kafka redelivery of its message harmless, and a message redelivered after its partition is retired is sent "+
+		"to the platform again; set OUTBOX_RETENTION to %s or more, or OUTBOX_RETENTION_FORCE=true to accept it",
 		retention, minimum, minimum)
 }
 

@@ -61,6 +61,9 @@ const (
 	PostgresDSN
 	// ByteSize is a size such as 64MiB or 1048576, or 0.
 	ByteSize
+	// PartitionWidth is a whole number of hours from 1h to 7d
+	// (outboxdb.ParsePartitionWidth).
+	PartitionWidth
 	// JSONText is any valid UTF-8 text: a value sent inside a JSON string,
 	// which cannot carry other bytes unchanged (encoding/json would replace
 	// them with U+FFFD, and the platform would refuse the credentials for
@@ -117,8 +120,10 @@ var Vars = []Var{
 	{Name: "OUTBOX_BATCH_SIZE", Kind: PositiveInt, Example: "300"},
 	{Name: "OUTBOX_MAX_UNACKED", Kind: PositiveInt, Example: "600"},
 	{Name: "OUTBOX_MAX_UNACKED_BYTES", Kind: ByteSize, Example: "64MiB"},
+	{Name: "OUTBOX_PARTITION", Kind: PartitionWidth, Example: "1d"},
 	{Name: "OUTBOX_RETENTION", Kind: DurationDays, Example: "7d"},
 	{Name: "OUTBOX_RETENTION_FORCE", Kind: Enum, Options: []string{"false", "true"}},
+	{Name: "OUTBOX_RETENTION_DEAD_LETTER", Kind: Enum, Options: []string{"false", "true"}},
 	{Name: "DEAD_LETTER_POLL_INTERVAL", Kind: Duration, Example: "5s"},
 	{Name: "LOG_LEVEL", Kind: LogLevel, Options: logLevels},
 	{Name: "SHUTDOWN_TIMEOUT", Kind: Duration, Example: "30s"},
@@ -218,6 +223,10 @@ func (v Var) problem(value string) string {
 	case ByteSize:
 		if _, err := humanize.ParseBytes(value); err != nil {
 			return "not a byte size" + eg
+		}
+	case PartitionWidth:
+		if d, err := outboxdb.ParseDuration(value); err != nil || outboxdb.CheckPartitionWidth(d) != nil {
+			return "not a partition width: a whole number of hours from 1h to 7d" + eg
 		}
 	case JSONText:
 		if !utf8.ValidString(value) {
