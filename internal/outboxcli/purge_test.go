@@ -7,94 +7,116 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 )
 
 func TestPurge(t *testing.T) {
 	t.Parallel()
 	const day = 24 * time.Hour
 
-	// Old rows of every status, interleaved by age with the old SUCCESS rows
-	// so batches have to walk past them.
-	fixture := func(t *testing.T, b *testBundle) {
+	// Days 10 to 13 ago, each in its own partition: day 10 holds delivered
+	// rows only, 11 also a FAILED row, 12 also a PENDING row, 13 also an
+	// IN_PROGRESS row; one delivered row of yesterday.
+	setupDays := func(t *testing.T, b *testBundle) *fixture.DB {
 		t.Helper()
-		var rows []row
-		for i := range 6 {
-			age := time.Duration(10+i) * day
-			rows = append(rows,
-				row{key: fmt.Sprintf("old-success-%d", i), status: "SUCCESS", age: age,
-					logs: [][2]string{{"PENDING", "999"}, {"SUCCESS", ""}}},
-				row{key: fmt.Sprintf("old-failed-%d", i), status: "FAILED", age: age,
-					logs: [][2]string{{"FAILED", "998"}}},
-			)
+		db := fixture.New(t, b.pool)
+		for d := 10; d <= 13; d++ {
+			var rows []fixture.Row
+			for i := range 2 {
+				rows = append(rows, fixture.Row{Key: fmt.Sprintf("day%d-done-%d", d, i), Status: "SUCCESS", Attempts: 1})
+			}
+			switch d {
+			case 11:
+				rows = append(rows, fixture.Row{Key: "day11-failed", Status: "FAILED", FailureClass: "REJECTED", LastError: "errcode 998"})
+			case 12:
+				rows = append(rows, fixture.Row{Key: "day12-pending", Status: "PENDING", Attempts: 4})
+			case 13:
+				rows = append(rows, fixture.Row{Key: "day13-in-progress", Status: "IN_PROGRESS", Attempts: 1})
+			}
+			for i := range rows {
+				rows[i].Age = time.Duration(d)*day + time.Duration(i)*time.Minute
+			}
+			db.Insert(rows...)
 		}
-		rows = append(rows,
-			row{key: "old-pending", age: 20 * day, attempts: 4, logs: [][2]string{{"PENDING", "999"}}},
-			row{key: "old-in-progress", status: "IN_PROGRESS", age: 20 * day, leaseLeft: time.Minute},
-			row{key: "recent-success", status: "SUCCESS", age: day},
-			// Created long ago, delivered yesterday after an outage: kept.
-			row{key: "late-success", status: "SUCCESS", age: 30 * day, deliveredAgo: ptr(day)},
-		)
-		b.insert(t, rows...)
+		db.Insert(fixture.Row{Key: "recent-done", Status: "SUCCESS", Attempts: 1, Age: day})
+		return db
+	}
+	left := func(t *testing.T, db *fixture.DB, prefix string) int {
+		t.Helper()
+		return db.Count("message_key LIKE $1", prefix+"%")
 	}
 
-	t.Run("DeletesOnlyOldSuccessRowsAndTheirLogs", func(t *testing.T) {
+	t.Run("RetiresFinishedDaysKeepsUnfinishedOnes", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		fixture(t, b)
-		out := b.mustRun(t, "purge", "--older-than", "7d", "--batch-size", "4", "--operator", "alice")
+		db := setupDays(t, b)
+		out := b.mustRun(t, "purge", "--older-than", "7d", "--operator", "alice")
 		first, _, _ := strings.Cut(out, "\n")
-		if !strings.HasPrefix(first, "deleting 6 SUCCESS rows delivered before ") || !strings.HasSuffix(first, " (older than 7d) and their attempt logs (operator alice)") {
-			t.Errorf("output %q, want first what will be deleted and who asked", out)
+		if !strings.HasPrefix(first, "retiring the partitions that ended before ") ||
+			!strings.HasSuffix(first, " (older than 7d) and whose messages are all finished (operator alice)") {
+			t.Errorf("output %q, want first what will be retired and who asked", out)
 		}
-		if last := lastLine(out); !strings.HasPrefix(last, "deleted 6 SUCCESS rows delivered before ") || !strings.Contains(last, " and 12 attempt logs, in 2 batches") {
-			t.Fatalf("output %q, want 6 rows and 12 logs in 2 batches", out)
-		}
-		if log := b.operatorLog(t); len(log) != 1 || log[0].Operator != "alice" || log[0].Action != "purge" || log[0].Rows != 6 ||
-			!strings.HasPrefix(log[0].Filter, "status=SUCCESS delivered before ") || !strings.HasSuffix(log[0].Filter, " (older than 7d)") {
-			t.Errorf("operator log %+v, want one purge of 6 rows by alice", log)
-		}
-		for i := range 6 {
-			if _, ok := b.state(t, fmt.Sprintf("old-success-%d", i)); ok {
-				t.Errorf("old-success-%d survived", i)
-			}
-			if s, ok := b.state(t, fmt.Sprintf("old-failed-%d", i)); !ok || s.Logs != 1 {
-				t.Errorf("old-failed-%d: present %v, state %+v; want kept with its log", i, ok, s)
+		for _, want := range []string{" retired: 2 messages\n", " retired: 3 messages, 1 of them FAILED\n", " kept: 1 PENDING row\n",
+			" kept: 1 IN_PROGRESS row\n"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output %q, want a line with %q", out, want)
 			}
 		}
-		for _, k := range []string{"old-pending", "old-in-progress", "recent-success", "late-success"} {
-			if _, ok := b.state(t, k); !ok {
-				t.Errorf("%s was deleted", k)
+		if last := lastLine(out); !strings.HasPrefix(last, "retired ") || !strings.HasSuffix(last, " partitions of 5 messages (1 FAILED); kept 2") {
+			t.Errorf("last line %q, want 5 messages (1 FAILED) retired and 2 partitions kept", last)
+		}
+		for prefix, want := range map[string]int{"day10-": 0, "day11-": 0, "day12-": 3, "day13-": 3, "recent-": 1} {
+			if n := left(t, db, prefix); n != want {
+				t.Errorf("%s rows left: %d, want %d", prefix, n, want)
 			}
 		}
-		if n := b.count(t, "SELECT count(*) FROM forward_retry_logs l WHERE NOT EXISTS (SELECT 1 FROM forward_records r WHERE r.id = l.record_id)"); n != 0 {
-			t.Errorf("%d orphan logs", n)
+		log := b.operatorLog(t)
+		if len(log) != 2 {
+			t.Fatalf("operator log %+v, want the two retired days", log)
+		}
+		for _, a := range log {
+			if a.Operator != "alice" || a.Action != outboxdb.ActionPurge || !strings.Contains(a.Filter, " retired (older than 7d)") {
+				t.Errorf("operator log row %+v, want alice's purge of a day", a)
+			}
 		}
 		out = b.mustRun(t, "purge", "--older-than", "7d")
-		if !strings.HasPrefix(lastLine(out), "deleted 0 SUCCESS rows") {
-			t.Errorf("second purge: %q, want nothing left to delete", out)
+		if last := lastLine(out); last != "retired 0 partitions of 0 messages (0 FAILED); kept 2" {
+			t.Errorf("second purge: %q, want nothing left to retire", out)
+		}
+		if log := b.operatorLog(t); len(log) != 3 || !strings.Contains(log[2].Filter, "none retired, 2 kept") {
+			t.Errorf("operator log %+v, want the run that retired nothing recorded too", log)
 		}
 	})
 
-	t.Run("DryRunOnlyCounts", func(t *testing.T) {
+	t.Run("DryRunOnlyPlans", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		fixture(t, b)
-		out := b.mustRun(t, "purge", "--older-than", "12d", "--dry-run")
-		if !strings.HasPrefix(out, "4 SUCCESS rows delivered before ") || !strings.Contains(out, "dry run") {
-			t.Fatalf("output %q, want 4 rows (10..15 days old, older than 12d: 12..15)", out)
+		db := setupDays(t, b)
+		out := b.mustRun(t, "purge", "--older-than", "10d", "--dry-run")
+		// Days 11 to 13 ended more than 10 days ago; day 10 did not.
+		for _, want := range []string{" would be retired: 3 messages, 1 of them FAILED\n", " kept: 1 PENDING row\n",
+			" kept: 1 IN_PROGRESS row\n", "(dry run, nothing changed)"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output %q, want a line with %q", out, want)
+			}
+		}
+		if strings.Contains(out, "2 messages") {
+			t.Errorf("output %q: day 10 is not older than 10d", out)
 		}
 		if log := b.operatorLog(t); len(log) != 0 {
 			t.Errorf("a dry run was recorded: %+v", log)
 		}
-		if n := b.count(t, "SELECT count(*) FROM forward_records WHERE status = 'SUCCESS'"); n != 8 {
-			t.Errorf("%d SUCCESS rows after a dry run, want 8", n)
+		if n := left(t, db, "day"); n != 11 {
+			t.Errorf("%d rows after a dry run, want 11", n)
 		}
 	})
 
 	t.Run("BelowTheSafeMinimumNeedsForce", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		fixture(t, b)
+		db := setupDays(t, b)
 		for _, age := range []string{"0s", "1h", "23h59m"} {
 			out, err := b.run(t, "purge", "--older-than", age)
 			if err == nil || !strings.Contains(err.Error(), "--older-than "+age+" is below the safe minimum of 1d") ||
@@ -102,53 +124,52 @@ func TestPurge(t *testing.T) {
 				t.Errorf("purge --older-than %s: %v (%q), want a refusal that explains why and names --force", age, err, out)
 			}
 		}
-		if n := b.count(t, "SELECT count(*) FROM forward_records WHERE status = 'SUCCESS'"); n != 8 {
-			t.Errorf("%d SUCCESS rows after refused purges, want 8", n)
+		if n := left(t, db, ""); n != 12 {
+			t.Errorf("%d rows after refused purges, want 12", n)
 		}
 		if log := b.operatorLog(t); len(log) != 0 {
 			t.Errorf("refused purges were recorded: %+v", log)
 		}
-		// Every SUCCESS row of the fixture was delivered a day ago or more.
-		if out := b.mustRun(t, "purge", "--older-than", "24h", "--dry-run"); !strings.HasPrefix(out, "8 SUCCESS rows") {
+		// 24h, the minimum, needs no --force.
+		if out := b.mustRun(t, "purge", "--older-than", "24h", "--dry-run"); !strings.Contains(out, "(dry run, nothing changed)") {
 			t.Errorf("24h (the minimum) without --force: %q", out)
 		}
 	})
 
-	t.Run("ZeroDeletesEverySuccessRowWithForce", func(t *testing.T) {
+	t.Run("ZeroWithForceRetiresEveryFinishedPastPartition", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		fixture(t, b)
+		db := setupDays(t, b)
 		b.mustRun(t, "purge", "--older-than", "0s", "--force", "--operator", "bob")
-		if log := b.operatorLog(t); len(log) != 1 || log[0].Rows != 8 || !strings.HasSuffix(log[0].Filter, "(older than 0s) --force") {
-			t.Errorf("operator log %+v, want the forced purge of 8 rows", log)
+		// Yesterday's partition ended before now: it goes too. Today's
+		// partition (and those ahead) have not ended.
+		for prefix, want := range map[string]int{"day10-": 0, "day11-": 0, "day12-": 3, "day13-": 3, "recent-": 0} {
+			if n := left(t, db, prefix); n != want {
+				t.Errorf("%s rows left: %d, want %d", prefix, n, want)
+			}
 		}
-		if n := b.count(t, "SELECT count(*) FROM forward_records WHERE status = 'SUCCESS'"); n != 0 {
-			t.Errorf("%d SUCCESS rows left, want 0", n)
-		}
-		if n := b.count(t, "SELECT count(*) FROM forward_records"); n != 8 {
-			t.Errorf("%d rows left, want the 8 unfinished or failed", n)
+		if log := b.operatorLog(t); len(log) != 3 || log[0].Operator != "bob" || log[2].Operator != "bob" {
+			t.Errorf("operator log %+v, want bob's three retired days", log)
 		}
 	})
 
 	t.Run("SafeWhileRowsAreWritten", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		fixture(t, b)
+		db := setupDays(t, b)
 		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
+		var (
+			wg       sync.WaitGroup
+			written  int
+			writeErr error
+		)
 		wg.Add(1)
-		written := 0
-		var writeErr error
 		go func() {
 			defer wg.Done()
-			// The service's writes meanwhile: new rows that succeed at once.
+			// The service's writes meanwhile: new rows stored now.
 			for i := 0; ctx.Err() == nil; i++ {
-				if _, err := b.pool.Exec(ctx, `WITH m AS (
-					INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
-					VALUES ($1, 'HEARTBEAT', 't', 0, $2, '\x7b7d')
-					RETURNING id, created_at)
-					INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status)
-					SELECT id, created_at, 1, 'SUCCESS', 200 FROM m`, fmt.Sprintf("live-%d", i), i); err != nil {
+				if _, err := outboxdb.InsertBatchCount(ctx, b.pool, []outboxdb.NewRecord{{MessageKey: fmt.Sprintf("live-%d", i),
+					APIType: outboxdb.APITypeHeartbeat, KafkaTopic: "t", Payload: []byte(`{}`), Status: outboxdb.StatusPending}}); err != nil {
 					if ctx.Err() == nil {
 						writeErr = err
 					}
@@ -157,19 +178,19 @@ func TestPurge(t *testing.T) {
 				written++
 			}
 		}()
-		out, err := b.run(t, "purge", "--older-than", "1h", "--batch-size", "1", "--force")
+		time.Sleep(50 * time.Millisecond)
+		out, err := b.run(t, "purge", "--older-than", "7d", "--batch-size", "1")
 		cancel()
 		wg.Wait()
 		if err != nil || writeErr != nil {
 			t.Fatalf("purge: %v (%s); writer: %v", err, out, writeErr)
 		}
-		// The 6 old rows, recent-success and late-success (a day old each).
-		if !strings.HasPrefix(lastLine(out), "deleted 8 SUCCESS rows") {
-			t.Errorf("output %q, want the 8 rows delivered over an hour ago deleted", out)
+		if last := lastLine(out); !strings.HasSuffix(last, " partitions of 5 messages (1 FAILED); kept 2") {
+			t.Errorf("output %q, want the two finished days retired", out)
 		}
 		// The last insert may have committed as its context was cancelled,
 		// so there can be one row more than the writer counted.
-		if n := b.count(t, "SELECT count(*) FROM forward_records WHERE message_key LIKE 'live-%'"); n < int64(written) {
+		if n := left(t, db, "live-"); n < written {
 			t.Errorf("%d of %d live rows left, want all", n, written)
 		}
 	})
@@ -180,7 +201,6 @@ func TestPurge(t *testing.T) {
 		for _, args := range [][]string{
 			{"--older-than", "a week"},
 			{"--older-than", "-7d"},
-			{"--older-than", "7d", "--batch-size", "0"},
 			{},
 		} {
 			if out, err := b.run(t, append([]string{"purge"}, args...)...); err == nil {
