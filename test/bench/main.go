@@ -28,6 +28,7 @@
 //	go run ./test/bench -set input.broker.inputs.1.outbox_retry.batch_size=500
 //	go run ./test/bench scale -rows 10000000             # claim and gauge costs at 10 M rows
 //	go run ./test/bench memory                           # peak RSS with 16 MiB messages
+//	go run ./test/bench retention -rows 10000000         # retiring a day: drop vs row-by-row DELETE
 package main
 
 import (
@@ -55,6 +56,8 @@ func main() {
 		err = runBaseline(ctx, os.Args[2:])
 	case len(os.Args) > 1 && os.Args[1] == "scale":
 		err = runScale(ctx, os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "retention":
+		err = runRetentionBench(ctx, os.Args[2:])
 	case len(os.Args) > 1 && os.Args[1] == "memory":
 		err = runMemory(ctx, os.Args[2:])
 	default:
