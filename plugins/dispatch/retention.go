@@ -59,6 +59,8 @@ type maintenance struct {
 	// onProgress, a test hook set before start, runs after each partition
 	// of a retention run while the lock is held.
 	onProgress func(outboxdb.PartitionOutcome)
+	// ensureEvery, a test hook set before start, replaces ensureInterval.
+	ensureEvery time.Duration
 
 	mu   sync.Mutex
 	stop context.CancelFunc
@@ -72,6 +74,9 @@ func newMaintenance(width time.Duration, retention *retentionConfig, pool *pgxpo
 // ensureInterval is the time between two runs of the partition upkeep: a
 // quarter of a width, at most maxEnsureInterval.
 func (m *maintenance) ensureInterval() time.Duration {
+	if m.ensureEvery > 0 {
+		return m.ensureEvery
+	}
 	return min(m.width/4, maxEnsureInterval)
 }
 

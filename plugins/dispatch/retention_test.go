@@ -304,3 +304,53 @@ func TestRetentionLoopStopsOnClose(t *testing.T) {
 	}
 	b.pool.Close()
 }
+
+// TestPartitionUpkeep: the running service keeps creating partitions
+// ahead, not only when it connects. Partitions ahead that vanish (as when
+// the clock moves on: the ones made at start are no longer ahead) are made
+// again by the next run of the upkeep, a quarter of a width later (at most
+// an hour).
+func TestPartitionUpkeep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := newMaintenance(time.Hour, nil, b.pool, nil, service.MockResources().Logger())
+	if got := m.ensureInterval(); got != 15*time.Minute {
+		t.Errorf("upkeep of hourly partitions every %s, want 15m", got)
+	}
+	if got := newMaintenance(7*day, nil, nil, nil, nil).ensureInterval(); got != time.Hour {
+		t.Errorf("upkeep of weekly partitions every %s, want 1h", got)
+	}
+	m.ensureEvery = 50 * time.Millisecond
+	m.start()
+	defer m.close()
+
+	var now time.Time
+	if err := b.pool.QueryRow(b.ctx, "SELECT now()").Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	ahead := func() []outboxdb.Partition {
+		ps, err := outboxdb.ListPartitions(b.ctx, b.pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []outboxdb.Partition
+		for _, p := range ps {
+			if p.Upper.After(now) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	db := fixture.New(t, b.pool)
+	for _, p := range ahead() {
+		db.Exec("DROP TABLE " + p.Messages + ", " + p.RetryLogs)
+		db.Exec("DELETE FROM forward_partitions WHERE lower = $1", p.Lower)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(ahead()) < 1+outboxdb.PartitionsAhead {
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions from now on: %+v, want the current hour and %d ahead made again by the upkeep", ahead(), outboxdb.PartitionsAhead)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
