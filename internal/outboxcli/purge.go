@@ -118,7 +118,7 @@ func purge(ctx context.Context, w io.Writer, pool *pgxpool.Pool, r purgeRun) err
 	// is retired; a run that retired none leaves a row of its own, so that
 	// every purge is in the log.
 	if msgs == 0 {
-		filter := fmt.Sprintf("partitions that ended before %s (older than %s): none retired, %d kept", at, r.given, len(res.Kept()))
+		filter := fmt.Sprintf("partitions that ended before %s (older than %s): none retired, %s kept", at, r.given, plural(len(res.Kept()), "partition", "partitions"))
 		if r.forced {
 			filter += " --force"
 		}
@@ -128,9 +128,10 @@ func purge(ctx context.Context, w io.Writer, pool *pgxpool.Pool, r purgeRun) err
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("%d partitions retired before the error: %w", parts, err)
+		return fmt.Errorf("%s retired before the error: %w", plural(parts, "partition", "partitions"), err)
 	}
-	fmt.Fprintf(w, "retired %d partitions of %d messages (%d FAILED); kept %d\n", parts, msgs, failed, len(res.Kept()))
+	fmt.Fprintf(w, "retired %s of %s (%d FAILED); kept %s\n", plural(parts, "partition", "partitions"),
+		plural(msgs, "message", "messages"), failed, plural(len(res.Kept()), "partition", "partitions"))
 	return nil
 }
 
@@ -143,7 +144,7 @@ func printOutcome(w io.Writer, o outboxdb.PartitionOutcome, dryRun bool) {
 		if dryRun {
 			verb = "would be retired"
 		}
-		line := fmt.Sprintf("%s %s: %d messages", o.Label(), verb, o.Messages)
+		line := fmt.Sprintf("%s %s: %s", o.Label(), verb, plural(o.Messages, "message", "messages"))
 		if o.Failed > 0 {
 			line += fmt.Sprintf(", %d of them FAILED", o.Failed)
 		}

@@ -82,10 +82,10 @@ func TestPurge(t *testing.T) {
 			}
 		}
 		out = b.mustRun(t, "purge", "--older-than", "7d")
-		if last := lastLine(out); last != "retired 0 partitions of 0 messages (0 FAILED); kept 2" {
+		if last := lastLine(out); last != "retired 0 partitions of 0 messages (0 FAILED); kept 2 partitions" {
 			t.Errorf("second purge: %q, want nothing left to retire", out)
 		}
-		if log := b.operatorLog(t); len(log) != 3 || !strings.Contains(log[2].Filter, "none retired, 2 kept") {
+		if log := b.operatorLog(t); len(log) != 3 || !strings.Contains(log[2].Filter, "none retired, 2 partitions kept") {
 			t.Errorf("operator log %+v, want the run that retired nothing recorded too", log)
 		}
 	})
