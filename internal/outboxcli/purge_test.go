@@ -64,7 +64,7 @@ func TestPurge(t *testing.T) {
 				t.Errorf("output %q, want a line with %q", out, want)
 			}
 		}
-		if last := lastLine(out); !strings.HasPrefix(last, "retired ") || !strings.HasSuffix(last, " partitions of 5 messages (1 FAILED); kept 2") {
+		if last := lastLine(out); !strings.HasPrefix(last, "retired ") || !strings.HasSuffix(last, " partitions of 5 messages (1 FAILED); kept 2 partitions") {
 			t.Errorf("last line %q, want 5 messages (1 FAILED) retired and 2 partitions kept", last)
 		}
 		for prefix, want := range map[string]int{"day10-": 0, "day11-": 0, "day12-": 3, "day13-": 3, "recent-": 1} {
@@ -185,7 +185,7 @@ func TestPurge(t *testing.T) {
 		if err != nil || writeErr != nil {
 			t.Fatalf("purge: %v (%s); writer: %v", err, out, writeErr)
 		}
-		if last := lastLine(out); !strings.HasSuffix(last, " partitions of 5 messages (1 FAILED); kept 2") {
+		if last := lastLine(out); !strings.HasSuffix(last, " partitions of 5 messages (1 FAILED); kept 2 partitions") {
 			t.Errorf("output %q, want the two finished days retired", out)
 		}
 		// The last insert may have committed as its context was cancelled,
