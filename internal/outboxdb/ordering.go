@@ -231,10 +231,18 @@ func ReleaseKey(ctx context.Context, db TxBeginner, o ReleaseOptions) (KeyReleas
 			var rowKey *string
 			var status string
 			var blocked bool
-			err := tx.QueryRow(ctx, `SELECT ordering_key, status, order_blocked FROM forward_records WHERE id = $1`, o.ID).
+			err := tx.QueryRow(ctx, `SELECT ordering_key, status, order_blocked FROM forward_deliveries WHERE id = $1`, o.ID).
 				Scan(&rowKey, &status, &blocked)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
+				// No delivery state: delivered, or no such row.
+				var delivered bool
+				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM forward_messages WHERE id = $1)`, o.ID).Scan(&delivered); err != nil {
+					return err
+				}
+				if delivered {
+					return fmt.Errorf("row %d was delivered (SUCCESS): it holds no ordering key", o.ID)
+				}
 				return fmt.Errorf("row %d does not exist", o.ID)
 			case err != nil:
 				return err
@@ -376,8 +384,8 @@ type OrderingStats struct {
 // snapshot; top bounds the list of blocked keys.
 func readOrderingStats(ctx context.Context, q Querier, top int) (OrderingStats, error) {
 	var st OrderingStats
-	if err := q.QueryRow(ctx, `SELECT (SELECT count(*) FROM forward_records WHERE order_held),
-			(SELECT count(DISTINCT ordering_key) FROM forward_records WHERE order_blocked)`).
+	if err := q.QueryRow(ctx, `SELECT (SELECT count(*) FROM forward_deliveries WHERE order_held),
+			(SELECT count(DISTINCT ordering_key) FROM forward_deliveries WHERE order_blocked)`).
 		Scan(&st.HeldRows, &st.BlockedKeys); err != nil {
 		return st, fmt.Errorf("counting held rows and blocked keys: %w", err)
 	}

@@ -27,7 +27,7 @@
 -- (a row due or in flight that is not held), another blocked row that is not
 -- requeued here, or an earlier (lower id) row requeued in this batch: the
 -- rows of one key keep their id order, promotion being by id, and the
--- database admits one head per key (forward_records_order_head_key). A row
+-- database admits one head per key (forward_deliveries_order_head_key). A row
 -- that is the head of its key already stays the head. A requeued row no
 -- longer blocks its key (order_blocked is cleared), so requeueing a blocked
 -- row makes it the head again.

@@ -6,7 +6,7 @@
 -- (INVALID) are never requeued here. After the last round a row stays
 -- FAILED ("frozen") for an operator.
 --
--- Reads forward_records_compensation_idx in (requeue_rounds, failed_at)
+-- Reads forward_deliveries_compensation_idx in (requeue_rounds, failed_at)
 -- order. SKIP LOCKED lets instances share the work without waiting on each
 -- other or on an operator's requeue of the same rows. Requeued rows are
 -- announced like new ones.

@@ -1,7 +1,7 @@
 -- The rows one batch of automatic compensation (compensate.sql) would take,
 -- read without locks: their ordering keys are locked (order_lock.sql)
 -- before compensate.sql, restricted to them, picks them again with the same
--- conditions and locks them. Reads forward_records_compensation_idx.
+-- conditions and locks them. Reads forward_deliveries_compensation_idx.
 --
 -- $1 rounds, $2 delay after the failure in milliseconds, $3 batch size.
 SELECT id

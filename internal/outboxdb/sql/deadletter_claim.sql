@@ -1,7 +1,7 @@
 -- Claims up to $1 FAILED rows not yet published to the dead-letter topic, for
 -- one outbox_dead_letter input.
 --
--- The CTE reads forward_records_dead_letter_idx in id order (oldest failures
+-- The CTE reads forward_deliveries_dead_letter_idx in id order (oldest failures
 -- first) and stops after $1 rows. It passes over rows another instance has
 -- leased while that lease runs, and, with SKIP LOCKED, rows another statement
 -- holds locked this instant (a concurrent claim, a requeue), so that instances

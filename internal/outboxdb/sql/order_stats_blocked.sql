@@ -1,7 +1,7 @@
 -- The ordering keys blocked by a FAILED row (ordering with on_failed:
 -- block), longest blocked first, for `forwarder outbox stats`: what
 -- `forwarder outbox release` or `requeue` would unblock. Reads
--- forward_records_order_blocked_idx and, per key, the rows held behind it
+-- forward_deliveries_order_blocked_idx and, per key, the rows held behind it
 -- through forward_deliveries_order_idx.
 --
 -- $1 most keys listed.
