@@ -36,6 +36,13 @@ import (
 // `outbox migrate` applies it, and it refuses while instances use the
 // database (RunningInstances) unless forced.
 //
+//	-- copies: forward_records, forward_retry_logs
+//
+// declares that the migration copies the rows of these tables while it
+// holds an ACCESS EXCLUSIVE lock on them (nothing reads or writes them
+// until it commits), so that `outbox migrate` can say beforehand how long
+// from their size (PlanMigrations).
+//
 //	-- step: transaction | concurrent | batch
 //
 // starts a step. The SQL before the first step line is a transaction step.
@@ -103,6 +110,9 @@ type Migration struct {
 	// after it runs, so the service may apply it on start and `outbox
 	// migrate` runs it while instances run.
 	Online bool
+	// Copies are the tables whose rows it copies under an ACCESS EXCLUSIVE
+	// lock (the "-- copies:" directive).
+	Copies []string
 	Steps  []Step
 }
 
@@ -126,6 +136,8 @@ func (m Migration) Describe() string {
 var (
 	stepLine      = regexp.MustCompile(`^--\s*step:\s*(\S*)\s*$`)
 	directiveLine = regexp.MustCompile(`^--\s*migration:\s*(\S*)\s*$`)
+	copiesLine    = regexp.MustCompile(`^--\s*copies:\s*(.*)$`)
+	tableName     = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 	createIndex   = regexp.MustCompile(`(?is)^\s*CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?((?:"[^"]+"|[\w$]+)(?:\.(?:"[^"]+"|[\w$]+))?)\s+ON\b`)
 )
 
@@ -174,6 +186,16 @@ func ParseMigration(name, text string) (Migration, error) {
 				return Migration{}, fmt.Errorf("migration %s: unknown directive %q (the one known is \"-- migration: online\")", name, trimmed)
 			}
 			m.Online = true
+			continue
+		}
+		if g := copiesLine.FindStringSubmatch(trimmed); g != nil {
+			for _, table := range strings.Split(g[1], ",") {
+				table = strings.TrimSpace(table)
+				if !tableName.MatchString(table) {
+					return Migration{}, fmt.Errorf("migration %s: %q: \"-- copies:\" takes table names separated by commas", name, trimmed)
+				}
+				m.Copies = append(m.Copies, table)
+			}
 			continue
 		}
 		if g := stepLine.FindStringSubmatch(trimmed); g != nil {

@@ -12,6 +12,8 @@
 -- upgrade happens whole or not at all. `forwarder outbox migrate` says how
 -- long it expects the copy to lock the tables before it starts
 -- (docs/deployment.md, "Upgrading to schema 5").
+--
+-- copies: forward_records, forward_retry_logs
 
 -- Partitions, one row each: the messages and attempts of [lower, upper).
 -- The dispatcher creates them ahead and retires old ones; this table is how
@@ -32,6 +34,10 @@ ALTER TABLE forward_retry_logs RENAME TO forward_retry_logs_v4;
 ALTER TABLE forward_retry_logs_v4 RENAME CONSTRAINT forward_retry_logs_pkey TO forward_retry_logs_v4_pkey;
 ALTER INDEX forward_retry_logs_record_id_idx RENAME TO forward_retry_logs_v4_record_id_idx;
 ALTER INDEX forward_retry_logs_errcode_idx RENAME TO forward_retry_logs_v4_errcode_idx;
+-- Their identity sequences too, or the new attempt log's would be named
+-- forward_retry_logs_id_seq1 on an upgraded database only.
+ALTER SEQUENCE forward_records_id_seq RENAME TO forward_records_v4_id_seq;
+ALTER SEQUENCE forward_retry_logs_id_seq RENAME TO forward_retry_logs_v4_id_seq;
 
 CREATE SEQUENCE forward_messages_id_seq AS bigint;
 
@@ -385,8 +391,11 @@ SELECT id, created_at, message_key, api_type, kafka_topic, kafka_partition,
        kafka_offset, kafka_key, payload, plate_no, park_code, berth_code, device_id
 FROM forward_records_v4
 ORDER BY id;
-SELECT setval('forward_messages_id_seq', greatest((SELECT max(id) FROM forward_records_v4), 1),
-              (SELECT max(id) FROM forward_records_v4) IS NOT NULL);
+-- New ids follow every id schema 4 handed out, including those of rows
+-- retention removed and of inserts that rolled back: an id names one
+-- message forever (operator notes, logs).
+SELECT setval('forward_messages_id_seq', s.last_value, s.is_called)
+FROM forward_records_v4_id_seq s;
 
 INSERT INTO forward_deliveries (id, created_at, message_key, status, attempt_count, next_retry_at,
                                 payload_size, claim_token, claimed_by, claimed_at, last_http_status,
@@ -408,11 +417,17 @@ INSERT INTO forward_retry_logs (id, record_id, record_created_at, attempt_number
 SELECT l.id, l.record_id, r.created_at, l.attempt_number, l.result_status,
        l.http_status, l.platform_errcode, l.error_message, l.duration_ms,
        l.attempted_at, l.next_retry_at,
-       -- The instance is known for the last attempt of a delivered row.
-       CASE WHEN r.status = 'SUCCESS' AND l.result_status = 'SUCCESS' THEN r.claimed_by END
+       -- The instance is known for the attempt that delivered a delivered
+       -- row: its last SUCCESS (one requeued and delivered again has two).
+       CASE WHEN r.status = 'SUCCESS' AND last_success.id IS NOT NULL THEN r.claimed_by END
 FROM forward_retry_logs_v4 l
 JOIN forward_records_v4 r ON r.id = l.record_id
+LEFT JOIN (SELECT max(id) AS id FROM forward_retry_logs_v4 WHERE result_status = 'SUCCESS' GROUP BY record_id)
+    AS last_success ON last_success.id = l.id
 ORDER BY l.id;
+-- Likewise for the attempt logs, before the logs added below take ids.
+SELECT setval(pg_get_serial_sequence('forward_retry_logs', 'id'), s.last_value, s.is_called)
+FROM forward_retry_logs_v4_id_seq s;
 -- A delivered schema-4 row without a SUCCESS attempt (its logs purged)
 -- gets one, so that the view still says when and how it was delivered.
 INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status,
@@ -422,9 +437,6 @@ SELECT r.id, r.created_at, r.attempt_count, 'SUCCESS', r.last_http_status,
 FROM forward_records_v4 r
 WHERE r.status = 'SUCCESS'
   AND NOT EXISTS (SELECT 1 FROM forward_retry_logs_v4 l WHERE l.record_id = r.id AND l.result_status = 'SUCCESS');
-SELECT setval(pg_get_serial_sequence('forward_retry_logs', 'id'),
-              greatest((SELECT max(id) FROM forward_retry_logs), 1),
-              (SELECT max(id) FROM forward_retry_logs) IS NOT NULL);
 
 DROP TABLE forward_retry_logs_v4;
 DROP TABLE forward_records_v4;
