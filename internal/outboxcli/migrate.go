@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -37,8 +38,10 @@ tried again after a pause, so writers never queue behind the migration for
 longer, until --lock-wait has passed. A migration that is not online (the
 service keeps working while it runs) is refused while forwarder instances use
 the database, naming their sessions: stop them, or pass --force.
---dry-run prints the version, what would be applied and the running
-instances, and changes nothing.`,
+A migration that copies tables (the upgrade to schema 5) first says what it
+locks, how many rows and bytes it copies, and how long it expects to hold the
+lock. --dry-run prints the version, what would be applied with that plan, and
+the running instances, and changes nothing.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "dry-run", Usage: "print what would be done, change nothing"},
 			&cli.BoolFlag{Name: "force", Usage: "apply offline migrations while instances use the database"},
@@ -109,9 +112,7 @@ func runMigrate(c *cli.Context) error {
 	}
 	if v, err := outboxdb.SchemaVersion(ctx, conn); err == nil {
 		ms, _ := outboxdb.Migrations()
-		for _, m := range outboxdb.Pending(ms, v) {
-			fmt.Fprintf(out, "to apply: %s\n", m.Describe())
-		}
+		printPlan(ctx, out, conn, outboxdb.Pending(ms, v), "to apply")
 	}
 	res, err := outboxdb.MigrateConn(ctx, conn, opts)
 	switch {
@@ -142,9 +143,7 @@ func dryRun(ctx context.Context, c *cli.Context, conn *pgx.Conn, where string) e
 	}
 	fmt.Fprintf(out, "%s is at schema version %d; this binary knows up to %d\n", where, v, outboxdb.LatestVersion())
 	pending := outboxdb.Pending(ms, v)
-	for _, m := range pending {
-		fmt.Fprintf(out, "would apply: %s\n", m.Describe())
-	}
+	printPlan(ctx, out, conn, pending, "would apply")
 	if len(pending) == 0 {
 		fmt.Fprintln(out, "nothing to apply")
 	}
@@ -158,4 +157,25 @@ func dryRun(ctx context.Context, c *cli.Context, conn *pgx.Conn, where string) e
 		fmt.Fprintf(out, "running instances: %s\n", outboxdb.DescribeSessions(sessions))
 	}
 	return nil
+}
+
+// printPlan prints each pending migration and, for an offline one, what it
+// locks, for how long and what to do first (docs/deployment.md, "Upgrading
+// to schema 5"). A plan that cannot be read (statistics not readable by
+// the role) costs the estimate, not the migration.
+func printPlan(ctx context.Context, out io.Writer, conn *pgx.Conn, pending []outboxdb.Migration, verb string) {
+	plans, err := outboxdb.PlanMigrations(ctx, conn, pending)
+	if err != nil {
+		for _, m := range pending {
+			fmt.Fprintf(out, "%s: %s\n", verb, m.Describe())
+		}
+		fmt.Fprintf(out, "(no estimate: %v)\n", err)
+		return
+	}
+	for _, p := range plans {
+		fmt.Fprintf(out, "%s: %s\n", verb, p.Migration.Describe())
+		for _, line := range p.Lines() {
+			fmt.Fprintf(out, "  %s\n", line)
+		}
+	}
 }

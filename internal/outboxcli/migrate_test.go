@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/forwarder/forwarder/internal/dev/pgcluster"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
@@ -55,6 +57,70 @@ func TestMigrateCommand(t *testing.T) {
 		}
 		if v, err := outboxdb.SchemaVersion(context.Background(), instance); err != nil || v != 0 {
 			t.Fatalf("schema version %d after a dry run (%v), want 0", v, err)
+		}
+	})
+
+	t.Run("AnUpgradeFromSchema4SaysWhatItLocksAndWaitsForTheInstancesToStop", func(t *testing.T) {
+		ctx := context.Background()
+		dsn := pgtest.NewEmptyDB(t)
+		t.Setenv("DATABASE_MIGRATE_URL", dsn)
+		ms, err := outboxdb.Migrations()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := outboxdb.MigrateConn(ctx, conn, outboxdb.MigrateOptions{Migrations: ms[:4]}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
+			SELECT 'k-' || g, 'VEHICLE_EVENT', 't', 0, g, convert_to(repeat('x', 500), 'UTF8') FROM generate_series(1, 1200) g;
+			ANALYZE forward_records`); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close(ctx)
+		instance, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: outboxdb.ServiceApplicationName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer instance.Close()
+		if err := instance.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+		plan := []string{"0005_messages_deliveries (offline", "copies forward_records (1 200 rows",
+			"ACCESS EXCLUSIVE lock on forward_records and forward_retry_logs", "expect the lock for about", "stop every instance first"}
+		out, err := runArgs(t, "outbox", "migrate", "--dry-run")
+		for _, want := range append(plan, "would apply: ", "running instances: 1 sessions") {
+			if err != nil || !strings.Contains(out, want) {
+				t.Fatalf("outbox migrate --dry-run does not say %q (%v):\n%s", want, err, out)
+			}
+		}
+		out, err = runArgs(t, "outbox", "migrate")
+		if err == nil || !strings.Contains(err.Error(), "1 sessions of forwarder instances") || !strings.Contains(err.Error(), "--force") {
+			t.Fatalf("outbox migrate while an instance runs: %v, want it refused naming the instances\n%s", err, out)
+		}
+		for _, want := range append(plan, "to apply: ") {
+			if !strings.Contains(out, want) {
+				t.Errorf("outbox migrate does not say %q before it starts:\n%s", want, out)
+			}
+		}
+		if v, err := outboxdb.SchemaVersion(ctx, instance); err != nil || v != 4 {
+			t.Fatalf("schema version %d after a refused migration (%v), want 4", v, err)
+		}
+		instance.Close()
+		if out, err := runArgs(t, "outbox", "migrate"); err != nil || !strings.Contains(out, "schema migrated from version 4 to 5") {
+			t.Fatalf("outbox migrate with the instances stopped: %v\n%s", err, out)
+		}
+		pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM forward_messages JOIN forward_deliveries USING (id) WHERE status = 'PENDING'").Scan(&n); err != nil || n != 1200 {
+			t.Fatalf("%d PENDING messages after the upgrade (%v), want the 1 200 of schema 4", n, err)
 		}
 	})
 

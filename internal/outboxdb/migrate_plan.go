@@ -37,15 +37,26 @@ type MigrationPlan struct {
 	// Estimate is how long the copy is expected to hold its lock: the
 	// bytes copied at CopyBytesPerSecond. Zero when nothing is copied.
 	Estimate time.Duration
+	// Fresh: the database has no schema yet, so the migrations create it
+	// whole and there is nothing to copy and no instance to stop.
+	Fresh bool
 }
 
 // PlanMigrations says what ms, the migrations pending on the database of q,
 // will lock and for how long (an estimate from the size of the tables they
 // copy), for `outbox migrate` to print before it starts.
 func PlanMigrations(ctx context.Context, q Querier, ms []Migration) ([]MigrationPlan, error) {
+	current, err := SchemaVersion(ctx, q)
+	if err != nil {
+		return nil, err
+	}
 	plans := make([]MigrationPlan, 0, len(ms))
 	for _, m := range ms {
-		p := MigrationPlan{Migration: m}
+		p := MigrationPlan{Migration: m, Fresh: current == 0}
+		if p.Fresh {
+			plans = append(plans, p)
+			continue
+		}
 		var bytes int64
 		for _, table := range m.Copies {
 			c := CopiedTable{Name: table}
@@ -63,7 +74,8 @@ func PlanMigrations(ctx context.Context, q Querier, ms []Migration) ([]Migration
 			bytes += c.Bytes
 		}
 		if len(p.Copies) > 0 {
-			p.Estimate = max(time.Second, (time.Duration(bytes) * time.Second / CopyBytesPerSecond).Round(time.Second))
+			// In floating point: bytes × 1e9 overflows an int64 from 9 GB on.
+			p.Estimate = max(time.Second, time.Duration(float64(bytes)/CopyBytesPerSecond*float64(time.Second)).Round(time.Second))
 		}
 		plans = append(plans, p)
 	}
@@ -71,9 +83,10 @@ func PlanMigrations(ctx context.Context, q Querier, ms []Migration) ([]Migration
 }
 
 // Lines says what the migration locks, for how long, and what the
-// operator must do first; none for an online migration.
+// operator must do first; none for an online migration or a database
+// without a schema yet.
 func (p MigrationPlan) Lines() []string {
-	if p.Migration.Online {
+	if p.Migration.Online || p.Fresh {
 		return nil
 	}
 	var lines []string

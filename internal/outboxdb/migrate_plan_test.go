@@ -72,8 +72,8 @@ func TestPlanMigrations(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, p := range plans {
-			if len(p.Copies) > 0 || p.Estimate != 0 {
-				t.Errorf("%s on an empty database: copies %+v, estimate %s; want nothing", p.Migration.Name, p.Copies, p.Estimate)
+			if len(p.Copies) > 0 || p.Estimate != 0 || len(p.Lines()) > 0 {
+				t.Errorf("%s on an empty database: copies %+v, estimate %s, says %q; want nothing", p.Migration.Name, p.Copies, p.Estimate, p.Lines())
 			}
 		}
 	})
