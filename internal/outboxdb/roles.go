@@ -8,66 +8,119 @@ import (
 
 // Least privilege (docs/deployment.md, "Roles and grants"): the schema's
 // owner migrates it (`forwarder outbox migrate`); the service and the
-// console connect as roles with only the table privileges below. The docs
-// give them as GRANT statements, and test/e2e TestLeastPrivilegeRoles runs
-// those statements and checks that each role ends with exactly these.
+// console connect as roles with only the privileges below. The docs give
+// them as GRANT statements; TestRoleGrants (internal/outboxdb) and test/e2e
+// TestLeastPrivilegeRoles run those statements and check that each role
+// ends with exactly these, and that they are enough.
 
-// Grant is privileges on one table.
+// Grant is privileges on one table or view (Kind ""), sequence or function.
 type Grant struct {
+	// Table names the object; a function with its argument types, as
+	// GRANT and to_regprocedure spell it.
 	Table      string
 	Privileges []string
+	Kind       GrantKind
 }
 
-// ServiceGrants are what the service's role needs: the outbox's rows and
-// attempt logs (ingest, claims, results, retention), the shared platform
-// state (breaker, pauses, rate tokens), the schema version it checks on
-// start, and the audit row of the operator commands run in its pods
-// (requeue, release, purge).
+// GrantKind is the kind of object a Grant is on.
+type GrantKind string
+
+// The kinds of Grant.
+const (
+	OnTable    GrantKind = ""
+	OnSequence GrantKind = "SEQUENCE"
+	OnFunction GrantKind = "FUNCTION"
+)
+
+// PartitionEnsureFunction creates the partitions of messages and attempts
+// as the schema's owner (SECURITY DEFINER, migration 0005), so that the
+// service's role needs no DDL rights.
+const PartitionEnsureFunction = "forward_partition_ensure(timestamptz, timestamptz, interval)"
+
+// ServiceGrants are what the service's role needs: messages written once
+// and read (insert, dedupe, claims), their delivery state (claims, results,
+// ordering, compensation, dead letters), the attempt log, the partitions it
+// creates ahead through PartitionEnsureFunction and the message ids
+// (forward_messages_id_seq; the attempt log's id is an identity column,
+// which needs no grant), the view the operator commands read, the shared
+// platform state (breaker, pauses, rate tokens), the schema version it
+// checks on start, and the audit row of the operator commands run in its
+// pods (requeue, release, purge).
 var ServiceGrants = []Grant{
-	{"forward_records", []string{"SELECT", "INSERT", "UPDATE", "DELETE"}},
-	{"forward_retry_logs", []string{"SELECT", "INSERT", "DELETE"}},
-	{"forward_platform_state", []string{"SELECT", "UPDATE"}},
-	{"forward_operator_log", []string{"INSERT"}},
-	{"forwarder_schema_migrations", []string{"SELECT"}},
+	{Table: "forward_messages", Privileges: []string{"SELECT", "INSERT"}},
+	{Table: "forward_deliveries", Privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}},
+	{Table: "forward_retry_logs", Privileges: []string{"SELECT", "INSERT"}},
+	{Table: "forward_partitions", Privileges: []string{"SELECT"}},
+	{Table: "forward_records", Privileges: []string{"SELECT"}},
+	{Table: "forward_platform_state", Privileges: []string{"SELECT", "UPDATE"}},
+	{Table: "forward_operator_log", Privileges: []string{"INSERT"}},
+	{Table: "forwarder_schema_migrations", Privileges: []string{"SELECT"}},
+	{Table: "forward_messages_id_seq", Privileges: []string{"USAGE"}, Kind: OnSequence},
+	{Table: PartitionEnsureFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
 }
 
 // ConsoleReadGrants are what `forwarder outbox console --read-only` (and
-// stats, show, find) need: reading every table.
+// stats, show, find) need: reading every table and the view.
 var ConsoleReadGrants = []Grant{
-	{"forward_records", []string{"SELECT"}},
-	{"forward_retry_logs", []string{"SELECT"}},
-	{"forward_platform_state", []string{"SELECT"}},
-	{"forward_operator_log", []string{"SELECT"}},
-	{"forwarder_schema_migrations", []string{"SELECT"}},
+	{Table: "forward_messages", Privileges: []string{"SELECT"}},
+	{Table: "forward_deliveries", Privileges: []string{"SELECT"}},
+	{Table: "forward_retry_logs", Privileges: []string{"SELECT"}},
+	{Table: "forward_partitions", Privileges: []string{"SELECT"}},
+	{Table: "forward_records", Privileges: []string{"SELECT"}},
+	{Table: "forward_platform_state", Privileges: []string{"SELECT"}},
+	{Table: "forward_operator_log", Privileges: []string{"SELECT"}},
+	{Table: "forwarder_schema_migrations", Privileges: []string{"SELECT"}},
 }
 
 // ConsoleActionGrants are what the console's actions add to
-// ConsoleReadGrants: a requeue sets rows back to PENDING, logs a REQUEUED
-// attempt for each, and leaves an audit row.
+// ConsoleReadGrants: a requeue sets delivery rows back to PENDING (gives a
+// delivered message a delivery row again), logs a REQUEUED attempt for
+// each, and leaves an audit row.
 var ConsoleActionGrants = []Grant{
-	{"forward_records", []string{"UPDATE"}},
-	{"forward_retry_logs", []string{"INSERT"}},
-	{"forward_operator_log", []string{"INSERT"}},
+	{Table: "forward_deliveries", Privileges: []string{"INSERT", "UPDATE"}},
+	{Table: "forward_retry_logs", Privileges: []string{"INSERT"}},
+	{Table: "forward_operator_log", Privileges: []string{"INSERT"}},
+}
+
+// missingGrantSQL says whether the connected role holds privilege $2 on
+// object $1, per kind; an object that does not exist counts as not held.
+var missingGrantSQL = map[GrantKind]string{
+	OnTable:    `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege(to_regclass($1), $2)`,
+	OnSequence: `SELECT to_regclass($1) IS NOT NULL AND has_sequence_privilege(to_regclass($1), $2)`,
+	OnFunction: `SELECT to_regprocedure($1) IS NOT NULL AND has_function_privilege(to_regprocedure($1), $2)`,
 }
 
 // MissingGrants returns the privileges of grants the connected role lacks,
-// each as "INSERT on forward_retry_logs"; a table that does not exist counts
-// as lacking them all.
+// each as "INSERT on forward_retry_logs" ("USAGE on sequence ...", "EXECUTE
+// on function ..."); an object that does not exist counts as lacking them
+// all.
 func MissingGrants(ctx context.Context, q Querier, grants []Grant) ([]string, error) {
 	var missing []string
 	for _, g := range grants {
+		sql, known := missingGrantSQL[g.Kind]
+		if !known {
+			return nil, fmt.Errorf("checking the role's privileges: unknown kind %q of %s", g.Kind, g.Table)
+		}
 		for _, p := range g.Privileges {
 			var ok bool
-			if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege(to_regclass($1), $2)`,
-				g.Table, p).Scan(&ok); err != nil {
+			if err := q.QueryRow(ctx, sql, g.Table, p).Scan(&ok); err != nil {
 				return nil, fmt.Errorf("checking the role's privileges: %w", err)
 			}
 			if !ok {
-				missing = append(missing, p+" on "+g.Table)
+				missing = append(missing, g.Describe(p))
 			}
 		}
 	}
 	return missing, nil
+}
+
+// Describe names privilege p on g's object: "INSERT on forward_retry_logs",
+// "USAGE on sequence forward_messages_id_seq".
+func (g Grant) Describe(p string) string {
+	if g.Kind == OnTable {
+		return p + " on " + g.Table
+	}
+	return p + " on " + strings.ToLower(string(g.Kind)) + " " + g.Table
 }
 
 // MissingGrantsError is the error of a role without privileges it needs.
