@@ -53,7 +53,9 @@ var ServiceGrants = []Grant{
 	{Table: "forward_partitions", Privileges: []string{"SELECT"}},
 	{Table: "forward_records", Privileges: []string{"SELECT"}},
 	{Table: "forward_platform_state", Privileges: []string{"SELECT", "UPDATE"}},
-	{Table: "forward_operator_log", Privileges: []string{"INSERT"}},
+	// SELECT too: the audit row is inserted RETURNING id, at, which reads
+	// them.
+	{Table: "forward_operator_log", Privileges: []string{"SELECT", "INSERT"}},
 	{Table: "forwarder_schema_migrations", Privileges: []string{"SELECT"}},
 	{Table: "forward_messages_id_seq", Privileges: []string{"USAGE"}, Kind: OnSequence},
 	{Table: PartitionEnsureFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},

@@ -167,6 +167,10 @@ func TestRoleGrants(t *testing.T) {
 			Keys: []string{claimed[0].MessageKey}}, outboxdb.RequeueOptions{Note: "requeued by a test"})
 		noPermissionError("requeueing (outbox requeue in a pod)", err)
 
+		_, err = outboxdb.LogOperatorAction(ctx, svc, outboxdb.OperatorAction{Operator: "test", Action: outboxdb.ActionRequeue,
+			Filter: "status=FAILED", Rows: 1})
+		noPermissionError("recording an operator's action (outbox requeue in a pod)", err)
+
 		// Drained to the end, every message is delivered.
 		for range 20 {
 			claimed, err := outboxdb.Claim(ctx, svc, 100, time.Minute, "svc-1")
