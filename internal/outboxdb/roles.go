@@ -37,10 +37,16 @@ const (
 // service's role needs no DDL rights.
 const PartitionEnsureFunction = "forward_partition_ensure(timestamptz, timestamptz, interval)"
 
+// PartitionRetireFunction drops a finished day's partitions as the schema's
+// owner (SECURITY DEFINER, migration 0005): retention and `outbox purge`
+// retire days without DDL rights.
+const PartitionRetireFunction = "forward_partition_retire(timestamptz, timestamptz, boolean, text, text, integer, integer)"
+
 // ServiceGrants are what the service's role needs: messages written once
 // and read (insert, dedupe, claims), their delivery state (claims, results,
 // ordering, compensation, dead letters), the attempt log, the partitions it
-// creates ahead through PartitionEnsureFunction and the message ids
+// creates ahead through PartitionEnsureFunction and retires through
+// PartitionRetireFunction, the message ids
 // (forward_messages_id_seq; the attempt log's id is an identity column,
 // which needs no grant), the view the operator commands read, the shared
 // platform state (breaker, pauses, rate tokens), the schema version it
@@ -59,6 +65,7 @@ var ServiceGrants = []Grant{
 	{Table: "forwarder_schema_migrations", Privileges: []string{"SELECT"}},
 	{Table: "forward_messages_id_seq", Privileges: []string{"USAGE"}, Kind: OnSequence},
 	{Table: PartitionEnsureFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
+	{Table: PartitionRetireFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
 }
 
 // ConsoleReadGrants are what `forwarder outbox console --read-only` (and

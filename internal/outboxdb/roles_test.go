@@ -171,6 +171,15 @@ func TestRoleGrants(t *testing.T) {
 			Filter: "status=FAILED", Rows: 1})
 		noPermissionError("recording an operator's action (outbox requeue in a pod)", err)
 
+		// Retention retires finished days through forward_partition_retire.
+		noPermissionError("creating past partitions", svc.QueryRow(ctx,
+			`SELECT forward_partition_ensure(now() - interval '3 days', now(), interval '1 day')`).Scan(&created))
+		purged, err := outboxdb.Purge(ctx, svc, outboxdb.PurgeOptions{Operator: "test"})
+		noPermissionError("retiring finished partitions (retention)", err)
+		if parts, _, _ := purged.Retired(); parts == 0 {
+			t.Errorf("retention retired no partition of the past days: %+v", purged)
+		}
+
 		// Drained to the end, every message is delivered.
 		for range 20 {
 			claimed, err := outboxdb.Claim(ctx, svc, 100, time.Minute, "svc-1")

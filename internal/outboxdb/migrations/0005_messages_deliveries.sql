@@ -488,8 +488,3 @@ LEFT JOIN LATERAL (
       AND l.result_status = 'SUCCESS'
     ORDER BY l.id DESC
     LIMIT 1) AS s ON true;
-
--- forward_partition_ensure runs as the schema's owner: only the roles
--- granted EXECUTE may call it, not every role that may connect
--- (docs/deployment.md, "Roles and grants").
-REVOKE ALL ON FUNCTION forward_partition_ensure(timestamptz, timestamptz, interval) FROM PUBLIC;
