@@ -26,10 +26,16 @@ import (
 // benchBatch is the batch size of the insert benchmarks.
 const benchBatch = 500
 
-// rawInsertSQL is the baseline: one unnest insert, nothing else.
-const rawInsertSQL = `INSERT INTO forward_records (message_key, api_type, kafka_topic, kafka_partition,
-	kafka_offset, kafka_key, payload)
+// rawInsertSQL is the baseline: one unnest insert of the messages and their
+// delivery states, nothing else (the keys of the benchmark are new, so the
+// delivery's unique key is all the dedupe it does).
+const rawInsertSQL = `WITH m AS (
+	INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload)
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bytea[], $7::bytea[])
+	RETURNING id, created_at, message_key, octet_length(payload) AS payload_size
+	)
+	INSERT INTO forward_deliveries (id, created_at, message_key, status, next_retry_at, payload_size)
+	SELECT id, created_at, message_key, 'PENDING', now(), payload_size FROM m
 	ON CONFLICT (message_key) DO NOTHING`
 
 // benchMessages is what the Kafka input would hand the processor.

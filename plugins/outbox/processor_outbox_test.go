@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -277,12 +278,14 @@ func TestOutboxProcessor(t *testing.T) {
 		batch := []*service.Message{kmsg(topicVehicle, 0, 1, vehicle("ok")), kmsg(topicVehicle, 0, 2, vehicle("ko"))}
 		process(t, p, batch...)
 		ctx := context.Background()
-		if _, err := b.pool.Exec(ctx, `UPDATE forward_records SET status = 'SUCCESS', next_retry_at = NULL,
-			attempt_count = 1, succeeded_at = now() WHERE message_key = 'ok'`); err != nil {
+		if _, err := b.pool.Exec(ctx, `UPDATE forward_deliveries SET attempt_count = 1 WHERE message_key = 'ok'`); err != nil {
 			t.Fatal(err)
 		}
+		if n := fixture.New(t, b.pool).Deliver("message_key = 'ok'"); n != 1 {
+			t.Fatalf("delivered %d rows, want 1", n)
+		}
 		// ko is held behind ok (same berth) until ok finishes.
-		if _, err := b.pool.Exec(ctx, `UPDATE forward_records SET status = 'FAILED', next_retry_at = NULL, order_held = false,
+		if _, err := b.pool.Exec(ctx, `UPDATE forward_deliveries SET status = 'FAILED', next_retry_at = NULL, order_held = false,
 			attempt_count = 5, last_error = 'platform said 998' WHERE message_key = 'ko'`); err != nil {
 			t.Fatal(err)
 		}
