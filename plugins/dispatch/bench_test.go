@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 )
 
 // BenchmarkReadBatch measures the input end to end at batch_size 500: claim,
@@ -18,7 +20,7 @@ func BenchmarkReadBatch(b *testing.B) {
 	ctx := context.Background()
 	b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 		tb.insertDue(b, b.N*batch)
-		if _, err := tb.pool.Exec(ctx, "VACUUM (ANALYZE) forward_records"); err != nil {
+		if _, err := tb.pool.Exec(ctx, "VACUUM (ANALYZE) forward_messages, forward_deliveries"); err != nil {
 			b.Fatal(err)
 		}
 		claimed := 0
@@ -38,9 +40,7 @@ func BenchmarkReadBatch(b *testing.B) {
 			b.Fatalf("claimed %d rows, want %d", claimed, b.N*batch)
 		}
 		b.ReportMetric(float64(claimed)/b.Elapsed().Seconds(), "claims/s")
-		if _, err := tb.pool.Exec(ctx, `UPDATE forward_records
-				SET status = 'SUCCESS', next_retry_at = NULL, succeeded_at = now()
-				WHERE status = 'IN_PROGRESS'`); err != nil {
+		if _, err := fixture.Deliver(ctx, tb.pool, "status = 'IN_PROGRESS'"); err != nil {
 			b.Fatal(err)
 		}
 	})

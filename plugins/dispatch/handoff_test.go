@@ -249,7 +249,7 @@ func TestHandoff(t *testing.T) {
 		got := readAsync(b, in)
 		<-idle // nothing due: asleep until the poll
 		id := b.insertDue(t, 1)[0]
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() + interval '200 milliseconds' WHERE id = $1`, id); err != nil {
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_deliveries SET next_retry_at = now() + interval '200 milliseconds' WHERE id = $1`, id); err != nil {
 			t.Fatal(err)
 		}
 		in.d.DueAt(time.Now().Add(200 * time.Millisecond))

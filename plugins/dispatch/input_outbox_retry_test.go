@@ -20,6 +20,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -76,12 +77,16 @@ func (b *testBundle) newInput(t testing.TB, extra string) *outboxRetry {
 func (b *testBundle) insertDue(t testing.TB, n int) []int64 {
 	t.Helper()
 	first := b.keys.Add(int64(n)) - int64(n)
-	rows, err := b.pool.Query(b.ctx, `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload)
+	rows, err := b.pool.Query(b.ctx, `WITH m AS (
+		INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload)
 		SELECT 'msg-' || ($1::bigint + g), 'VEHICLE_EVENT', 'device-vehicle-event', 2, $1::bigint + g,
 		       convert_to('key-' || g, 'UTF8'), convert_to('{"n":' || g || '}', 'UTF8')
 		FROM generate_series(1, $2::integer) g
 		ORDER BY g
+		RETURNING id, created_at, message_key, payload
+		)
+		INSERT INTO forward_deliveries (id, created_at, message_key, status, next_retry_at, payload_size)
+		SELECT id, created_at, message_key, 'PENDING', now(), octet_length(payload) FROM m
 		RETURNING id`, first, n)
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +180,11 @@ func TestOutboxRetry(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ids := b.insertDue(t, 3)
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET payload = '\xff00c3', kafka_key = NULL WHERE id = $1`, ids[2]); err != nil {
+		if _, err := b.pool.Exec(b.ctx, `WITH m AS (
+			UPDATE forward_messages SET payload = '\xff00c3', kafka_key = NULL WHERE id = $1
+			RETURNING id, octet_length(payload) AS size
+		)
+		UPDATE forward_deliveries d SET payload_size = m.size FROM m WHERE d.id = m.id`, ids[2]); err != nil {
 			t.Fatal(err)
 		}
 		in := b.input(t, "instance_id: dispatcher-1\nlease: 90s")
@@ -312,7 +321,7 @@ func TestOutboxRetry(t *testing.T) {
 			t.Fatalf("first claim: %d messages", len(staleBatch))
 		}
 		// The holder hangs past its lease.
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_deliveries SET next_retry_at = now() - interval '1 second' WHERE id = $1`, id); err != nil {
 			t.Fatal(err)
 		}
 		batch, ack := read(t, rescuer)
@@ -350,7 +359,7 @@ func TestOutboxRetry(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ids := b.insertDue(t, 2)
-		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET status = 'IN_PROGRESS', attempt_count = 2,
+		if _, err := b.pool.Exec(b.ctx, `UPDATE forward_deliveries SET status = 'IN_PROGRESS', attempt_count = 2,
 			claim_token = gen_random_uuid(), claimed_by = 'crashed', next_retry_at = now() - interval '1 second'
 			WHERE id = $1`, ids[0]); err != nil {
 			t.Fatal(err)
@@ -401,9 +410,14 @@ func TestOutboxRetry(t *testing.T) {
 				t.Fatal(err)
 			}
 			var id int64
-			if err := tx.QueryRow(b.ctx, `INSERT INTO forward_records
-				(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
-				VALUES ($1, 'HEARTBEAT', 'device-heartbeat', 0, $2, '{}') RETURNING id`,
+			if err := tx.QueryRow(b.ctx, `WITH m AS (
+					INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
+					VALUES ($1, 'HEARTBEAT', 'device-heartbeat', 0, $2, '{}')
+					RETURNING id, created_at, message_key, octet_length(payload) AS size
+				)
+				INSERT INTO forward_deliveries (id, created_at, message_key, status, next_retry_at, payload_size)
+				SELECT id, created_at, message_key, 'PENDING', now(), size FROM m
+				RETURNING id`,
 				fmt.Sprintf("notified-%d", i), i).Scan(&id); err != nil {
 				t.Fatal(err)
 			}
@@ -563,9 +577,8 @@ outbox_retry:
 			for _, m := range batch {
 				id, _ := m.MetaGetMut(msgmeta.OutboxID)
 				token, _ := m.MetaGet(msgmeta.ClaimToken)
-				if _, err := b.pool.Exec(ctx, `UPDATE forward_records
-					SET status = 'SUCCESS', next_retry_at = NULL, succeeded_at = now()
-					WHERE id = $1 AND claim_token::text = $2 AND status = 'IN_PROGRESS'`, id, token); err != nil {
+				if _, err := fixture.Deliver(ctx, b.pool,
+					"id = $1 AND claim_token::text = $2 AND status = 'IN_PROGRESS'", id, token); err != nil {
 					return err
 				}
 			}
