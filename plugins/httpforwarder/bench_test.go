@@ -90,9 +90,7 @@ func newBenchRig(b *testing.B) *benchRig {
 // claimed inserts and claims n rows and returns them as mapped batches.
 func (r *benchRig) claimed(b *testing.B, n int) []service.MessageBatch {
 	b.Helper()
-	if _, err := r.pool.Exec(r.ctx, `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
-		SELECT gen_random_uuid()::text, 'VEHICLE_EVENT', 't', 0, g, '{}' FROM generate_series(1, $1) g`, n); err != nil {
+	if _, err := r.pool.Exec(r.ctx, insertDueSQL, outboxdb.APITypeVehicleEvent, n); err != nil {
 		b.Fatal(err)
 	}
 	var batches []service.MessageBatch

@@ -169,15 +169,22 @@ func newTestOutput(t testing.TB, yaml string, logs io.Writer) *httpForwarder {
 // claim inserts n due rows of apiType and claims them as outbox_retry would.
 func (b *testBundle) claim(t testing.TB, n int, apiType string) []outboxdb.Record {
 	t.Helper()
-	for range n {
-		if _, err := b.pool.Exec(b.ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
-			VALUES (gen_random_uuid()::text, $1, 'device-vehicle-event', 0, 0, '{}')`, apiType); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := b.pool.Exec(b.ctx, insertDueSQL, apiType, n); err != nil {
+		t.Fatal(err)
 	}
 	return b.claimDue(t, n)
 }
+
+// insertDueSQL inserts $2 messages of API type $1, each PENDING and due
+// now: the message and its delivery state.
+const insertDueSQL = `WITH m AS (
+	INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
+	SELECT gen_random_uuid()::text, $1, 'device-vehicle-event', 0, g, '{}'
+	FROM generate_series(1, $2::integer) g
+	RETURNING id, created_at, message_key, octet_length(payload) AS size
+	)
+	INSERT INTO forward_deliveries (id, created_at, message_key, status, next_retry_at, payload_size)
+	SELECT id, created_at, message_key, 'PENDING', now(), size FROM m`
 
 // claimDue claims up to n due rows.
 func (b *testBundle) claimDue(t testing.TB, n int) []outboxdb.Record {
@@ -192,7 +199,7 @@ func (b *testBundle) claimDue(t testing.TB, n int) []outboxdb.Record {
 // makeDue moves a PENDING row's retry time to now.
 func (b *testBundle) makeDue(t testing.TB, id int64) {
 	t.Helper()
-	if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() WHERE id = $1 AND status = 'PENDING'`, id); err != nil {
+	if _, err := b.pool.Exec(b.ctx, `UPDATE forward_deliveries SET next_retry_at = now() WHERE id = $1 AND status = 'PENDING'`, id); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -437,7 +437,7 @@ func TestStaleClaimChangesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{handler: reply(200, `{"result":0}`)})
 	old := b.claim(t, 1, outboxdb.APITypeVehicleEvent)[0]
-	if _, err := b.pool.Exec(b.ctx, `UPDATE forward_records SET next_retry_at = now() - interval '1 second' WHERE id = $1`, old.ID); err != nil {
+	if _, err := b.pool.Exec(b.ctx, `UPDATE forward_deliveries SET next_retry_at = now() - interval '1 second' WHERE id = $1`, old.ID); err != nil {
 		t.Fatal(err)
 	}
 	current := b.claimDue(t, 1)[0]
