@@ -15,6 +15,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -57,17 +59,13 @@ func (b *testBundle) input(t testing.TB, extra string) *deadLetter {
 func (b *testBundle) insert(t testing.TB, status string, httpStatus int) int64 {
 	t.Helper()
 	n := b.keys.Add(1)
-	var id int64
-	if err := b.pool.QueryRow(b.ctx, `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload, status,
-		 attempt_count, next_retry_at, last_http_status, last_error)
-		VALUES ('msg-' || $1::bigint, 'HEARTBEAT', 'device-heartbeat', 1, $1::bigint, 'kk', '\xc3ff00'::bytea || convert_to($1::text, 'UTF8'),
-		        $2::text, 3, CASE WHEN $2::text IN ('PENDING', 'IN_PROGRESS') THEN now() END,
-		        nullif($3::integer, 0), 'reason ' || $1::bigint)
-		RETURNING id`, n, status, httpStatus).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	return id
+	due := time.Duration(0)
+	return fixture.New(t, b.pool).Insert(fixture.Row{
+		Key: fmt.Sprint("msg-", n), APIType: outboxdb.APITypeHeartbeat, Status: status,
+		Topic: "device-heartbeat", Partition: 1, Offset: n, KafkaKey: []byte("kk"),
+		Payload: fmt.Appendf([]byte("\xc3\xff\x00"), "%d", n), Attempts: 3, DueIn: &due,
+		LastHTTPStatus: httpStatus, LastError: fmt.Sprint("reason ", n),
+	})[0]
 }
 
 type dlState struct {

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 	_ "github.com/forwarder/forwarder/plugins/deadletter"
@@ -91,14 +92,10 @@ func TestExamplePipeline(t *testing.T) {
 
 	insert := func(key, status, reason string, payload []byte) {
 		t.Helper()
-		if _, err := pool.Exec(ctx, `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count,
-			 next_retry_at, last_http_status, last_error)
-			VALUES ($1, 'VEHICLE_EVENT', 'device-vehicle-event', 2, 77, $2, $3::text, 1,
-			        CASE WHEN $3::text IN ('PENDING', 'IN_PROGRESS') THEN now() END, 200, $4)`,
-			key, payload, status, reason); err != nil {
-			t.Fatal(err)
-		}
+		fixture.New(t, pool).Insert(fixture.Row{
+			Key: key, Status: status, Topic: "device-vehicle-event", Partition: 2, Offset: 77,
+			Payload: payload, Attempts: 1, LastHTTPStatus: 200, LastError: reason,
+		})
 	}
 	// Payloads as received, one of them not even UTF-8.
 	payloads := map[string][]byte{
@@ -219,7 +216,7 @@ func TestExamplePipeline(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("requeue: %d, %v", n, err)
 	}
-	if _, err := pool.Exec(ctx, `UPDATE forward_records SET status = 'FAILED', next_retry_at = NULL,
+	if _, err := pool.Exec(ctx, `UPDATE forward_deliveries SET status = 'FAILED', next_retry_at = NULL,
 		attempt_count = 1, last_error = 'failed again after requeue' WHERE message_key = 'm-3'`); err != nil {
 		t.Fatal(err)
 	}
