@@ -50,7 +50,7 @@ func BenchmarkOutboxGaugesRefresh(b *testing.B) {
 			insertRows(b, pool, "i", "IN_PROGRESS", 10, time.Minute)
 			insertRows(b, pool, "f", "FAILED", 1000, 0)
 			// What autovacuum does after a bulk load.
-			if _, err := pool.Exec(ctx, "VACUUM ANALYZE forward_records"); err != nil {
+			if _, err := pool.Exec(ctx, "VACUUM ANALYZE forward_messages, forward_deliveries, forward_retry_logs"); err != nil {
 				b.Fatal(err)
 			}
 
@@ -89,20 +89,26 @@ func BenchmarkOutboxGaugesRefresh(b *testing.B) {
 	}
 }
 
-// bulkLoadSuccess inserts n SUCCESS rows with camera-event-sized payloads,
-// a million per statement.
+// bulkLoadSuccess inserts n messages delivered a day ago with
+// camera-event-sized payloads, each with its SUCCESS attempt, a million per
+// statement.
 func bulkLoadSuccess(b *testing.B, pool *pgxpool.Pool, n int) {
 	b.Helper()
+	if _, err := pool.Exec(context.Background(), `SELECT forward_partition_ensure(now() - interval '2 days', now(), interval '1 day')`); err != nil {
+		b.Fatal(err)
+	}
 	const chunk = 1_000_000
 	for lo := 1; lo <= n; lo += chunk {
 		hi := min(lo+chunk-1, n)
-		if _, err := pool.Exec(context.Background(), `INSERT INTO forward_records
-			(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count,
-			 next_retry_at, created_at, updated_at, succeeded_at)
+		if _, err := pool.Exec(context.Background(), `WITH m AS (
+			INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, created_at)
 			SELECT 'done-' || g, 'VEHICLE_EVENT', 'device-vehicle-event', g % 12, g,
-			       convert_to(rpad('{"messageId":"' || g || '"', 400, ' ') || '}', 'UTF8'), 'SUCCESS', 1,
-			       NULL, now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
-			FROM generate_series($1::bigint, $2::bigint) g`, lo, hi); err != nil {
+			       convert_to(rpad('{"messageId":"' || g || '"', 400, ' ') || '}', 'UTF8'), now() - interval '1 day'
+			FROM generate_series($1::bigint, $2::bigint) g
+			RETURNING id, created_at
+			)
+			INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status, attempted_at)
+			SELECT id, created_at, 1, 'SUCCESS', 200, created_at FROM m`, lo, hi); err != nil {
 			b.Fatalf("bulk-loading rows %d-%d: %v", lo, hi, err)
 		}
 	}

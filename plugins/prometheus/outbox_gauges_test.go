@@ -16,18 +16,26 @@ import (
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
-// insertRows adds n rows in status through SQL; unfinished rows are due
-// dueIn from now.
+// insertRows adds n rows in status through SQL, after one attempt each:
+// their messages, and a delivery state for the unfinished ones (due dueIn
+// from now) or a SUCCESS attempt for the delivered ones.
 func insertRows(t testing.TB, pool *pgxpool.Pool, prefix, status string, n int, dueIn time.Duration) {
 	t.Helper()
-	if _, err := pool.Exec(context.Background(), `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, attempt_count,
-		 next_retry_at, succeeded_at)
-		SELECT $1 || '-' || g, 'HEARTBEAT', 'device-heartbeat', 0, g, convert_to('{"n":' || g || '}', 'UTF8'),
-		       $2, 1,
-		       CASE WHEN $2 IN ('PENDING', 'IN_PROGRESS') THEN now() + $4 * interval '1 millisecond' END,
-		       CASE WHEN $2 = 'SUCCESS' THEN now() END
-		FROM generate_series(1, $3::integer) g`, prefix, status, n, dueIn.Milliseconds()); err != nil {
+	if _, err := pool.Exec(context.Background(), `WITH m AS (
+		INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
+		SELECT $1 || '-' || g, 'HEARTBEAT', 'device-heartbeat', 0, g, convert_to('{"n":' || g || '}', 'UTF8')
+		FROM generate_series(1, $3::integer) g
+		RETURNING id, created_at, message_key, octet_length(payload) AS size
+		), d AS (
+		INSERT INTO forward_deliveries (id, created_at, message_key, status, attempt_count, next_retry_at, payload_size)
+		SELECT id, created_at, message_key, $2, 1,
+		       CASE WHEN $2 IN ('PENDING', 'IN_PROGRESS') THEN now() + $4 * interval '1 millisecond' END, size
+		FROM m
+		WHERE $2 <> 'SUCCESS'
+		)
+		INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status)
+		SELECT id, created_at, 1, 'SUCCESS', 200 FROM m WHERE $2 = 'SUCCESS'`,
+		prefix, status, n, dueIn.Milliseconds()); err != nil {
 		t.Fatalf("inserting %s rows: %v", status, err)
 	}
 }

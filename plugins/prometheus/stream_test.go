@@ -15,6 +15,7 @@ import (
 	// generate and drop, for the test streams.
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -187,8 +188,7 @@ logger:
 	}
 
 	// The gauges follow the table.
-	if _, err := pool.Exec(context.Background(),
-		"UPDATE forward_records SET status = 'SUCCESS', next_retry_at = NULL, succeeded_at = now() WHERE status = 'PENDING'"); err != nil {
+	if _, err := fixture.Deliver(context.Background(), pool, "status = 'PENDING'"); err != nil {
 		t.Fatal(err)
 	}
 	insertRows(t, pool, "f2", "FAILED", 4, 0)
