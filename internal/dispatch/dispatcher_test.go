@@ -94,7 +94,7 @@ func TestDispatcher(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ids := b.db.InsertDue("x", 2)
-		b.db.Exec(`UPDATE forward_records SET attempt_count = 3 WHERE id = $1`, ids[0])
+		b.db.Exec(`UPDATE forward_deliveries SET attempt_count = 3 WHERE id = $1`, ids[0])
 		d := b.dispatcher(t, DispatcherConfig{MaxAttempts: 3})
 		rows := b.next(t, d)
 		if len(rows) != 1 || rows[0].ID != ids[1] {
@@ -116,7 +116,7 @@ func TestDispatcher(t *testing.T) {
 			t.Fatalf("claimed %d rows", len(rows))
 		}
 		// Another instance took row 1 after its lease ran out, unseen.
-		b.db.Exec(`UPDATE forward_records SET claim_token = gen_random_uuid(), claimed_by = 'other' WHERE id = $1`, rows[0].ID)
+		b.db.Exec(`UPDATE forward_deliveries SET claim_token = gen_random_uuid(), claimed_by = 'other' WHERE id = $1`, rows[0].ID)
 		// This instance's output wrote row 4's result, and its
 		// acknowledgement has not reached the dispatcher yet: settled, not
 		// lost.
