@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/dev/childproc"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 )
 
 // TestDeadLetterExampleRuns follows docs/operations.md, "On the dev stack":
@@ -28,11 +29,10 @@ func TestDeadLetterExampleRuns(t *testing.T) {
 	}
 	defer s.Stop()
 
-	if _, err := s.Pool().Exec(ctx, `INSERT INTO forward_records
-		(message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload, status, next_retry_at, last_error, attempt_count)
-		VALUES ('dead-1', 'VEHICLE_EVENT', 'device-vehicle-event', 0, 7, '{"messageId":"dead-1"}', 'FAILED', NULL, 'mapping: inoutType 7 is not 0 or 1', 1)`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.New(t, s.Pool()).Insert(fixture.Row{
+		Key: "dead-1", Status: "FAILED", Offset: 7, Payload: []byte(`{"messageId":"dead-1"}`),
+		LastError: "mapping: inoutType 7 is not 0 or 1", Attempts: 1,
+	})
 
 	addr, err := childproc.FreeAddr()
 	if err != nil {
