@@ -54,8 +54,10 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if err != nil || !strings.Contains(out, "schema migrated from version 0") {
 		t.Fatalf("outbox migrate as forwarder_owner: %v\n%s", err, out)
 	}
-	// Before the grants: the service names what it lacks.
-	refused(t, s, "before-grants", "role forwarder_service lacks", "SELECT on forward_records")
+	// Before the grants: the service names what it lacks, the first of its
+	// grants among them.
+	first := outboxdb.ServiceGrants[0]
+	refused(t, s, "before-grants", "role forwarder_service lacks", first.Privileges[0]+" on "+first.Table)
 	runBlocks(t, pg, blocks, "owner")
 
 	want := map[string][]outboxdb.Grant{
@@ -99,11 +101,14 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if err := s.pool.QueryRow(context.Background(), "SELECT count(*) FROM forward_operator_log WHERE operator = 'e2e' AND action = 'requeue'").Scan(&audits); err != nil || audits != 1 {
 		t.Errorf("%d audit rows of the console role's requeue (%v), want 1", audits, err)
 	}
-	// Without the grants of the actions, the console serves read-only.
-	if _, err := s.pool.Exec(context.Background(), "REVOKE UPDATE ON forward_records FROM forwarder_console"); err != nil {
+	// Without the grants of the actions (those of the table a requeue
+	// writes), the console serves read-only.
+	action := outboxdb.ConsoleActionGrants[0]
+	if _, err := s.pool.Exec(context.Background(), fmt.Sprintf("REVOKE %s ON %s FROM forwarder_console",
+		strings.Join(action.Privileges, ", "), pgx.Identifier{action.Table}.Sanitize())); err != nil {
 		t.Fatal(err)
 	}
-	if line := consoleStarts(t, mergeEnv(s.env, map[string]string{"CONSOLE_DATABASE_URL": console})); !strings.Contains(line, "read-only: the database role lacks UPDATE on forward_records") {
+	if line := consoleStarts(t, mergeEnv(s.env, map[string]string{"CONSOLE_DATABASE_URL": console})); !strings.Contains(line, "read-only: the database role lacks "+action.Privileges[0]+" on "+action.Table) {
 		t.Errorf("the console without the grants of its actions said %q, want that it serves read-only", line)
 	}
 	t.Logf("as forwarder_service: %s", r)
