@@ -253,14 +253,14 @@ func (env *benchEnv) produceBig(ctx context.Context, vehicle, heartbeat string, 
 	return nil
 }
 
-// waitRows waits until the outbox holds n rows.
+// waitRows waits until the outbox holds n messages.
 func waitRows(ctx context.Context, c *child, pool *pgxpool.Pool, n int) error {
 	for {
 		if err := c.exited(); err != nil {
 			return err
 		}
 		var rows int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records`).Scan(&rows); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_messages`).Scan(&rows); err != nil {
 			return err
 		}
 		if rows >= n {
@@ -332,7 +332,7 @@ func (s *rssSampler) heldMax() int {
 func (s *rssSampler) watchHeld(ctx context.Context, pool *pgxpool.Pool) {
 	for {
 		var held int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status = 'IN_PROGRESS'`).Scan(&held); err == nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_deliveries WHERE status = 'IN_PROGRESS'`).Scan(&held); err == nil {
 			s.mu.Lock()
 			s.maxHeld = max(s.maxHeld, held)
 			s.mu.Unlock()
