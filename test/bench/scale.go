@@ -77,9 +77,9 @@ func runScale(ctx context.Context, args []string) error {
 	fs.IntVar(&c.ClaimBatch, "claim-batch", 100, "rows per claim (outbox_retry's default batch_size)")
 	fs.IntVar(&c.Churn, "churn", 200_000, "rows pushed through insert, claim and SUCCESS between the two measurements of each size, without VACUUM (the state between two autovacuums)")
 	fs.IntVar(&c.Drain, "drain", 200_000, "after the measurements of each size, a backlog of this many rows is drained by claims of 500 and the claim time followed (0: skip)")
-	fs.BoolVar(&c.Logs, "logs", false, "also write one forward_retry_logs row per finished row")
+	fs.BoolVar(&c.Logs, "logs", false, "also write the attempt of each FAILED row (a delivered row always has its SUCCESS attempt)")
 	fs.StringVar(&c.Dir, "dir", "", "PostgreSQL cluster directory; an existing load in it is reused (default: a temporary directory)")
-	fs.StringVar(&c.DSN, "dsn", "", "use this database instead of a private cluster (its forward_records is loaded if smaller than -rows)")
+	fs.StringVar(&c.DSN, "dsn", "", "use this database instead of a private cluster (its outbox is loaded if it holds fewer messages than -rows)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the private cluster's directory")
 	fs.IntVar(&c.Workers, "copy-workers", 2, "concurrent COPY streams")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the payloads")
@@ -170,7 +170,7 @@ func scaleSize(ctx context.Context, c *scaleConfig, dsn string, load bool) ([]sc
 	}
 	c.pgVersion = serverVersion(ctx, pool)
 	// Leftovers of an earlier measurement on a reused load.
-	if _, err := pool.Exec(ctx, `DELETE FROM forward_records WHERE message_key LIKE 'backlog-%' OR message_key LIKE 'churn-%'`); err != nil {
+	if err := removeMeasured(ctx, pool); err != nil {
 		return nil, err
 	}
 	var (
@@ -178,29 +178,22 @@ func scaleSize(ctx context.Context, c *scaleConfig, dsn string, load bool) ([]sc
 		finished int64
 	)
 	if load {
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records`).Scan(&finished); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_messages`).Scan(&finished); err != nil {
 			return nil, err
 		}
 		if finished < int64(c.Rows) {
 			if first.LoadDuration, err = copyFinished(ctx, pool, *c, int(finished)); err != nil {
 				return nil, err
 			}
-			if c.Logs {
-				logf("writing one attempt log per row")
-				if _, err := pool.Exec(ctx, `INSERT INTO forward_retry_logs (record_id, attempt_number, result_status, http_status, duration_ms, attempted_at)
-					SELECT id, 1, status, 200, 12, coalesce(succeeded_at, updated_at) FROM forward_records`); err != nil {
-					return nil, err
-				}
-			}
 		}
 	}
-	logf("VACUUM (ANALYZE) forward_records")
+	logf("VACUUM (ANALYZE) of the outbox's tables")
 	start := time.Now()
-	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) forward_records`); err != nil {
+	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) forward_messages, forward_deliveries, forward_retry_logs`); err != nil {
 		return nil, err
 	}
 	first.VacuumDuration = time.Since(start)
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records`).Scan(&finished); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_messages`).Scan(&finished); err != nil {
 		return nil, err
 	}
 
@@ -226,10 +219,26 @@ func scaleSize(ctx context.Context, c *scaleConfig, dsn string, load bool) ([]sc
 		first.Finished, second.Finished = 0, int64(c.Churn)
 	}
 	// Remove what the measurement added, so that a reused load stays as loaded.
-	if _, err := pool.Exec(ctx, `DELETE FROM forward_records WHERE message_key LIKE 'backlog-%' OR message_key LIKE 'churn-%'`); err != nil {
+	if err := removeMeasured(ctx, pool); err != nil {
 		return nil, err
 	}
 	return []scaleResult{first, second}, nil
+}
+
+// removeMeasured deletes the messages a measurement added (backlog and
+// churn), their delivery rows and attempts.
+func removeMeasured(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, `WITH d AS (
+		DELETE FROM forward_deliveries WHERE message_key LIKE 'backlog-%' OR message_key LIKE 'churn-%'
+	), m AS (
+		DELETE FROM forward_messages WHERE message_key LIKE 'backlog-%' OR message_key LIKE 'churn-%'
+		RETURNING id, created_at
+	)
+	DELETE FROM forward_retry_logs l USING m WHERE l.record_id = m.id AND l.record_created_at = m.created_at`)
+	if err != nil {
+		return fmt.Errorf("removing the rows of an earlier measurement: %w", err)
+	}
+	return nil
 }
 
 // churn pushes n rows through the outbox the way the service does: inserted
@@ -323,8 +332,17 @@ func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int) ([]time.Durati
 
 // scaleMeasure times the gauge refresh and the claims of a fresh backlog.
 func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix string, r *scaleResult) error {
-	if err := pool.QueryRow(ctx, `SELECT pg_total_relation_size('forward_records'), n_dead_tup
-		FROM pg_stat_user_tables WHERE relname = 'forward_records'`).Scan(&r.TableBytes, &r.DeadTuples); err != nil {
+	// The messages' and attempts' partitions and the delivery state, with
+	// their indexes.
+	if err := pool.QueryRow(ctx, `WITH rels AS (
+			SELECT relid FROM pg_partition_tree('forward_messages') WHERE isleaf
+			UNION ALL
+			SELECT relid FROM pg_partition_tree('forward_retry_logs') WHERE isleaf
+			UNION ALL
+			SELECT 'forward_deliveries'::regclass
+		)
+		SELECT coalesce(sum(pg_total_relation_size(rels.relid)), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint
+		FROM rels LEFT JOIN pg_stat_user_tables s ON s.relid = rels.relid`).Scan(&r.TableBytes, &r.DeadTuples); err != nil {
 		return err
 	}
 	logf("measuring %s (%s with indexes, %d dead row versions)", r.Label, mib(r.TableBytes), r.DeadTuples)
@@ -344,7 +362,7 @@ func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix
 	// Buffers of the claim's scan (the due CTE: index walk and row locks)
 	// and of the whole gauge statement, from one EXPLAIN each, rolled back.
 	var err error
-	if r.ClaimScanBufs, err = explainBuffers(ctx, pool, "due", outboxdb.ClaimSQL(), c.ClaimBatch, int64(60_000), "scale", 5); err != nil {
+	if r.ClaimScanBufs, err = explainBuffers(ctx, pool, "due", outboxdb.ClaimSQL(), c.ClaimBatch, int64(60_000), "scale", 5, int64(-1)); err != nil {
 		return fmt.Errorf("explaining the claim: %w", err)
 	}
 	if r.GaugesBuffers, err = explainBuffers(ctx, pool, "", outboxdb.RecordGaugesSQL()); err != nil {
@@ -436,7 +454,9 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 }
 
 // finishedSource feeds COPY with finished rows: SUCCESS (a FAILED share
-// aside), created over the last 30 days, with realistic payloads.
+// aside), created over the last 30 days, with realistic payloads. They are
+// copied as one wide row each into a staging table and moved from there to
+// the outbox's tables (loadStagedSQL).
 type finishedSource struct {
 	c        scaleConfig
 	next     *atomic.Int64
@@ -449,6 +469,39 @@ type finishedSource struct {
 	chunk    int64
 	chunkEnd int64
 }
+
+// stagingTable holds one COPY's finished rows until loadStagedSQL moves
+// them; its rows go at commit.
+const stagingTable = `CREATE TEMP TABLE IF NOT EXISTS scale_staging (
+	message_key text, api_type text, kafka_topic text, kafka_partition integer, kafka_offset bigint,
+	kafka_key bytea, payload bytea, status text, attempt_count integer, next_retry_at timestamptz,
+	last_http_status integer, last_error text, created_at timestamptz, updated_at timestamptz,
+	succeeded_at timestamptz) ON COMMIT DELETE ROWS`
+
+// loadStagedSQL moves the staged rows into the outbox as the service would
+// have left them (docs/architecture.md, the data model): every message; a
+// delivery row for each FAILED one; the SUCCESS attempt of each delivered
+// one, which says when and by whom; with $1, the last attempt of each FAILED
+// one as well.
+const loadStagedSQL = `WITH m AS (
+	INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
+	                              kafka_key, payload, created_at)
+	SELECT message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload, created_at
+	FROM scale_staging
+	RETURNING id, created_at, message_key, octet_length(payload) AS payload_size
+), d AS (
+	INSERT INTO forward_deliveries (id, created_at, message_key, status, attempt_count, payload_size,
+	                                last_http_status, last_error, updated_at, failure_class, failed_at)
+	SELECT m.id, m.created_at, m.message_key, 'FAILED', s.attempt_count, m.payload_size,
+	       s.last_http_status, s.last_error, s.updated_at, 'REJECTED', s.updated_at
+	FROM m JOIN scale_staging s ON s.message_key = m.message_key
+	WHERE s.status = 'FAILED'
+)
+INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, http_status,
+                                error_message, duration_ms, attempted_at, attempted_by)
+SELECT m.id, m.created_at, s.attempt_count, s.status, s.last_http_status, s.last_error, 12, s.updated_at, 'scale'
+FROM m JOIN scale_staging s ON s.message_key = m.message_key
+WHERE s.status = 'SUCCESS' OR $1::boolean`
 
 var finishedColumns = []string{"message_key", "api_type", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_key",
 	"payload", "status", "attempt_count", "next_retry_at", "last_http_status", "last_error", "created_at", "updated_at", "succeeded_at"}
@@ -463,7 +516,9 @@ func (s *finishedSource) Next() bool {
 	}
 	i := s.i
 	s.i++
-	created := s.now.Add(-time.Duration(s.end-i) * (30 * 24 * time.Hour) / time.Duration(s.end))
+	// In float: (end-i) × 30 days in nanoseconds overflows an int64 beyond
+	// ~3 500 rows.
+	created := s.now.Add(-time.Duration(float64(30*24*time.Hour) * float64(s.end-i) / float64(s.end)))
 	done := created.Add(40 * time.Millisecond)
 	status, lastErr, httpStatus, succeeded := "SUCCESS", any(nil), any(int32(200)), any(done)
 	if s.c.FailedShare > 0 && i%int64(1/s.c.FailedShare) == 0 {
@@ -519,17 +574,21 @@ func copyFinished(ctx context.Context, pool *pgxpool.Pool, c scaleConfig, from i
 		}
 	}()
 	now := time.Now()
+	// The daily partitions of the 30 days the rows were created over.
+	if _, err := pool.Exec(ctx, `SELECT forward_partition_ensure($1::timestamptz - interval '31 days', $1::timestamptz + interval '1 day', interval '1 day')`, now); err != nil {
+		return 0, fmt.Errorf("creating the partitions of the load: %w", err)
+	}
 	for range c.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Each COPY commits a slice of 1 M rows at most, so a failure
-			// late in the load keeps what was loaded (the load resumes
-			// from the row count next time).
+			// Each COPY commits a slice of 100 000 rows at most, so a
+			// failure late in the load keeps what was loaded (the load
+			// resumes from the row count next time).
 			for ctx.Err() == nil && next.Load() < int64(c.Rows) {
 				fs := &finishedSource{c: c, next: &next, end: int64(c.Rows), payloads: payloads, now: now, chunk: 10_000}
-				limited := &limitSource{src: fs, left: 1_000_000}
-				n, err := pool.CopyFrom(ctx, pgx.Identifier{"forward_records"}, finishedColumns, limited)
+				limited := &limitSource{src: fs, left: 100_000}
+				n, err := copyStaged(ctx, pool, limited, c.Logs)
 				copied.Add(n)
 				if err != nil {
 					mu.Lock()
@@ -551,6 +610,27 @@ func copyFinished(ctx context.Context, pool *pgxpool.Pool, c scaleConfig, from i
 	d := time.Since(start)
 	logf("loaded %d rows in %s (%.0f rows/s)", copied.Load(), d.Round(time.Second), float64(copied.Load())/d.Seconds())
 	return d, nil
+}
+
+// copyStaged copies src into the staging table and moves it to the outbox's
+// tables, in one transaction.
+func copyStaged(ctx context.Context, pool *pgxpool.Pool, src pgx.CopyFromSource, failedLogs bool) (int64, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, stagingTable); err != nil {
+		return 0, err
+	}
+	n, err := tx.CopyFrom(ctx, pgx.Identifier{"scale_staging"}, finishedColumns, src)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec(ctx, loadStagedSQL, failedLogs); err != nil {
+		return 0, err
+	}
+	return n, tx.Commit(ctx)
 }
 
 // limitSource ends a COPY after a number of rows, at a chunk boundary of
