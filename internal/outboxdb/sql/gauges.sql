@@ -2,9 +2,10 @@
 -- refresher per instance (never per scrape). Nothing here reads SUCCESS rows,
 -- so the cost does not grow with the number of finished rows:
 --
--- * PENDING, IN_PROGRESS and FAILED are exact counts through the partial
---   index forward_deliveries_unfinished_status_idx (WHERE status <> 'SUCCESS');
---   the cost grows with the backlog and the FAILED rows only.
+-- * PENDING, IN_PROGRESS and FAILED are exact counts through
+--   forward_deliveries_status_idx: forward_deliveries holds those rows only
+--   (a delivered message has none), so the cost grows with the backlog and
+--   the FAILED rows only.
 -- * The oldest due row is the first entry of forward_deliveries_due_idx, the
 --   same index walk the claim starts with: one index probe.
 -- * Ordering: rows held behind an earlier row of their key (counted through
