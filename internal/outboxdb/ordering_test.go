@@ -925,7 +925,7 @@ func TestOrderingPlans(t *testing.T) {
 	}
 	plan := explain(outboxdb.InsertSQL(), msgKeys, types, topics, parts, offsets, kafkaKeys, payloads, statuses, empty,
 		empty, empty, empty, empty, empty, okeys, outboxdb.NotifyChannel, int64(60000), "me", false, false)
-	for _, want := range []string{"Index Only Scan using forward_deliveries_order_idx", "_message_key_idx\" on \"forward_messages_p"} {
+	for _, want := range []string{"Index Only Scan using forward_deliveries_order_idx", "_message_key_idx on forward_messages_p"} {
 		if !strings.Contains(plan, want) {
 			t.Errorf("the insert's probes do not use %q:\n%s", want, plan)
 		}

@@ -24,8 +24,8 @@ const (
 	dlFieldLease        = "lease"
 )
 
-// writeTimeout bounds a mark or a release, which run after the engine's
-// context may be gone.
+// writeTimeout bounds a claim, a mark or a release, which run to their end
+// even when the engine's context is gone.
 const writeTimeout = 10 * time.Second
 
 func deadLetterSpec() *service.ConfigSpec {
@@ -182,7 +182,12 @@ func (in *deadLetter) ReadBatch(ctx context.Context) (service.MessageBatch, serv
 		return nil, nil, service.ErrNotConnected
 	}
 	for {
-		rows, err := outboxdb.ClaimDeadLetters(ctx, pool, in.batchSize, in.lease)
+		// The claim is not cut short by ctx: cancelled after PostgreSQL
+		// committed it, its rows would stay leased, unseen, for a whole
+		// lease. Rows it returns once ctx is done are given back by emit.
+		claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		rows, err := outboxdb.ClaimDeadLetters(claimCtx, pool, in.batchSize, in.lease)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
