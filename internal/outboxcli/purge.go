@@ -50,7 +50,7 @@ Durations: Go syntax plus days (7d, 36h, 0s).`,
 			&cli.BoolFlag{Name: "force", Usage: "accept --older-than below the safe minimum (24h)"},
 			// Partitions are retired whole; kept so that scripts written for
 			// row batches still run.
-			&cli.IntFlag{Name: "batch-size", Hidden: true, Usage: "ignored"},
+			&cli.IntFlag{Name: "batch-size", Usage: "ignored: partitions are retired whole (accepted for scripts written for schema 4)"},
 			operatorFlag(),
 		},
 		Action: func(c *cli.Context) error {
