@@ -78,11 +78,19 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 
 	// While both run: PgBouncer serves their pools, and their sessions on
 	// the direct connection (LISTEN) are what `outbox migrate` looks for.
-	clients := bouncerRows(t, b, "SHOW CLIENTS")
+	// An instance opens its pool as it starts, which a loaded machine can
+	// make take seconds after the messages were produced.
+	var clients []map[string]string
 	forwarderClients := 0
-	for _, c := range clients {
-		if c["database"] == dbName && c["application_name"] == "forwarder" {
-			forwarderClients++
+	for deadline := time.Now().Add(time.Minute); forwarderClients == 0 && time.Now().Before(deadline); {
+		clients = bouncerRows(t, b, "SHOW CLIENTS")
+		for _, c := range clients {
+			if c["database"] == dbName && c["application_name"] == "forwarder" {
+				forwarderClients++
+			}
+		}
+		if forwarderClients == 0 {
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
 	if forwarderClients == 0 {

@@ -177,11 +177,13 @@ func sampleGate(p *proc) (stop func() []gateSample) {
 // checkRamp checks one instance's samples around a recovery against the
 // ramp's bound: after the last sample that saw the breaker open (the
 // instance half-opened after that sample began), every limit read is at most
-// rampBound of the time since, and the limit passes through values between
-// 1 and the maximum (a jump to the maximum within the first second would
-// break the bound: (outageMaxInFlight-1) round trips of outageLatency are
-// 1.9 s). It returns what it saw, for the log.
-func checkRamp(t *testing.T, name string, samples []gateSample) string {
+// rampBound of the time since (a jump to the maximum within the first
+// second would break the bound: (outageMaxInFlight-1) round trips of
+// outageLatency are 1.9 s). It returns what it saw, for the log, and how
+// many values between 1 and the maximum the limit took: only replies raise
+// it, so an instance the others left nothing to send stays at 1, and the
+// caller asks the steps of some instance.
+func checkRamp(t *testing.T, name string, samples []gateSample) (string, int) {
 	t.Helper()
 	lastOpen := -1
 	for i, smp := range samples {
@@ -191,7 +193,7 @@ func checkRamp(t *testing.T, name string, samples []gateSample) string {
 	}
 	if lastOpen < 0 || lastOpen == len(samples)-1 {
 		t.Errorf("%s: %d samples of the breaker and the limit, none open then recovered: the ramp was not watched", name, len(samples))
-		return ""
+		return "", 0
 	}
 	openedAt := samples[lastOpen].from
 	between := map[int]bool{}
@@ -214,11 +216,7 @@ func checkRamp(t *testing.T, name string, samples []gateSample) string {
 		t.Errorf("%s: the concurrency limit went past the ramp (one more per %v round trip from one at the half-open) %d times: %s",
 			name, outageLatency, len(over), strings.Join(over[:min(len(over), 5)], ", "))
 	}
-	if len(between) < 2 {
-		t.Errorf("%s: the limit took %d values between 1 and %d after the breaker half-opened (%v): no ramp seen",
-			name, len(between), outageMaxInFlight, seen)
-	}
-	return strings.Join(seen, ", ")
+	return strings.Join(seen, ", "), len(between)
 }
 
 // arrivals records when the platform's request count moved, from now until
@@ -324,9 +322,18 @@ func TestOutageFailsNothing(t *testing.T) {
 			// The ramp to FORWARD_MAX_IN_FLIGHT takes at least 1.9 s from
 			// the half-open; the breaker closes after ten healthy replies.
 			time.Sleep(3 * time.Second)
-			var ramps []string
+			var (
+				ramps []string
+				steps int
+			)
 			for i, stop := range samplers {
-				ramps = append(ramps, procs[i].name+": "+checkRamp(t, procs[i].name, stop()))
+				seen, n := checkRamp(t, procs[i].name, stop())
+				ramps = append(ramps, procs[i].name+": "+seen)
+				steps = max(steps, n)
+			}
+			if steps < 2 {
+				t.Errorf("no instance's limit took two values between 1 and %d after the breaker half-opened (%s): no ramp seen",
+					outageMaxInFlight, strings.Join(ramps, "; "))
 			}
 			at := stopArrivals()
 
