@@ -385,3 +385,29 @@ func randomHex(n int) (string, error) {
 	}
 	return hex.EncodeToString(b), nil
 }
+
+// privateCluster starts a PostgreSQL cluster of cfg (its Dir is set here)
+// in dir/pg, dir being a new temporary directory named after prefix when
+// dir is "". stop stops it and removes the directory it made; with keep, or
+// in a directory given, it only stops it and says where it is.
+func privateCluster(ctx context.Context, dir, prefix string, keep bool, cfg pgcluster.Config) (pg *pgcluster.Cluster, stop func(), err error) {
+	own := dir == ""
+	if own {
+		if dir, err = os.MkdirTemp("", prefix); err != nil {
+			return nil, nil, err
+		}
+	}
+	cfg.Dir = filepath.Join(dir, "pg")
+	if pg, err = pgcluster.Start(ctx, cfg); err != nil {
+		return nil, nil, err
+	}
+	return pg, func() {
+		if keep || !own {
+			_ = pg.Stop("fast")
+			logf("cluster kept in %s", dir)
+			return
+		}
+		_ = pg.Remove()
+		_ = os.RemoveAll(dir)
+	}, nil
+}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -58,15 +56,7 @@ func runRetentionBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("retention: -days must be at least 2, -rows at least -days, -delete-batch at least 1")
 	}
 
-	dir, own := c.Dir, false
-	if dir == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "forwarder-retention-"); err != nil {
-			return err
-		}
-		own = true
-	}
-	pg, err := pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(dir, "pg"), Durable: true, Settings: map[string]string{
+	pg, stop, err := privateCluster(ctx, c.Dir, "forwarder-retention-", c.Keep, pgcluster.Config{Durable: true, Settings: map[string]string{
 		"max_wal_size": "8GB", "maintenance_work_mem": "512MB",
 		// The WAL measured is the retirement's own.
 		"autovacuum": "off",
@@ -74,15 +64,7 @@ func runRetentionBench(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if c.Keep || !own {
-			_ = pg.Stop("fast")
-			logf("cluster kept in %s", dir)
-			return
-		}
-		_ = pg.Remove()
-		_ = os.RemoveAll(dir)
-	}()
+	defer stop()
 	if err := ensureDB(ctx, pg, "retention"); err != nil {
 		return err
 	}

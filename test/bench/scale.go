@@ -5,8 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -89,30 +87,14 @@ func runScale(ctx context.Context, args []string) error {
 
 	var emptyDSN, bigDSN string
 	if c.DSN == "" {
-		dir, own := c.Dir, false
-		if dir == "" {
-			var err error
-			if dir, err = os.MkdirTemp("", "forwarder-scale-"); err != nil {
-				return err
-			}
-			own = true
-		}
-		pg, err := pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(dir, "pg"), Settings: map[string]string{
+		pg, stop, err := privateCluster(ctx, c.Dir, "forwarder-scale-", c.Keep, pgcluster.Config{Settings: map[string]string{
 			// Room for the bulk load without checkpoints every few seconds.
 			"max_wal_size": "8GB", "maintenance_work_mem": "512MB",
 		}})
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if c.Keep || !own {
-				_ = pg.Stop("fast")
-				logf("cluster kept in %s", dir)
-				return
-			}
-			_ = pg.Remove()
-			_ = os.RemoveAll(dir)
-		}()
+		defer stop()
 		for _, db := range []string{"scale_empty", "scale"} {
 			if err := ensureDB(ctx, pg, db); err != nil {
 				return err
