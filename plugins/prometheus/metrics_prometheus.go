@@ -120,7 +120,7 @@ gauges across instances with `+"`max`"+`, not `+"`sum`"+`.`).
 				Advanced(),
 			service.NewObjectField(pmFieldOutbox, append(dispatch.DSNFields(),
 				service.NewDurationField(pmFieldOutboxRefresh).
-					Description("How often the record gauges are re-read. A scrape serves the last snapshot. The pool (one connection) is opened at the first refresh.").
+					Description("How often the record gauges are re-read. A scrape serves the last snapshot. The pool (one connection) is opened at the first refresh. One refresh may take this long, at least 5s and at most 30s; refreshes never overlap.").
 					Default("15s"))...,
 			).
 				Description("Export the outbox record gauges of `forward_records`. Omit to export pipeline metrics only.").

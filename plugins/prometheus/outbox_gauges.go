@@ -27,6 +27,7 @@ const (
 	metricOrderingOldestHeld = "forwarder_ordering_oldest_held_age_seconds"
 	metricOrderingBlockedAge = "forwarder_ordering_oldest_blocked_age_seconds"
 	defaultRefreshInterval   = 15 * time.Second
+	defaultRefreshTimeoutMin = 5 * time.Second
 	defaultRefreshTimeoutMax = 30 * time.Second
 )
 
@@ -57,7 +58,9 @@ var (
 type outboxGaugesConfig struct {
 	// RefreshInterval is the time between two refreshes. Default 15s.
 	RefreshInterval time.Duration
-	// Timeout bounds one refresh. Default: RefreshInterval, at most 30s.
+	// Timeout bounds one refresh. Default: RefreshInterval, at least 5s and
+	// at most 30s. Bounded by a short interval alone, a refresh over a slow
+	// link or on a loaded server was cut every time and never served.
 	Timeout time.Duration
 	// Gauge tunes the query (the exact-count threshold of SUCCESS).
 	Gauge outboxdb.GaugeOptions
@@ -65,7 +68,7 @@ type outboxGaugesConfig struct {
 
 func (c outboxGaugesConfig) withDefaults() outboxGaugesConfig {
 	c.RefreshInterval = cmp.Or(c.RefreshInterval, defaultRefreshInterval)
-	c.Timeout = cmp.Or(c.Timeout, min(c.RefreshInterval, defaultRefreshTimeoutMax))
+	c.Timeout = cmp.Or(c.Timeout, max(defaultRefreshTimeoutMin, min(c.RefreshInterval, defaultRefreshTimeoutMax)))
 	return c
 }
 

@@ -2,8 +2,11 @@ package prometheus
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -268,4 +271,84 @@ func TestOutboxGaugesLoop(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestOutboxGaugesSlowLink: on a loaded machine or a distant database a
+// refresh can take longer than a short refresh interval. A refresh bounded
+// by the interval alone was cut every time and never served a snapshot.
+func TestOutboxGaugesSlowLink(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = slowLinkProxy(t, u.Host, 200*time.Millisecond)
+	poolCfg, err := outboxdb.ParsePoolConfig(u.String(), outboxdb.PoolConfig{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _ := newTestLogger()
+	o := newOutboxGauges(outboxGaugesConfig{RefreshInterval: 50 * time.Millisecond}, poolCfg, log)
+	o.start()
+	t.Cleanup(o.stop)
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, _, ok := o.snapshot(); ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no refresh finished over a link answering 200ms late with a 50ms interval")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// slowLinkProxy forwards TCP to target and holds each chunk of the
+// server's replies for delay before passing it on. It returns its address.
+func slowLinkProxy(t *testing.T, target string, delay time.Duration) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+				go func() {
+					buf := make([]byte, 32<<10)
+					for {
+						n, err := up.Read(buf)
+						if n > 0 {
+							time.Sleep(delay)
+							if _, werr := c.Write(buf[:n]); werr != nil {
+								break
+							}
+						}
+						if err != nil {
+							break
+						}
+					}
+					done <- struct{}{}
+				}()
+				<-done
+			})
+		}
+	})
+	return l.Addr().String()
 }
