@@ -3,4 +3,4 @@
 // agree with the code (docs_test.go).
 package docs
 
-//go:generate go run ../internal/docgen -out reference -plugins ../plugins
+//go:generate go run ../internal/docgen -out reference -src ..

@@ -9,7 +9,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/forwarder/forwarder/plugins/mapping"
+	"github.com/forwarder/forwarder/internal/mappingfile"
 )
 
 // checkTestMappings compiles the mapping file of every test case that
@@ -47,7 +47,7 @@ func checkTestMappings(w io.Writer, args []string) {
 				continue
 			}
 			seen = append(seen, path)
-			if _, err := mapping.CompileFile(path); err != nil {
+			if _, err := mappingfile.CompileFile(path); err != nil {
 				fmt.Fprintf(w, "Mapping %s (target_mapping of %s) does not compile: %v\n", path, file, err)
 			}
 		}

@@ -17,8 +17,8 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/mappingfile"
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/plugins/mapping"
 )
 
 // Payload is a stored payload made fit to show: valid JSON indented, text
@@ -207,7 +207,7 @@ var previewSlots = make(chan struct{}, previewRuns)
 // the credentials are never read: the body shows "***" where the
 // http_forwarder output puts them. Times follow PLATFORM_TZ of this process.
 // The mapping is compiled once per content of its files
-// (mapping.CompileFile), and run within the bounds above.
+// (mappingfile.CompileFile), and run within the bounds above.
 func PreviewRequest(mappingsDir string, rec outboxdb.Record) Preview {
 	file := filepath.Join(mappingsDir, strings.ToLower(rec.APIType)+".blobl")
 	p := Preview{Mapping: file}
@@ -222,7 +222,7 @@ func PreviewRequest(mappingsDir string, rec outboxdb.Record) Preview {
 		p.Err = "no request: the mapping cannot read this payload (" + payloadProblem(rec) + ")"
 		return p
 	}
-	exec, err := mapping.CompileFile(file)
+	exec, err := mappingfile.CompileFile(file)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			p.Err = fmt.Sprintf("api_type %s has no mapping: %s does not exist (set --mappings to the mappings directory)", SafeText(rec.APIType), file)
@@ -290,7 +290,7 @@ func runPreview(exec *bloblang.Executor, msg *service.Message, timeout time.Dura
 		res, err := msg.BloblangQuery(exec)
 		switch {
 		case err != nil:
-			done <- result{err: "mapping: " + SafeText(mapping.ErrorReason(err))}
+			done <- result{err: "mapping: " + SafeText(mappingfile.ErrorReason(err))}
 		case res == nil:
 			done <- result{err: "the mapping deleted the message: nothing would be sent"}
 		default:

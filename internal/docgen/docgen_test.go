@@ -11,7 +11,7 @@ import (
 
 const (
 	referenceDir = "../../docs/reference"
-	pluginsDir   = "../../plugins"
+	srcRoot      = "../.."
 	regenerate   = "docs/reference is stale: run `go generate ./docs` (or `make docs`) from the repository root and commit the result"
 )
 
@@ -20,7 +20,7 @@ const (
 func TestReferenceIsCurrent(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	if err := write(dir, pluginsDir); err != nil {
+	if err := write(dir, srcRoot); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := filepath.Glob(filepath.Join(dir, "*.md"))
@@ -49,7 +49,7 @@ func TestReferenceIsCurrent(t *testing.T) {
 
 func TestRender(t *testing.T) {
 	t.Parallel()
-	pages, err := render(pluginsDir)
+	pages, err := render(srcRoot)
 	if err != nil {
 		t.Fatal(err)
 	}

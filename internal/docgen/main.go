@@ -6,7 +6,8 @@
 // It imports only our plugins (plugins/all), so the Benthos environment it
 // walks holds our components and no built-in ones; Bloblang's built-in
 // methods and functions are always registered, so ours are picked by name
-// from the registrations in plugins/ (ourBloblang).
+// from the registrations in plugins/ and internal/ (ourBloblang: the
+// methods mapping files use live with the mapping engine, internal/mappingfile).
 package main
 
 import (
@@ -28,17 +29,17 @@ import (
 
 func main() {
 	out := flag.String("out", "docs/reference", "directory to write the reference into")
-	plugins := flag.String("plugins", "plugins", "the plugins' source directory, to find our Bloblang plugins")
+	src := flag.String("src", ".", "the repository's root, to find our Bloblang plugins in plugins/ and internal/")
 	flag.Parse()
-	if err := write(*out, *plugins); err != nil {
+	if err := write(*out, *src); err != nil {
 		fmt.Fprintln(os.Stderr, "docgen:", err)
 		os.Exit(1)
 	}
 }
 
 // write renders every page into dir, replacing the .md files there.
-func write(dir, pluginsDir string) error {
-	pages, err := render(pluginsDir)
+func write(dir, srcRoot string) error {
+	pages, err := render(srcRoot)
 	if err != nil {
 		return err
 	}
@@ -75,7 +76,7 @@ var kinds = []kind{
 }
 
 // render returns every page by file name.
-func render(pluginsDir string) (map[string][]byte, error) {
+func render(srcRoot string) (map[string][]byte, error) {
 	env := service.GlobalEnvironment()
 	pages := map[string][]byte{}
 	type entry struct{ Kind, File, Name, Summary string }
@@ -110,7 +111,7 @@ func render(pluginsDir string) (map[string][]byte, error) {
 		pages[k.File] = b
 	}
 
-	methods, functions, err := ourBloblang(pluginsDir)
+	methods, functions, err := ourBloblang(filepath.Join(srcRoot, "plugins"), filepath.Join(srcRoot, "internal"))
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +128,7 @@ func render(pluginsDir string) (map[string][]byte, error) {
 		}
 	})
 	if len(ms) != len(methods) || len(fs) != len(functions) {
-		return nil, fmt.Errorf("plugins/ registers Bloblang methods %v and functions %v, the environment has %d and %d of them", methods, functions, len(ms), len(fs))
+		return nil, fmt.Errorf("plugins/ and internal/ register Bloblang methods %v and functions %v, the environment has %d and %d of them", methods, functions, len(ms), len(fs))
 	}
 	slices.SortFunc(ms, func(a, b bloblang.TemplateMethodData) int { return strings.Compare(a.Name, b.Name) })
 	slices.SortFunc(fs, func(a, b bloblang.TemplateFunctionData) int { return strings.Compare(a.Name, b.Name) })
@@ -155,11 +156,23 @@ func render(pluginsDir string) (map[string][]byte, error) {
 var registration = regexp.MustCompile(`Register(Method|Function)V2\(\s*"([a-z0-9_]+)"`)
 
 // ourBloblang lists the Bloblang methods and functions that the packages
-// under dir register, leaving out the helpers of spec lint rules (named
+// under dirs register, leaving out the helpers of spec lint rules (named
 // *_lint or *_lints, registered under a constant name), which configs
 // cannot call.
-func ourBloblang(dir string) (methods, functions []string, err error) {
-	err = filepath.WalkDir(dir, func(p string, d os.DirEntry, werr error) error {
+func ourBloblang(dirs ...string) (methods, functions []string, err error) {
+	for _, dir := range dirs {
+		if err := walkRegistrations(dir, &methods, &functions); err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(methods)+len(functions) == 0 {
+		err = fmt.Errorf("no Bloblang plugin registrations found under %v", dirs)
+	}
+	return methods, functions, err
+}
+
+func walkRegistrations(dir string, methods, functions *[]string) error {
+	return filepath.WalkDir(dir, func(p string, d os.DirEntry, werr error) error {
 		if werr != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
 			return werr
 		}
@@ -172,17 +185,13 @@ func ourBloblang(dir string) (methods, functions []string, err error) {
 				continue
 			}
 			if m[1] == "Method" {
-				methods = append(methods, m[2])
+				*methods = append(*methods, m[2])
 			} else {
-				functions = append(functions, m[2])
+				*functions = append(*functions, m[2])
 			}
 		}
 		return nil
 	})
-	if err == nil && len(methods)+len(functions) == 0 {
-		err = fmt.Errorf("no Bloblang plugin registrations found under %s", dir)
-	}
-	return methods, functions, err
 }
 
 func firstSentence(s string) string {

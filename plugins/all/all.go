@@ -5,10 +5,10 @@ package all
 import (
 	// Each import registers its components in init.
 	_ "github.com/forwarder/forwarder/plugins/deadletter"
-	_ "github.com/forwarder/forwarder/plugins/dispatch"
 	_ "github.com/forwarder/forwarder/plugins/httpforwarder"
 	_ "github.com/forwarder/forwarder/plugins/kafka"
 	_ "github.com/forwarder/forwarder/plugins/mapping"
 	_ "github.com/forwarder/forwarder/plugins/outbox"
+	_ "github.com/forwarder/forwarder/plugins/outboxretry"
 	_ "github.com/forwarder/forwarder/plugins/prometheus"
 )

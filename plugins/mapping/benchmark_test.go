@@ -5,6 +5,8 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
 	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/mappingfile"
 )
 
 // BenchmarkMappingFileVehicleEvent maps the documented vehicle event (mappings/README.md) with the
@@ -20,7 +22,7 @@ func BenchmarkMappingFileHeartbeat(b *testing.B) {
 }
 
 func benchmarkMappingFile(b *testing.B, path, event string) {
-	p, err := newMappingFile(path, 0, osFiles{}, nil, nil)
+	p, err := newMappingFile(path, 0, mappingfile.OSFiles{}, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,7 +43,7 @@ func benchmarkMappingFile(b *testing.B, path, event string) {
 func BenchmarkPercentRound(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := PercentRound("0.854"); err != nil {
+		if _, err := mappingfile.PercentRound("0.854"); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	// The binary has Benthos's io components, and with them env(), file()
 	// and hostname(): without them this test would prove nothing.
 	_ "github.com/redpanda-data/benthos/v4/public/components/io"
+
+	"github.com/forwarder/forwarder/internal/mappingfile"
 )
 
 // TestMappingFilesCannotReadTheHost compiles mapping files that read the
@@ -71,9 +73,9 @@ func TestMappingFilesCannotReadTheHost(t *testing.T) {
 					t.Errorf("%s: the error holds what it read: %v", what, err)
 				}
 			}
-			_, err := newMappingFile(path, 0, osFiles{}, service.MockResources().Logger(), service.MockResources().Metrics())
+			_, err := newMappingFile(path, 0, mappingfile.OSFiles{}, service.MockResources().Logger(), service.MockResources().Metrics())
 			check("the processor", err)
-			_, err = CompileFile(path)
+			_, err = mappingfile.CompileFile(path)
 			check("the preview", err)
 			if lints := lintMappingFile(t, path); len(lints) != 1 {
 				t.Errorf("forwarder lint: %v, want one lint", lints)
@@ -90,7 +92,7 @@ root.credibility = this.p.apply("ok")
 root.at = (this.t / 1000).floor().ts_format_platform("2006-01-02 15:04:05")
 root.now_is_allowed = now().type()
 `)
-		exec, err := CompileFile(path)
+		exec, err := mappingfile.CompileFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/mappingfile"
 )
 
 const hostilePicture = `{"picType": 1, "picUrl": "jieshun/2026/05/21/P1001/a.jpg"}`
@@ -59,7 +61,7 @@ func hostileVehicleEvent(size int) []byte {
 //
 // Not parallel: it reads the whole process's counters.
 func TestVehicleEventHostileIsLinear(t *testing.T) {
-	p, err := newMappingFile("../../mappings/vehicle_event.blobl", 0, osFiles{}, service.MockResources().Logger(), nil)
+	p, err := newMappingFile("../../mappings/vehicle_event.blobl", 0, mappingfile.OSFiles{}, service.MockResources().Logger(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +189,7 @@ func BenchmarkPercentRoundHuge(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(fmt.Sprint(in))))
 			for b.Loop() {
-				if got, err := PercentRound(in); err != nil || (got != 57 && got < 100) {
+				if got, err := mappingfile.PercentRound(in); err != nil || (got != 57 && got < 100) {
 					b.Fatalf("got %d, %v", got, err)
 				}
 			}
@@ -199,7 +201,7 @@ func BenchmarkPercentRoundHuge(b *testing.B) {
 // shipped mapping: the hostile valid event, and one whose 16 MiB credibility
 // string is not a number (a mapping error).
 func BenchmarkMappingFileHostileEvent(b *testing.B) {
-	p, err := newMappingFile("../../mappings/vehicle_event.blobl", 0, osFiles{}, nil, nil)
+	p, err := newMappingFile("../../mappings/vehicle_event.blobl", 0, mappingfile.OSFiles{}, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

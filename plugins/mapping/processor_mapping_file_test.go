@@ -11,12 +11,13 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
+
+	"github.com/forwarder/forwarder/internal/mappingfile"
 )
 
 func TestMain(m *testing.M) {
@@ -435,50 +436,6 @@ root.extra = {"state": {"field": "extraType", "value": this.extraType.or(1)}.app
 	})
 }
 
-func TestMappingErrorReason(t *testing.T) {
-	t.Parallel()
-
-	for in, want := range map[string]string{
-		"failed assignment (line 12): failed assignment (line 3): inoutType 7 is not 0 or 1":                                  "inoutType 7 is not 0 or 1",
-		"failed assignment (line 23): failed to process element 1: map picture: failed assignment (line 4): picType 5 is bad": "picType 5 is bad",
-		"failed assignment (line 1): if expression: match expression: x":                                                      "x",
-		"failed assignment (line 2): field `this.x`: expected number value, got string (\"a\")":                               "field `this.x`: expected number value, got string (\"a\")",
-		"failed assignment (line 9): failed to resolve 'pic_type' value: picType 5 is not 1-4":                                "picType 5 is not 1-4",
-		"failed assignment (line 2): ": "failed assignment (line 2): ",
-		"plain":                        "plain",
-	} {
-		if got := mappingErrorReason(fmt.Errorf("%s", in)); got != want {
-			t.Errorf("mappingErrorReason(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-// A reason can be long without quoting any value (a mapping that throws
-// many fields, or the text of a value it built): it is cut, at a character
-// boundary, and says how much was left out.
-func TestMappingErrorReasonIsCut(t *testing.T) {
-	t.Parallel()
-
-	reason := "the event is " + strings.Repeat("é", 1<<20)
-	got := mappingErrorReason(fmt.Errorf("failed assignment (line 2): %s", reason))
-	kept, cut, ok := strings.Cut(got, "... (")
-	if !ok {
-		t.Fatalf("reason of %d bytes not cut: %.80q", len(reason), got)
-	}
-	if len(kept) > maxReasonBytes || len(kept) < maxReasonBytes-utf8.UTFMax {
-		t.Errorf("kept %d bytes, want %d or a few less", len(kept), maxReasonBytes)
-	}
-	if !strings.HasPrefix(reason, kept) || !utf8.ValidString(kept) {
-		t.Errorf("kept %.80q..., want a valid prefix of the reason", kept)
-	}
-	if want := fmt.Sprintf("%d more bytes)", len(reason)-len(kept)); cut != want {
-		t.Errorf("note %q, want %q", cut, want)
-	}
-	if short := "inoutType 7 is not 0 or 1"; mappingErrorReason(errors.New(short)) != short {
-		t.Errorf("a short reason changed")
-	}
-}
-
 // A batch is always mapped by a single version of the mapping, however the
 // file changes while batches are processed.
 func TestMappingFileSwapIsPerBatch(t *testing.T) {
@@ -487,7 +444,7 @@ func TestMappingFileSwapIsPerBatch(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "m.blobl")
 	writeFile(t, path, `root.v = "A"`)
-	proc, err := newMappingFile(path, time.Millisecond, osFiles{}, service.MockResources().Logger(), nil)
+	proc, err := newMappingFile(path, time.Millisecond, mappingfile.OSFiles{}, service.MockResources().Logger(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -561,7 +518,7 @@ func TestMappingFileConstruction(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "broken.blobl")
 		writeFile(t, path, "root.a = 1\nroot.b = this.b.no_such_method()\nroot.c = 2\n")
-		_, err := newMappingFile(path, 0, osFiles{}, nil, nil)
+		_, err := newMappingFile(path, 0, mappingfile.OSFiles{}, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), "broken.blobl:2:") {
 			t.Fatalf("got %v, want an error naming broken.blobl:2:", err)
 		}
@@ -569,7 +526,7 @@ func TestMappingFileConstruction(t *testing.T) {
 
 	t.Run("MissingFileFails", func(t *testing.T) {
 		t.Parallel()
-		_, err := newMappingFile(filepath.Join(t.TempDir(), "nope.blobl"), 0, osFiles{}, nil, nil)
+		_, err := newMappingFile(filepath.Join(t.TempDir(), "nope.blobl"), 0, mappingfile.OSFiles{}, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), "nope.blobl") {
 			t.Fatalf("got %v", err)
 		}
@@ -664,7 +621,7 @@ func TestMappingFileParseErrorLocation(t *testing.T) {
 			}
 			writeFile(t, path, content)
 		}
-		_, err := newMappingFile(filepath.Join(dir, "main.blobl"), 0, osFiles{}, nil, nil)
+		_, err := newMappingFile(filepath.Join(dir, "main.blobl"), 0, mappingfile.OSFiles{}, nil, nil)
 		if err == nil {
 			t.Fatal("compiled, want an error")
 		}
@@ -754,7 +711,7 @@ func TestMappingFileParseErrorLocation(t *testing.T) {
 			fmt.Sprintf("(imported by %s:%d:1)", filepath.Join(dir, "vehicle_event.blobl"), importLine),
 		}
 
-		_, err := newMappingFile(filepath.Join(dir, "vehicle_event.blobl"), 0, osFiles{}, nil, nil)
+		_, err := newMappingFile(filepath.Join(dir, "vehicle_event.blobl"), 0, mappingfile.OSFiles{}, nil, nil)
 		if err == nil {
 			t.Fatal("compiled, want an error")
 		}
@@ -809,7 +766,7 @@ func lineContaining(t *testing.T, file, substr string) int {
 }
 
 // TestMappingErrorQuotedValuesAreCapped checks that every value a mapping
-// error quotes is cut to maxQuotedBytes, as the mappings' show helper cuts
+// error quotes is cut to 64 bytes, as the mappings' show helper cuts
 // the values they name, and says how much was left out: strconv's errors
 // quote the whole text they could not parse, Benthos's type errors the whole
 // value they got, and either can be as long as the message.
@@ -836,7 +793,7 @@ func TestMappingErrorQuotedValuesAreCapped(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			if got := mappingErrorReason(errors.New("failed assignment (line 1): " + tc.in)); got != tc.want {
+			if got := mappingfile.ErrorReason(errors.New("failed assignment (line 1): " + tc.in)); got != tc.want {
 				t.Errorf("got  %q\nwant %q", got, tc.want)
 			}
 		})
@@ -846,7 +803,7 @@ func TestMappingErrorQuotedValuesAreCapped(t *testing.T) {
 	// and one that abs() cannot take.
 	path := filepath.Join(t.TempDir(), "m.blobl")
 	writeFile(t, path, "root.n = this.s.number()\nroot.m = this.m.abs()\n")
-	p, err := newMappingFile(path, 0, osFiles{}, service.MockResources().Logger(), service.MockResources().Metrics())
+	p, err := newMappingFile(path, 0, mappingfile.OSFiles{}, service.MockResources().Logger(), service.MockResources().Metrics())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package mapping
+package mappingfile
 
 import (
 	"crypto/sha256"
@@ -9,9 +9,7 @@ import (
 )
 
 // CompileFile compiles the Bloblang file at path the way the mapping_file
-// processor does (global environment, so percent_round and
-// ts_format_platform are there; imports resolved against the importing
-// file's directory), for tools that show what a mapping makes of a message
+// processor does (Compile, from the OS's files), for tools that show what a mapping makes of a message
 // (`forwarder outbox show`, the console). A compiled mapping is kept with
 // the content of every file it read, and compiled again only when one of
 // them changed: a console page view reads the files but does not compile.
@@ -19,7 +17,7 @@ func CompileFile(path string) (*bloblang.Executor, error) {
 	if exec := compiled.get(path); exec != nil {
 		return exec, nil
 	}
-	m, watched, err := compileMappingFile(osFiles{}, path)
+	m, watched, err := Compile(OSFiles{}, path)
 	if err != nil {
 		return nil, err
 	}
@@ -27,13 +25,9 @@ func CompileFile(path string) (*bloblang.Executor, error) {
 	for name, st := range watched {
 		sums[name] = st.sum
 	}
-	compiled.put(path, cachedMapping{exec: m.exec, sums: sums})
-	return m.exec, nil
+	compiled.put(path, cachedMapping{exec: m.Exec, sums: sums})
+	return m.Exec, nil
 }
-
-// ErrorReason returns the reason of a mapping error as the pipeline records
-// it (after "mapping: "), without Bloblang's structural prefixes.
-func ErrorReason(err error) string { return mappingErrorReason(err) }
 
 // maxCompiled bounds the mappings CompileFile keeps (one per api_type in
 // practice); past it the cache starts again.

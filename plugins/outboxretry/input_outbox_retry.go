@@ -1,7 +1,7 @@
-// Package dispatch provides the outbox_retry input: the dispatcher that
+// Package outboxretry provides the outbox_retry input: the dispatcher that
 // claims due outbox rows (new ones, retries and abandoned claims) and hands
 // them to the pipeline.
-package dispatch
+package outboxretry
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package mapping
+package mappingfile
 
 import (
 	"errors"
@@ -30,7 +30,7 @@ const maxImportDepth = 16
 //
 // The files are read again for this, so an edit made in between can make the
 // message describe the newer content; the next reload reports that anyway.
-func describeParseError(files fileReader, root, path, content string, perr *bloblang.ParseError) string {
+func describeParseError(files FileReader, root, path, content string, perr *bloblang.ParseError) string {
 	var importedBy []string
 	for range maxImportDepth {
 		line, col, imported, ok := locateParseError(content, perr)
@@ -239,3 +239,48 @@ func cutText(s string, n int, escaped bool) string {
 	}
 	return s[:i]
 }
+
+// structuralPrefix matches the context Bloblang adds around an error raised
+// inside a mapping; the reason itself (a throw() message, or a field's type
+// error such as "field `this.x`: ...") is what remains.
+// An object literal adds "failed to resolve 'key' value: " (Benthos
+// query/literals.go); keys are mapping fields, so they hold no quote.
+var structuralPrefix = regexp.MustCompile(`^(?:failed assignment \(line \d+\): |failed to process element \d+: |map [\w-]+: |(?:if|match) expression: |failed to resolve '[^']*' value: )`)
+
+// ErrorReason returns the reason of a mapping error without its
+// structural prefixes, every quoted value in it cut to maxQuotedBytes and
+// the whole to maxReasonBytes.
+func ErrorReason(err error) string {
+	s := err.Error()
+	for {
+		loc := structuralPrefix.FindStringIndex(s)
+		if loc == nil || loc[1] == len(s) {
+			return cutReason(capQuoted(s))
+		}
+		s = s[loc[1]:]
+	}
+}
+
+// maxReasonBytes bounds a mapping error as flagged and logged. Bloblang's
+// type errors quote the value they got ("expected number value, got string
+// (\"...\")"), which can be as long as the message, and the reason ends up in
+// the outbox row and the logs.
+const maxReasonBytes = 1024
+
+// cutReason cuts s to at most maxReasonBytes (plus a note of how much was
+// cut), at a character boundary.
+func cutReason(s string) string {
+	if len(s) <= maxReasonBytes {
+		return s
+	}
+	end := maxReasonBytes
+	for end > 0 && !utf8.RuneStart(s[end]) {
+		end--
+	}
+	return fmt.Sprintf("%s... (%d more bytes)", s[:end], len(s)-end)
+}
+
+// LogReason is err in full, as the debug log shows it: Bloblang's
+// structural prefixes kept, quoted values and length cut as ErrorReason
+// cuts them.
+func LogReason(err error) string { return cutReason(capQuoted(err.Error())) }

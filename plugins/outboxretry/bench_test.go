@@ -1,4 +1,4 @@
-package dispatch
+package outboxretry
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 // build the messages with their metadata, ack. claims/s is rows claimed per
 // second by one input.
 //
-//	go test ./plugins/dispatch -run '^$' -bench ReadBatch
+//	go test ./plugins/outboxretry -run '^$' -bench ReadBatch
 func BenchmarkReadBatch(b *testing.B) {
 	const batch = 500
 	tb := setup(b)
