@@ -2,7 +2,7 @@
 // the metadata each one sets on a message and the next one reads. Nobody
 // else spells a key.
 //
-//	kafka_franz ──Kafka──► outbox ──Stored (emit: new)──►
+//	kafka_franz ──Kafka──► outbox (stores, passes nothing on)
 //	outbox_retry ──Claim──► mapping ──► http_forwarder
 //	outbox_dead_letter ──Failed──► kafka_franz output
 //
@@ -31,8 +31,8 @@ const (
 	KafkaOversize = "kafka_oversize"
 )
 
-// Keys of an outbox row, set by the outbox processor (emit: new), the
-// outbox_retry input and the outbox_dead_letter input.
+// Keys of an outbox row, set by the outbox_retry input and the
+// outbox_dead_letter input.
 const (
 	OutboxID         = "outbox_id"
 	MessageKey       = "message_key"
@@ -112,19 +112,18 @@ func Oversize(msg *service.Message) (why string, ok bool) {
 	return why, ok && why != ""
 }
 
-// Stored names the row a message was stored in (the outbox processor with
-// emit: new).
-type Stored struct {
-	ID         int64
-	MessageKey string
-	APIType    string
-}
-
-// SetStored sets the row metadata of a message passed on after persisting.
-func SetStored(msg *service.Message, s Stored) {
-	msg.MetaSetMut(OutboxID, s.ID)
-	msg.MetaSetMut(MessageKey, s.MessageKey)
-	msg.MetaSetMut(APIType, s.APIType)
+// setRow sets the metadata of the outbox row c: its id, key, API type,
+// where its message was read (the key always, empty when it had none) and
+// when it was stored.
+func setRow(msg *service.Message, c Claim) {
+	msg.MetaSetMut(OutboxID, c.ID)
+	msg.MetaSetMut(MessageKey, c.MessageKey)
+	msg.MetaSetMut(APIType, c.APIType)
+	msg.MetaSetMut(KafkaTopic, c.Kafka.Topic)
+	msg.MetaSetMut(KafkaPartition, int64(c.Kafka.Partition))
+	msg.MetaSetMut(KafkaOffset, c.Kafka.Offset)
+	msg.MetaSetMut(KafkaKey, string(c.Kafka.Key))
+	msg.MetaSetMut(CreatedAtMs, c.CreatedAt.UnixMilli())
 }
 
 // Claim is one claim of one outbox row, as the dispatcher hands it down the
@@ -149,14 +148,9 @@ type Claim struct {
 
 // SetClaim sets the claim metadata (and the row's Kafka origin) of msg.
 func SetClaim(msg *service.Message, c Claim) {
-	SetStored(msg, Stored{ID: c.ID, MessageKey: c.MessageKey, APIType: c.APIType})
+	setRow(msg, c)
 	msg.MetaSetMut(Attempt, int64(c.Attempt))
 	msg.MetaSetMut(ClaimToken, c.Token)
-	msg.MetaSetMut(KafkaTopic, c.Kafka.Topic)
-	msg.MetaSetMut(KafkaPartition, int64(c.Kafka.Partition))
-	msg.MetaSetMut(KafkaOffset, c.Kafka.Offset)
-	msg.MetaSetMut(KafkaKey, string(c.Kafka.Key))
-	msg.MetaSetMut(CreatedAtMs, c.CreatedAt.UnixMilli())
 	msg.MetaSetMut(LeaseExpiresAtMs, c.LeaseExpiresAt.UnixMilli())
 }
 
@@ -223,17 +217,12 @@ type Failed struct {
 
 // SetFailed sets the metadata of a dead-lettered row.
 func SetFailed(msg *service.Message, f Failed) {
-	SetStored(msg, Stored{ID: f.ID, MessageKey: f.MessageKey, APIType: f.APIType})
+	setRow(msg, f.Claim)
 	msg.MetaSetMut(LastError, f.LastError)
 	if f.LastHTTPStatus != 0 {
 		msg.MetaSetMut(LastHTTPStatus, int64(f.LastHTTPStatus))
 	}
 	msg.MetaSetMut(AttemptCount, int64(f.AttemptCount))
-	msg.MetaSetMut(KafkaTopic, f.Kafka.Topic)
-	msg.MetaSetMut(KafkaPartition, int64(f.Kafka.Partition))
-	msg.MetaSetMut(KafkaOffset, f.Kafka.Offset)
-	msg.MetaSetMut(KafkaKey, string(f.Kafka.Key))
-	msg.MetaSetMut(CreatedAtMs, f.CreatedAt.UnixMilli())
 	msg.MetaSetMut(FailedAtMs, f.FailedAt.UnixMilli())
 }
 

@@ -70,8 +70,8 @@ func TestHotUpdates(t *testing.T) {
 	for i := range recs {
 		recs[i] = pendingRec(fmt.Sprintf("hot-%03d", i), int64(i))
 	}
-	if res, err := outboxdb.InsertBatch(ctx, pool, recs); err != nil || countInserted(res) != n {
-		t.Fatalf("inserting %d rows: %d, %v", n, countInserted(res), err)
+	if c, err := outboxdb.InsertBatchCount(ctx, pool, recs); err != nil || c.Pending != n {
+		t.Fatalf("inserting %d rows: %d, %v", n, c.Pending, err)
 	}
 
 	var claimed []outboxdb.Record

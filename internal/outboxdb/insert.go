@@ -17,14 +17,13 @@ import (
 var (
 	insertSQL         = mustSQL("insert.sql")
 	insertBackstopSQL = mustSQL("insert_backstop.sql")
-	insertExistingSQL = mustSQL("insert_existing.sql")
 )
 
 // InsertSQL is the batch insert statement (also the insert of direct
 // dispatch), exported for plan tests and benchmarks.
 func InsertSQL() string { return insertSQL }
 
-// NewRecord is one message to persist with InsertBatch.
+// NewRecord is one message to persist with InsertBatchCount or InsertBatchClaim.
 type NewRecord struct {
 	// MessageKey is the idempotency key (message_key): a second record with
 	// the same key, in the same batch or any later one, is not inserted.
@@ -57,20 +56,7 @@ type NewRecord struct {
 	OrderingKey string
 }
 
-// InsertResult is what InsertBatch did for one input record.
-type InsertResult struct {
-	// ID is the row's id, new or existing.
-	ID int64
-	// Inserted is true when this record created the row; false when the key
-	// was already stored, or when an earlier record of the same batch had the
-	// same key.
-	Inserted bool
-	// Status is the row's status: the inserted one, or the existing row's
-	// current status.
-	Status Status
-}
-
-// MaxKeyBytes is the longest message_key InsertBatch accepts. The unique
+// MaxKeyBytes is the longest message_key the inserts accept. The unique
 // btree index on message_key cannot hold entries much over 2.7 kB; a key that
 // long is a broken producer, not an identity.
 const MaxKeyBytes = 1024
@@ -92,65 +78,20 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// maxInsertRounds bounds the insert/look-up rounds of InsertBatch. A second
-// round is needed only when a key's existing row was deleted (purged) between
-// the insert and the look-up.
-const maxInsertRounds = 3
-
-// InsertBatch persists recs idempotently and returns one result per record,
-// in input order.
-//
-// Records are deduplicated by key first (the first one wins) and inserted in
-// one statement (insert.sql) that also notifies NotifyChannel, in the same
-// transaction, when a PENDING row was inserted. Keys that already had a row
-// are looked up in a second statement only when there are any. q may be a
-// pool, a connection or a transaction; outside a transaction the insert and
-// its notification commit on their own, before InsertBatch returns.
-func InsertBatch(ctx context.Context, q Querier, recs []NewRecord) ([]InsertResult, error) {
-	results := make([]InsertResult, len(recs))
-	if len(recs) == 0 {
-		return results, nil
-	}
-	first, unique, err := dedupe(recs)
-	if err != nil {
-		return nil, err
-	}
-
-	pending := unique
-	for round := 0; len(pending) > 0; round++ {
-		if round == maxInsertRounds {
-			return nil, fmt.Errorf("inserting outbox rows: %d keys were neither inserted nor found after %d rounds (rows deleted concurrently?)", len(pending), round)
-		}
-		if err := insertRows(ctx, q, recs, pending, first, results); err != nil {
-			return nil, err
-		}
-		pending = unresolved(pending, results)
-		if len(pending) == 0 {
-			break
-		}
-		if err := lookupRows(ctx, q, recs, pending, first, results); err != nil {
-			return nil, err
-		}
-		pending = unresolved(pending, results)
-	}
-
-	for i := range recs {
-		if j := first[recs[i].MessageKey]; j != i {
-			results[i] = InsertResult{ID: results[j].ID, Status: results[j].Status}
-		}
-	}
-	return results, nil
-}
-
 // InsertCounts says how many rows InsertBatchCount created, by status.
 type InsertCounts struct {
 	Pending, Failed int
 }
 
-// InsertBatchCount is InsertBatch for callers that need no per-record
-// results: the same deduplication, insert and notification, returning only
-// how many rows were created. Records whose key already had a row are simply
-// not counted.
+// InsertBatchCount persists recs idempotently and returns how many rows it
+// created, by status.
+//
+// Records are deduplicated by key first (the first one wins) and inserted in
+// one statement (insert.sql) that also notifies NotifyChannel, in the same
+// transaction, when a PENDING row was inserted. Records whose key already
+// had a row change nothing and are not counted. q may be a pool, a
+// connection or a transaction; outside a transaction the insert and its
+// notification commit on their own, before InsertBatchCount returns.
 func InsertBatchCount(ctx context.Context, q Querier, recs []NewRecord) (InsertCounts, error) {
 	c, _, err := InsertBatchClaim(ctx, q, recs, DirectClaim{})
 	return c, err
@@ -246,10 +187,7 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 		counts  InsertCounts
 		claimed []Record
 	)
-	err = runInsert(ctx, q, args, orderLockKeys(recs, unique), c, false, func(r insertedRow) error {
-		if r.Status != StatusInProgress {
-			return nil
-		}
+	err = runInsert(ctx, q, args, orderLockKeys(recs, unique), c, func(r insertedRow) error {
 		i, ok := first[r.Key]
 		if !ok || r.Token == nil || r.Due == nil {
 			return fmt.Errorf("insert returned an unknown or unclaimed key %q", r.Key)
@@ -286,10 +224,9 @@ type insertedRow struct {
 
 // runInsert runs insert.sql with args (insertArgs) and the claim c, after
 // locking the ordering keys keys (see queryLocked), calls each for every row
-// it sends back (every inserted one when all is true, else the claimed
-// ones) and adds the inserted PENDING and FAILED rows to counts.
-func runInsert(ctx context.Context, q Querier, args []any, keys []string, c DirectClaim, all bool, each func(insertedRow) error, counts *InsertCounts) error {
-	args = append(args, NotifyChannel, c.Lease.Milliseconds(), c.Claimer, c.Retry, all)
+// it claimed (inserted or recovered) and adds the inserted PENDING and FAILED rows to counts.
+func runInsert(ctx context.Context, q Querier, args []any, keys []string, c DirectClaim, each func(insertedRow) error, counts *InsertCounts) error {
+	args = append(args, NotifyChannel, c.Lease.Milliseconds(), c.Claimer, c.Retry)
 	var (
 		id             *int64
 		key            *string
@@ -454,56 +391,4 @@ func insertArgs(recs []NewRecord, idx []int) []any {
 	}
 	return []any{keys, apiTypes, topics, partitions, offsets, kafkaKeys, payloads, statuses, lastErrors,
 		tokens, plates, parks, berths, devices, orderKeys}
-}
-
-// insertRows runs insert.sql for recs[idx...] and fills results for the rows
-// it inserted.
-func insertRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, first map[string]int, results []InsertResult) error {
-	var counts InsertCounts
-	return runInsert(ctx, q, insertArgs(recs, idx), orderLockKeys(recs, idx), DirectClaim{}, true, func(r insertedRow) error {
-		i, ok := first[r.Key]
-		if !ok {
-			return fmt.Errorf("insert returned unknown key %q", r.Key)
-		}
-		results[i] = InsertResult{ID: r.ID, Inserted: true, Status: r.Status}
-		return nil
-	}, &counts)
-}
-
-// lookupRows fills results for keys whose rows already existed.
-func lookupRows(ctx context.Context, q Querier, recs []NewRecord, idx []int, first map[string]int, results []InsertResult) error {
-	keys := make([]string, len(idx))
-	for j, i := range idx {
-		keys[j] = recs[i].MessageKey
-	}
-	rows, err := q.Query(ctx, insertExistingSQL, keys)
-	if err != nil {
-		return fmt.Errorf("looking up existing outbox rows: %w", err)
-	}
-	var (
-		id     int64
-		key    string
-		status string
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &key, &status}, func() error {
-		if i, ok := first[key]; ok {
-			results[i] = InsertResult{ID: id, Status: Status(status)}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("looking up existing outbox rows: %w", err)
-	}
-	return nil
-}
-
-// unresolved keeps the indexes whose result is still unknown (IDs start at 1).
-func unresolved(idx []int, results []InsertResult) []int {
-	var out []int
-	for _, i := range idx {
-		if results[i].ID == 0 {
-			out = append(out, i)
-		}
-	}
-	return out
 }

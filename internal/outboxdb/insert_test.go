@@ -65,19 +65,7 @@ func readRows(t *testing.T, pool *pgxpool.Pool) map[string]storedRow {
 	return out
 }
 
-// inserters are the two entry points that share insert.sql's semantics.
-var inserters = map[string]func(context.Context, outboxdb.Querier, []outboxdb.NewRecord) error{
-	"InsertBatch": func(ctx context.Context, q outboxdb.Querier, recs []outboxdb.NewRecord) error {
-		_, err := outboxdb.InsertBatch(ctx, q, recs)
-		return err
-	},
-	"InsertBatchCount": func(ctx context.Context, q outboxdb.Querier, recs []outboxdb.NewRecord) error {
-		_, err := outboxdb.InsertBatchCount(ctx, q, recs)
-		return err
-	},
-}
-
-func TestInsertBatch(t *testing.T) {
+func TestInsertBatchCount(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
@@ -100,21 +88,19 @@ func TestInsertBatch(t *testing.T) {
 				Status: outboxdb.StatusFailed, LastError: "payload is empty",
 			},
 		}
-		res, err := outboxdb.InsertBatch(ctx, pool, recs)
+		c, err := outboxdb.InsertBatchCount(ctx, pool, recs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, r := range res {
-			if !r.Inserted || r.ID == 0 || r.Status != recs[i].Status {
-				t.Errorf("result %d = %+v, want inserted %s", i, r, recs[i].Status)
-			}
+		if c != (outboxdb.InsertCounts{Pending: 1, Failed: 2}) {
+			t.Errorf("inserted %+v, want 1 pending and 2 failed", c)
 		}
 		got := readRows(t, pool)
 		if len(got) != 3 {
 			t.Fatalf("%d rows, want 3", len(got))
 		}
 		k1 := got["k1"]
-		if k1.ID != res[0].ID || k1.APIType != outboxdb.APITypeVehicleEvent || k1.KafkaTopic != "device-vehicle-event" ||
+		if k1.ID == 0 || k1.APIType != outboxdb.APITypeVehicleEvent || k1.KafkaTopic != "device-vehicle-event" ||
 			k1.KafkaPartition != 2 || k1.KafkaOffset != 10 || string(k1.KafkaKey) != "CAM-0001" ||
 			string(k1.Payload) != `{"messageId":"k1"}` || k1.Status != "PENDING" || k1.AttemptCount != 0 ||
 			k1.NextRetryAt == nil || k1.LastError != nil {
@@ -136,12 +122,12 @@ func TestInsertBatch(t *testing.T) {
 		pool := pgtest.NewPool(t)
 		a, b, c := pendingRec("dup", 1), pendingRec("other", 2), pendingRec("dup", 3)
 		c.Payload = []byte(`{"messageId":"dup","second":true}`)
-		res, err := outboxdb.InsertBatch(ctx, pool, []outboxdb.NewRecord{a, b, c})
+		n, err := outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{a, b, c})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !res[0].Inserted || !res[1].Inserted || res[2].Inserted || res[2].ID != res[0].ID {
-			t.Fatalf("results %+v: want the first dup inserted and the second pointing at it", res)
+		if n.Pending != 2 {
+			t.Fatalf("inserted %+v: want the first dup and other only", n)
 		}
 		got := readRows(t, pool)
 		if len(got) != 2 || got["dup"].KafkaOffset != 1 {
@@ -152,8 +138,7 @@ func TestInsertBatch(t *testing.T) {
 	t.Run("ExistingRowsAreLeftAlone", func(t *testing.T) {
 		t.Parallel()
 		pool := pgtest.NewPool(t)
-		first, err := outboxdb.InsertBatch(ctx, pool, []outboxdb.NewRecord{pendingRec("done", 1), pendingRec("bad", 2), pendingRec("wait", 3)})
-		if err != nil {
+		if _, err := outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{pendingRec("done", 1), pendingRec("bad", 2), pendingRec("wait", 3)}); err != nil {
 			t.Fatal(err)
 		}
 		// done was delivered (its delivery row gone, its attempt logged);
@@ -172,127 +157,74 @@ func TestInsertBatch(t *testing.T) {
 		for i := range 3 {
 			again[i].Payload = []byte(`{"changed":true}`)
 		}
-		res, err := outboxdb.InsertBatch(ctx, pool, again)
+		c, err := outboxdb.InsertBatchCount(ctx, pool, again)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []outboxdb.InsertResult{
-			{ID: first[0].ID, Status: outboxdb.StatusSuccess},
-			{ID: first[1].ID, Status: outboxdb.StatusFailed},
-			{ID: first[2].ID, Status: outboxdb.StatusPending},
-		}
-		for i, w := range want {
-			if res[i] != w {
-				t.Errorf("result %d = %+v, want %+v", i, res[i], w)
-			}
-		}
-		if !res[3].Inserted {
-			t.Errorf("new key not inserted: %+v", res[3])
+		if c != (outboxdb.InsertCounts{Pending: 1}) {
+			t.Errorf("inserted %+v, want only the new key", c)
 		}
 		after := readRows(t, pool)
+		if _, ok := after["new"]; !ok {
+			t.Errorf("new key not inserted")
+		}
 		for _, k := range []string{"done", "bad", "wait"} {
 			b, a := before[k], after[k]
-			if a.Status != b.Status || a.AttemptCount != b.AttemptCount || !bytes.Equal(a.Payload, b.Payload) ||
+			if a.ID != b.ID || a.Status != b.Status || a.AttemptCount != b.AttemptCount || !bytes.Equal(a.Payload, b.Payload) ||
 				a.KafkaOffset != b.KafkaOffset || !a.UpdatedAt.Equal(b.UpdatedAt) {
 				t.Errorf("row %s changed: %+v -> %+v", k, b, a)
 			}
 		}
 	})
 
-	for name, insert := range inserters {
-		t.Run("NotifiesOnlyWhenAPendingRowIsInserted/"+name, func(t *testing.T) {
-			t.Parallel()
-			dsn, pool := pgtest.NewDBPool(t)
-			listener, err := pgx.Connect(ctx, dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = listener.Close(ctx) })
-			if _, err := listener.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
-				t.Fatal(err)
-			}
-
-			failed := pendingRec("f", 1)
-			failed.Status, failed.LastError = outboxdb.StatusFailed, "payload is empty"
-			steps := [][]outboxdb.NewRecord{
-				{failed},                                 // no PENDING row: no notification
-				{pendingRec("p", 2)},                     // one notification
-				{pendingRec("p", 3)},                     // duplicate only: none
-				{pendingRec("q", 4), pendingRec("r", 5)}, // one for the statement
-			}
-			for _, s := range steps {
-				if err := insert(ctx, pool, s); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// Notifications arrive in commit order; the sentinel marks the end.
-			if _, err := pool.Exec(ctx, "SELECT pg_notify($1, 'end')", outboxdb.NotifyChannel); err != nil {
-				t.Fatal(err)
-			}
-			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			var got int
-			for {
-				n, err := listener.WaitForNotification(wctx)
-				if err != nil {
-					t.Fatalf("waiting for notifications: %v", err)
-				}
-				if n.Payload == "end" {
-					break
-				}
-				got++
-			}
-			if got != 2 {
-				t.Fatalf("%d notifications before the sentinel, want 2 (one per batch that inserted a PENDING row)", got)
-			}
-		})
-	}
-
-	t.Run("ConcurrentOverlappingBatchesMakeOneRowPerKey", func(t *testing.T) {
+	t.Run("NotifiesOnlyWhenAPendingRowIsInserted", func(t *testing.T) {
 		t.Parallel()
-		pool := pgtest.NewPool(t)
-		const keys, workers, rounds = 200, 4, 5
-		var wg sync.WaitGroup
-		errs := make(chan error, workers*rounds)
-		for w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(uint64(w), 1))
-				for range rounds {
-					perm := rng.Perm(keys)[:keys/2]
-					recs := make([]outboxdb.NewRecord, len(perm))
-					for j, k := range perm {
-						recs[j] = pendingRec(fmt.Sprintf("key-%03d", k), int64(k))
-					}
-					res, err := outboxdb.InsertBatch(ctx, pool, recs)
-					if err != nil {
-						errs <- err
-						return
-					}
-					for j, r := range res {
-						if r.ID == 0 || r.Status != outboxdb.StatusPending {
-							errs <- fmt.Errorf("result for %s = %+v", recs[j].MessageKey, r)
-						}
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Error(err)
-		}
-		var rows, distinct int
-		if err := pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT message_key) FROM forward_records").Scan(&rows, &distinct); err != nil {
+		dsn, pool := pgtest.NewDBPool(t)
+		listener, err := pgx.Connect(ctx, dsn)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if rows != distinct {
-			t.Fatalf("%d rows for %d keys", rows, distinct)
+		t.Cleanup(func() { _ = listener.Close(ctx) })
+		if _, err := listener.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
+			t.Fatal(err)
+		}
+
+		failed := pendingRec("f", 1)
+		failed.Status, failed.LastError = outboxdb.StatusFailed, "payload is empty"
+		steps := [][]outboxdb.NewRecord{
+			{failed},                                 // no PENDING row: no notification
+			{pendingRec("p", 2)},                     // one notification
+			{pendingRec("p", 3)},                     // duplicate only: none
+			{pendingRec("q", 4), pendingRec("r", 5)}, // one for the statement
+		}
+		for _, s := range steps {
+			if _, err := outboxdb.InsertBatchCount(ctx, pool, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Notifications arrive in commit order; the sentinel marks the end.
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, 'end')", outboxdb.NotifyChannel); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		var got int
+		for {
+			n, err := listener.WaitForNotification(wctx)
+			if err != nil {
+				t.Fatalf("waiting for notifications: %v", err)
+			}
+			if n.Payload == "end" {
+				break
+			}
+			got++
+		}
+		if got != 2 {
+			t.Fatalf("%d notifications before the sentinel, want 2 (one per batch that inserted a PENDING row)", got)
 		}
 	})
 
-	t.Run("ConcurrentOverlappingBatchesCountedMakeOneRowPerKey", func(t *testing.T) {
+	t.Run("ConcurrentOverlappingBatchesMakeOneRowPerKey", func(t *testing.T) {
 		t.Parallel()
 		pool := pgtest.NewPool(t)
 		const keys, workers, rounds = 200, 4, 5
@@ -330,7 +262,7 @@ func TestInsertBatch(t *testing.T) {
 		}
 	})
 
-	t.Run("InsertBatchCountCountsNewRowsOnly", func(t *testing.T) {
+	t.Run("CountsNewRowsOnly", func(t *testing.T) {
 		t.Parallel()
 		pool := pgtest.NewPool(t)
 		failed := pendingRec("f", 3)
@@ -367,10 +299,8 @@ func TestInsertBatch(t *testing.T) {
 		} {
 			rec := pendingRec("k", 1)
 			mut(&rec)
-			for iname, insert := range inserters {
-				if err := insert(ctx, pool, []outboxdb.NewRecord{rec}); err == nil {
-					t.Errorf("%s %s: no error", iname, name)
-				}
+			if _, err := outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{rec}); err == nil {
+				t.Errorf("%s: no error", name)
 			}
 		}
 		if n := len(readRows(t, pool)); n != 0 {

@@ -232,14 +232,14 @@ func TestPurge(t *testing.T) {
 			recs = append(recs, outboxdb.NewRecord{MessageKey: k, APIType: outboxdb.APITypeHeartbeat, KafkaTopic: "t",
 				Payload: []byte(`{}`), Status: outboxdb.StatusPending})
 		}
-		res, err := outboxdb.InsertBatch(b.ctx, b.pool, recs)
-		if err != nil {
-			t.Fatal(err)
-		}
 		for i, want := range []bool{true, true, false, false, false} {
-			if res[i].Inserted != want {
+			c, err := outboxdb.InsertBatchCount(b.ctx, b.pool, recs[i:i+1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if inserted := c.Pending == 1; inserted != want {
 				t.Errorf("redelivery of %s: inserted %v, want %v (retired days forget their keys, kept days do not)",
-					recs[i].MessageKey, res[i].Inserted, want)
+					recs[i].MessageKey, inserted, want)
 			}
 		}
 	})

@@ -476,7 +476,7 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	return nil
 }
 
-// ReadBatch returns the next batch (see nextBatch and nextPolicyBatch).
+// ReadBatch returns the next batch (see nextBatch).
 func (f *franzInput) ReadBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
 	batch, ack, err := f.readBatch(ctx)
 	if err != nil && ctx.Err() != nil {
@@ -502,19 +502,17 @@ func (f *franzInput) awaited() string {
 }
 
 func (f *franzInput) readBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
-	if f.batcher != nil {
-		f.readerMu.Lock()
-		defer f.readerMu.Unlock()
-		return f.nextPolicyBatch(ctx)
-	}
+	f.readerMu.Lock()
+	defer f.readerMu.Unlock()
 	for {
 		if !f.connected() {
 			return nil, nil, service.ErrNotConnected
 		}
-		if batch, ack := f.nextBatch(); batch != nil {
-			return batch, ack, nil
+		batch, ack, wait, err := f.nextBatch(ctx)
+		if err != nil || batch != nil {
+			return batch, ack, err
 		}
-		if err := f.waitForWork(ctx, -1); err != nil {
+		if err := f.waitForWork(ctx, wait); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -572,13 +570,11 @@ func (f *franzInput) Close(ctx context.Context) error {
 		cl.Close()
 	}
 
-	if f.batcher != nil {
-		f.readerMu.Lock()
-		defer f.readerMu.Unlock()
-		if !f.batcher.closed {
-			f.batcher.closed = true
-			return f.batcher.b.Close(ctx)
-		}
+	f.readerMu.Lock()
+	defer f.readerMu.Unlock()
+	if f.batcher != nil && !f.batcher.closed {
+		f.batcher.closed = true
+		return f.batcher.b.Close(ctx)
 	}
 	return nil
 }

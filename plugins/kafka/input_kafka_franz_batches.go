@@ -20,12 +20,15 @@ type share struct {
 
 // takeLocked hands out the pending records of every partition with room
 // under checkpoint_limit and the byte budget, at most maxRecords in all,
-// appending their messages to batch. Each partition's records are tracked
+// and returns their messages. Each partition's records are tracked
 // as a share of their own, so its commit point moves only when the whole
 // batch is acked. The map's random order keeps one partition from always
 // coming first when the batch fills up.
-func (f *franzInput) takeLocked(maxRecords int, batch service.MessageBatch) (service.MessageBatch, []share) {
-	var shares []share
+func (f *franzInput) takeLocked(maxRecords int) (service.MessageBatch, []share) {
+	var (
+		batch  service.MessageBatch
+		shares []share
+	)
 	n := 0
 	for _, ps := range f.parts {
 		room := min(maxRecords-n, f.checkpointLimit-ps.handed)
@@ -37,6 +40,9 @@ func (f *franzInput) takeLocked(maxRecords int, batch service.MessageBatch) (ser
 			continue // the byte budget is full; a smaller record elsewhere may fit
 		}
 		shares = append(shares, share{ps: ps, tb: tb})
+		if batch == nil {
+			batch = make(service.MessageBatch, 0, maxRecords)
+		}
 		for i := range recs {
 			batch = append(batch, recs[i].msg)
 			recs[i] = fetched{} // the pipeline holds the message now, not us
@@ -51,18 +57,6 @@ func (f *franzInput) takeLocked(maxRecords int, batch service.MessageBatch) (ser
 	return batch, shares
 }
 
-// nextBatch, without a batching policy, hands out in one batch what has
-// been read of every partition, at most checkpoint_limit records.
-func (f *franzInput) nextBatch() (service.MessageBatch, service.AckFunc) {
-	f.mu.Lock()
-	batch, shares := f.takeLocked(f.checkpointLimit, make(service.MessageBatch, 0, f.checkpointLimit))
-	f.mu.Unlock()
-	if len(shares) == 0 {
-		return nil, nil
-	}
-	return batch, f.ackFunc(shares)
-}
-
 // policyBatcher applies the batching policy to what the input hands out.
 // It is used by the reader only (under readerMu).
 type policyBatcher struct {
@@ -73,49 +67,56 @@ type policyBatcher struct {
 	closed bool
 }
 
-// nextPolicyBatch adds what the input hands out to the batching policy
-// until the policy triggers, its period ends, or nothing more can join the
-// batch before it is acked, then flushes it.
-func (f *franzInput) nextPolicyBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {
+// nextBatch takes what the input can hand out. Without a batching policy
+// (pipelines/forwarder.yaml, and Connect's kafka_franz without one) that is
+// the batch, at most checkpoint_limit records of every partition with room.
+// With one, it joins the policy's batch, which is flushed when the policy
+// triggers, its period ends, or nothing more can join it before it is
+// acked. When there is no batch yet, it returns how long to wait for more
+// records or room (-1: until they come).
+func (f *franzInput) nextBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, time.Duration, error) {
 	pb := f.batcher
 	for {
-		if !f.connected() {
-			return nil, nil, service.ErrNotConnected
-		}
 		maxRecords := f.checkpointLimit
-		if pb.count > 0 {
+		if pb != nil && pb.count > 0 {
 			maxRecords = pb.count - pb.n
 		}
 		f.mu.Lock()
-		msgs, shares := f.takeLocked(maxRecords, nil)
-		pb.shares = append(pb.shares, shares...)
-		stuck := f.stuckLocked(pb.shares)
+		msgs, shares := f.takeLocked(maxRecords)
+		stuck := false
+		if pb != nil {
+			pb.shares = append(pb.shares, shares...)
+			stuck = f.stuckLocked(pb.shares)
+		}
 		f.mu.Unlock()
+		if pb == nil {
+			if len(shares) == 0 {
+				return nil, nil, -1, nil
+			}
+			return msgs, f.ackFunc(shares), 0, nil
+		}
 
 		triggered := false
 		for _, m := range msgs {
 			triggered = pb.b.Add(m)
 		}
 		pb.n += len(msgs)
-
-		wait := time.Duration(-1)
-		if pb.n > 0 {
-			until, timed := pb.b.UntilNext()
-			if !triggered && !stuck && (!timed || until > time.Millisecond) {
-				if timed {
-					wait = until
-				}
-			} else {
-				batch, ack, err := f.flushPolicyBatch(ctx)
-				if err != nil || batch != nil {
-					return batch, ack, err
-				}
-				continue
+		if pb.n == 0 {
+			return nil, nil, -1, nil
+		}
+		until, timed := pb.b.UntilNext()
+		if !triggered && !stuck && (!timed || until > time.Millisecond) {
+			if !timed {
+				until = -1
 			}
+			return nil, nil, until, nil
 		}
-		if err := f.waitForWork(ctx, wait); err != nil {
-			return nil, nil, err
+		batch, ack, err := f.flushPolicyBatch(ctx)
+		if err != nil || batch != nil {
+			return batch, ack, 0, err
 		}
+		// The batching processors filtered the whole batch out: build the
+		// next one.
 	}
 }
 

@@ -50,6 +50,19 @@ func (f *franzInput) fetch(p int32, from, to int64) *partitionState {
 	return ps
 }
 
+// take is one step of the reader: the batch the input hands out now, nil
+// when it has none.
+func (f *franzInput) take(t *testing.T) (service.MessageBatch, service.AckFunc) {
+	t.Helper()
+	f.readerMu.Lock()
+	defer f.readerMu.Unlock()
+	batch, ack, _, err := f.nextBatch(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return batch, ack
+}
+
 // revoke plays a rebalance that takes partition p away.
 func (f *franzInput) revoke(p int32) {
 	f.mu.Lock()
@@ -91,18 +104,20 @@ func TestFetchBatch(t *testing.T) {
 	ctx := context.Background()
 	rejected := errors.New("rejected by test")
 
+	// Without a batching policy, as in pipelines/forwarder.yaml and in
+	// configs written for Connect's kafka_franz, which needs none.
 	t.Run("OneBatchCarriesEveryPartitionAndItsAckCommitsEach", func(t *testing.T) {
 		t.Parallel()
 		f := fetchTestInput(t, "")
 		p0, p1, p2 := f.fetch(0, 0, 4), f.fetch(1, 0, 2), f.fetch(2, 10, 11)
 
-		batch, ack := f.nextBatch()
+		batch, ack := f.take(t)
 		got := byPartition(batchRecords(t, batch))
 		want := slices.Concat(span(0, 0, 4), span(1, 0, 2), span(2, 10, 11))
 		if !slices.Equal(got, want) {
 			t.Fatalf("batch holds %v, want %v", got, want)
 		}
-		if b, _ := f.nextBatch(); b != nil {
+		if b, _ := f.take(t); b != nil {
 			t.Fatalf("a second batch of %d records; everything was in the first", len(b))
 		}
 		for _, ps := range []*partitionState{p0, p1, p2} {
@@ -122,6 +137,29 @@ func TestFetchBatch(t *testing.T) {
 		}
 	})
 
+	// A policy groups what the same steps take: a batch only when it
+	// triggers, and what waits in it stays in flight.
+	t.Run("APolicyGroupsWhatIsTaken", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "batching:\n  count: 4")
+		p0 := f.fetch(0, 0, 5)
+		b, ack := f.take(t)
+		if got := batchRecords(t, b); !slices.Equal(got, span(0, 0, 3)) {
+			t.Fatalf("first batch %v, want the policy's count of 4", got)
+		}
+		if more, _ := f.take(t); more != nil {
+			t.Fatalf("a batch of %d records before the policy triggered", len(more))
+		}
+		f.fetch(1, 0, 1)
+		rest, ack2 := f.take(t)
+		if got := byPartition(batchRecords(t, rest)); !slices.Equal(got, slices.Concat(span(0, 4, 5), span(1, 0, 1))) {
+			t.Fatalf("second batch %v, want p0's last two and p1's two", got)
+		}
+		_ = ack(ctx, nil)
+		_ = ack2(ctx, nil)
+		wantCommit(t, p0, 6)
+	})
+
 	t.Run("BoundedByCheckpointLimit", func(t *testing.T) {
 		t.Parallel()
 		f := fetchTestInput(t, "checkpoint_limit: 4")
@@ -131,7 +169,7 @@ func TestFetchBatch(t *testing.T) {
 		// partition with more than checkpoint_limit records in flight.
 		var acks []service.AckFunc
 		for {
-			b, ack := f.nextBatch()
+			b, ack := f.take(t)
 			if b == nil {
 				break
 			}
@@ -146,7 +184,7 @@ func TestFetchBatch(t *testing.T) {
 		for _, ack := range acks {
 			_ = ack(ctx, nil)
 		}
-		rest, ack := f.nextBatch()
+		rest, ack := f.take(t)
 		if got := batchRecords(t, rest); !slices.Equal(got, span(0, 4, 5)) {
 			t.Fatalf("after the acks the batch holds %v, want p0's last two", got)
 		}
@@ -159,16 +197,16 @@ func TestFetchBatch(t *testing.T) {
 		t.Parallel()
 		f := fetchTestInput(t, "max_buffered_bytes: 10B")
 		p0 := f.fetch(0, 0, 5) // values "0/0" … "0/5": 3 bytes each
-		b, ack := f.nextBatch()
+		b, ack := f.take(t)
 		if got := batchRecords(t, b); !slices.Equal(got, span(0, 0, 2)) {
 			t.Fatalf("batch holds %v under a 10-byte budget, want the first three 3-byte records", got)
 		}
-		if more, _ := f.nextBatch(); more != nil {
+		if more, _ := f.take(t); more != nil {
 			t.Fatalf("a second batch of %d records while the budget is full", len(more))
 		}
 		_ = ack(ctx, nil)
 		wantCommit(t, p0, 3)
-		rest, _ := f.nextBatch()
+		rest, _ := f.take(t)
 		if got := batchRecords(t, rest); !slices.Equal(got, span(0, 3, 5)) {
 			t.Fatalf("after the ack the batch holds %v, want the last three", got)
 		}
@@ -181,7 +219,7 @@ func TestFetchBatch(t *testing.T) {
 		// up as it stopped) must not count as delivered.
 		f := fetchTestInput(t, "")
 		p0, p1 := f.fetch(0, 0, 2), f.fetch(1, 5, 6)
-		_, nack := f.nextBatch()
+		_, nack := f.take(t)
 		if err := nack(ctx, rejected); err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +235,7 @@ func TestFetchBatch(t *testing.T) {
 		f := fetchTestInput(t, "")
 		p0 := f.fetch(0, 0, 2)
 		f.fetch(1, 0, 2)
-		batch, ack := f.nextBatch()
+		batch, ack := f.take(t)
 		if len(batch) != 6 {
 			t.Fatalf("batch of %d records, want both partitions' 6", len(batch))
 		}
@@ -214,7 +252,7 @@ func TestFetchBatch(t *testing.T) {
 			t.Fatalf("the new assignment of p1 holds %d records, want its own 3", p1.tracked())
 		}
 		// p1's records are handed out again under the new assignment.
-		b, ack2 := f.nextBatch()
+		b, ack2 := f.take(t)
 		if got := batchRecords(t, b); !slices.Equal(got, span(1, 0, 2)) {
 			t.Fatalf("next batch %v, want p1's records again", got)
 		}

@@ -33,8 +33,10 @@ const (
 	opFieldDirectDispatch  = "direct_dispatch"
 	opFieldOrdering        = "ordering"
 
+	// emitNone is the only value emit takes: the processor passes nothing
+	// on. emit: new (passing new rows on, for an inline delivery path) was
+	// used by no pipeline and is gone; the outbox_retry input delivers.
 	emitNone = "none"
-	emitNew  = "new"
 
 	orderingBerth = "berth"
 	orderingOff   = "off"
@@ -58,11 +60,10 @@ keys inside one batch are collapsed (the first message wins).
 
 ### Acknowledgement
 
-With ^emit: none^ (the default) the processor returns no messages once the rows are committed, so
-Benthos acknowledges the batch at once and the input commits its offsets: an offset never moves before its
-message is stored. With ^emit: new^ the messages that created a new PENDING row are passed on
-with the metadata ^outbox_id^, ^message_key^ and ^api_type^, for an inline delivery path;
-their offsets are then acknowledged when the output acknowledges them.
+The processor returns no messages once the rows are committed, so Benthos acknowledges the batch at
+once and the input commits its offsets: an offset never moves before its message is stored. The rows
+are delivered by an ^outbox_retry^ input (of this process, through direct dispatch, or of any
+instance on the same database).
 
 When PostgreSQL is unreachable the processor holds the batch and retries with a capped exponential backoff
 until the rows are committed or the stream stops; a stopping stream gets the context error, so the batch is
@@ -99,7 +100,7 @@ and hands them over in memory, in the same statement that persists them. A new r
 statement fewer and reaches the output without the notify-and-claim round trip. What the dispatcher
 has no room for is inserted ^PENDING^ and claimed from the database as usual, so ingestion never
 waits for the dispatcher, and a crash before a result is written is recovered by the lease like any
-other claim. Only with ^emit: none^; ^direct_dispatch: false^ turns it off.
+other claim. ^direct_dispatch: false^ turns it off.
 
 ### Ordering
 
@@ -135,12 +136,12 @@ retried, and a failure that lasts is logged again at ERROR every minute).`)).
 				Optional(),
 			service.NewStringAnnotatedEnumField(opFieldEmit, map[string]string{
 				emitNone: "Persist only: no message is passed on, so the batch is acknowledged (and its offsets committed) as soon as its rows are committed.",
-				emitNew:  "Pass on the messages that created a new PENDING row, with metadata `outbox_id`, `message_key` and `api_type`.",
 			}).
-				Description("What the processor returns after persisting.").
-				Default(emitNone),
+				Description("What the processor returns after persisting: nothing. Kept so that configs that spell out `emit: none` stay valid; `new` (passing new rows on) was removed, and the `outbox_retry` input delivers them.").
+				Default(emitNone).
+				Advanced(),
 			service.NewBoolField(opFieldDirectDispatch).
-				Description("Hand new rows, inserted already claimed, to an `outbox_retry` input of the same process and `dsn` when it has room (see Direct dispatch). Only with `emit: none`.").
+				Description("Hand new rows, inserted already claimed, to an `outbox_retry` input of the same process and `dsn` when it has room (see Direct dispatch).").
 				Default(true).
 				Advanced(),
 			service.NewStringAnnotatedEnumField(opFieldOrdering, map[string]string{
@@ -215,7 +216,6 @@ type outboxProcessor struct {
 	key        *service.InterpolatedString // nil: messageId
 	apiTypes   map[string]string
 	apiType    *service.InterpolatedString // nil: apiTypes
-	emitNew    bool
 	maxPayload int
 	// orderBerth gives vehicle events their berth as ordering key.
 	orderBerth bool
@@ -289,15 +289,12 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 	if err != nil {
 		return nil, err
 	}
-	if emit != emitNone && emit != emitNew {
-		return nil, fmt.Errorf("field %s: %q is not %s or %s", opFieldEmit, emit, emitNone, emitNew)
+	if emit != emitNone {
+		return nil, fmt.Errorf("field %s: %q is not supported: the processor passes nothing on (%s) and an outbox_retry input delivers the rows; remove the field or set it to %s", opFieldEmit, emit, emitNone, emitNone)
 	}
-	p.emitNew = emit == emitNew
-	direct, err := conf.FieldBool(opFieldDirectDispatch)
-	if err != nil {
+	if p.direct, err = conf.FieldBool(opFieldDirectDispatch); err != nil {
 		return nil, err
 	}
-	p.direct = direct && !p.emitNew
 	ordering, err := conf.FieldString(opFieldOrdering)
 	if err != nil {
 		return nil, err
@@ -363,10 +360,7 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 	// Chunks keep one statement's bytea[] far below PostgreSQL's 1 GB limit; a
 	// batch of small messages is one chunk. Each chunk commits on its own,
 	// which is safe because a retried chunk finds its rows already there.
-	var (
-		results []outboxdb.InsertResult
-		counts  outboxdb.InsertCounts
-	)
+	var counts outboxdb.InsertCounts
 	for start := 0; start < len(recs); {
 		end, size := start, 0
 		for end < len(recs) && (end == start || size+len(recs[end].Payload) <= p.chunkBytes) {
@@ -376,28 +370,10 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 		chunk := recs[start:end]
 		var hand handover
 		err := p.persist(ctx, func(ctx context.Context) error {
-			if !p.emitNew {
-				// Persist-only needs no per-row results: one aggregate row
-				// back, or the rows handed to the dispatcher.
-				c, err := p.insertChunk(ctx, chunk, &hand)
-				if err == nil {
-					counts.Pending += c.Pending
-					counts.Failed += c.Failed
-				}
-				return err
-			}
-			res, err := outboxdb.InsertBatch(ctx, p.pool, chunk)
+			c, err := p.insertChunk(ctx, chunk, &hand)
 			if err == nil {
-				results = append(results, res...)
-				for _, r := range res {
-					switch {
-					case !r.Inserted:
-					case r.Status == outboxdb.StatusPending:
-						counts.Pending++
-					default:
-						counts.Failed++
-					}
-				}
+				counts.Pending += c.Pending
+				counts.Failed += c.Failed
 			}
 			return err
 		})
@@ -412,19 +388,9 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 	if counts.Failed > 0 {
 		p.mPersisted.Incr(int64(counts.Failed), string(outboxdb.StatusFailed))
 	}
-
-	if !p.emitNew || counts.Pending == 0 {
-		return nil, nil
-	}
-	out := make(service.MessageBatch, 0, counts.Pending)
-	for i, r := range results {
-		if r.Inserted && r.Status == outboxdb.StatusPending {
-			m := batch[i].Copy()
-			msgmeta.SetStored(m, msgmeta.Stored{ID: r.ID, MessageKey: recs[i].MessageKey, APIType: recs[i].APIType})
-			out = append(out, m)
-		}
-	}
-	return []service.MessageBatch{out}, nil
+	// Nothing is passed on: Benthos acknowledges the batch now that every
+	// row is committed.
+	return nil, nil
 }
 
 // handover is what a chunk's attempts at direct dispatch share: the claim
@@ -439,7 +405,7 @@ type handover struct {
 	tried  bool
 }
 
-// insertChunk persists chunk for emit: none, handing as many new rows as the
+// insertChunk persists chunk, handing as many new rows as the
 // stream's dispatcher has room for to it (see Direct dispatch). The
 // reservation is given back when the insert fails, so that a chunk that
 // keeps failing does not starve the dispatcher; rows recovered by a retry

@@ -61,8 +61,8 @@
 -- FAILED rows are never ordered. Rows are inserted in the arrays' order
 -- (ORDER BY n), so their ids follow it.
 --
--- What comes back: the claimed rows (inserted or recovered), every inserted
--- row when $20 is true, and last one summary row (status '') counting the
+-- What comes back: the claimed rows (inserted or recovered), and last one
+-- summary row (status '') counting the
 -- PENDING and FAILED rows inserted. Rows whose key already existed do not
 -- come back: RETURNING sees only the rows this statement inserted.
 --
@@ -73,8 +73,7 @@
 -- call gave a row that is PENDING now ('' for the others), $11 plate_no,
 -- $12 park_code, $13 berth_code, $14 device_id ('' for none), $15 ordering
 -- key ('' for none), $16 the notification channel, $17 lease in
--- milliseconds, $18 claimer, $19 this is a retry, $20 return every inserted
--- row.
+-- milliseconds, $18 claimer, $19 this is a retry.
 WITH batch AS (
     SELECT u.*,
            CASE WHEN u.status <> 'FAILED' THEN nullif(u.ordering_key, '') END AS okey
@@ -189,7 +188,7 @@ WITH batch AS (
 SELECT id, message_key, status, claim_token::text, created_at, next_retry_at,
        NULL::bigint AS pending, NULL::bigint AS failed
 FROM ins
-WHERE $20::boolean OR status = 'IN_PROGRESS'
+WHERE status = 'IN_PROGRESS'
 UNION ALL
 SELECT id, message_key, status, claim_token::text, created_at, next_retry_at, NULL, NULL
 FROM recovered
