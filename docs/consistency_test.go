@@ -328,3 +328,165 @@ func TestMakeHelpNamesEveryPackage(t *testing.T) {
 		}
 	}
 }
+
+// codeSpan is a Markdown code span's content.
+var codeSpan = regexp.MustCompile("`([^`]+)`")
+
+// TestRepositoryLayoutIsComplete: docs/architecture.md's repository layout
+// names only paths that exist, and every directory with Go code, every
+// top-level directory and every directory of deploy/ has a row (a path
+// ending in / covers what is below it; a top-level directory is covered by
+// a row of something in it); its internal/outboxcli row names every
+// `forwarder outbox` command.
+func TestRepositoryLayoutIsComplete(t *testing.T) {
+	t.Parallel()
+	var listed []string
+	var outboxcliRow string
+	for _, row := range tableRows(section(t, readRoot(t, "docs/architecture.md"), "## Repository layout"))[2:] {
+		for _, m := range codeSpan.FindAllStringSubmatch(row[0], -1) {
+			if _, err := os.Stat(filepath.Join(root, m[1])); err != nil {
+				t.Errorf("the layout lists %s: %v", m[1], err)
+			}
+			listed = append(listed, m[1])
+			if m[1] == "internal/outboxcli" {
+				outboxcliRow = row[1]
+			}
+		}
+	}
+	if len(listed) < 20 {
+		t.Fatalf("found only %v in the layout: the scan is broken", listed)
+	}
+	covered := func(dir string) bool {
+		for _, p := range listed {
+			if p == dir || strings.HasSuffix(p, "/") && strings.HasPrefix(dir+"/", p) {
+				return true
+			}
+		}
+		return false
+	}
+
+	want := map[string]string{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		rel = filepath.ToSlash(rel)
+		name := d.Name()
+		if d.IsDir() && rel != "." && (strings.HasPrefix(name, ".") && name != ".ci" || name == "testdata" || name == "bin" || name == "node_modules") {
+			return fs.SkipDir
+		}
+		switch {
+		case !d.IsDir() && strings.HasSuffix(name, ".go"):
+			want[filepath.ToSlash(filepath.Dir(rel))] = "has Go code"
+		case d.IsDir() && strings.HasPrefix(rel, "deploy/") && strings.Count(rel, "/") == 1:
+			want[rel] = "a directory of deploy/"
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir, why := range want {
+		if !covered(dir) {
+			t.Errorf("the repository layout in docs/architecture.md has no row for %s (%s)", dir, why)
+		}
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") && e.Name() != ".ci" || e.Name() == "bin" {
+			continue
+		}
+		if !slices.ContainsFunc(listed, func(p string) bool { return p == e.Name()+"/" || strings.HasPrefix(p, e.Name()+"/") }) {
+			t.Errorf("the repository layout in docs/architecture.md names nothing in the top-level directory %s", e.Name())
+		}
+	}
+
+	commands := 0
+	for path := range cliModel(t) {
+		parts := strings.Split(path, "_")
+		if len(parts) != 3 || parts[1] != "outbox" || parts[2] == "help" {
+			continue
+		}
+		commands++
+		if !strings.Contains(outboxcliRow, "`"+parts[2]+"`") {
+			t.Errorf("the layout's internal/outboxcli row does not name the command `forwarder outbox %s`", parts[2])
+		}
+	}
+	if commands < 5 {
+		t.Fatalf("found only %d forwarder outbox commands: the scan is broken", commands)
+	}
+}
+
+// citation is a comment's reference to a part of a page by its words:
+// docs/architecture.md, "Ordering" (comment markers between the lines of
+// a wrapped one are dropped first).
+var (
+	citation         = regexp.MustCompile(`docs/([a-z]+\.md),? "([^"]+)"`)
+	commentLineBreak = regexp.MustCompile(`\n\s*(?://|--|#)\s*`)
+	// sectionNumber is a comment line citing a section by its number (§ and
+	// digits): the spec those numbers belong to is not in the repository.
+	sectionNumber = regexp.MustCompile(`(?m)^\s*(?://|--|#).*§\d`)
+)
+
+// TestCitationsNameTheirPage: every code comment that cites a part of a
+// page by its words (docs/architecture.md, "Retention") cites a page that
+// has those words, so that a section moved to another page does not leave
+// comments pointing at the old one; and no comment cites a section by its
+// number (§ and digits), which points at nothing a reader of the
+// repository has.
+func TestCitationsNameTheirPage(t *testing.T) {
+	t.Parallel()
+	pages := map[string]string{}
+	found := 0
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); p != root && (strings.HasPrefix(n, ".") && n != ".ci" || n == "bin" || n == "testdata" || n == "node_modules") {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(p) {
+		case ".go", ".sql", ".yaml", ".yml", ".blobl":
+		default:
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if m := sectionNumber.FindString(string(b)); m != "" {
+			t.Errorf("%s cites a section by number: %q; cite the page and its words instead", p, strings.TrimSpace(m))
+		}
+		text := commentLineBreak.ReplaceAllString(string(b), " ")
+		for _, m := range citation.FindAllStringSubmatch(text, -1) {
+			page, ok := pages[m[1]]
+			if !ok {
+				pb, err := os.ReadFile(filepath.Join(root, "docs", m[1]))
+				if err != nil {
+					t.Errorf("%s cites docs/%s: %v", p, m[1], err)
+					continue
+				}
+				page = strings.ToLower(strings.Join(strings.Fields(string(pb)), " "))
+				pages[m[1]] = page
+			}
+			found++
+			if words := strings.ToLower(strings.Join(strings.Fields(m[2]), " ")); !strings.Contains(page, words) {
+				t.Errorf("%s cites docs/%s, %q: the page has no such words (moved to another page?)", p, m[1], m[2])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found < 10 {
+		t.Fatalf("found only %d citations: the scan is broken", found)
+	}
+}

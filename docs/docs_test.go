@@ -166,6 +166,35 @@ func documentedMetrics(t *testing.T) map[string]string {
 	return names
 }
 
+// metricsTable are the metrics docs/components.md's metrics table has a
+// row for.
+func metricsTable(t *testing.T) map[string]bool {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join(root, "docs", "components.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(text), "\n## Metrics")
+	if !ok {
+		t.Fatal("docs/components.md has no Metrics section")
+	}
+	table, _, _ = strings.Cut(table, "\n## ")
+	names := map[string]bool{}
+	for _, line := range strings.Split(table, "\n") {
+		first, _, _ := strings.Cut(strings.TrimPrefix(line, "| "), " | ")
+		if !strings.HasPrefix(line, "| `forwarder_") {
+			continue
+		}
+		for _, m := range regexp.MustCompile("`(forwarder_[a-z0-9_]+)`").FindAllStringSubmatch(first, -1) {
+			names[m[1]] = true
+		}
+	}
+	if len(names) < 20 {
+		t.Fatalf("found only %v in the metrics table: the scan is broken", names)
+	}
+	return names
+}
+
 // scrape returns the metric family names /metrics serves.
 func scrape(t *testing.T, url string) map[string]bool {
 	t.Helper()
@@ -204,7 +233,8 @@ func missing(documented map[string]string, served map[string]bool) []string {
 // checks that every metric the docs name is served: at start, all but the
 // known event-only ones (eventOnly); once a few messages went through (a
 // vehicle event, a heartbeat, one without messageId, one that fails its
-// mapping), all of them.
+// mapping), all of them. The other way, every forwarder_* metric served
+// then has a row in docs/components.md's metrics table.
 func TestDocumentedMetricsExist(t *testing.T) {
 	t.Parallel()
 	documented := documentedMetrics(t)
@@ -273,6 +303,12 @@ func TestDocumentedMetricsExist(t *testing.T) {
 		served = scrape(t, metricsURL)
 		gone := missing(documented, served)
 		if len(gone) == 0 {
+			table := metricsTable(t)
+			for n := range served {
+				if strings.HasPrefix(n, "forwarder_") && !table[n] {
+					t.Errorf("%s is served but has no row in docs/components.md's metrics table", n)
+				}
+			}
 			return
 		}
 		if ctx.Err() != nil {

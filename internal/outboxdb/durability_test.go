@@ -15,7 +15,7 @@ import (
 // TestOnlyTheInsertWaitsForTheWALFlush, on a server with production
 // durability: the insert that precedes a Kafka offset commit is flushed to
 // disk before it returns (one WAL flush each), while claims, lease renewals
-// and result writes commit without waiting (docs/guarantees.md, "What may
+// and result writes commit without waiting (docs/architecture.md, "What may
 // commit asynchronously"): what a crash loses of them only makes a message
 // be sent again.
 func TestOnlyTheInsertWaitsForTheWALFlush(t *testing.T) {

@@ -30,7 +30,7 @@ func load(full, short int) int {
 // duplicates, malformed messages and messages without a messageId),
 // restarting it each time. Every message must end delivered or FAILED with
 // its reason, and no row may be left PENDING or IN_PROGRESS (docs/guarantees.md #1,
-// §9.3). Duplicate deliveries (a request the crash cut short, sent again)
+// #3). Duplicate deliveries (a request the crash cut short, sent again)
 // are allowed and reported. Every restart, the last one included, must
 // resume within 15 s of its kill (docs/guarantees.md #8): the time from the SIGKILL
 // to the moment the group is Stable with the new instance as its only member

@@ -72,7 +72,7 @@ func TestPostgresRestart(t *testing.T) {
 // without waiting for the WAL flush, so the crash may lose the latest of
 // them; only the insert before an offset commit must survive. What was lost
 // is sent again (the platform answers a repeat as a duplicate): nothing is
-// lost and every message ends SUCCESS (docs/guarantees.md, "What may commit
+// lost and every message ends SUCCESS (docs/architecture.md, "What may commit
 // asynchronously").
 func TestPostgresCrashLosesNothing(t *testing.T) {
 	scenario(t, heavy, 20*time.Second)

@@ -198,7 +198,7 @@ $$;
 -- created. It takes a transaction lock of its own, so that instances calling
 -- it at once create each partition once. SECURITY DEFINER: the service's
 -- role needs no DDL rights to create partitions, only EXECUTE on this
--- (docs/deployment.md, "Least privilege").
+-- (docs/deployment.md, "Roles and grants").
 CREATE FUNCTION forward_partition_ensure(p_from timestamptz, p_to timestamptz, p_width interval)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$

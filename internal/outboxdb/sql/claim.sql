@@ -32,7 +32,7 @@
 --
 -- The commit need not wait for the WAL flush: a claim lost in a database
 -- crash leaves the row as it was, to be claimed again, which at worst
--- re-sends an idempotent message (docs/guarantees.md, "What may commit
+-- re-sends an idempotent message (docs/architecture.md, "What may commit
 -- asynchronously").
 --
 -- $1 batch size, $2 lease in milliseconds, $3 claimer id, $4 max attempts,

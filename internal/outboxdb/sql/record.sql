@@ -38,7 +38,7 @@
 --
 -- The commit need not wait for the WAL flush: a result lost in a database
 -- crash leaves the row IN_PROGRESS until its lease runs out, and it is sent
--- again, which the platform answers as a duplicate (docs/guarantees.md,
+-- again, which the platform answers as a duplicate (docs/architecture.md,
 -- "What may commit asynchronously").
 --
 -- Ordering (docs/architecture.md, "Ordering"): a row with an ordering key

@@ -14,7 +14,7 @@
 --
 -- The commit need not wait for the WAL flush: a renewal lost in a database
 -- crash only lets the row be claimed again sooner, which re-sends an
--- idempotent message (docs/guarantees.md, "What may commit asynchronously").
+-- idempotent message (docs/architecture.md, "What may commit asynchronously").
 --
 -- $1 ids, $2 claim tokens (pairwise), $3 lease in milliseconds.
 WITH async AS (
