@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // CompensationConfig configures automatic compensation: rows FAILED
@@ -27,20 +28,14 @@ func (c CompensationConfig) interval() time.Duration {
 	return min(max(c.After/4, time.Second), time.Minute)
 }
 
-// compensationLoop requeues due rows every interval until ctx ends.
-func (d *Dispatcher) compensationLoop(ctx context.Context, pool *pgxpool.Pool) {
-	t := time.NewTicker(d.cfg.Compensation.interval())
-	defer t.Stop()
-	for {
+// compensationLoop requeues due rows now and every interval until ctx
+// ends.
+func (d *Dispatcher) compensationLoop(ctx context.Context, pool *pgxpool.Pool) *periodic.Loop {
+	return periodic.Start(ctx, periodic.Config{Interval: d.cfg.Compensation.interval(), Now: true}, func(ctx context.Context) {
 		if _, err := d.compensateOnce(ctx, pool); err != nil && ctx.Err() == nil {
 			d.log.Warnf("Automatic compensation of failed rows: %v (trying again in %v)", err, d.cfg.Compensation.interval())
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }
 
 // compensateOnce requeues what is due and refreshes the gauges of rows

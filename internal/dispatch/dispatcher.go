@@ -13,6 +13,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // DispatcherConfig configures a Dispatcher. Zero values take the defaults
@@ -129,6 +130,7 @@ type Dispatcher struct {
 	listener *outboxdb.Listener
 	stop     context.CancelFunc
 	done     sync.WaitGroup
+	loops    []*periodic.Loop
 	hintAt   time.Time
 	closed   bool
 	renewOK  time.Time // when the last renewal succeeded (or had nothing to do)
@@ -229,26 +231,15 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 	d.stop = stop
 	d.renewOK = time.Now()
 	listener := d.listener
-	if d.cfg.Compensation.After > 0 && d.cfg.Compensation.Rounds > 0 {
-		d.done.Add(1)
-		go func() {
-			defer d.done.Done()
-			d.compensationLoop(lctx, pool)
-		}()
-	}
-	d.done.Add(3)
+	d.done.Add(1)
 	go func() {
 		defer d.done.Done()
 		listener.Run(lctx)
 	}()
-	go func() {
-		defer d.done.Done()
-		d.renewLoop(lctx, pool)
-	}()
-	go func() {
-		defer d.done.Done()
-		d.orderRepairLoop(lctx, pool)
-	}()
+	d.loops = []*periodic.Loop{d.renewLoop(lctx, pool), d.orderRepairLoop(lctx, pool)}
+	if d.cfg.Compensation.After > 0 && d.cfg.Compensation.Rounds > 0 {
+		d.loops = append(d.loops, d.compensationLoop(lctx, pool))
+	}
 	return nil
 }
 
@@ -578,12 +569,15 @@ func (d *Dispatcher) Close(ctx context.Context) error {
 		return nil
 	}
 	d.closed = true
-	pool, stop := d.pool, d.stop
+	pool, stop, loops := d.pool, d.stop, d.loops
 	d.mu.Unlock()
 	d.hub.dropDispatcher(d)
 	unsent, others := d.ledger.Close()
 	if stop != nil {
 		stop()
+		for _, l := range loops {
+			l.Stop()
+		}
 		d.done.Wait()
 	}
 	if pool == nil {

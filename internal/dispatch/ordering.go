@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 const (
@@ -61,19 +62,12 @@ func RecordResults(ctx context.Context, q outboxdb.Querier, d *Dispatcher, resul
 
 // orderRepairLoop runs orderRepairOnce every orderRepairInterval until ctx
 // ends.
-func (d *Dispatcher) orderRepairLoop(ctx context.Context, pool *pgxpool.Pool) {
-	t := time.NewTicker(orderRepairInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (d *Dispatcher) orderRepairLoop(ctx context.Context, pool *pgxpool.Pool) *periodic.Loop {
+	return periodic.Start(ctx, periodic.Config{Interval: orderRepairInterval}, func(ctx context.Context) {
 		if _, err := d.orderRepairOnce(ctx, pool); err != nil && ctx.Err() == nil {
 			d.log.Warnf("Looking for held rows without a head failed (trying again in %v): %v", orderRepairInterval, err)
 		}
-	}
+	})
 }
 
 // orderRepairOnce releases the held rows whose ordering key nothing holds,

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // renewTimeout bounds one renewal statement.
@@ -24,19 +25,12 @@ func (d *Dispatcher) renewInterval() time.Duration {
 
 // renewLoop renews, every renewInterval, the leases of held rows that end
 // within half a lease, in one statement, until ctx ends.
-func (d *Dispatcher) renewLoop(ctx context.Context, pool *pgxpool.Pool) {
-	t := time.NewTicker(d.renewInterval())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (d *Dispatcher) renewLoop(ctx context.Context, pool *pgxpool.Pool) *periodic.Loop {
+	return periodic.Start(ctx, periodic.Config{Interval: d.renewInterval()}, func(ctx context.Context) {
 		if _, err := d.renewOnce(ctx, pool); err != nil && ctx.Err() == nil {
 			d.log.Warnf("Renewing claim leases failed (retrying in %v; rows whose lease runs out are sent with a shorter timeout or go back unsent): %v", d.renewInterval(), err)
 		}
-	}
+	})
 }
 
 // renewResult is what one renewal did.

@@ -7,10 +7,13 @@
 package shutdownlog
 
 import (
+	"context"
 	"sync"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // Interval is how often a wait that goes on is logged again.
@@ -25,10 +28,10 @@ type Watch struct {
 	// waiting describes what is still awaited, "" when nothing is.
 	waiting func() string
 
-	once sync.Once
-	mu   sync.Mutex
-	stop chan struct{}
-	done chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	stopped bool
+	loop    *periodic.Loop
 }
 
 // New returns a watch that logs to log what waiting describes.
@@ -37,62 +40,35 @@ func New(log *service.Logger, interval time.Duration, waiting func() string) *Wa
 }
 
 // Start begins the report (once; later calls do nothing): it logs what is
-// awaited now, if anything, and again every interval, with the time since
-// Start, until Stop or until nothing is awaited any more.
+// awaited now, if anything, and again every interval while something is,
+// with the time since Start, until Stop.
 func (w *Watch) Start() {
 	w.once.Do(func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if w.stop != nil {
-			return // stopped before it started
-		}
-		w.stop, w.done = make(chan struct{}), make(chan struct{})
-		started := time.Now()
-		if what := w.waiting(); what != "" {
-			w.log.Infof("Shutting down: waiting for %s", what)
-		} else {
-			close(w.done)
+		if w.stopped {
 			return
 		}
-		go func() {
-			defer close(w.done)
-			t := time.NewTicker(w.interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-w.stop:
-					return
-				case <-t.C:
-				}
-				what := w.waiting()
-				if what == "" {
-					return
-				}
+		what := w.waiting()
+		if what == "" {
+			return
+		}
+		w.log.Infof("Shutting down: waiting for %s", what)
+		started := time.Now()
+		w.loop = periodic.Start(context.Background(), periodic.Config{Interval: w.interval}, func(context.Context) {
+			if what := w.waiting(); what != "" {
 				w.log.Infof("Shutting down: still waiting, after %s, for %s", time.Since(started).Round(time.Second), what)
 			}
-		}()
+		})
 	})
 }
 
 // Stop ends the report and waits for its goroutine. Safe to call more than
-// once and without Start.
+// once and without Start; a Start after Stop does nothing.
 func (w *Watch) Stop() {
 	w.mu.Lock()
-	if w.stop == nil {
-		// Stopped before it started: Start will do nothing.
-		w.stop = make(chan struct{})
-		close(w.stop)
-		w.mu.Unlock()
-		return
-	}
-	select {
-	case <-w.stop:
-	default:
-		close(w.stop)
-	}
-	done := w.done
+	w.stopped = true
+	loop := w.loop
 	w.mu.Unlock()
-	if done != nil {
-		<-done
-	}
+	loop.Stop()
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -223,6 +224,7 @@ type franzInput struct {
 	notify         chan struct{}      // capacity 1: records are ready or room was freed
 	room           chan struct{}      // capacity 1: pending records were taken or dropped
 	runCancel      context.CancelFunc
+	commits        *periodic.Loop // commits every commit_period while connected
 	wg             sync.WaitGroup
 
 	// readerMu is held by the reader while it uses batcher, and by Close
@@ -469,9 +471,12 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	f.budget = &byteBudget{limit: f.maxBufferedBytes}
 	f.mu.Unlock()
 
-	f.wg.Add(2)
+	f.wg.Add(1)
 	go f.pollLoop(runCtx, cl)
-	go f.commitLoop(runCtx, cl)
+	commits := f.commitLoop(runCtx, cl)
+	f.mu.Lock()
+	f.commits = commits
+	f.mu.Unlock()
 	f.log.Infof("kafka_franz: consuming as group %q", f.group)
 	return nil
 }
@@ -547,7 +552,7 @@ func (f *franzInput) waitForWork(ctx context.Context, wait time.Duration) error 
 // with instance_id, stays until its session ends or it comes back).
 func (f *franzInput) Close(ctx context.Context) error {
 	f.mu.Lock()
-	cl, cancel := f.client, f.runCancel
+	cl, cancel, commits := f.client, f.runCancel, f.commits
 	f.client = nil
 	f.mu.Unlock()
 	f.signal() // a waiting reader sees that we are closed
@@ -555,6 +560,7 @@ func (f *franzInput) Close(ctx context.Context) error {
 	f.shutdown.Stop()
 	if cl != nil {
 		cancel()
+		commits.Stop()
 		f.wg.Wait()
 
 		// Said before it starts: with the brokers gone this waits the

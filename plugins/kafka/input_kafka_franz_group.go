@@ -11,9 +11,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -157,17 +157,9 @@ func (f *franzInput) signal() {
 
 // commitLoop commits every commit_period and, when no poll brought records
 // since the last tick, refreshes the lag gauge from the brokers.
-func (f *franzInput) commitLoop(ctx context.Context, cl *kgo.Client) {
-	defer f.wg.Done()
-	t := time.NewTicker(f.commitPeriod)
-	defer t.Stop()
+func (f *franzInput) commitLoop(ctx context.Context, cl *kgo.Client) *periodic.Loop {
 	var lastPolls uint64
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	return periodic.Start(ctx, periodic.Config{Interval: f.commitPeriod}, func(ctx context.Context) {
 		f.commitPeriodic(ctx, cl)
 		f.mu.Lock()
 		polls := f.polls
@@ -176,7 +168,7 @@ func (f *franzInput) commitLoop(ctx context.Context, cl *kgo.Client) {
 			f.refreshLag(ctx, cl)
 		}
 		lastPolls = polls
-	}
+	})
 }
 
 // commitPeriodic commits the commit points that moved. A revoke abandons

@@ -11,13 +11,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/mappingfile"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 const (
@@ -82,12 +82,11 @@ func init() {
 }
 
 type mappingFileProc struct {
-	path     string
-	interval time.Duration
-	settle   time.Duration
-	files    mappingfile.FileReader
-	log      *service.Logger
-	reloads  *service.MetricCounter
+	path    string
+	settle  time.Duration
+	files   mappingfile.FileReader
+	log     *service.Logger
+	reloads *service.MetricCounter
 
 	current atomic.Pointer[mappingfile.Mapping]
 
@@ -95,9 +94,8 @@ type mappingFileProc struct {
 	// attempt read; only the watch goroutine touches it after construction.
 	watched mappingfile.Files
 
-	stop      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
+	// watch checks the files every interval; nil when reloading is off.
+	watch *periodic.Loop
 }
 
 func newMappingFileFromParsed(conf *service.ParsedConfig, res *service.Resources) (*mappingFileProc, error) {
@@ -120,14 +118,11 @@ func newMappingFileFromParsed(conf *service.ParsedConfig, res *service.Resources
 
 func newMappingFile(path string, interval time.Duration, files mappingfile.FileReader, log *service.Logger, metrics *service.Metrics) (*mappingFileProc, error) {
 	p := &mappingFileProc{
-		path:     path,
-		interval: interval,
-		settle:   min(interval/2, 200*time.Millisecond),
-		files:    files,
-		log:      log,
-		reloads:  metrics.NewCounter(metricReloads, "result"),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		path:    path,
+		settle:  min(interval/2, 200*time.Millisecond),
+		files:   files,
+		log:     log,
+		reloads: metrics.NewCounter(metricReloads, "result"),
 	}
 	// Both series exist from start, at 0, so that dashboards and alerts
 	// on rejected reloads see a value before the first reload happens.
@@ -141,9 +136,8 @@ func newMappingFile(path string, interval time.Duration, files mappingfile.FileR
 	p.current.Store(m)
 	p.watched = watched
 	if interval > 0 {
-		go p.watch()
-	} else {
-		close(p.done)
+		p.watch = periodic.Start(context.Background(), periodic.Config{Interval: interval},
+			func(ctx context.Context) { p.checkOnce(ctx) })
 	}
 	return p, nil
 }
@@ -176,32 +170,12 @@ func (p *mappingFileProc) ProcessBatch(_ context.Context, batch service.MessageB
 
 // Close stops watching the file.
 func (p *mappingFileProc) Close(ctx context.Context) error {
-	p.closeOnce.Do(func() { close(p.stop) })
-	select {
-	case <-p.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (p *mappingFileProc) watch() {
-	defer close(p.done)
-	ticker := time.NewTicker(p.interval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-ticker.C:
-			p.checkOnce()
-		}
-	}
+	return p.watch.StopWithin(ctx)
 }
 
 // checkOnce reloads the mapping when one of its files changed and settled.
 // It reports whether a reload was attempted.
-func (p *mappingFileProc) checkOnce() bool {
+func (p *mappingFileProc) checkOnce(ctx context.Context) bool {
 	if !p.watched.Changed(p.files) {
 		return false
 	}
@@ -210,7 +184,7 @@ func (p *mappingFileProc) checkOnce() bool {
 	// the settle period.
 	first := p.watched.Snapshot(p.files)
 	select {
-	case <-p.stop:
+	case <-ctx.Done():
 		return false
 	case <-time.After(p.settle):
 	}

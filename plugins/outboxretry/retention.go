@@ -13,6 +13,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // retentionConfig is the outbox_retry input's optional retention.
@@ -62,9 +63,10 @@ type maintenance struct {
 	// ensureEvery, a test hook set before start, replaces ensureInterval.
 	ensureEvery time.Duration
 
-	mu   sync.Mutex
-	stop context.CancelFunc
-	done chan struct{}
+	mu sync.Mutex
+	// loops run the upkeep and the retention, each on its interval: a long
+	// retention run does not hold up the partitions ahead.
+	loops []*periodic.Loop
 }
 
 func newMaintenance(width time.Duration, retention *retentionConfig, pool *pgxpool.Pool, session *pgx.ConnConfig, log *service.Logger) *maintenance {
@@ -110,33 +112,13 @@ func (m *maintenance) runOnce(ctx context.Context) (retentionResult, error) {
 // start runs the upkeep in the background until close: the retention once
 // now (the partitions were ensured by Connect), then each on its interval.
 func (m *maintenance) start() {
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
+	loops := []*periodic.Loop{periodic.Start(context.Background(), periodic.Config{Interval: m.ensureInterval()}, m.ensureAndLog)}
+	if m.retention != nil {
+		loops = append(loops, periodic.Start(context.Background(), periodic.Config{Interval: m.retention.Interval, Now: true}, m.retainAndLog))
+	}
 	m.mu.Lock()
-	m.stop, m.done = stop, done
+	m.loops = loops
 	m.mu.Unlock()
-	go func() {
-		defer close(done)
-		ensureTick := time.NewTicker(m.ensureInterval())
-		defer ensureTick.Stop()
-		var retain <-chan time.Time
-		if m.retention != nil {
-			t := time.NewTicker(m.retention.Interval)
-			defer t.Stop()
-			retain = t.C
-			m.retainAndLog(ctx)
-		}
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ensureTick.C:
-				m.ensureAndLog(ctx)
-			case <-retain:
-				m.retainAndLog(ctx)
-			}
-		}
-	}()
 }
 
 func (m *maintenance) ensureAndLog(ctx context.Context) {
@@ -188,13 +170,12 @@ func listed(s []string) string {
 	return ": " + strings.Join(s, ", ")
 }
 
-// close stops the loop, cancelling a run under way, and waits for it.
+// close stops the loops, cancelling the runs under way, and waits for them.
 func (m *maintenance) close() {
 	m.mu.Lock()
-	stop, done := m.stop, m.done
+	loops := m.loops
 	m.mu.Unlock()
-	if stop != nil {
-		stop()
-		<-done
+	for _, l := range loops {
+		l.Stop()
 	}
 }

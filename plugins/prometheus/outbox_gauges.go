@@ -12,6 +12,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // Names of the outbox record gauges (docs/components.md).
@@ -96,8 +97,7 @@ type outboxGauges struct {
 	snap        *outboxdb.RecordGauges
 	refreshedAt time.Time
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	refresh *periodic.Loop
 }
 
 func newOutboxGauges(cfg outboxGaugesConfig, poolCfg *pgxpool.Config, log *service.Logger) *outboxGauges {
@@ -152,30 +152,15 @@ func (o *outboxGauges) failed(ctx context.Context, err error) error {
 
 // start runs a refresh now and then every RefreshInterval until stop.
 func (o *outboxGauges) start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	o.cancel = cancel
-	o.done = make(chan struct{})
-	go func() {
-		defer close(o.done)
-		ticker := time.NewTicker(o.cfg.RefreshInterval)
-		defer ticker.Stop()
-		for {
+	o.refresh = periodic.Start(context.Background(), periodic.Config{Interval: o.cfg.RefreshInterval, Now: true},
+		func(ctx context.Context) {
 			_, _ = o.runOnce(ctx) // errors are logged by runOnce
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-		}
-	}()
+		})
 }
 
 // stop ends the refresh loop and closes the pool. The snapshot stays served.
 func (o *outboxGauges) stop() {
-	if o.cancel != nil {
-		o.cancel()
-		<-o.done
-	}
+	o.refresh.Stop()
 	o.runMu.Lock()
 	defer o.runMu.Unlock()
 	if o.pool != nil {
