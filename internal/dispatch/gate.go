@@ -35,6 +35,11 @@ type GateMetrics struct {
 	Limit  *service.MetricGauge   // forwarder_platform_concurrency_limit
 	Free   *service.MetricGauge   // forwarder_semaphore_available_permits
 	Probes *service.MetricCounter // forwarder_platform_probes_total{result}
+	// An operator's pause of delivery: held 0/1, and its start and end
+	// (0: until resumed) as Unix times.
+	Paused       *service.MetricGauge // forwarder_delivery_paused
+	PauseStarted *service.MetricGauge // forwarder_delivery_pause_started_timestamp_seconds
+	PauseEnd     *service.MetricGauge // forwarder_delivery_pause_end_timestamp_seconds
 }
 
 // Permit is what the gate allows one request.
@@ -45,8 +50,8 @@ const (
 	Send Permit = iota
 	// Probe: the one request that tests an open breaker.
 	Probe
-	// Deny: not now (breaker open or sending paused); give the claim back
-	// without spending an attempt.
+	// Deny: not now (breaker open, sending paused, or delivery paused by
+	// an operator); give the claim back without spending an attempt.
 	Deny
 )
 
@@ -54,8 +59,9 @@ const (
 // once: a circuit breaker (each instance judges from the replies it sees;
 // the state is shared through PostgreSQL so that all stop within a second),
 // probes (one per interval across the cluster, taken in PostgreSQL), a pause
-// asked for by Retry-After, an adaptive concurrency limit per instance and
-// an optional rate limit across the cluster.
+// asked for by Retry-After, an operator's pause of delivery (see hold), an
+// adaptive concurrency limit per instance and an optional rate limit across
+// the cluster.
 //
 // The output asks it before each request (Allow, Acquire) and tells it each
 // reply (Report); the dispatcher asks it whether to claim at all (Blocked)
@@ -73,6 +79,10 @@ type Gate struct {
 	// says how much time is left of each; see follow).
 	pausedUntil time.Time
 	nextProbeAt time.Time
+	// hold is the operator's pause as last read; held says whether this
+	// instance holds delivery for it (see checkHoldLocked).
+	hold hold
+	held bool
 	// probes holds the rows marked to carry a probe, and whether each
 	// one's message is fresh (see MarkProbe).
 	probes  map[int64]bool
@@ -114,6 +124,11 @@ func NewGate(cfg GateConfig, log *service.Logger, m GateMetrics) *Gate {
 	g.limiter.Reset(cfg.MaxInFlight)
 	if m.State != nil {
 		m.State.Set(int64(BreakerClosed))
+	}
+	for _, gauge := range []*service.MetricGauge{m.Paused, m.PauseStarted, m.PauseEnd} {
+		if gauge != nil {
+			gauge.Set(0)
+		}
 	}
 	return g
 }
@@ -214,6 +229,10 @@ func (g *Gate) follow(s outboxdb.PlatformState, arrived time.Time, seen uint64) 
 	if until := arrived.Add(s.PausedFor); s.PausedFor > 0 && until.After(g.pausedUntil) {
 		g.pausedUntil = until
 	}
+	// The operator's pause is never this instance's decision: it is
+	// followed whatever this instance decided meanwhile.
+	g.hold = holdFrom(s.Pause, arrived)
+	g.checkHoldLocked(time.Now())
 	if g.decisions != seen || g.sharing > 0 {
 		return
 	}
@@ -251,6 +270,52 @@ func (g *Gate) changedLocked(from, state BreakerState, reason string) {
 	g.changed = make(chan struct{})
 }
 
+// checkHoldLocked holds delivery or lets it go on as the operator's pause
+// says at now, and does what a change entails: the log, the metrics, and
+// on resuming the same ramp as after an outage, from one request at a time.
+func (g *Gate) checkHoldLocked(now time.Time) bool {
+	h := g.hold
+	on := h.holds(now)
+	if g.m.PauseStarted != nil {
+		g.m.PauseStarted.Set(unixOrZero(h.since, on))
+	}
+	if g.m.PauseEnd != nil {
+		g.m.PauseEnd.Set(unixOrZero(h.until, on))
+	}
+	if on == g.held {
+		return on
+	}
+	g.held = on
+	if g.m.Paused != nil {
+		var v int64
+		if on {
+			v = 1
+		}
+		g.m.Paused.Set(v)
+	}
+	if on {
+		end := "until resumed"
+		if !h.until.IsZero() {
+			end = "until " + h.until.UTC().Format(time.RFC3339)
+		}
+		g.log.Warnf("Delivery paused by %s %s (%s): no request is sent, not even a probe; messages wait PENDING", h.by, end, h.reason)
+	} else {
+		g.limiter.Reset(1)
+		g.log.Infof("Delivery resumed after the operator's pause: sending again, from one request at a time")
+	}
+	close(g.changed)
+	g.changed = make(chan struct{})
+	return on
+}
+
+// unixOrZero is t as Unix seconds when set and use holds, else 0.
+func unixOrZero(t time.Time, use bool) int64 {
+	if !use || t.IsZero() {
+		return 0
+	}
+	return t.Unix()
+}
+
 // State is the breaker's state as this instance knows it.
 func (g *Gate) State() BreakerState {
 	g.mu.Lock()
@@ -262,7 +327,8 @@ func (g *Gate) State() BreakerState {
 func (g *Gate) Allow(id int64) Permit {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if time.Now().Before(g.pausedUntil) {
+	now := time.Now()
+	if now.Before(g.pausedUntil) || g.checkHoldLocked(now) {
 		return Deny
 	}
 	if _, ok := g.probes[id]; ok {
@@ -345,7 +411,7 @@ func (g *Gate) Report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	from := g.b.state
 	now := time.Now()
 	t, counts := g.b.observe(now, id, r.Fresh, r.Unavailable)
-	if now.Before(g.pausedUntil) {
+	if now.Before(g.pausedUntil) || g.checkHoldLocked(now) {
 		counts = false
 	}
 	if t != stay {
@@ -431,14 +497,22 @@ func (g *Gate) pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Blocked says whether claims must wait: the breaker is open or sending is
-// paused. until is when it is worth looking again (the pause's end, or the
-// next probe); changed is closed at the next change of state.
+// Blocked says whether claims must wait: the breaker is open, sending is
+// paused, or an operator paused delivery. until is when it is worth looking
+// again (the pause's end, or the next probe); changed is closed at the next
+// change of state.
 func (g *Gate) Blocked() (blocked bool, until time.Time, changed <-chan struct{}) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := time.Now()
 	switch {
+	case g.checkHoldLocked(now):
+		if g.hold.end.IsZero() {
+			// Until resumed: the next read of the shared state closes
+			// changed.
+			return true, now.Add(g.cfg.SyncInterval), g.changed
+		}
+		return true, g.hold.end, g.changed
 	case now.Before(g.pausedUntil):
 		return true, g.pausedUntil, g.changed
 	case g.b.state == BreakerOpen:
@@ -452,8 +526,9 @@ func (g *Gate) Blocked() (blocked bool, until time.Time, changed <-chan struct{}
 func (g *Gate) TryProbe(ctx context.Context) bool {
 	g.mu.Lock()
 	pool := g.pool
+	held := g.checkHoldLocked(time.Now())
 	g.mu.Unlock()
-	if pool == nil {
+	if pool == nil || held {
 		return false
 	}
 	won, err := outboxdb.TryProbe(ctx, pool, g.cfg.ProbeInterval)

@@ -259,3 +259,87 @@ func TestGateStopsRightAfterStart(t *testing.T) {
 		g.Stop()
 	}
 }
+
+// TestGateFollowsTheOperatorsPause: two instances hold delivery while an
+// operator's pause is in force (no request, not even a probe; a reply then
+// spends no attempt), both let it go at a resume, which a Retry-After pause
+// never does, and at the pause's end by themselves; after it, sending
+// starts again from one request at a time (docs/operations.md, "Planned
+// maintenance").
+func TestGateFollowsTheOperatorsPause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	cfg := GateConfig{SyncInterval: 50 * time.Millisecond, MaxInFlight: 10, ProbeInterval: time.Millisecond}
+	a, b := NewGate(cfg, quietLog, GateMetrics{}), NewGate(cfg, quietLog, GateMetrics{})
+	for _, g := range []*Gate{a, b} {
+		if err := g.Start(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopA := sync.OnceFunc(a.Stop)
+	t.Cleanup(stopA)
+	t.Cleanup(b.Stop)
+	eventually := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 5s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	holding := func(g *Gate) bool {
+		blocked, _, _ := g.Blocked()
+		return blocked && g.Allow(1) == Deny
+	}
+
+	if _, err := outboxdb.PauseDelivery(ctx, pool, time.Time{}, "alice", "maintenance"); err != nil {
+		t.Fatal(err)
+	}
+	eventually("both instances hold delivery", func() bool { return holding(a) && holding(b) })
+	// Not even a probe: the breaker's own state does not matter.
+	a.MarkProbe(7, true)
+	if p := a.Allow(7); p != Deny {
+		t.Errorf("a probe's row is allowed %v while paused", p)
+	}
+	if a.TryProbe(ctx) {
+		t.Error("a probe was taken while paused")
+	}
+	if counted := a.Report(ctx, 1, Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"}); counted {
+		t.Error("a failed reply while paused spent an attempt")
+	}
+	// The pause holds past any number of reads.
+	time.Sleep(5 * cfg.SyncInterval)
+	if !holding(a) || !holding(b) {
+		t.Fatal("the pause ended by itself without an end")
+	}
+
+	if was, err := outboxdb.ResumeDelivery(ctx, pool, "bob"); err != nil || !was {
+		t.Fatalf("resume: %v, %v", was, err)
+	}
+	eventually("both instances send again", func() bool { return !holding(a) && !holding(b) })
+	for name, g := range map[string]*Gate{"a": a, "b": b} {
+		if l := g.Limiter().Limit(); l != 1 {
+			t.Errorf("%s resumed with a concurrency limit of %d, want 1 (the ramp after an outage)", name, l)
+		}
+	}
+
+	// A pause with an end lets go at the end, with no read after it.
+	if _, err := outboxdb.PauseDelivery(ctx, pool, time.Now().Add(time.Second), "alice", "short"); err != nil {
+		t.Fatal(err)
+	}
+	eventually("the short pause holds", func() bool { return holding(a) })
+	a.mu.Lock()
+	end := a.hold.end
+	a.mu.Unlock()
+	if left := time.Until(end); left <= 0 || left > time.Second {
+		t.Fatalf("the pause ends %v from now on a's clock, want within the second it was given", left)
+	}
+	stopA() // no more reads
+	time.Sleep(time.Until(end) + 20*time.Millisecond)
+	if holding(a) {
+		t.Error("the pause held past its end")
+	}
+}

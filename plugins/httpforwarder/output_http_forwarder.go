@@ -136,6 +136,7 @@ Each reply is judged on its own, whatever the rules make of it: a reply the plat
 - `+"`forwarder_semaphore_available_permits`"+`: free request slots.
 - `+"`forwarder_claims_returned_total{reason}`"+`: claims given back unsent (`+"`lease`"+`, `+"`stopping`"+`, `+"`breaker`"+`: the breaker was open or sending paused) or not sent because they were lost (`+"`lost`"+`).
 - `+"`forwarder_platform_breaker_state`"+` (0 closed, 1 half-open, 2 open), `+"`forwarder_platform_concurrency_limit`"+`, `+"`forwarder_platform_probes_total{result}`"+` (`+"`healthy`, `unavailable`, `inconclusive`"+`: a failed probe whose message had already failed on its own).
+- `+"`forwarder_delivery_paused`"+` (1 while this instance holds delivery for an operator's pause, `+"`forwarder outbox pause`"+`), `+"`forwarder_delivery_pause_started_timestamp_seconds`"+`, `+"`forwarder_delivery_pause_end_timestamp_seconds`"+` (0: until resumed).
 
 == Rule expressions
 
@@ -401,10 +402,13 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	}
 	probes := m.NewCounter("forwarder_platform_probes_total", "result")
 	h.gate = dispatch.NewGate(gateCfg, h.log, dispatch.GateMetrics{
-		State:  m.NewGauge("forwarder_platform_breaker_state"),
-		Limit:  m.NewGauge("forwarder_platform_concurrency_limit"),
-		Free:   m.NewGauge("forwarder_semaphore_available_permits"),
-		Probes: probes,
+		State:        m.NewGauge("forwarder_platform_breaker_state"),
+		Paused:       m.NewGauge("forwarder_delivery_paused"),
+		PauseStarted: m.NewGauge("forwarder_delivery_pause_started_timestamp_seconds"),
+		PauseEnd:     m.NewGauge("forwarder_delivery_pause_end_timestamp_seconds"),
+		Limit:        m.NewGauge("forwarder_platform_concurrency_limit"),
+		Free:         m.NewGauge("forwarder_semaphore_available_permits"),
+		Probes:       probes,
 	})
 	metricseries.Counter(probes, metricseries.Product([]string{"healthy", "unavailable", "inconclusive"})...)
 	h.hub.SetGate(h.gate)
