@@ -13,6 +13,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/protection"
 )
 
 // DispatcherConfig configures a Dispatcher. Zero values take the defaults
@@ -346,13 +347,13 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.Record, error) {
 // the breaker is open and a probe is due, it takes the probe (one per
 // interval across every instance) and claims one row for it. wait says the
 // caller should look again (it waited for a change, or for the probe time).
-func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *Gate) (probe []outboxdb.Record, wait bool, err error) {
+func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *protection.Gate) (probe []outboxdb.Record, wait bool, err error) {
 	blocked, until, changed := g.Blocked()
 	d.ledger.SetBlocked(blocked)
 	if !blocked {
 		return nil, false, nil
 	}
-	if g.State() == BreakerOpen && !time.Now().Before(until) && g.TryProbe(ctx) {
+	if g.State() == protection.BreakerOpen && !time.Now().Before(until) && g.TryProbe(ctx) {
 		res, err := d.claim(ctx, pool, outboxdb.ClaimParams{Probe: true})
 		if err != nil {
 			return nil, false, err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/envsecret"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/protection"
 )
 
 // Hub links the outbox components of one stream that share one database:
@@ -44,7 +45,7 @@ type Hub struct {
 	users      int
 	dispatcher *Dispatcher
 	output     *OutputInfo
-	gate       *Gate
+	gate       *protection.Gate
 }
 
 // OutputInfo is what the output tells the rest of the stream about itself.
@@ -241,14 +242,14 @@ func (h *Hub) SetOutput(info OutputInfo) error {
 }
 
 // SetGate registers the gate protecting the platform (the output's).
-func (h *Hub) SetGate(g *Gate) {
+func (h *Hub) SetGate(g *protection.Gate) {
 	h.mu.Lock()
 	h.gate = g
 	h.mu.Unlock()
 }
 
 // Gate returns the stream's gate on this database, or nil.
-func (h *Hub) Gate() *Gate {
+func (h *Hub) Gate() *protection.Gate {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.gate

@@ -30,6 +30,7 @@ import (
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/protection"
 )
 
 const (
@@ -290,7 +291,7 @@ type httpForwarder struct {
 
 	policy    policy
 	transport *transport
-	gate      *dispatch.Gate
+	gate      *protection.Gate
 	returns   *lograte.Burst
 
 	connMu   sync.Mutex
@@ -400,7 +401,7 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 		return nil, err
 	}
 	probes := m.NewCounter("forwarder_platform_probes_total", "result")
-	h.gate = dispatch.NewGate(gateCfg, h.log, dispatch.GateMetrics{
+	h.gate = protection.NewGate(gateCfg, h.log, protection.Metrics{
 		State:  m.NewGauge("forwarder_platform_breaker_state"),
 		Limit:  m.NewGauge("forwarder_platform_concurrency_limit"),
 		Free:   m.NewGauge("forwarder_semaphore_available_permits"),
@@ -441,8 +442,8 @@ func leaseError(timeout, lease time.Duration) error {
 	return nil
 }
 
-func parseGate(conf *service.ParsedConfig, maxInFlight int) (dispatch.GateConfig, error) {
-	c := dispatch.GateConfig{MaxInFlight: maxInFlight}
+func parseGate(conf *service.ParsedConfig, maxInFlight int) (protection.Config, error) {
+	c := protection.Config{MaxInFlight: maxInFlight}
 	var err error
 	if c.ProbeInterval, err = conf.FieldDuration(hfFieldProbeInterval); err != nil {
 		return c, err
@@ -575,7 +576,7 @@ type attempt struct {
 	// skip one whose result must not be written at all (its claim was lost).
 	done, skip bool
 	// permit is what the gate allowed the request.
-	permit dispatch.Permit
+	permit protection.Permit
 	// outcome is the rule outcome of the reply, "" when none was classified.
 	outcome string
 	result  outboxdb.Result
@@ -638,7 +639,7 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 		}
 		// Asked once the slot is taken: the breaker may have opened while
 		// this request waited for one.
-		if a.permit = h.gate.Allow(a.claim.ID); a.permit == dispatch.Deny {
+		if a.permit = h.gate.Allow(a.claim.ID); a.permit == protection.Deny {
 			h.gate.Release()
 			h.giveBack(a, returnedBreaker, "not sent: the platform is down (circuit breaker open) or asked to pause")
 			continue
@@ -757,7 +758,7 @@ func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *att
 	}
 	took := time.Since(start)
 	if r.Stopped {
-		if a.permit == dispatch.Probe {
+		if a.permit == protection.Probe {
 			h.gate.ForgetProbe(a.claim.ID)
 		}
 		// Stopping, not a platform failure. The request may have reached
@@ -770,7 +771,7 @@ func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *att
 	if dec.RuleErr != nil {
 		h.log.Debugf("outbox row %d: %v", a.claim.ID, dec.RuleErr)
 	}
-	counted := h.gate.Report(ctx, a.claim.ID, a.permit, dispatch.Reply{
+	counted := h.gate.Report(ctx, a.claim.ID, a.permit, protection.Reply{
 		Unavailable: dec.Health == unavailable,
 		Fresh:       a.claim.Attempt <= 1,
 		Overloaded:  dec.Overloaded,
@@ -778,7 +779,7 @@ func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *att
 		Why:         dec.Result.Error,
 	})
 	if !counted {
-		dec = h.policy.notCounted(dec, r, a.claim.Attempt, a.permit == dispatch.Probe)
+		dec = h.policy.notCounted(dec, r, a.claim.Attempt, a.permit == protection.Probe)
 	}
 	api := a.apiLabel()
 	h.mAttempts.Incr(1, api, dec.Outcome)

@@ -1,4 +1,4 @@
-package dispatch
+package protection
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 func TestGateSharedByInstances(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	newPair := func(t *testing.T, cfg GateConfig) (*Gate, *Gate) {
+	newPair := func(t *testing.T, cfg Config) (*Gate, *Gate) {
 		t.Helper()
 		pool := pgtest.NewPool(t)
 		cfg.SyncInterval = 50 * time.Millisecond
@@ -24,7 +24,7 @@ func TestGateSharedByInstances(t *testing.T) {
 		// Five failures of distinct messages open it at once: the
 		// silence that opening waits for is the breaker's own test.
 		cfg.Breaker.Silence = time.Nanosecond
-		a, b := NewGate(cfg, quietLog, GateMetrics{}), NewGate(cfg, quietLog, GateMetrics{})
+		a, b := NewGate(cfg, quietLog, Metrics{}), NewGate(cfg, quietLog, Metrics{})
 		for _, g := range []*Gate{a, b} {
 			if err := g.Start(ctx, pool); err != nil {
 				t.Fatal(err)
@@ -46,7 +46,7 @@ func TestGateSharedByInstances(t *testing.T) {
 
 	t.Run("OneInstanceOpensItForAll", func(t *testing.T) {
 		t.Parallel()
-		a, b := newPair(t, GateConfig{ProbeInterval: time.Hour})
+		a, b := newPair(t, Config{ProbeInterval: time.Hour})
 		for i := range 5 {
 			a.Report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"})
 		}
@@ -72,7 +72,7 @@ func TestGateSharedByInstances(t *testing.T) {
 		// the Reports after the opening take that long only on a machine
 		// busier than any we have seen (300 ms was not enough under -race).
 		const interval = time.Second
-		a, b := newPair(t, GateConfig{ProbeInterval: interval})
+		a, b := newPair(t, Config{ProbeInterval: interval})
 		for i := range 5 {
 			a.Report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "timeout"})
 		}
@@ -105,7 +105,7 @@ func TestGateSharedByInstances(t *testing.T) {
 
 	t.Run("AHealthyProbeHalfOpensThenHealthyRepliesClose", func(t *testing.T) {
 		t.Parallel()
-		a, b := newPair(t, GateConfig{ProbeInterval: time.Millisecond, Breaker: BreakerConfig{HalfOpenMessages: 3}})
+		a, b := newPair(t, Config{ProbeInterval: time.Millisecond, Breaker: BreakerConfig{HalfOpenMessages: 3}})
 		for i := range 5 {
 			a.Report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "refused"})
 		}
@@ -131,7 +131,7 @@ func TestGateSharedByInstances(t *testing.T) {
 
 	t.Run("RetryAfterPausesEveryInstance", func(t *testing.T) {
 		t.Parallel()
-		a, b := newPair(t, GateConfig{})
+		a, b := newPair(t, Config{})
 		a.Report(ctx, 1, Send, Reply{Unavailable: true, Overloaded: true, PauseFor: 2 * time.Second, Why: "http 429"})
 		if a.Allow(2) != Deny {
 			t.Fatal("a sends during its own pause")
@@ -184,7 +184,7 @@ func TestGateSharedByInstances(t *testing.T) {
 func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	g := NewGate(GateConfig{MaxInFlight: 10, ProbeInterval: time.Hour, Breaker: BreakerConfig{Silence: time.Nanosecond}}, quietLog, GateMetrics{})
+	g := NewGate(Config{MaxInFlight: 10, ProbeInterval: time.Hour, Breaker: BreakerConfig{Silence: time.Nanosecond}}, quietLog, Metrics{})
 	decisions := func() uint64 {
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -232,7 +232,7 @@ func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
 	}
 
 	// Another instance's pause counts from when its reply arrived here.
-	other := NewGate(GateConfig{MaxInFlight: 10}, quietLog, GateMetrics{})
+	other := NewGate(Config{MaxInFlight: 10}, quietLog, Metrics{})
 	arrived := time.Now()
 	other.follow(outboxdb.PlatformState{PausedFor: time.Hour}, arrived, 0)
 	other.mu.Lock()
@@ -251,7 +251,7 @@ func TestGateStopsRightAfterStart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	g := NewGate(GateConfig{MaxInFlight: 1}, quietLog, GateMetrics{})
+	g := NewGate(Config{MaxInFlight: 1}, quietLog, Metrics{})
 	for range 50 {
 		if err := g.Start(ctx, pool); err != nil {
 			t.Fatal(err)

@@ -1,4 +1,11 @@
-package dispatch
+// Package protection protects the platform the outbox forwards to, for
+// every instance sharing the database at once: a circuit breaker whose
+// state is shared through PostgreSQL, probes, pauses asked for by
+// Retry-After, an adaptive concurrency limit and a rate limit
+// (docs/architecture.md, "Protecting the platform"). The output admits each
+// request through a Gate and tells it how the request went; the claim
+// engine (internal/dispatch) asks it whether to claim at all.
+package protection
 
 import (
 	"cmp"
@@ -12,8 +19,8 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-// GateConfig configures a Gate. Zero values take the defaults given.
-type GateConfig struct {
+// Config configures a Gate. Zero values take the defaults given.
+type Config struct {
 	// ProbeInterval: while the breaker is open, at most one probe per
 	// interval across every instance. Default 5s.
 	ProbeInterval time.Duration
@@ -29,8 +36,8 @@ type GateConfig struct {
 	Instance string
 }
 
-// GateMetrics are the gate's gauges and counters; nil fields are skipped.
-type GateMetrics struct {
+// Metrics are the gate's gauges and counters; nil fields are skipped.
+type Metrics struct {
 	State  *service.MetricGauge   // forwarder_platform_breaker_state
 	Limit  *service.MetricGauge   // forwarder_platform_concurrency_limit
 	Free   *service.MetricGauge   // forwarder_semaphore_available_permits
@@ -61,9 +68,9 @@ const (
 // reply (Report); the dispatcher asks it whether to claim at all (Blocked)
 // and takes the probes (TryProbe).
 type Gate struct {
-	cfg     GateConfig
+	cfg     Config
 	log     *service.Logger
-	m       GateMetrics
+	m       Metrics
 	limiter *Limiter
 	rate    *RateLimit
 
@@ -90,7 +97,7 @@ type Gate struct {
 }
 
 // NewGate returns a gate; Start connects it to the database.
-func NewGate(cfg GateConfig, log *service.Logger, m GateMetrics) *Gate {
+func NewGate(cfg Config, log *service.Logger, m Metrics) *Gate {
 	cfg.ProbeInterval = cmp.Or(cfg.ProbeInterval, 5*time.Second)
 	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, time.Second)
 	cfg.MaxInFlight = max(cfg.MaxInFlight, 1)
