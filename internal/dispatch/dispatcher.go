@@ -36,7 +36,7 @@ type DispatcherConfig struct {
 	MaxUnacked      int
 	MaxUnackedBytes int64
 	// MaxAttempts, when set, is the attempts a row may use; otherwise the
-	// output's (OutputInfo.MaxAttempts), else 5.
+	// output's (Output.MaxAttempts), else 5.
 	MaxAttempts int
 	// NackDelay is how long a nacked row waits before it is due again.
 	NackDelay time.Duration
@@ -157,7 +157,7 @@ func NewDispatcher(hub *Hub, cfg DispatcherConfig, log *service.Logger, m Dispat
 	if err := hub.setDispatcher(d); err != nil {
 		return nil, err
 	}
-	if out := hub.Output(); out != nil {
+	if out := hub.attached(); out != nil {
 		if err := checkLease(cfg.Lease, out.Timeout); err != nil {
 			hub.dropDispatcher(d)
 			return nil, err
@@ -183,7 +183,7 @@ func (d *Dispatcher) MaxAttempts() int {
 	if d.cfg.MaxAttempts > 0 {
 		return d.cfg.MaxAttempts
 	}
-	if out := d.hub.Output(); out != nil && out.MaxAttempts > 0 {
+	if out := d.hub.attached(); out != nil && out.MaxAttempts > 0 {
 		return out.MaxAttempts
 	}
 	return defaultMaxAttempts
@@ -286,7 +286,7 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.Record, error) {
 			}
 			continue
 		}
-		if g := d.hub.Gate(); g != nil {
+		if g := d.hub.gate(); g != nil {
 			probe, wait, err := d.gated(ctx, pool, g)
 			switch {
 			case err != nil:

@@ -31,6 +31,7 @@ import (
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/protection"
+	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
 const (
@@ -148,7 +149,7 @@ Rules are https://expr-lang.org[expr^] expressions, compiled at start-up (and by
 - `+"`error`"+` (string): the transport error (timeout, refused connection), empty when a reply came.
 
 Setting `+"`rules`"+` replaces the defaults, which implement the platform's contract: errcode "4" (string or number) is a duplicate, errcode "998" must not be resent, result 0 is a success, everything else is retried.`).
-		Fields(dispatch.DSNFields()...).
+		Fields(streamdb.DSNFields()...).
 		Fields(
 			service.NewInterpolatedStringField(hfFieldURL).
 				Description("The URL to POST each message to, interpolated per message.").
@@ -379,9 +380,6 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 	if h.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
 		return nil, err
 	}
-	if err := h.hub.SetOutput(dispatch.OutputInfo{Timeout: h.timeout, MaxAttempts: h.policy.maxAttempts}); err != nil {
-		return nil, err
-	}
 
 	m := mgr.Metrics()
 	h.mAttempts = m.NewCounter("forwarder_attempts_total", "api_type", "outcome")
@@ -408,7 +406,11 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 		Probes: probes,
 	})
 	metricseries.Counter(probes, metricseries.Product([]string{"healthy", "unavailable", "inconclusive"})...)
-	h.hub.SetGate(h.gate)
+	// The stream's claim engine checks its lease against the timeout, uses
+	// these attempts and claims only what the gate lets through.
+	if err := h.hub.AttachOutput(dispatch.Output{Timeout: h.timeout, MaxAttempts: h.policy.maxAttempts, Protection: h.gate}); err != nil {
+		return nil, err
+	}
 	h.returns = lograte.New(h.log, 10*time.Second)
 	return h, nil
 }
