@@ -1,7 +1,8 @@
-package dispatch
+package protection
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,7 +17,7 @@ import (
 func TestGateSharedByInstances(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	newPair := func(t *testing.T, cfg GateConfig) (*Gate, *Gate) {
+	newPair := func(t *testing.T, cfg Config) (*Gate, *Gate) {
 		t.Helper()
 		pool := pgtest.NewPool(t)
 		cfg.SyncInterval = 50 * time.Millisecond
@@ -24,7 +25,7 @@ func TestGateSharedByInstances(t *testing.T) {
 		// Five failures of distinct messages open it at once: the
 		// silence that opening waits for is the breaker's own test.
 		cfg.Breaker.Silence = time.Nanosecond
-		a, b := NewGate(cfg, quietLog, GateMetrics{}), NewGate(cfg, quietLog, GateMetrics{})
+		a, b := NewGate(cfg, quietLog, Metrics{}), NewGate(cfg, quietLog, Metrics{})
 		for _, g := range []*Gate{a, b} {
 			if err := g.Start(ctx, pool); err != nil {
 				t.Fatal(err)
@@ -46,15 +47,15 @@ func TestGateSharedByInstances(t *testing.T) {
 
 	t.Run("OneInstanceOpensItForAll", func(t *testing.T) {
 		t.Parallel()
-		a, b := newPair(t, GateConfig{ProbeInterval: time.Hour})
+		a, b := newPair(t, Config{ProbeInterval: time.Hour})
 		for i := range 5 {
-			a.Report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"})
+			a.report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"})
 		}
-		if a.State() != BreakerOpen || a.Allow(1) != Deny {
-			t.Fatalf("a: state %v, allow %v after 5 unavailable replies", a.State(), a.Allow(1))
+		if a.State() != BreakerOpen || a.allow(1) != Deny {
+			t.Fatalf("a: state %v, allow %v after 5 unavailable replies", a.State(), a.allow(1))
 		}
 		eventually(t, "the other instance follows", func() bool { return b.State() == BreakerOpen })
-		if b.Allow(2) != Deny {
+		if b.allow(2) != Deny {
 			t.Fatal("b sends while the breaker is open")
 		}
 		if blocked, _, _ := b.Blocked(); !blocked {
@@ -72,9 +73,9 @@ func TestGateSharedByInstances(t *testing.T) {
 		// the Reports after the opening take that long only on a machine
 		// busier than any we have seen (300 ms was not enough under -race).
 		const interval = time.Second
-		a, b := newPair(t, GateConfig{ProbeInterval: interval})
+		a, b := newPair(t, Config{ProbeInterval: interval})
 		for i := range 5 {
-			a.Report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "timeout"})
+			a.report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "timeout"})
 		}
 		// The opening is in the database once Report returns: the probe
 		// times count from it, however late b follows on a busy machine.
@@ -105,9 +106,9 @@ func TestGateSharedByInstances(t *testing.T) {
 
 	t.Run("AHealthyProbeHalfOpensThenHealthyRepliesClose", func(t *testing.T) {
 		t.Parallel()
-		a, b := newPair(t, GateConfig{ProbeInterval: time.Millisecond, Breaker: BreakerConfig{HalfOpenMessages: 3}})
+		a, b := newPair(t, Config{ProbeInterval: time.Millisecond, Breaker: BreakerConfig{HalfOpenMessages: 3}})
 		for i := range 5 {
-			a.Report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "refused"})
+			a.report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "refused"})
 		}
 		eventually(t, "b follows", func() bool { return b.State() == BreakerOpen })
 		time.Sleep(5 * time.Millisecond)
@@ -115,28 +116,28 @@ func TestGateSharedByInstances(t *testing.T) {
 			t.Fatal("no probe for b")
 		}
 		b.MarkProbe(42, true)
-		if b.Allow(42) != Probe || b.Allow(43) != Deny {
+		if b.allow(42) != Probe || b.allow(43) != Deny {
 			t.Fatal("the probe row is not allowed alone")
 		}
-		b.Report(ctx, 42, Probe, Reply{})
-		if b.State() != BreakerHalfOpen || b.Allow(43) != Send {
+		b.report(ctx, 42, Probe, Reply{})
+		if b.State() != BreakerHalfOpen || b.allow(43) != Send {
 			t.Fatalf("after a healthy probe: %v", b.State())
 		}
 		eventually(t, "a follows to half-open", func() bool { return a.State() == BreakerHalfOpen })
 		for i := range 3 {
-			a.Report(ctx, int64(i), Send, Reply{})
+			a.report(ctx, int64(i), Send, Reply{})
 		}
 		eventually(t, "closed for both", func() bool { return a.State() == BreakerClosed && b.State() == BreakerClosed })
 	})
 
 	t.Run("RetryAfterPausesEveryInstance", func(t *testing.T) {
 		t.Parallel()
-		a, b := newPair(t, GateConfig{})
-		a.Report(ctx, 1, Send, Reply{Unavailable: true, Overloaded: true, PauseFor: 2 * time.Second, Why: "http 429"})
-		if a.Allow(2) != Deny {
+		a, b := newPair(t, Config{})
+		a.report(ctx, 1, Send, Reply{Unavailable: true, Overloaded: true, PauseFor: 2 * time.Second, Why: "http 429"})
+		if a.allow(2) != Deny {
 			t.Fatal("a sends during its own pause")
 		}
-		eventually(t, "b pauses", func() bool { return b.Allow(3) == Deny })
+		eventually(t, "b pauses", func() bool { return b.allow(3) == Deny })
 		blocked, until, _ := b.Blocked()
 		if !blocked || time.Until(until) < time.Second {
 			t.Fatalf("b blocked %v until %v", blocked, until)
@@ -184,7 +185,7 @@ func TestGateSharedByInstances(t *testing.T) {
 func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	g := NewGate(GateConfig{MaxInFlight: 10, ProbeInterval: time.Hour, Breaker: BreakerConfig{Silence: time.Nanosecond}}, quietLog, GateMetrics{})
+	g := NewGate(Config{MaxInFlight: 10, ProbeInterval: time.Hour, Breaker: BreakerConfig{Silence: time.Nanosecond}}, quietLog, Metrics{})
 	decisions := func() uint64 {
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -193,13 +194,13 @@ func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
 
 	before := decisions() // a sync starts reading: CLOSED
 	for i := range 5 {
-		g.Report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"})
+		g.report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"})
 	}
 	if g.State() != BreakerOpen {
 		t.Fatalf("state %v after 5 unavailable replies", g.State())
 	}
 	g.follow(outboxdb.PlatformState{Breaker: "CLOSED"}, time.Now(), before) // ... and returns
-	if g.State() != BreakerOpen || g.Allow(1) != Deny {
+	if g.State() != BreakerOpen || g.allow(1) != Deny {
 		t.Fatalf("a state read before the breaker opened closed it again: state %v", g.State())
 	}
 
@@ -227,18 +228,18 @@ func TestGateIgnoresAStateReadBeforeItsOwnDecision(t *testing.T) {
 	g.pause(ctx, time.Minute)
 	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN"}, time.Now(), before)
 	g.follow(outboxdb.PlatformState{Breaker: "HALF_OPEN", PausedFor: time.Second}, time.Now(), decisions())
-	if g.Allow(1) != Deny {
+	if g.allow(1) != Deny {
 		t.Fatal("a read of the shared state ended a pause early")
 	}
 
 	// Another instance's pause counts from when its reply arrived here.
-	other := NewGate(GateConfig{MaxInFlight: 10}, quietLog, GateMetrics{})
+	other := NewGate(Config{MaxInFlight: 10}, quietLog, Metrics{})
 	arrived := time.Now()
 	other.follow(outboxdb.PlatformState{PausedFor: time.Hour}, arrived, 0)
 	other.mu.Lock()
 	until := other.pausedUntil
 	other.mu.Unlock()
-	if !until.Equal(arrived.Add(time.Hour)) || other.Allow(1) != Deny {
+	if !until.Equal(arrived.Add(time.Hour)) || other.allow(1) != Deny {
 		t.Fatalf("paused until %v, want the reply's arrival + 1h (%v)", until, arrived.Add(time.Hour))
 	}
 }
@@ -251,7 +252,7 @@ func TestGateStopsRightAfterStart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	g := NewGate(GateConfig{MaxInFlight: 1}, quietLog, GateMetrics{})
+	g := NewGate(Config{MaxInFlight: 1}, quietLog, Metrics{})
 	for range 50 {
 		if err := g.Start(ctx, pool); err != nil {
 			t.Fatal(err)
@@ -270,8 +271,8 @@ func TestGateFollowsTheOperatorsPause(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	cfg := GateConfig{SyncInterval: 50 * time.Millisecond, MaxInFlight: 10, ProbeInterval: time.Millisecond}
-	a, b := NewGate(cfg, quietLog, GateMetrics{}), NewGate(cfg, quietLog, GateMetrics{})
+	cfg := Config{SyncInterval: 50 * time.Millisecond, MaxInFlight: 10, ProbeInterval: time.Millisecond}
+	a, b := NewGate(cfg, quietLog, Metrics{}), NewGate(cfg, quietLog, Metrics{})
 	for _, g := range []*Gate{a, b} {
 		if err := g.Start(ctx, pool); err != nil {
 			t.Fatal(err)
@@ -292,7 +293,7 @@ func TestGateFollowsTheOperatorsPause(t *testing.T) {
 	}
 	holding := func(g *Gate) bool {
 		blocked, _, _ := g.Blocked()
-		return blocked && g.Allow(1) == Deny
+		return blocked && g.allow(1) == Deny
 	}
 
 	if _, err := outboxdb.PauseDelivery(ctx, pool, time.Time{}, "alice", "maintenance"); err != nil {
@@ -301,13 +302,13 @@ func TestGateFollowsTheOperatorsPause(t *testing.T) {
 	eventually("both instances hold delivery", func() bool { return holding(a) && holding(b) })
 	// Not even a probe: the breaker's own state does not matter.
 	a.MarkProbe(7, true)
-	if p := a.Allow(7); p != Deny {
+	if p := a.allow(7); p != Deny {
 		t.Errorf("a probe's row is allowed %v while paused", p)
 	}
 	if a.TryProbe(ctx) {
 		t.Error("a probe was taken while paused")
 	}
-	if counted := a.Report(ctx, 1, Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"}); counted {
+	if counted := a.report(ctx, 1, Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"}); counted {
 		t.Error("a failed reply while paused spent an attempt")
 	}
 	// The pause holds past any number of reads.
@@ -342,4 +343,74 @@ func TestGateFollowsTheOperatorsPause(t *testing.T) {
 	if holding(a) {
 		t.Error("the pause held past its end")
 	}
+}
+
+// TestGateAdmit: a request enters the gate once before it goes (Admit) and
+// once after (Finish, or Drop when it was not made), and every way out gives
+// its slot back.
+func TestGateAdmit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	newGate := func() *Gate {
+		return NewGate(Config{MaxInFlight: 2, ProbeInterval: time.Hour}, quietLog, Metrics{})
+	}
+	inFlight := func(g *Gate) int { return g.Limiter().InFlight() }
+	// openWithProbe is a gate whose breaker is open and whose row 7
+	// carries the probe.
+	openWithProbe := func() *Gate {
+		g := newGate()
+		g.mu.Lock()
+		g.b.set(BreakerOpen, time.Now())
+		g.mu.Unlock()
+		g.MarkProbe(7, true)
+		return g
+	}
+
+	t.Run("FinishReportsAndGivesTheSlotBack", func(t *testing.T) {
+		t.Parallel()
+		g := newGate()
+		tk, err := g.Admit(ctx, 1)
+		if err != nil || tk.Probe() || inFlight(g) != 1 {
+			t.Fatalf("admit: %v, probe %v, in flight %d; want a send holding one slot", err, tk.Probe(), inFlight(g))
+		}
+		if !tk.Finish(ctx, Reply{}) || inFlight(g) != 0 {
+			t.Fatalf("a healthy reply: counted false or the slot kept (in flight %d)", inFlight(g))
+		}
+		tk.Drop() // after Finish: nothing more
+		if inFlight(g) != 0 {
+			t.Fatalf("in flight %d after Finish and Drop", inFlight(g))
+		}
+	})
+	t.Run("PausedIsDeniedWithoutHoldingASlot", func(t *testing.T) {
+		t.Parallel()
+		g := newGate()
+		g.pause(ctx, time.Hour)
+		if _, err := g.Admit(ctx, 1); !errors.Is(err, ErrDenied) || inFlight(g) != 0 {
+			t.Fatalf("admit while paused: %v, in flight %d; want ErrDenied and no slot", err, inFlight(g))
+		}
+	})
+	t.Run("DropForgetsTheProbeMark", func(t *testing.T) {
+		t.Parallel()
+		g := openWithProbe()
+		tk, err := g.Admit(ctx, 7)
+		if err != nil || !tk.Probe() {
+			t.Fatalf("admit of the marked row: %v; want the probe", err)
+		}
+		tk.Drop()
+		if _, err := g.Admit(ctx, 7); !errors.Is(err, ErrDenied) || inFlight(g) != 0 {
+			t.Fatalf("the row again after Drop: %v, in flight %d; want ErrDenied (no probe mark left)", err, inFlight(g))
+		}
+	})
+	t.Run("StoppingForgetsTheProbeMark", func(t *testing.T) {
+		t.Parallel()
+		g := openWithProbe()
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := g.Admit(done, 7); !errors.Is(err, context.Canceled) {
+			t.Fatalf("admit after the context ended: %v", err)
+		}
+		if _, err := g.Admit(ctx, 7); !errors.Is(err, ErrDenied) {
+			t.Fatalf("the row after a stopped admit: %v; want ErrDenied (no probe mark left)", err)
+		}
+	})
 }

@@ -1,8 +1,16 @@
-package dispatch
+// Package protection protects the platform the outbox forwards to, for
+// every instance sharing the database at once: a circuit breaker whose
+// state is shared through PostgreSQL, probes, pauses asked for by
+// Retry-After, an adaptive concurrency limit and a rate limit
+// (docs/architecture.md, "Protecting the platform"). The output admits each
+// request through a Gate and tells it how the request went; the claim
+// engine (internal/dispatch) asks it whether to claim at all.
+package protection
 
 import (
 	"cmp"
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -12,8 +20,8 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-// GateConfig configures a Gate. Zero values take the defaults given.
-type GateConfig struct {
+// Config configures a Gate. Zero values take the defaults given.
+type Config struct {
 	// ProbeInterval: while the breaker is open, at most one probe per
 	// interval across every instance. Default 5s.
 	ProbeInterval time.Duration
@@ -29,8 +37,8 @@ type GateConfig struct {
 	Instance string
 }
 
-// GateMetrics are the gate's gauges and counters; nil fields are skipped.
-type GateMetrics struct {
+// Metrics are the gate's gauges and counters; nil fields are skipped.
+type Metrics struct {
 	State  *service.MetricGauge   // forwarder_platform_breaker_state
 	Limit  *service.MetricGauge   // forwarder_platform_concurrency_limit
 	Free   *service.MetricGauge   // forwarder_semaphore_available_permits
@@ -63,13 +71,13 @@ const (
 // adaptive concurrency limit per instance and an optional rate limit across
 // the cluster.
 //
-// The output asks it before each request (Allow, Acquire) and tells it each
-// reply (Report); the dispatcher asks it whether to claim at all (Blocked)
-// and takes the probes (TryProbe).
+// The output admits each request (Admit) and finishes it with the reply
+// (Ticket.Finish), one call each; the dispatcher asks it whether to claim at
+// all (Blocked) and takes the probes (TryProbe, MarkProbe).
 type Gate struct {
-	cfg     GateConfig
+	cfg     Config
 	log     *service.Logger
-	m       GateMetrics
+	m       Metrics
 	limiter *Limiter
 	rate    *RateLimit
 
@@ -100,7 +108,7 @@ type Gate struct {
 }
 
 // NewGate returns a gate; Start connects it to the database.
-func NewGate(cfg GateConfig, log *service.Logger, m GateMetrics) *Gate {
+func NewGate(cfg Config, log *service.Logger, m Metrics) *Gate {
 	cfg.ProbeInterval = cmp.Or(cfg.ProbeInterval, 5*time.Second)
 	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, time.Second)
 	cfg.MaxInFlight = max(cfg.MaxInFlight, 1)
@@ -323,8 +331,69 @@ func (g *Gate) State() BreakerState {
 	return g.b.state
 }
 
-// Allow says whether the request of row id may go now.
-func (g *Gate) Allow(id int64) Permit {
+// ErrDenied is Admit's answer when a request must not go now: the breaker
+// is open (and the row does not carry the probe) or sending is paused. The
+// claim goes back without spending an attempt.
+var ErrDenied = errors.New("the platform must not be sent to now: circuit breaker open or sending paused")
+
+// Admit lets the request of row id go: it waits for a request slot and a
+// rate token, then asks the breaker (after the wait: it may have opened
+// meanwhile). It returns the ticket of the request, to be finished (Finish)
+// once the platform answered, or dropped (Drop) when the request is not
+// made or is interrupted; ErrDenied when the request must not go now; or
+// ctx's error when ctx ends first (the output is stopping: the row's probe
+// mark, if any, is dropped).
+func (g *Gate) Admit(ctx context.Context, id int64) (*Ticket, error) {
+	if err := g.acquire(ctx); err != nil {
+		g.forgetProbe(id)
+		return nil, err
+	}
+	p := g.allow(id)
+	if p == Deny {
+		g.limiter.Release()
+		return nil, ErrDenied
+	}
+	return &Ticket{g: g, id: id, permit: p}, nil
+}
+
+// Ticket is one admitted request; it holds a request slot until Finish or
+// Drop, whichever comes first.
+type Ticket struct {
+	g      *Gate
+	id     int64
+	permit Permit
+	done   bool
+}
+
+// Probe says whether the request carries the probe of an open breaker.
+func (t *Ticket) Probe() bool { return t.permit == Probe }
+
+// Finish tells the gate how the platform answered and gives the slot back.
+// counted says whether the row's attempt may count (see report).
+func (t *Ticket) Finish(ctx context.Context, r Reply) (counted bool) {
+	if t.done {
+		return false
+	}
+	t.done = true
+	defer t.g.limiter.Release()
+	return t.g.report(ctx, t.id, t.permit, r)
+}
+
+// Drop gives the slot back for a request that was not made or got no
+// answer because the output is stopping: nothing is learnt about the
+// platform, and a probe mark it carried is dropped, so that the row is not
+// taken for a probe when it is claimed again.
+func (t *Ticket) Drop() {
+	if t.done {
+		return
+	}
+	t.done = true
+	t.g.forgetProbe(t.id)
+	t.g.limiter.Release()
+}
+
+// allow says whether the request of row id may go now.
+func (g *Gate) allow(id int64) Permit {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := time.Now()
@@ -340,9 +409,8 @@ func (g *Gate) Allow(id int64) Permit {
 	return Send
 }
 
-// Acquire waits for a request slot and a rate token; Release gives the
-// slot back.
-func (g *Gate) Acquire(ctx context.Context) error {
+// acquire waits for a request slot and a rate token.
+func (g *Gate) acquire(ctx context.Context) error {
 	if err := g.limiter.Acquire(ctx); err != nil {
 		return err
 	}
@@ -355,9 +423,6 @@ func (g *Gate) Acquire(ctx context.Context) error {
 	}
 	return nil
 }
-
-// Release gives a request slot back.
-func (g *Gate) Release() { g.limiter.Release() }
 
 // Limiter is the adaptive concurrency limit.
 func (g *Gate) Limiter() *Limiter { return g.limiter }
@@ -384,12 +449,12 @@ type Reply struct {
 	Why string
 }
 
-// Report tells the gate how the platform answered the request of row id,
+// report tells the gate how the platform answered the request of row id,
 // sent with permit p. For an unavailable reply, counted says whether the
 // row's attempt may count: a failed probe never counts, nor a reply while
 // the breaker is not closed, sending is paused, or nothing shows the
 // platform up (docs/guarantees.md #13, #16).
-func (g *Gate) Report(ctx context.Context, id int64, p Permit, r Reply) (counted bool) {
+func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted bool) {
 	if r.PauseFor > 0 {
 		g.pause(ctx, r.PauseFor)
 	}
@@ -551,8 +616,8 @@ func (g *Gate) MarkProbe(id int64, fresh bool) {
 	g.mu.Unlock()
 }
 
-// ForgetProbe drops a probe mark that was never used (the row went back).
-func (g *Gate) ForgetProbe(id int64) {
+// forgetProbe drops a probe mark that was never used (the row went back).
+func (g *Gate) forgetProbe(id int64) {
 	g.mu.Lock()
 	delete(g.probes, id)
 	g.mu.Unlock()
