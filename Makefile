@@ -20,7 +20,7 @@ export GOFLAGS ?= -trimpath
 # The packages whose goroutines share the most state (the dispatcher, its
 # plugins, the Kafka input, the outbox processor): make test runs them under
 # the race detector, and only so.
-RACE_PKGS    := ./internal/dispatch ./plugins/outboxretry ./plugins/httpforwarder ./plugins/kafka ./plugins/outbox
+RACE_PKGS    := ./internal/dispatch ./internal/protection ./plugins/outboxretry ./plugins/httpforwarder ./plugins/kafka ./plugins/outbox
 APT_PACKAGES := postgresql pgbouncer openssl prometheus kcat chromium fonts-wqy-microhei gcc libc6-dev
 IMAGE        ?= forwarder:$(VERSION)
 MODULE        = $(shell $(GO) list -m)

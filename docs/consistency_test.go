@@ -15,7 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
-	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
 // The figures and tables that several pages (and the chart) repeat are
@@ -153,7 +153,7 @@ func pipelineDefaults(t *testing.T) map[string]string {
 func TestVariableDefaultsMatchThePipelines(t *testing.T) {
 	t.Parallel()
 	want := pipelineDefaults(t)
-	want["DATABASE_URL"] = dispatch.DefaultDSN
+	want["DATABASE_URL"] = streamdb.DefaultDSN
 	documented := map[string]string{}
 	name := regexp.MustCompile("^`([A-Z0-9_]+)`$")
 	for _, row := range tableRows(readRoot(t, "docs/configuration.md")) {
@@ -183,12 +183,12 @@ func TestVariableDefaultsMatchThePipelines(t *testing.T) {
 
 // TestConnectionsPerInstance: every page that counts an instance's
 // PostgreSQL connections gives the same number, the one the code opens:
-// the stream's pool (dispatch.DefaultMaxConns), the LISTEN connection and
+// the stream's pool (streamdb.DefaultMaxConns), the LISTEN connection and
 // the metrics exporter's (test/e2e TestThreeInstancesShortLease holds
 // three instances to it).
 func TestConnectionsPerInstance(t *testing.T) {
 	t.Parallel()
-	total := dispatch.DefaultMaxConns + 2
+	total := streamdb.DefaultMaxConns + 2
 	counts := regexp.MustCompile(`(?i)at most (\d+) per instance|connections per instance: at most (\d+)|instance holds at most (\d+)|instances × (\d+)`)
 	pools := regexp.MustCompile(`pool of (\d+)`)
 	found := 0
@@ -198,13 +198,13 @@ func TestConnectionsPerInstance(t *testing.T) {
 			found++
 			for _, n := range m[1:] {
 				if n != "" && n != strconv.Itoa(int(total)) {
-					t.Errorf("%s: %q: an instance opens at most %d connections (a pool of %d, LISTEN, the metrics exporter)", page, m[0], total, dispatch.DefaultMaxConns)
+					t.Errorf("%s: %q: an instance opens at most %d connections (a pool of %d, LISTEN, the metrics exporter)", page, m[0], total, streamdb.DefaultMaxConns)
 				}
 			}
 		}
 		for _, m := range pools.FindAllStringSubmatch(text, -1) {
-			if m[1] != strconv.Itoa(int(dispatch.DefaultMaxConns)) {
-				t.Errorf("%s: %q: the stream's pool holds %d", page, m[0], dispatch.DefaultMaxConns)
+			if m[1] != strconv.Itoa(int(streamdb.DefaultMaxConns)) {
+				t.Errorf("%s: %q: the stream's pool holds %d", page, m[0], streamdb.DefaultMaxConns)
 			}
 		}
 	}

@@ -223,7 +223,7 @@ func TestBrowser(t *testing.T) {
 	overviewPNG := screenshot()
 	// paused_until holds 'epoch' (never paused): no pause is shown; one in
 	// force is.
-	if body := strings.ToLower(text("by-status") + bodyText()); strings.Contains(body, "paused") || strings.Contains(body, "1970") {
+	if body := strings.ToLower(text("by-status") + bodyText()); strings.Contains(body, "sending paused") || strings.Contains(body, "1970") {
 		t.Errorf("the overview shows a pause that is not in force:\n%s", body)
 	}
 	if _, err := pool.Exec(ctx, "UPDATE forward_platform_state SET paused_until = now() + interval '10 minutes'"); err != nil {
@@ -235,6 +235,32 @@ func TestBrowser(t *testing.T) {
 	}
 	if _, err := pool.Exec(ctx, "UPDATE forward_platform_state SET paused_until = 'epoch'"); err != nil {
 		t.Fatal(err)
+	}
+
+	// Pausing delivery and resuming it with the overview's buttons, as the
+	// operator logged in, each in the operator log.
+	do("pausing delivery",
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.ID("pause")),
+		chromedp.SendKeys(chromedp.ID("pause-until"), "45m"),
+		chromedp.SendKeys(chromedp.ID("pause-reason"), "platform maintenance"),
+		chromedp.Click(chromedp.ID("pause")),
+		chromedp.WaitVisible(chromedp.ID("resume")),
+	)
+	if p := text("delivery-pause"); !strings.Contains(p, "PAUSED by "+browserOperator) || !strings.Contains(p, "platform maintenance") {
+		t.Errorf("the overview while paused reads %q", p)
+	}
+	pausedPNG := screenshot()
+	do("resuming delivery", chromedp.Click(chromedp.ID("resume")), chromedp.WaitVisible(chromedp.ID("pause")))
+	if p := text("delivery-pause"); !strings.Contains(p, "running") {
+		t.Errorf("the overview after resume reads %q", p)
+	}
+	var actions string
+	if err := pool.QueryRow(ctx, "SELECT string_agg(action || ' by ' || operator, ', ' ORDER BY id) FROM forward_operator_log").Scan(&actions); err != nil {
+		t.Fatal(err)
+	}
+	if want := "pause by " + browserOperator + ", resume by " + browserOperator; actions != want {
+		t.Errorf("operator log %q, want %q", actions, want)
 	}
 
 	// The Failed page: the class table and the groups table apart.
@@ -329,7 +355,7 @@ func TestBrowser(t *testing.T) {
 	recordPNG := screenshot()
 
 	for name, b := range map[string][]byte{"console-overview.png": overviewPNG, "console-record.png": recordPNG,
-		"console-failed.png": failedPNG, "console-search.png": searchPNG} {
+		"console-failed.png": failedPNG, "console-search.png": searchPNG, "console-paused.png": pausedPNG} {
 		img, err := png.Decode(bytes.NewReader(b))
 		// 1280 px wide: the window the pages are checked at.
 		if err != nil || img.Bounds().Dx() != 1280 || img.Bounds().Dy() < 400 {

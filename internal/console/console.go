@@ -185,6 +185,8 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /records/{id}/requeue", s.action(s.requeueRow))
 	s.mux.Handle("GET /failed/requeue", s.page(s.confirmRequeueGroup))
 	s.mux.Handle("POST /failed/requeue", s.action(s.requeueGroup))
+	s.mux.Handle("POST /delivery/pause", s.action(s.pauseDelivery))
+	s.mux.Handle("POST /delivery/resume", s.action(s.resumeDelivery))
 }
 
 // ServeHTTP applies the headers every answer gets, the Host check, and

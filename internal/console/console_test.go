@@ -393,11 +393,11 @@ func TestConsole(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if body := strings.ToLower(c.get("/")); strings.Contains(body, "paused") || strings.Contains(body, "1970") {
+		if body := strings.ToLower(c.get("/")); strings.Contains(body, "sending paused") || strings.Contains(body, "1970") {
 			t.Errorf("never paused ('epoch'), yet the overview says:\n%s", body)
 		}
 		setPause("now() - interval '1 minute'")
-		if body := strings.ToLower(c.get("/")); strings.Contains(body, "paused") {
+		if body := strings.ToLower(c.get("/")); strings.Contains(body, "sending paused") {
 			t.Errorf("a pause that ended a minute ago is shown:\n%s", body)
 		}
 		setPause("now() + interval '10 minutes'")

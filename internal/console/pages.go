@@ -461,3 +461,42 @@ func (s *Server) requeueGroup(w http.ResponseWriter, r *http.Request) {
 	}
 	http.Redirect(w, r, "/failed?done="+url.QueryEscape(fmt.Sprintf("Requeued %d %s (%s).", n, rows, desc)), http.StatusSeeOther)
 }
+
+// pauseDelivery pauses delivery on every instance (the overview's form:
+// until, a time or a duration, empty for until resumed; reason), recorded
+// in forward_operator_log as `outbox pause` is.
+func (s *Server) pauseDelivery(w http.ResponseWriter, r *http.Request) {
+	until, err := outboxdb.ParsePauseEnd(r.PostFormValue("until"), time.Now())
+	if err != nil {
+		s.fail(w, r, httpError{http.StatusBadRequest, "console: " + err.Error()})
+		return
+	}
+	op, reason := operatorOf(r), r.PostFormValue("reason")
+	_, err = outboxdb.PauseDelivery(r.Context(), s.pool, until, op, reason)
+	s.log.Info("console pause", "operator", op, "until", until, "reason", reason, "error", err)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	done := "Delivery paused until resumed: no instance sends a request; messages are still persisted."
+	if !until.IsZero() {
+		done = "Delivery paused until " + until.UTC().Format(time.RFC3339) + ": no instance sends a request; messages are still persisted."
+	}
+	http.Redirect(w, r, "/?done="+url.QueryEscape(done), http.StatusSeeOther)
+}
+
+// resumeDelivery ends the pause now, recorded as `outbox resume` is.
+func (s *Server) resumeDelivery(w http.ResponseWriter, r *http.Request) {
+	op := operatorOf(r)
+	was, err := outboxdb.ResumeDelivery(r.Context(), s.pool, op)
+	s.log.Info("console resume", "operator", op, "was_paused", was, "error", err)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	done := "Delivery resumed: every instance sends again within a second, ramping up."
+	if !was {
+		done = "Nothing to resume: delivery was not paused."
+	}
+	http.Redirect(w, r, "/?done="+url.QueryEscape(done), http.StatusSeeOther)
+}

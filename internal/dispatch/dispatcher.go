@@ -14,6 +14,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/periodic"
+	"github.com/forwarder/forwarder/internal/protection"
 )
 
 // DispatcherConfig configures a Dispatcher. Zero values take the defaults
@@ -36,7 +37,7 @@ type DispatcherConfig struct {
 	MaxUnacked      int
 	MaxUnackedBytes int64
 	// MaxAttempts, when set, is the attempts a row may use; otherwise the
-	// output's (OutputInfo.MaxAttempts), else 5.
+	// output's (Output.MaxAttempts), else 5.
 	MaxAttempts int
 	// NackDelay is how long a nacked row waits before it is due again.
 	NackDelay time.Duration
@@ -158,7 +159,7 @@ func NewDispatcher(hub *Hub, cfg DispatcherConfig, log *service.Logger, m Dispat
 	if err := hub.setDispatcher(d); err != nil {
 		return nil, err
 	}
-	if out := hub.Output(); out != nil {
+	if out := hub.attached(); out != nil {
 		if err := checkLease(cfg.Lease, out.Timeout); err != nil {
 			hub.dropDispatcher(d)
 			return nil, err
@@ -184,7 +185,7 @@ func (d *Dispatcher) MaxAttempts() int {
 	if d.cfg.MaxAttempts > 0 {
 		return d.cfg.MaxAttempts
 	}
-	if out := d.hub.Output(); out != nil && out.MaxAttempts > 0 {
+	if out := d.hub.attached(); out != nil && out.MaxAttempts > 0 {
 		return out.MaxAttempts
 	}
 	return defaultMaxAttempts
@@ -276,7 +277,7 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.Record, error) {
 			}
 			continue
 		}
-		if g := d.hub.Gate(); g != nil {
+		if g := d.hub.gate(); g != nil {
 			probe, wait, err := d.gated(ctx, pool, g)
 			switch {
 			case err != nil:
@@ -337,13 +338,13 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.Record, error) {
 // the breaker is open and a probe is due, it takes the probe (one per
 // interval across every instance) and claims one row for it. wait says the
 // caller should look again (it waited for a change, or for the probe time).
-func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *Gate) (probe []outboxdb.Record, wait bool, err error) {
+func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *protection.Gate) (probe []outboxdb.Record, wait bool, err error) {
 	blocked, until, changed := g.Blocked()
 	d.ledger.SetBlocked(blocked)
 	if !blocked {
 		return nil, false, nil
 	}
-	if g.State() == BreakerOpen && !time.Now().Before(until) && g.TryProbe(ctx) {
+	if g.State() == protection.BreakerOpen && !time.Now().Before(until) && g.TryProbe(ctx) {
 		res, err := d.claim(ctx, pool, outboxdb.ClaimParams{Probe: true})
 		if err != nil {
 			return nil, false, err

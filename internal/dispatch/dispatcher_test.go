@@ -12,6 +12,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/protection"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
@@ -87,6 +88,43 @@ func TestDispatcher(t *testing.T) {
 		}
 		if n := d.Ledger().Held(); n != 0 {
 			t.Fatalf("%d rows still held", n)
+		}
+	})
+
+	t.Run("ClaimsWaitWhileTheAttachedOutputsProtectionBlocks", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.db.InsertDue("g", 1)
+		d := b.dispatcher(t, DispatcherConfig{})
+		setBreaker := func(from, to string) {
+			t.Helper()
+			if _, err := outboxdb.SetBreaker(b.ctx, d.Pool(), []string{from}, to, "test", "test", time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setBreaker("CLOSED", "OPEN")
+		g := protection.NewGate(protection.Config{MaxInFlight: 1, ProbeInterval: time.Hour, SyncInterval: 50 * time.Millisecond}, quietLog, protection.Metrics{})
+		if err := g.Start(b.ctx, d.Pool()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.Stop)
+		if g.State() != protection.BreakerOpen {
+			t.Fatalf("gate %v, want it to follow the shared OPEN", g.State())
+		}
+		if err := b.hub.AttachOutput(Output{Timeout: time.Second, Protection: g}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
+		defer cancel()
+		if rows, err := d.Next(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Next with the breaker open: %d rows, %v; want none claimed", len(rows), err)
+		}
+		if s := b.db.State(ids[0]); s.Status != "PENDING" || s.AttemptCount != 0 {
+			t.Fatalf("row %+v, want PENDING with its attempts unspent", s)
+		}
+		setBreaker("OPEN", "CLOSED")
+		if rows := b.next(t, d); len(rows) != 1 || rows[0].ID != ids[0] {
+			t.Fatalf("after the breaker closed: %+v, want row %d", rows, ids[0])
 		}
 	})
 

@@ -15,12 +15,17 @@ import (
 // a lone result is written at once, and under load the statements grow
 // instead of multiplying.
 //
-// A write that fails fails every result it carried; callers retry (the
-// write is fenced and idempotent).
+// A write that fails fails every result it carried; RecordDurably retries
+// it (the write is fenced and idempotent).
 type Recorder struct {
 	write func(ctx context.Context, results []outboxdb.Result) ([]int64, error)
 	// maxRows caps one statement.
 	maxRows int
+	// OnRetry, when set, is called when a RecordDurably's first write
+	// fails, with the results it carries and the error (for the log).
+	OnRetry func(results int, err error)
+	// pause is the wait before retry number try+1 (tests shorten it).
+	pause func(try int) time.Duration
 
 	mu      sync.Mutex
 	queue   []*recordCall
@@ -36,8 +41,20 @@ type recordCall struct {
 	err     error
 }
 
-// statementTimeout bounds one write of a group.
-const statementTimeout = 15 * time.Second
+const (
+	// statementTimeout bounds one write of a group.
+	statementTimeout = 15 * time.Second
+	// durableTimeout bounds the retries of one RecordDurably, which stop
+	// earlier when a claim of its results ends first (past it the write
+	// could no longer match).
+	durableTimeout = 15 * time.Second
+	// retryPauseMax caps the pause between two tries of RecordDurably.
+	retryPauseMax = 2 * time.Second
+)
+
+func retryPause(try int) time.Duration {
+	return min(time.Duration(try)*200*time.Millisecond, retryPauseMax)
+}
 
 // ErrRecorderClosed is returned by Record after Close.
 var ErrRecorderClosed = errors.New("the result writer is closed")
@@ -45,7 +62,43 @@ var ErrRecorderClosed = errors.New("the result writer is closed")
 // NewRecorder returns a Recorder writing with write (outboxdb.RecordResults
 // on a pool), at most maxRows results per statement.
 func NewRecorder(write func(ctx context.Context, results []outboxdb.Result) ([]int64, error), maxRows int) *Recorder {
-	return &Recorder{write: write, maxRows: max(maxRows, 1)}
+	return &Recorder{write: write, maxRows: max(maxRows, 1), pause: retryPause}
+}
+
+// RecordDurably is Record for results whose requests were made: they must
+// be recorded, or the platform gets the messages again. It runs even when
+// ctx is cancelled (a stopping output still records what it sent), and
+// retries a failed write while the claims hold: until claimsEnd (the
+// earliest lease end of the results' claims, zero when their leases are
+// renewed), and for at most durableTimeout. A result given up on while
+// the database is briefly away means the platform gets the message again.
+func (r *Recorder) RecordDurably(ctx context.Context, results []outboxdb.Result, claimsEnd time.Time) ([]int64, error) {
+	deadline := time.Now().Add(durableTimeout)
+	if claimsEnd.After(time.Now()) && claimsEnd.Before(deadline) {
+		deadline = claimsEnd
+	}
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	var failed error // the last write's error, rather than the deadline's
+	for try := 1; ; try++ {
+		ids, err := r.Record(rctx, results)
+		switch {
+		case err == nil, errors.Is(err, ErrRecorderClosed):
+			return ids, err
+		case rctx.Err() == nil || failed == nil:
+			failed = err
+		}
+		if try == 1 && r.OnRetry != nil {
+			r.OnRetry(len(results), err)
+		}
+		t := time.NewTimer(r.pause(try))
+		select {
+		case <-t.C:
+		case <-rctx.Done():
+			t.Stop()
+			return nil, failed
+		}
+	}
 }
 
 // Record writes results, together with those of concurrent callers, and

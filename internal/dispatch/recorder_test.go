@@ -18,6 +18,9 @@ type fakeWrites struct {
 	gate  chan struct{} // when set, each write waits for a value
 	lost  map[int64]bool
 	err   error
+	// failures is how many writes fail with err before writes succeed
+	// (0: every write fails with err, when err is set).
+	failures int
 }
 
 func (f *fakeWrites) write(_ context.Context, results []outboxdb.Result) ([]int64, error) {
@@ -35,7 +38,7 @@ func (f *fakeWrites) write(_ context.Context, results []outboxdb.Result) ([]int6
 		}
 	}
 	f.calls = append(f.calls, call)
-	if f.err != nil {
+	if f.err != nil && (f.failures == 0 || len(f.calls) <= f.failures) {
 		return nil, f.err
 	}
 	return ids, nil
@@ -166,4 +169,63 @@ func sizes(calls [][]int64) []int {
 		out[i] = len(c)
 	}
 	return out
+}
+
+// TestRecordDurably: the results of requests that were made are written
+// even when the caller is stopping, and a failed write is retried while
+// their claims hold, then given up.
+func TestRecordDurably(t *testing.T) {
+	t.Parallel()
+	down := errors.New("connection refused")
+	newRecorder := func(f *fakeWrites) (*Recorder, *[]error) {
+		r := NewRecorder(f.write, 1000)
+		r.pause = func(int) time.Duration { return time.Millisecond }
+		var warned []error
+		r.OnRetry = func(n int, err error) { warned = append(warned, err) }
+		return r, &warned
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	t.Run("RetriedUntilWrittenEvenWhenStopping", func(t *testing.T) {
+		t.Parallel()
+		f := &fakeWrites{err: down, failures: 2}
+		r, warned := newRecorder(f)
+		ids, err := r.RecordDurably(cancelled, results(1, 2), time.Time{})
+		if err != nil || len(ids) != 2 || len(f.calls) != 3 {
+			t.Fatalf("ids %v, err %v after %d writes; want both written at the third", ids, err, len(f.calls))
+		}
+		if len(*warned) != 1 {
+			t.Fatalf("warned %d times, want once", len(*warned))
+		}
+	})
+	t.Run("GivenUpWhenTheClaimsEnd", func(t *testing.T) {
+		t.Parallel()
+		f := &fakeWrites{err: down}
+		r, _ := newRecorder(f)
+		claimsEnd := time.Now().Add(100 * time.Millisecond)
+		ids, err := r.RecordDurably(cancelled, results(1), claimsEnd)
+		if !errors.Is(err, down) || ids != nil || len(f.calls) < 2 {
+			t.Fatalf("ids %v, err %v after %d writes; want the write's error after retries", ids, err, len(f.calls))
+		}
+		if late := time.Since(claimsEnd); late > durableTimeout/2 {
+			t.Fatalf("gave up %v after the claims ended: the claims' end must bound the retries", late)
+		}
+	})
+	t.Run("AClaimEndedAlreadyDoesNotStopTheFirstWrite", func(t *testing.T) {
+		t.Parallel()
+		f := &fakeWrites{}
+		r, _ := newRecorder(f)
+		if ids, err := r.RecordDurably(context.Background(), results(1), time.Now().Add(-time.Second)); err != nil || len(ids) != 1 {
+			t.Fatalf("ids %v, err %v; want the row written (the fence decides, not the local clock)", ids, err)
+		}
+	})
+	t.Run("ClosedIsNotRetried", func(t *testing.T) {
+		t.Parallel()
+		r, warned := newRecorder(&fakeWrites{})
+		r.Close()
+		if _, err := r.RecordDurably(context.Background(), results(1), time.Time{}); !errors.Is(err, ErrRecorderClosed) || len(*warned) != 0 {
+			t.Fatalf("err %v, warned %d; want ErrRecorderClosed at once", err, len(*warned))
+		}
+	})
 }

@@ -1,5 +1,5 @@
 // Package outboxcli is the `forwarder outbox` command: schema migrations and
-// the operator's tools (stats, requeue, purge, release) on the outbox tables.
+// the operator's tools (stats, requeue, purge, release, pause, resume) on the outbox tables.
 package outboxcli
 
 import (
@@ -45,6 +45,8 @@ func Command() *cli.Command {
 			findCommand(),
 			consoleCommand(),
 			releaseCommand(),
+			pauseCommand(),
+			resumeCommand(),
 		},
 	}
 	// The docs write `outbox stats --database-url URL` as often as

@@ -11,8 +11,8 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"gopkg.in/yaml.v3"
 
-	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
 // outboxComponents are the config keys whose `dsn` field names an outbox
@@ -145,7 +145,7 @@ func checkDatabase(db database) error {
 // default), else the default; and the direct one likewise (none by
 // default), as the components themselves resolve them.
 func componentDatabase(conf map[string]any) database {
-	db := database{dsnName: dispatch.DefaultDSNEnv, directName: dispatch.DefaultDirectDSNEnv}
+	db := database{dsnName: streamdb.DefaultDSNEnv, directName: streamdb.DefaultDirectDSNEnv}
 	read := func(field, envField string, name *string) string {
 		if v, ok := conf[field].(string); ok && v != "" {
 			*name = "field " + field
@@ -156,11 +156,11 @@ func componentDatabase(conf map[string]any) database {
 		}
 		return os.Getenv(*name)
 	}
-	db.dsn = read(dispatch.FieldDSN, dispatch.FieldDSNEnv, &db.dsnName)
+	db.dsn = read(streamdb.FieldDSN, streamdb.FieldDSNEnv, &db.dsnName)
 	if db.dsn == "" {
-		db.dsn = dispatch.DefaultDSN
+		db.dsn = streamdb.DefaultDSN
 	}
-	db.direct = read(dispatch.FieldDirectDSN, dispatch.FieldDirectDSNEnv, &db.directName)
+	db.direct = read(streamdb.FieldDirectDSN, streamdb.FieldDirectDSNEnv, &db.directName)
 	return db
 }
 

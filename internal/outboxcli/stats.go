@@ -27,7 +27,8 @@ PENDING) and the berths blocked by a FAILED row (ORDER_ON_FAILED=block),
 longest blocked first, with the row to release or requeue.
 Platform: the circuit breaker every instance shares (CLOSED: sending; OPEN:
 only probes; HALF_OPEN: ramping up after a probe succeeded) and any pause a
-Retry-After asked for. Rows FAILED on transient errors: those automatic
+Retry-After asked for; delivery paused by an operator (outbox pause), by
+whom, why and until when, or the last pause. Rows FAILED on transient errors: those automatic
 requeue will still take, and the frozen ones whose rounds are used up.`,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "top", Value: 10, Usage: "how many failure reasons and errcodes to list"},
@@ -110,6 +111,29 @@ func writePlatform(w io.Writer, p outboxdb.PlatformState) {
 		fmt.Fprintf(w, "; sending paused for %s (Retry-After)", since(p.PausedUntil.Sub(p.Now)))
 	}
 	fmt.Fprintln(w)
+	writeDeliveryPause(w, p.Pause, p.Now)
+}
+
+// writeDeliveryPause prints the operator's pause in force, or the last one.
+func writeDeliveryPause(w io.Writer, p outboxdb.DeliveryPause, now time.Time) {
+	switch {
+	case p.Since.IsZero():
+		fmt.Fprintln(w, "delivery: not paused")
+		return
+	case p.InForce:
+		fmt.Fprintf(w, "delivery: PAUSED by %s for %s", console.SafeLine(p.By), age(now.Sub(p.Since)))
+		if p.Until.IsZero() {
+			fmt.Fprint(w, ", until resumed (outbox resume)")
+		} else {
+			fmt.Fprintf(w, ", until %s (in %s)", p.Until.UTC().Format(time.RFC3339), age(p.Until.Sub(now)))
+		}
+	default:
+		fmt.Fprintf(w, "delivery: not paused (the last pause, by %s, ended %s ago)", console.SafeLine(p.By), age(now.Sub(p.Until)))
+	}
+	if p.Reason != "" {
+		fmt.Fprintf(w, ": %s", console.SafeLine(outboxdb.CleanText(p.Reason, 120)))
+	}
+	fmt.Fprintln(w)
 }
 
 // writeOrdering prints the rows held behind an earlier row of their berth
@@ -151,6 +175,15 @@ type platformJSON struct {
 	Reason      string     `json:"reason"`
 	NextProbeAt *time.Time `json:"next_probe_at"`
 	PausedUntil *time.Time `json:"paused_until"`
+	// Pause is the operator's pause in force, null when none is.
+	Pause *pauseJSON `json:"delivery_pause"`
+}
+
+type pauseJSON struct {
+	Since  time.Time  `json:"since"`
+	Until  *time.Time `json:"until"`
+	By     string     `json:"by"`
+	Reason string     `json:"reason"`
 }
 
 type compensationJSON struct {
@@ -212,6 +245,13 @@ func writeStatsJSON(w io.Writer, st outboxdb.Stats) error {
 	if p.PausedUntil.After(p.Now) {
 		until := p.PausedUntil.UTC()
 		out.Platform.PausedUntil = &until
+	}
+	if p.Pause.InForce {
+		out.Platform.Pause = &pauseJSON{Since: p.Pause.Since.UTC(), By: p.Pause.By, Reason: p.Pause.Reason}
+		if !p.Pause.Until.IsZero() {
+			until := p.Pause.Until.UTC()
+			out.Platform.Pause.Until = &until
+		}
 	}
 	out.Compensation = compensationJSON{Waiting: st.Compensation.Waiting, Frozen: st.Compensation.Frozen}
 	return writeJSON(w, out, true)

@@ -37,6 +37,9 @@ type PlatformView struct {
 	// PausedUntil is set only while a Retry-After pause is in force (the
 	// column holds its last end, 'epoch' when there never was one).
 	PausedUntil *time.Time
+	// Pause is the operator's pause of delivery, the latest one; its
+	// Left is not filled in.
+	Pause DeliveryPause
 }
 
 // SharedState is the breaker and the ordering state.
@@ -55,8 +58,11 @@ func ReadSharedState(ctx context.Context, q Querier) (SharedState, error) {
 	var s SharedState
 	var breaker *string
 	var paused pgtype.Timestamptz
+	var pauseSince, pauseUntil *time.Time
+	p := &s.Platform.Pause
 	err := q.QueryRow(ctx, consoleStateSQL).Scan(&breaker, &s.Platform.ChangedAt, &s.Platform.ChangedBy,
-		&s.Platform.Reason, &s.Platform.NextProbeAt, &paused, &s.HeldRows, &s.BlockedKeys, &s.Now)
+		&s.Platform.Reason, &s.Platform.NextProbeAt, &paused, &pauseSince, &pauseUntil, &p.By, &p.Reason, &p.InForce,
+		&s.HeldRows, &s.BlockedKeys, &s.Now)
 	if err != nil {
 		return s, fmt.Errorf("reading the breaker and ordering state: %w", err)
 	}
@@ -67,6 +73,12 @@ func ReadSharedState(ctx context.Context, q Querier) (SharedState, error) {
 	// one: only a pause still in force on the database clock is reported.
 	if paused.Valid && paused.InfinityModifier == pgtype.Finite && paused.Time.After(s.Now) {
 		s.Platform.PausedUntil = &paused.Time
+	}
+	if pauseSince != nil {
+		p.Since = *pauseSince
+	}
+	if pauseUntil != nil {
+		p.Until = *pauseUntil
 	}
 	return s, nil
 }

@@ -4,17 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
 var (
-	platformReadSQL  = mustSQL("platform_read.sql")
-	platformSetSQL   = mustSQL("platform_set.sql")
-	platformProbeSQL = mustSQL("platform_probe.sql")
-	platformPauseSQL = mustSQL("platform_pause.sql")
-	platformRateSQL  = mustSQL("platform_rate.sql")
+	platformReadSQL   = mustSQL("platform_read.sql")
+	platformSetSQL    = mustSQL("platform_set.sql")
+	platformProbeSQL  = mustSQL("platform_probe.sql")
+	platformPauseSQL  = mustSQL("platform_pause.sql")
+	platformRateSQL   = mustSQL("platform_rate.sql")
+	deliveryPauseSQL  = mustSQL("delivery_pause.sql")
+	deliveryResumeSQL = mustSQL("delivery_resume.sql")
 )
 
 // PlatformState is what every instance sharing the database knows about
@@ -34,6 +37,25 @@ type PlatformState struct {
 	// the pause and until the next probe (0 when past): add them to the
 	// local clock when the reply arrives.
 	PausedFor, ProbeIn time.Duration
+	// Pause is the operator's pause, the latest one (in force or not).
+	Pause DeliveryPause
+}
+
+// DeliveryPause is an operator's pause of delivery (`forwarder outbox
+// pause`, the console): while it is in force no instance sends a request.
+type DeliveryPause struct {
+	// Since is when it began; zero when delivery was never paused.
+	Since time.Time
+	// Until is when it ends by itself; zero: only a resume ends it. A
+	// resume sets it to the moment of the resume.
+	Until time.Time
+	// By and Reason are the operator and what they gave as the reason.
+	By, Reason string
+	// InForce: the pause holds delivery now (as of the read).
+	InForce bool
+	// Left is what was left of a pause in force with an end, when the row
+	// was read (0: none, or until resumed).
+	Left time.Duration
 }
 
 // ReadPlatformState reads the shared state.
@@ -41,11 +63,23 @@ func ReadPlatformState(ctx context.Context, q Querier) (PlatformState, error) {
 	var (
 		s              PlatformState
 		pausedMs, inMs int64
+		since, until   *time.Time
+		left           *int64
 	)
-	if err := q.QueryRow(ctx, platformReadSQL).Scan(&s.Breaker, &s.ChangedAt, &s.Reason, &s.NextProbeAt, &s.PausedUntil, &s.Now, &pausedMs, &inMs); err != nil {
+	if err := q.QueryRow(ctx, platformReadSQL).Scan(&s.Breaker, &s.ChangedAt, &s.Reason, &s.NextProbeAt, &s.PausedUntil, &s.Now, &pausedMs, &inMs,
+		&since, &until, &s.Pause.By, &s.Pause.Reason, &s.Pause.InForce, &left); err != nil {
 		return s, fmt.Errorf("reading the platform state: %w", err)
 	}
 	s.PausedFor, s.ProbeIn = time.Duration(pausedMs)*time.Millisecond, time.Duration(inMs)*time.Millisecond
+	if since != nil {
+		s.Pause.Since = *since
+	}
+	if until != nil {
+		s.Pause.Until = *until
+	}
+	if left != nil && s.Pause.InForce {
+		s.Pause.Left = time.Duration(*left) * time.Millisecond
+	}
 	return s, nil
 }
 
@@ -101,4 +135,67 @@ func TakeRateTokens(ctx context.Context, q Querier, n int, rate, burst float64) 
 		return true, 0, nil
 	}
 	return false, time.Duration((float64(n) - tokens) / rate * float64(time.Second)), nil
+}
+
+// PauseDelivery pauses delivery on every instance until until (zero: until
+// resumed), by operator by for reason, and records it in
+// forward_operator_log. A pause in force keeps its start and takes the new
+// end and reason. It returns the pause's start.
+func PauseDelivery(ctx context.Context, q Querier, until time.Time, by, reason string) (time.Time, error) {
+	if strings.TrimSpace(by) == "" {
+		return time.Time{}, errors.New("pausing delivery: the operator is empty")
+	}
+	var (
+		end   *time.Time
+		since time.Time
+		logID int64
+	)
+	if !until.IsZero() {
+		end = &until
+	}
+	if err := q.QueryRow(ctx, deliveryPauseSQL, end, by, CleanText(reason, MaxErrorLen)).Scan(&since, &logID); err != nil {
+		return since, fmt.Errorf("pausing delivery: %w", err)
+	}
+	return since, nil
+}
+
+// ResumeDelivery ends the operator's pause now, by operator by, and records
+// it. It says whether a pause was in force (nothing is recorded when none
+// was).
+func ResumeDelivery(ctx context.Context, q Querier, by string) (bool, error) {
+	if strings.TrimSpace(by) == "" {
+		return false, errors.New("resuming delivery: the operator is empty")
+	}
+	var (
+		was   bool
+		logID *int64
+	)
+	if err := q.QueryRow(ctx, deliveryResumeSQL, by).Scan(&was, &logID); err != nil {
+		return false, fmt.Errorf("resuming delivery: %w", err)
+	}
+	return was, nil
+}
+
+// ParsePauseEnd reads when a pause should end, as an operator gives it:
+// empty (until resumed: the zero time), an RFC 3339 time, or a positive
+// duration from now. The end must be in the future.
+func ParsePauseEnd(v string, now time.Time) (time.Time, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		if d <= 0 {
+			return time.Time{}, fmt.Errorf("the end of the pause %s: a duration must be positive", v)
+		}
+		return now.Add(d), nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("the end of the pause %q is neither an RFC 3339 time (2026-12-02T06:00:00Z) nor a duration (90m)", v)
+	}
+	if !t.After(now) {
+		return time.Time{}, fmt.Errorf("the end of the pause %s has passed", v)
+	}
+	return t, nil
 }

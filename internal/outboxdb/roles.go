@@ -42,6 +42,15 @@ const PartitionEnsureFunction = "forward_partition_ensure(timestamptz, timestamp
 // retire days without DDL rights.
 const PartitionRetireFunction = "forward_partition_retire(timestamptz, timestamptz, boolean, text, text, integer, integer)"
 
+// DeliveryPauseFunction and DeliveryResumeFunction change the operator's
+// pause of delivery and record who did, as the schema's owner (SECURITY
+// DEFINER, migration 0006): the roles that may pause need no UPDATE on the
+// rest of the platform's shared state.
+const (
+	DeliveryPauseFunction  = "forward_delivery_pause(timestamptz, text, text)"
+	DeliveryResumeFunction = "forward_delivery_resume(text)"
+)
+
 // ServiceGrants are what the service's role needs: messages written once
 // and read (insert, dedupe, claims), their delivery state (claims, results,
 // ordering, compensation, dead letters), the attempt log, the partitions it
@@ -51,7 +60,7 @@ const PartitionRetireFunction = "forward_partition_retire(timestamptz, timestamp
 // which needs no grant), the view the operator commands read, the shared
 // platform state (breaker, pauses, rate tokens), the schema version it
 // checks on start, and the audit row of the operator commands run in its
-// pods (requeue, release, purge).
+// pods (requeue, release, purge, pause and resume).
 var ServiceGrants = []Grant{
 	{Table: "forward_messages", Privileges: []string{"SELECT", "INSERT"}},
 	{Table: "forward_deliveries", Privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}},
@@ -66,6 +75,8 @@ var ServiceGrants = []Grant{
 	{Table: "forward_messages_id_seq", Privileges: []string{"USAGE"}, Kind: OnSequence},
 	{Table: PartitionEnsureFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
 	{Table: PartitionRetireFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
+	{Table: DeliveryPauseFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
+	{Table: DeliveryResumeFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
 }
 
 // ConsoleReadGrants are what `forwarder outbox console --read-only` (and
@@ -84,11 +95,14 @@ var ConsoleReadGrants = []Grant{
 // ConsoleActionGrants are what the console's actions add to
 // ConsoleReadGrants: a requeue sets delivery rows back to PENDING (gives a
 // delivered message a delivery row again), logs a REQUEUED attempt for
-// each, and leaves an audit row.
+// each, and leaves an audit row; pause and resume go through their
+// functions.
 var ConsoleActionGrants = []Grant{
 	{Table: "forward_deliveries", Privileges: []string{"INSERT", "UPDATE"}},
 	{Table: "forward_retry_logs", Privileges: []string{"INSERT"}},
 	{Table: "forward_operator_log", Privileges: []string{"INSERT"}},
+	{Table: DeliveryPauseFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
+	{Table: DeliveryResumeFunction, Privileges: []string{"EXECUTE"}, Kind: OnFunction},
 }
 
 // missingGrantSQL says whether the connected role holds privilege $2 on

@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
-	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
 const (
@@ -53,7 +53,7 @@ message was consumed from), `+"`outbox_created_at_ms`"+` and `+"`failed_at_ms`"+
 Rows becoming `+"`FAILED`"+` are not announced, so the input finds them by polling every `+"`poll_interval`"+`;
 it claims again as soon as a batch is handed on and sleeps only when none is waiting. Rows that were
 already `+"`FAILED`"+` when the input first ran are published too.`).
-		Fields(dispatch.DSNFields()...).
+		Fields(streamdb.DSNFields()...).
 		Fields(
 			service.NewIntField(dlFieldBatchSize).
 				Description("Most rows claimed by one statement and emitted as one batch.").
@@ -94,7 +94,7 @@ func init() {
 
 // deadLetter is the outbox_dead_letter input.
 type deadLetter struct {
-	hub          *dispatch.Hub
+	hub          *streamdb.DB
 	batchSize    int
 	pollInterval time.Duration
 	lease        time.Duration
@@ -136,7 +136,7 @@ func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources)
 		return nil, fmt.Errorf("field %s: %v must be at least 1s", dlFieldLease, in.lease)
 	}
 	// Parsed now so that a bad DSN fails at config time, without network.
-	if in.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
+	if in.hub, err = streamdb.FromParsed(conf, mgr); err != nil {
 		return nil, err
 	}
 	return in, nil

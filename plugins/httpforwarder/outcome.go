@@ -7,18 +7,85 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/protection"
 )
 
-// policy turns a platform reply into what happens to the row: the rules
-// decide the outcome, the retry schedule the delay, max attempts the end.
-// It does no I/O, so every reply class is tested without a database or a
-// server (outcome_test.go).
+// policy decides what happens to a claimed row: how long its request may
+// take (requestBudget), and what the reply means for the row and for the
+// platform's protection (decide): the rules decide the outcome, the retry
+// schedule the delay, max attempts the end. It does no I/O, so every case
+// is tested without a database or a server (outcome_test.go).
 type policy struct {
 	rules       ruleSet
 	backoff     backoff
 	maxAttempts int
+	// timeout bounds one request.
+	timeout time.Duration
 	// rnd places a delay within the jitter band; uniform in [0, 1).
 	rnd func() float64
+}
+
+const (
+	// resultMargin is the lease kept, beyond a request, for writing its
+	// result when leases are not being renewed: a request is cut to the
+	// lease left minus this, so that a slow reply recorded late does not
+	// lose its claim to another instance that would send the message again.
+	resultMargin = time.Second
+	// minRequest is the shortest request worth making: with less lease left
+	// than this plus resultMargin, the claim is given back unsent.
+	minRequest = 100 * time.Millisecond
+)
+
+// claimLease is what is known of a claim's lease as its request is about
+// to go.
+type claimLease struct {
+	// lost: the dispatcher found the claim taken by another instance.
+	lost bool
+	// renewing: the dispatcher holds the claim and renews its lease.
+	renewing bool
+	// ends is when the lease ends; zero when unknown.
+	ends time.Time
+}
+
+// notSent says why a request is not made.
+type notSent int
+
+const (
+	sendIt notSent = iota
+	// lostClaim: the row is another's now; its result is not written here.
+	lostClaim
+	// shortLease: too little lease is left for a request and its result,
+	// and it cannot be renewed; the claim goes back unsent.
+	shortLease
+)
+
+// requestBudget says how long the request of a claim with lease l may take
+// at now. While the lease is renewed (or its end is unknown) the request may
+// take the whole timeout; otherwise it is cut to the lease left minus the
+// time kept for writing the result, and not made at all when that is too
+// short (docs/guarantees.md #12).
+func (p policy) requestBudget(l claimLease, now time.Time) (time.Duration, notSent) {
+	switch {
+	case l.lost:
+		return 0, lostClaim
+	case l.renewing, l.ends.IsZero():
+		return p.timeout, sendIt
+	}
+	left := l.ends.Sub(now) - resultMargin
+	if left < minRequest {
+		return 0, shortLease
+	}
+	return min(p.timeout, left), sendIt
+}
+
+// try is one request as decide sees it.
+type try struct {
+	// attempt is the row's attempt number (1-based).
+	attempt int
+	// probe: the request carried the probe of an open breaker.
+	probe bool
+	took  time.Duration
+	now   time.Time
 }
 
 // health is what a reply says about the platform itself, whatever it says
@@ -59,8 +126,27 @@ type decision struct {
 	RuleErr error
 }
 
-// decide classifies r, the reply to attempt number attempt (1-based).
-func (p policy) decide(r response, attempt int, took time.Duration, now time.Time) decision {
+// decide classifies r, the reply to request t. report tells the platform's
+// protection what the reply says about the platform, and answers whether
+// the row's attempt may count (protection.Ticket.Finish); when it may not,
+// an unavailable reply does not spend the attempt (notCounted).
+func (p policy) decide(r response, t try, report func(protection.Reply) (counted bool)) decision {
+	d := p.classify(r, t.attempt, t.took, t.now)
+	counted := report(protection.Reply{
+		Unavailable: d.Health == unavailable,
+		Fresh:       t.attempt <= 1,
+		Overloaded:  d.Overloaded,
+		PauseFor:    d.PauseFor,
+		Why:         d.Result.Error,
+	})
+	if !counted {
+		d = p.notCounted(d, r, t.attempt, t.probe)
+	}
+	return d
+}
+
+// classify is what r says by the rules, before the protection's verdict.
+func (p policy) classify(r response, attempt int, took time.Duration, now time.Time) decision {
 	env := ruleEnv{Status: r.Status, Headers: r.Headers, Body: r.Body, Error: r.Err}
 	rule, ruleIdx, runErr := p.rules.classify(&env)
 	outcome := rule.Outcome

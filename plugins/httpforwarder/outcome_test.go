@@ -7,11 +7,15 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/protection"
 )
 
-// TestDecide is the reply table of the platform's contract, decided without
-// a database or a server: every class of reply, on a middle attempt and on
-// the last one, with what it says about the platform's health.
+// TestDecide is the policy of a claim, decided without a database or a
+// server: the reply table of the platform's contract (every class of reply,
+// on a middle attempt and on the last one, with what it tells the
+// platform's protection), what a reply whose attempt the protection does
+// not count becomes (NotCounted), and how long a request may take for the
+// lease its claim has left (RequestBudget).
 func TestDecide(t *testing.T) {
 	t.Parallel()
 	rules, err := compileRules(defaultRules)
@@ -22,6 +26,7 @@ func TestDecide(t *testing.T) {
 		rules:       rules,
 		backoff:     backoff{initial: time.Second, max: 10 * time.Second, multiplier: 2, jitter: 0.1},
 		maxAttempts: 3,
+		timeout:     10 * time.Second,
 		rnd:         func() float64 { return 0.5 }, // no jitter
 	}
 	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
@@ -81,8 +86,16 @@ func TestDecide(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			d := p.decide(tc.r, tc.attempt, 20*time.Millisecond, now)
+			var told protection.Reply
+			d := p.decide(tc.r, try{attempt: tc.attempt, took: 20 * time.Millisecond, now: now}, func(rep protection.Reply) bool {
+				told = rep
+				return true
+			})
 			r := d.Result
+			want := protection.Reply{Unavailable: tc.health == unavailable, Fresh: tc.attempt <= 1, Overloaded: tc.overloaded, PauseFor: tc.pauseFor, Why: r.Error}
+			if told != want {
+				t.Errorf("told the protection %+v, want %+v", told, want)
+			}
 			if r.Status != tc.status || r.Class != tc.class || d.Health != tc.health || r.PlatformErrcode != tc.errcode {
 				t.Fatalf("status %s class %q health %v errcode %q; want %s %q %v %q (outcome %s, error %q)",
 					r.Status, r.Class, d.Health, r.PlatformErrcode, tc.status, tc.class, tc.health, tc.errcode, d.Outcome, r.Error)
@@ -107,57 +120,75 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
-}
 
-// TestDecideNotCounted: a reply whose attempt the gate does not count (the
-// platform is down, or the request was a probe) leaves the row's attempts as
-// they were when it would have spent the last one, or always for a probe.
-func TestDecideNotCounted(t *testing.T) {
-	t.Parallel()
-	rules, err := compileRules(defaultRules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := policy{
-		rules:       rules,
-		backoff:     backoff{initial: time.Second, max: 10 * time.Second, multiplier: 2, jitter: 0.1},
-		maxAttempts: 3,
-		rnd:         func() float64 { return 0.5 },
-	}
-	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
-		name    string
-		r       response
-		attempt int
-		probe   bool
-		// undone: the attempt is given back (Undo) and the row waits
-		// retryIn with its attempts as they were.
-		undone  bool
-		status  outboxdb.Status
-		retryIn time.Duration
-	}{
-		{name: "LastAttemptOfADownPlatform", r: response{Status: 503}, attempt: 3, undone: true, status: outboxdb.StatusPending, retryIn: 4 * time.Second},
-		{name: "LastAttemptPausedByRetryAfter", r: response{Status: 503, RetryAfter: "6"}, attempt: 3, undone: true, status: outboxdb.StatusPending, retryIn: 6 * time.Second},
-		{name: "EarlierAttemptCountsAsARetry", r: response{Status: 503}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second},
-		{name: "FailedProbe", r: response{Err: "connection refused"}, attempt: 1, probe: true, undone: true, status: outboxdb.StatusPending, retryIn: time.Second},
-		{name: "HealthyProbeIsRecorded", r: response{Status: 200, Body: map[string]any{"result": 0.0}}, attempt: 1, probe: true, status: outboxdb.StatusSuccess},
-		{name: "HealthyFailureOnTheLastAttemptFails", r: response{Status: 200, Body: map[string]any{"result": 1.0, "errcode": "999"}}, attempt: 3, status: outboxdb.StatusFailed},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			d := p.notCounted(p.decide(tc.r, tc.attempt, time.Millisecond, now), tc.r, tc.attempt, tc.probe)
-			r := d.Result
-			if r.Status != tc.status || r.Undo != tc.undone || r.Logged != tc.undone {
-				t.Fatalf("status %s undo %v logged %v (error %q); want %s, undone %v", r.Status, r.Undo, r.Logged, r.Error, tc.status, tc.undone)
-			}
-			if r.Status == outboxdb.StatusPending && r.RetryIn != tc.retryIn {
-				t.Errorf("retry in %v, want %v", r.RetryIn, tc.retryIn)
-			}
-			if tc.undone && (!strings.HasPrefix(r.Error, "platform unavailable, attempt not counted: ") || r.Class != "") {
-				t.Errorf("error %q class %q", r.Error, r.Class)
-			}
-		})
-	}
+	// A reply whose attempt the protection does not count (the platform is
+	// down, or the request was a probe) leaves the row's attempts as they
+	// were when it would have spent the last one, or always for a probe
+	// (docs/guarantees.md #13).
+	t.Run("NotCounted", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name    string
+			r       response
+			attempt int
+			probe   bool
+			// undone: the attempt is given back (Undo) and the row waits
+			// retryIn with its attempts as they were.
+			undone  bool
+			status  outboxdb.Status
+			retryIn time.Duration
+		}{
+			{name: "LastAttemptOfADownPlatform", r: response{Status: 503}, attempt: 3, undone: true, status: outboxdb.StatusPending, retryIn: 4 * time.Second},
+			{name: "LastAttemptPausedByRetryAfter", r: response{Status: 503, RetryAfter: "6"}, attempt: 3, undone: true, status: outboxdb.StatusPending, retryIn: 6 * time.Second},
+			{name: "EarlierAttemptCountsAsARetry", r: response{Status: 503}, attempt: 1, status: outboxdb.StatusPending, retryIn: time.Second},
+			{name: "FailedProbe", r: response{Err: "connection refused"}, attempt: 1, probe: true, undone: true, status: outboxdb.StatusPending, retryIn: time.Second},
+			{name: "HealthyProbeIsRecorded", r: response{Status: 200, Body: map[string]any{"result": 0.0}}, attempt: 1, probe: true, status: outboxdb.StatusSuccess},
+			{name: "HealthyFailureOnTheLastAttemptFails", r: response{Status: 200, Body: map[string]any{"result": 1.0, "errcode": "999"}}, attempt: 3, status: outboxdb.StatusFailed},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				d := p.decide(tc.r, try{attempt: tc.attempt, probe: tc.probe, took: time.Millisecond, now: now}, func(protection.Reply) bool { return false })
+				r := d.Result
+				if r.Status != tc.status || r.Undo != tc.undone || r.Logged != tc.undone {
+					t.Fatalf("status %s undo %v logged %v (error %q); want %s, undone %v", r.Status, r.Undo, r.Logged, r.Error, tc.status, tc.undone)
+				}
+				if r.Status == outboxdb.StatusPending && r.RetryIn != tc.retryIn {
+					t.Errorf("retry in %v, want %v", r.RetryIn, tc.retryIn)
+				}
+				if tc.undone && (!strings.HasPrefix(r.Error, "platform unavailable, attempt not counted: ") || r.Class != "") {
+					t.Errorf("error %q class %q", r.Error, r.Class)
+				}
+			})
+		}
+	})
+
+	// How long a request may take, or why it is not made, from what is
+	// known of its claim's lease (docs/guarantees.md #12).
+	t.Run("RequestBudget", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name  string
+			lease claimLease
+			want  time.Duration
+			why   notSent
+		}{
+			{name: "LostClaimIsNotSent", lease: claimLease{lost: true, renewing: true}, why: lostClaim},
+			{name: "RenewedLeaseGivesTheWholeTimeout", lease: claimLease{renewing: true, ends: now.Add(time.Second)}, want: 10 * time.Second},
+			{name: "UnknownLeaseGivesTheWholeTimeout", want: 10 * time.Second},
+			{name: "LongLeaseGivesTheWholeTimeout", lease: claimLease{ends: now.Add(time.Minute)}, want: 10 * time.Second},
+			{name: "ShortLeaseCutsTheRequest", lease: claimLease{ends: now.Add(3 * time.Second)}, want: 2 * time.Second},
+			{name: "JustEnoughLeaseSends", lease: claimLease{ends: now.Add(resultMargin + minRequest)}, want: minRequest},
+			{name: "TooLittleLeaseGoesBack", lease: claimLease{ends: now.Add(resultMargin + minRequest - time.Millisecond)}, why: shortLease},
+			{name: "EndedLeaseGoesBack", lease: claimLease{ends: now.Add(-time.Second)}, why: shortLease},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				if got, why := p.requestBudget(tc.lease, now); got != tc.want || why != tc.why {
+					t.Fatalf("budget %v (%d), want %v (%d)", got, why, tc.want, tc.why)
+				}
+			})
+		}
+	})
 }
 
 // TestMessageSpecificRule: a reply a rule calls message-specific shows the
@@ -172,13 +203,14 @@ func TestMessageSpecificRule(t *testing.T) {
 	p := policy{rules: rules, backoff: backoff{initial: time.Second, max: 10 * time.Second, multiplier: 2}, maxAttempts: 3, rnd: func() float64 { return 0.5 }}
 	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	bad := response{Status: 500, Body: map[string]any{"error": "bad plate"}, Snippet: `{"error":"bad plate"}`}
-	d := p.decide(bad, 3, time.Millisecond, now)
+	counted := func(protection.Reply) bool { return true }
+	d := p.decide(bad, try{attempt: 3, took: time.Millisecond, now: now}, counted)
 	if d.Health != healthy || d.Overloaded || d.Result.Status != outboxdb.StatusFailed || d.Result.Class != outboxdb.ClassTransient {
 		t.Fatalf("message-specific 500 on the last attempt: health %v overloaded %v status %s class %q; want healthy, FAILED TRANSIENT",
 			d.Health, d.Overloaded, d.Result.Status, d.Result.Class)
 	}
 	other := response{Status: 500, Body: map[string]any{"error": "database down"}}
-	if d := p.decide(other, 1, time.Millisecond, now); d.Health != unavailable {
+	if d := p.decide(other, try{attempt: 1, took: time.Millisecond, now: now}, counted); d.Health != unavailable {
 		t.Fatalf("a 500 the rule does not match: health %v, want unavailable", d.Health)
 	}
 }

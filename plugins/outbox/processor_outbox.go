@@ -22,6 +22,7 @@ import (
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
 const (
@@ -120,7 +121,7 @@ over directly count as PENDING);
 ^forwarder_missing_message_id_total^ counts messages stored under the fallback key;
 ^forwarder_ingest_errors_total^ counts failed attempts to persist a batch (the batch is held and
 retried, and a failure that lasts is logged again at ERROR every minute).`)).
-		Fields(dispatch.DSNFields()...).
+		Fields(streamdb.DSNFields()...).
 		Fields(
 			service.NewInterpolatedStringField(opFieldKey).
 				Description("The idempotency key of a message. When unset, the payload's top-level `messageId` (parsed without decoding the whole payload). When the value is missing or empty, the key falls back to `<kafka_topic>-<kafka_partition>-<kafka_offset>` with a warning.").

@@ -19,6 +19,7 @@ import (
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
+	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
 const (
@@ -175,7 +176,7 @@ ordinary operation (a rebalance after a crash re-reads the offsets not yet commi
 by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_renewed_total`"+` and
 `+"`forwarder_claims_lost_total`"+` (held claims a renewal found taken by another instance) and
 `+"`forwarder_ordering_repairs_total`"+` (held rows released by the ordering repair; expected 0).`).
-		Fields(dispatch.DSNFields()...).
+		Fields(streamdb.DSNFields()...).
 		Fields(
 			service.NewIntField(orFieldBatchSize).
 				Description("Most rows claimed by one statement and emitted as one batch.").

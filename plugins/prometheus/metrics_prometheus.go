@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
-	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
 const (
@@ -118,7 +118,7 @@ gauges across instances with `+"`max`"+`, not `+"`sum`"+`.`).
 				Description("When set, the metrics are written to this file in the text format when the service stops (replaced atomically).").
 				Default("").
 				Advanced(),
-			service.NewObjectField(pmFieldOutbox, append(dispatch.DSNFields(),
+			service.NewObjectField(pmFieldOutbox, append(streamdb.DSNFields(),
 				service.NewDurationField(pmFieldOutboxRefresh).
 					Description("How often the record gauges are re-read. A scrape serves the last snapshot. The pool (one connection) is opened at the first refresh. One refresh may take this long, at least 5s and at most 30s; refreshes never overlap.").
 					Default("15s"))...,
@@ -222,7 +222,7 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 
 	if conf.Contains(pmFieldOutbox) {
 		oconf := conf.Namespace(pmFieldOutbox)
-		dsn, err := dispatch.DSNFromParsed(oconf)
+		dsn, err := streamdb.DSNFromParsed(oconf)
 		if err != nil {
 			return nil, err
 		}
@@ -233,7 +233,7 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 		if interval <= 0 {
 			return nil, fmt.Errorf("%s.%s must be positive, got %v", pmFieldOutbox, pmFieldOutboxRefresh, interval)
 		}
-		direct, err := dispatch.DirectDSNFromParsed(oconf)
+		direct, err := streamdb.DirectDSNFromParsed(oconf)
 		if err != nil {
 			return nil, err
 		}
@@ -243,7 +243,7 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 		poolCfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{MaxConns: 1,
 			ApplicationName: outboxdb.MetricsApplicationName, Pooled: direct != ""})
 		if err != nil {
-			return nil, fmt.Errorf("%s.%s: %w", pmFieldOutbox, dispatch.DSNSource(oconf), err)
+			return nil, fmt.Errorf("%s.%s: %w", pmFieldOutbox, streamdb.DSNSource(oconf), err)
 		}
 		e.outbox = newOutboxGauges(outboxGaugesConfig{RefreshInterval: interval}, poolCfg, log)
 		if err := e.reg.Register(e.outbox); err != nil {

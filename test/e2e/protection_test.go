@@ -141,9 +141,12 @@ func rampRequests(window, rtt time.Duration) int {
 // gateSample is one read of an instance's breaker state and concurrency
 // limit, made between from and to.
 type gateSample struct {
-	from, to     time.Time
-	state, limit int
+	from, to             time.Time
+	state, limit, paused int
 }
+
+// breakerOpen: the sample saw the breaker open.
+func breakerOpen(s gateSample) bool { return s.state == 2 }
 
 // sampleGate reads p's breaker state and concurrency limit gauges as fast as
 // /metrics answers until stop is called, which returns the samples.
@@ -158,8 +161,9 @@ func sampleGate(p *proc) (stop func() []gateSample) {
 			to := time.Now()
 			state, okState := m.value("forwarder_platform_breaker_state", nil)
 			limit, okLimit := m.value("forwarder_platform_concurrency_limit", nil)
-			if err == nil && okState && okLimit {
-				out = append(out, gateSample{from: from, to: to, state: int(state), limit: int(limit)})
+			paused, okPaused := m.value("forwarder_delivery_paused", nil)
+			if err == nil && okState && okLimit && okPaused {
+				out = append(out, gateSample{from: from, to: to, state: int(state), limit: int(limit), paused: int(paused)})
 			}
 			select {
 			case <-ctx.Done():
@@ -175,24 +179,25 @@ func sampleGate(p *proc) (stop func() []gateSample) {
 }
 
 // checkRamp checks one instance's samples around a recovery against the
-// ramp's bound: after the last sample that saw the breaker open (the
-// instance half-opened after that sample began), every limit read is at most
+// ramp's bound: after the last sample that saw sending held (held: the
+// breaker open, or delivery paused; the instance let go after that sample
+// began), every limit read is at most
 // rampBound of the time since (a jump to the maximum within the first
 // second would break the bound: (outageMaxInFlight-1) round trips of
 // outageLatency are 1.9 s). It returns what it saw, for the log, and how
 // many values between 1 and the maximum the limit took: only replies raise
 // it, so an instance the others left nothing to send stays at 1, and the
 // caller asks the steps of some instance.
-func checkRamp(t *testing.T, name string, samples []gateSample) (string, int) {
+func checkRamp(t *testing.T, name string, samples []gateSample, held func(gateSample) bool) (string, int) {
 	t.Helper()
 	lastOpen := -1
 	for i, smp := range samples {
-		if smp.state == 2 {
+		if held(smp) {
 			lastOpen = i
 		}
 	}
 	if lastOpen < 0 || lastOpen == len(samples)-1 {
-		t.Errorf("%s: %d samples of the breaker and the limit, none open then recovered: the ramp was not watched", name, len(samples))
+		t.Errorf("%s: %d samples of the gate and the limit, none held then recovered: the ramp was not watched", name, len(samples))
 		return "", 0
 	}
 	openedAt := samples[lastOpen].from
@@ -327,7 +332,7 @@ func TestOutageFailsNothing(t *testing.T) {
 				steps int
 			)
 			for i, stop := range samplers {
-				seen, n := checkRamp(t, procs[i].name, stop())
+				seen, n := checkRamp(t, procs[i].name, stop(), breakerOpen)
 				ramps = append(ramps, procs[i].name+": "+seen)
 				steps = max(steps, n)
 			}

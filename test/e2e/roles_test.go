@@ -98,6 +98,14 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if out, err := runForwarder(t, consoleEnv, "outbox", "requeue", "--status", "FAILED", "--operator", "e2e"); err != nil || !strings.Contains(out, "requeued") {
 		t.Errorf("outbox requeue as forwarder_console: %v\n%s", err, out)
 	}
+	// Pausing and resuming go through their functions, not an UPDATE of
+	// the breaker's state, which the console's role may not do.
+	if out, err := runForwarder(t, consoleEnv, "outbox", "pause", "--until", "1h", "--operator", "e2e"); err != nil || !strings.Contains(out, "delivery paused by e2e") {
+		t.Errorf("outbox pause as forwarder_console: %v\n%s", err, out)
+	}
+	if out, err := runForwarder(t, consoleEnv, "outbox", "resume", "--operator", "e2e"); err != nil || !strings.Contains(out, "delivery resumed by e2e") {
+		t.Errorf("outbox resume as forwarder_console: %v\n%s", err, out)
+	}
 	var audits int
 	if err := s.pool.QueryRow(context.Background(), "SELECT count(*) FROM forward_operator_log WHERE operator = 'e2e' AND action = 'requeue'").Scan(&audits); err != nil || audits != 1 {
 		t.Errorf("%d audit rows of the console role's requeue (%v), want 1", audits, err)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
-	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
 // TestThreeInstancesShortLease is TestThreeInstances with the shortest
@@ -49,7 +49,7 @@ func TestThreeInstancesShortLease(t *testing.T) {
 	took := time.Since(start)
 	// Each instance holds its stream's pool, the LISTEN connection and the
 	// metrics exporter's one (docs/configuration.md), whatever the load.
-	if peak, limit := peakConns(), 3*(dispatch.DefaultMaxConns+2); peak > int(limit) {
+	if peak, limit := peakConns(), 3*(streamdb.DefaultMaxConns+2); peak > int(limit) {
 		t.Errorf("three instances held %d PostgreSQL connections at the peak; want at most %d", peak, limit)
 	} else {
 		t.Logf("PostgreSQL connections of the three instances at the peak: %d (at most %d)", peak, limit)

@@ -1,8 +1,16 @@
-package dispatch
+// Package protection protects the platform the outbox forwards to, for
+// every instance sharing the database at once: a circuit breaker whose
+// state is shared through PostgreSQL, probes, pauses asked for by
+// Retry-After, an adaptive concurrency limit and a rate limit
+// (docs/architecture.md, "Protecting the platform"). The output admits each
+// request through a Gate and tells it how the request went; the claim
+// engine (internal/dispatch) asks it whether to claim at all.
+package protection
 
 import (
 	"cmp"
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -12,8 +20,8 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-// GateConfig configures a Gate. Zero values take the defaults given.
-type GateConfig struct {
+// Config configures a Gate. Zero values take the defaults given.
+type Config struct {
 	// ProbeInterval: while the breaker is open, at most one probe per
 	// interval across every instance. Default 5s.
 	ProbeInterval time.Duration
@@ -29,12 +37,17 @@ type GateConfig struct {
 	Instance string
 }
 
-// GateMetrics are the gate's gauges and counters; nil fields are skipped.
-type GateMetrics struct {
+// Metrics are the gate's gauges and counters; nil fields are skipped.
+type Metrics struct {
 	State  *service.MetricGauge   // forwarder_platform_breaker_state
 	Limit  *service.MetricGauge   // forwarder_platform_concurrency_limit
 	Free   *service.MetricGauge   // forwarder_semaphore_available_permits
 	Probes *service.MetricCounter // forwarder_platform_probes_total{result}
+	// An operator's pause of delivery: held 0/1, and its start and end
+	// (0: until resumed) as Unix times.
+	Paused       *service.MetricGauge // forwarder_delivery_paused
+	PauseStarted *service.MetricGauge // forwarder_delivery_pause_started_timestamp_seconds
+	PauseEnd     *service.MetricGauge // forwarder_delivery_pause_end_timestamp_seconds
 }
 
 // Permit is what the gate allows one request.
@@ -45,8 +58,8 @@ const (
 	Send Permit = iota
 	// Probe: the one request that tests an open breaker.
 	Probe
-	// Deny: not now (breaker open or sending paused); give the claim back
-	// without spending an attempt.
+	// Deny: not now (breaker open, sending paused, or delivery paused by
+	// an operator); give the claim back without spending an attempt.
 	Deny
 )
 
@@ -54,16 +67,17 @@ const (
 // once: a circuit breaker (each instance judges from the replies it sees;
 // the state is shared through PostgreSQL so that all stop within a second),
 // probes (one per interval across the cluster, taken in PostgreSQL), a pause
-// asked for by Retry-After, an adaptive concurrency limit per instance and
-// an optional rate limit across the cluster.
+// asked for by Retry-After, an operator's pause of delivery (see hold), an
+// adaptive concurrency limit per instance and an optional rate limit across
+// the cluster.
 //
-// The output asks it before each request (Allow, Acquire) and tells it each
-// reply (Report); the dispatcher asks it whether to claim at all (Blocked)
-// and takes the probes (TryProbe).
+// The output admits each request (Admit) and finishes it with the reply
+// (Ticket.Finish), one call each; the dispatcher asks it whether to claim at
+// all (Blocked) and takes the probes (TryProbe, MarkProbe).
 type Gate struct {
-	cfg     GateConfig
+	cfg     Config
 	log     *service.Logger
-	m       GateMetrics
+	m       Metrics
 	limiter *Limiter
 	rate    *RateLimit
 
@@ -73,6 +87,10 @@ type Gate struct {
 	// says how much time is left of each; see follow).
 	pausedUntil time.Time
 	nextProbeAt time.Time
+	// hold is the operator's pause as last read; held says whether this
+	// instance holds delivery for it (see checkHoldLocked).
+	hold hold
+	held bool
 	// probes holds the rows marked to carry a probe, and whether each
 	// one's message is fresh (see MarkProbe).
 	probes  map[int64]bool
@@ -90,7 +108,7 @@ type Gate struct {
 }
 
 // NewGate returns a gate; Start connects it to the database.
-func NewGate(cfg GateConfig, log *service.Logger, m GateMetrics) *Gate {
+func NewGate(cfg Config, log *service.Logger, m Metrics) *Gate {
 	cfg.ProbeInterval = cmp.Or(cfg.ProbeInterval, 5*time.Second)
 	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, time.Second)
 	cfg.MaxInFlight = max(cfg.MaxInFlight, 1)
@@ -114,6 +132,11 @@ func NewGate(cfg GateConfig, log *service.Logger, m GateMetrics) *Gate {
 	g.limiter.Reset(cfg.MaxInFlight)
 	if m.State != nil {
 		m.State.Set(int64(BreakerClosed))
+	}
+	for _, gauge := range []*service.MetricGauge{m.Paused, m.PauseStarted, m.PauseEnd} {
+		if gauge != nil {
+			gauge.Set(0)
+		}
 	}
 	return g
 }
@@ -214,6 +237,10 @@ func (g *Gate) follow(s outboxdb.PlatformState, arrived time.Time, seen uint64) 
 	if until := arrived.Add(s.PausedFor); s.PausedFor > 0 && until.After(g.pausedUntil) {
 		g.pausedUntil = until
 	}
+	// The operator's pause is never this instance's decision: it is
+	// followed whatever this instance decided meanwhile.
+	g.hold = holdFrom(s.Pause, arrived)
+	g.checkHoldLocked(time.Now())
 	if g.decisions != seen || g.sharing > 0 {
 		return
 	}
@@ -251,6 +278,52 @@ func (g *Gate) changedLocked(from, state BreakerState, reason string) {
 	g.changed = make(chan struct{})
 }
 
+// checkHoldLocked holds delivery or lets it go on as the operator's pause
+// says at now, and does what a change entails: the log, the metrics, and
+// on resuming the same ramp as after an outage, from one request at a time.
+func (g *Gate) checkHoldLocked(now time.Time) bool {
+	h := g.hold
+	on := h.holds(now)
+	if g.m.PauseStarted != nil {
+		g.m.PauseStarted.Set(unixOrZero(h.since, on))
+	}
+	if g.m.PauseEnd != nil {
+		g.m.PauseEnd.Set(unixOrZero(h.until, on))
+	}
+	if on == g.held {
+		return on
+	}
+	g.held = on
+	if g.m.Paused != nil {
+		var v int64
+		if on {
+			v = 1
+		}
+		g.m.Paused.Set(v)
+	}
+	if on {
+		end := "until resumed"
+		if !h.until.IsZero() {
+			end = "until " + h.until.UTC().Format(time.RFC3339)
+		}
+		g.log.Warnf("Delivery paused by %s %s (%s): no request is sent, not even a probe; messages wait PENDING", h.by, end, h.reason)
+	} else {
+		g.limiter.Reset(1)
+		g.log.Infof("Delivery resumed after the operator's pause: sending again, from one request at a time")
+	}
+	close(g.changed)
+	g.changed = make(chan struct{})
+	return on
+}
+
+// unixOrZero is t as Unix seconds when set and use holds, else 0.
+func unixOrZero(t time.Time, use bool) int64 {
+	if !use || t.IsZero() {
+		return 0
+	}
+	return t.Unix()
+}
+
 // State is the breaker's state as this instance knows it.
 func (g *Gate) State() BreakerState {
 	g.mu.Lock()
@@ -258,11 +331,73 @@ func (g *Gate) State() BreakerState {
 	return g.b.state
 }
 
-// Allow says whether the request of row id may go now.
-func (g *Gate) Allow(id int64) Permit {
+// ErrDenied is Admit's answer when a request must not go now: the breaker
+// is open (and the row does not carry the probe) or sending is paused. The
+// claim goes back without spending an attempt.
+var ErrDenied = errors.New("the platform must not be sent to now: circuit breaker open or sending paused")
+
+// Admit lets the request of row id go: it waits for a request slot and a
+// rate token, then asks the breaker (after the wait: it may have opened
+// meanwhile). It returns the ticket of the request, to be finished (Finish)
+// once the platform answered, or dropped (Drop) when the request is not
+// made or is interrupted; ErrDenied when the request must not go now; or
+// ctx's error when ctx ends first (the output is stopping: the row's probe
+// mark, if any, is dropped).
+func (g *Gate) Admit(ctx context.Context, id int64) (*Ticket, error) {
+	if err := g.acquire(ctx); err != nil {
+		g.forgetProbe(id)
+		return nil, err
+	}
+	p := g.allow(id)
+	if p == Deny {
+		g.limiter.Release()
+		return nil, ErrDenied
+	}
+	return &Ticket{g: g, id: id, permit: p}, nil
+}
+
+// Ticket is one admitted request; it holds a request slot until Finish or
+// Drop, whichever comes first.
+type Ticket struct {
+	g      *Gate
+	id     int64
+	permit Permit
+	done   bool
+}
+
+// Probe says whether the request carries the probe of an open breaker.
+func (t *Ticket) Probe() bool { return t.permit == Probe }
+
+// Finish tells the gate how the platform answered and gives the slot back.
+// counted says whether the row's attempt may count (see report).
+func (t *Ticket) Finish(ctx context.Context, r Reply) (counted bool) {
+	if t.done {
+		return false
+	}
+	t.done = true
+	defer t.g.limiter.Release()
+	return t.g.report(ctx, t.id, t.permit, r)
+}
+
+// Drop gives the slot back for a request that was not made or got no
+// answer because the output is stopping: nothing is learnt about the
+// platform, and a probe mark it carried is dropped, so that the row is not
+// taken for a probe when it is claimed again.
+func (t *Ticket) Drop() {
+	if t.done {
+		return
+	}
+	t.done = true
+	t.g.forgetProbe(t.id)
+	t.g.limiter.Release()
+}
+
+// allow says whether the request of row id may go now.
+func (g *Gate) allow(id int64) Permit {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if time.Now().Before(g.pausedUntil) {
+	now := time.Now()
+	if now.Before(g.pausedUntil) || g.checkHoldLocked(now) {
 		return Deny
 	}
 	if _, ok := g.probes[id]; ok {
@@ -274,9 +409,8 @@ func (g *Gate) Allow(id int64) Permit {
 	return Send
 }
 
-// Acquire waits for a request slot and a rate token; Release gives the
-// slot back.
-func (g *Gate) Acquire(ctx context.Context) error {
+// acquire waits for a request slot and a rate token.
+func (g *Gate) acquire(ctx context.Context) error {
 	if err := g.limiter.Acquire(ctx); err != nil {
 		return err
 	}
@@ -289,9 +423,6 @@ func (g *Gate) Acquire(ctx context.Context) error {
 	}
 	return nil
 }
-
-// Release gives a request slot back.
-func (g *Gate) Release() { g.limiter.Release() }
 
 // Limiter is the adaptive concurrency limit.
 func (g *Gate) Limiter() *Limiter { return g.limiter }
@@ -318,12 +449,12 @@ type Reply struct {
 	Why string
 }
 
-// Report tells the gate how the platform answered the request of row id,
+// report tells the gate how the platform answered the request of row id,
 // sent with permit p. For an unavailable reply, counted says whether the
 // row's attempt may count: a failed probe never counts, nor a reply while
 // the breaker is not closed, sending is paused, or nothing shows the
 // platform up (docs/guarantees.md #13, #16).
-func (g *Gate) Report(ctx context.Context, id int64, p Permit, r Reply) (counted bool) {
+func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted bool) {
 	if r.PauseFor > 0 {
 		g.pause(ctx, r.PauseFor)
 	}
@@ -345,7 +476,7 @@ func (g *Gate) Report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	from := g.b.state
 	now := time.Now()
 	t, counts := g.b.observe(now, id, r.Fresh, r.Unavailable)
-	if now.Before(g.pausedUntil) {
+	if now.Before(g.pausedUntil) || g.checkHoldLocked(now) {
 		counts = false
 	}
 	if t != stay {
@@ -431,14 +562,22 @@ func (g *Gate) pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Blocked says whether claims must wait: the breaker is open or sending is
-// paused. until is when it is worth looking again (the pause's end, or the
-// next probe); changed is closed at the next change of state.
+// Blocked says whether claims must wait: the breaker is open, sending is
+// paused, or an operator paused delivery. until is when it is worth looking
+// again (the pause's end, or the next probe); changed is closed at the next
+// change of state.
 func (g *Gate) Blocked() (blocked bool, until time.Time, changed <-chan struct{}) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := time.Now()
 	switch {
+	case g.checkHoldLocked(now):
+		if g.hold.end.IsZero() {
+			// Until resumed: the next read of the shared state closes
+			// changed.
+			return true, now.Add(g.cfg.SyncInterval), g.changed
+		}
+		return true, g.hold.end, g.changed
 	case now.Before(g.pausedUntil):
 		return true, g.pausedUntil, g.changed
 	case g.b.state == BreakerOpen:
@@ -452,8 +591,9 @@ func (g *Gate) Blocked() (blocked bool, until time.Time, changed <-chan struct{}
 func (g *Gate) TryProbe(ctx context.Context) bool {
 	g.mu.Lock()
 	pool := g.pool
+	held := g.checkHoldLocked(time.Now())
 	g.mu.Unlock()
-	if pool == nil {
+	if pool == nil || held {
 		return false
 	}
 	won, err := outboxdb.TryProbe(ctx, pool, g.cfg.ProbeInterval)
@@ -476,8 +616,8 @@ func (g *Gate) MarkProbe(id int64, fresh bool) {
 	g.mu.Unlock()
 }
 
-// ForgetProbe drops a probe mark that was never used (the row went back).
-func (g *Gate) ForgetProbe(id int64) {
+// forgetProbe drops a probe mark that was never used (the row went back).
+func (g *Gate) forgetProbe(id int64) {
 	g.mu.Lock()
 	delete(g.probes, id)
 	g.mu.Unlock()

@@ -1,4 +1,4 @@
-package dispatch
+package streamdb
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func connectDelay(n int, initial, limit time.Duration) time.Duration {
 	return min(d, limit)
 }
 
-// outage is what a hub knows of its database being unreachable, shared by
+// outage is what a DB knows of its database being unreachable, shared by
 // the components that wait for it, so that one wait is logged once (and
 // again every outageLogEvery), not once per component and attempt.
 type outage struct {
@@ -48,7 +48,7 @@ type outage struct {
 // outage or when the last line about it is outageLogEvery old; the other
 // attempts go to debug. (Their errors differ in little but the client's
 // port, so a changed reason is not a reason to log.)
-func (o *outage) failed(h *Hub, err error, next time.Duration) {
+func (o *outage) failed(h *DB, err error, next time.Duration) {
 	why := oneLine(err)
 	log, database := h.log, h.Database
 	o.mu.Lock()
@@ -109,7 +109,7 @@ func oneLine(err error) string {
 // component's Connect again after every error, logging "Failed to connect"
 // each time, about once a second forever: waiting here instead says once
 // what is awaited and keeps the attempts spaced.
-func (h *Hub) waitFor(ctx context.Context, attempt func(context.Context) error) error {
+func (h *DB) waitFor(ctx context.Context, attempt func(context.Context) error) error {
 	for n := 1; ; n++ {
 		err := attempt(ctx)
 		if err == nil {
@@ -138,7 +138,7 @@ func (h *Hub) waitFor(ctx context.Context, attempt func(context.Context) error) 
 // Recheck is what Connect does when called again after a lost connection
 // on a pool it already holds: it waits, as Open does, until the database
 // answers again.
-func (h *Hub) Recheck(ctx context.Context, pool *pgxpool.Pool) error {
+func (h *DB) Recheck(ctx context.Context, pool *pgxpool.Pool) error {
 	return h.waitFor(ctx, func(ctx context.Context) error {
 		if err := pool.Ping(ctx); err != nil {
 			return fmt.Errorf("reconnecting: %w", err)

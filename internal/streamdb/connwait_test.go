@@ -1,4 +1,4 @@
-package dispatch
+package streamdb
 
 import (
 	"bytes"
@@ -114,7 +114,7 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 	u.RawQuery = q.Encode()
 
 	var logs syncBuffer
-	h, err := NewHub(u.String())
+	h, err := New(u.String())
 	if err != nil {
 		t.Fatal(err)
 	}

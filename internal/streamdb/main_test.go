@@ -1,0 +1,9 @@
+package streamdb
+
+import (
+	"testing"
+
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
