@@ -1,10 +1,10 @@
 // Package periodic runs background work at an interval: one goroutine, a
 // ticker, a context that Stop cancels and Stop waiting for the run under
 // way. Every periodic loop of the forwarder (lease renewal, compensation,
-// order repair, the record gauges, partition upkeep and retention, Kafka
-// commits, mapping reloads, shutdown reports) starts and stops through it,
-// as River's services share one start/stop base, so that each is only its
-// work and its interval.
+// order repair, the platform gate's shared-state reads, the record gauges,
+// partition upkeep and retention, Kafka commits, mapping reloads, shutdown
+// reports) starts and stops through it, as River's services share one
+// start/stop base, so that each is only its work and its interval.
 package periodic
 
 import (

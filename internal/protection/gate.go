@@ -18,6 +18,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // Config configures a Gate. Zero values take the defaults given.
@@ -102,9 +103,9 @@ type Gate struct {
 	decisions uint64
 	sharing   int
 	pool      *pgxpool.Pool
-	stop      context.CancelFunc
-	done      chan struct{}
-	users     int
+	// syncs reads the shared state every SyncInterval while started.
+	syncs *periodic.Loop
+	users int
 }
 
 // NewGate returns a gate; Start connects it to the database.
@@ -154,12 +155,16 @@ func (g *Gate) Start(ctx context.Context, pool *pgxpool.Pool) error {
 	g.rate = NewRateLimit(g.cfg.RateLimit, func(ctx context.Context, n int, rate, burst float64) (bool, time.Duration, error) {
 		return outboxdb.TakeRateTokens(ctx, pool, n, rate, burst)
 	})
-	lctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	g.stop, g.done = stop, done
 	g.mu.Unlock()
 	g.sync(ctx)
-	go g.syncLoop(lctx, done)
+	// The loop starts after the first read, so that two reads never
+	// overlap, unless the gate was stopped (or stopped and started again)
+	// meanwhile.
+	g.mu.Lock()
+	if g.pool == pool && g.syncs == nil {
+		g.syncs = periodic.Start(context.Background(), periodic.Config{Interval: g.cfg.SyncInterval}, g.sync)
+	}
+	g.mu.Unlock()
 	return nil
 }
 
@@ -167,33 +172,13 @@ func (g *Gate) Start(ctx context.Context, pool *pgxpool.Pool) error {
 func (g *Gate) Stop() {
 	g.mu.Lock()
 	g.users--
-	stop, done := g.stop, g.done
-	last := g.users == 0
-	if last {
-		g.pool, g.stop, g.done = nil, nil, nil
+	var syncs *periodic.Loop
+	if g.users == 0 {
+		syncs = g.syncs
+		g.pool, g.syncs = nil, nil
 	}
 	g.mu.Unlock()
-	if last && stop != nil {
-		stop()
-		<-done
-	}
-}
-
-// syncLoop reads the shared state every SyncInterval until ctx ends, then
-// closes done. done is its own copy: Stop clears g.done, under the lock,
-// possibly before this goroutine has begun.
-func (g *Gate) syncLoop(ctx context.Context, done chan struct{}) {
-	defer close(done)
-	t := time.NewTicker(g.cfg.SyncInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.sync(ctx)
-		}
-	}
+	syncs.Stop()
 }
 
 // syncReadTimeout bounds one read of the shared state: longer than the
