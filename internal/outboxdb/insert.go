@@ -54,6 +54,11 @@ type NewRecord struct {
 	// Records of one batch with the same key are ordered as in the batch.
 	// Ignored for FAILED records.
 	OrderingKey string
+	// TraceParent is the W3C traceparent of the span that inserts the
+	// message (docs/operations.md, "Tracing"), returned by every claim of
+	// the row so that its requests join the message's trace; "" stores
+	// NULL (tracing off).
+	TraceParent string
 }
 
 // MaxKeyBytes is the longest message_key the inserts accept. The unique
@@ -197,7 +202,7 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 			ID: r.ID, MessageKey: r.Key, APIType: rec.APIType, KafkaTopic: rec.KafkaTopic,
 			KafkaPartition: rec.KafkaPartition, KafkaOffset: rec.KafkaOffset, KafkaKey: rec.KafkaKey,
 			Payload: rec.Payload, Status: StatusInProgress, AttemptCount: 1, ClaimToken: *r.Token,
-			CreatedAt: r.Created, NextRetryAt: r.Due,
+			CreatedAt: r.Created, NextRetryAt: r.Due, TraceParent: nullable(rec.TraceParent),
 		})
 		return nil
 	}, &counts)
@@ -226,7 +231,10 @@ type insertedRow struct {
 // locking the ordering keys keys (see queryLocked), calls each for every row
 // it claimed (inserted or recovered) and adds the inserted PENDING and FAILED rows to counts.
 func runInsert(ctx context.Context, q Querier, args []any, keys []string, c DirectClaim, each func(insertedRow) error, counts *InsertCounts) error {
-	args = append(args, NotifyChannel, c.Lease.Milliseconds(), c.Claimer, c.Retry)
+	// The trace contexts come last ($20): they were added to the statement
+	// after its other parameters.
+	traces := args[argTrace]
+	args = append(args[:argTrace:argTrace], NotifyChannel, c.Lease.Milliseconds(), c.Claimer, c.Retry, traces)
 	var (
 		id             *int64
 		key            *string
@@ -349,10 +357,12 @@ func keepBatchOrderPerOrderingKey(recs []NewRecord, unique []int) {
 const (
 	argStatus = 7
 	argToken  = 9
+	argTrace  = 15
 )
 
-// insertArgs lays recs[idx...] out as the parallel arrays $1-$15 of
-// insert.sql; no row is claimed yet (no tokens).
+// insertArgs lays recs[idx...] out as the parallel arrays of insert.sql,
+// $1-$15 then the one runInsert passes as $20; no row is claimed yet (no
+// tokens).
 func insertArgs(recs []NewRecord, idx []int) []any {
 	n := len(idx)
 	var (
@@ -371,6 +381,7 @@ func insertArgs(recs []NewRecord, idx []int) []any {
 		berths     = make([]string, n)
 		devices    = make([]string, n)
 		orderKeys  = make([]string, n)
+		traces     = make([]string, n)
 	)
 	for j, i := range idx {
 		r := &recs[i]
@@ -388,7 +399,16 @@ func insertArgs(recs []NewRecord, idx []int) []any {
 		lastErrors[j] = r.LastError
 		plates[j], parks[j], berths[j], devices[j] = r.PlateNo, r.ParkCode, r.BerthCode, r.DeviceID
 		orderKeys[j] = orderingKeyOf(r)
+		traces[j] = r.TraceParent
 	}
 	return []any{keys, apiTypes, topics, partitions, offsets, kafkaKeys, payloads, statuses, lastErrors,
-		tokens, plates, parks, berths, devices, orderKeys}
+		tokens, plates, parks, berths, devices, orderKeys, traces}
+}
+
+// nullable is s, nil when empty.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

@@ -924,7 +924,7 @@ func TestOrderingPlans(t *testing.T) {
 		keys[i] = r.MessageKey
 	}
 	plan := explain(outboxdb.InsertSQL(), msgKeys, types, topics, parts, offsets, kafkaKeys, payloads, statuses, empty,
-		empty, empty, empty, empty, empty, okeys, outboxdb.NotifyChannel, int64(60000), "me", false)
+		empty, empty, empty, empty, empty, okeys, outboxdb.NotifyChannel, int64(60000), "me", false, empty)
 	for _, want := range []string{"Index Only Scan using forward_deliveries_order_idx", "_message_key_idx on forward_messages_p"} {
 		if !strings.Contains(plan, want) {
 			t.Errorf("the insert's probes do not use %q:\n%s", want, plan)
@@ -1027,7 +1027,7 @@ func TestInsertLocksOnlyKeysItMayHold(t *testing.T) {
 	one := []string{""}
 	_, err = gtx.Exec(b.Ctx, outboxdb.InsertSQL(), []string{r.MessageKey}, []string{r.APIType}, []string{r.KafkaTopic},
 		[]int32{0}, []int64{4}, [][]byte{nil}, [][]byte{r.Payload}, []string{"PENDING"}, one, one, one, one, one, one,
-		[]string{"P3/B3"}, outboxdb.NotifyChannel, int64(60000), "me", false)
+		[]string{"P3/B3"}, outboxdb.NotifyChannel, int64(60000), "me", false, one)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
 		t.Fatalf("holding a row of a key not locked: %v, want serialization_failure", err)

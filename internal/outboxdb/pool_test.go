@@ -110,7 +110,7 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	insertClaimArgs := []any{[]string{"k1"}, []string{"VEHICLE_EVENT"}, []string{"t"}, []int32{0}, []int64{1},
 		[][]byte{nil}, [][]byte{[]byte("{}")}, []string{"IN_PROGRESS"}, one,
 		[]string{"00000000-0000-4000-8000-000000000001"}, one, one, one, one, []string{"P1/B1"},
-		outboxdb.NotifyChannel, time.Minute.Milliseconds(), "me", true}
+		outboxdb.NotifyChannel, time.Minute.Milliseconds(), "me", true, one}
 	if plan := genericPlan(t, dsn, outboxdb.PoolConfig{NoSeqScan: true}, outboxdb.InsertSQL(), insertClaimArgs...); seqScan(plan) {
 		t.Errorf("insert_claim: the generic plan scans a table sequentially:\n%s", plan)
 	}

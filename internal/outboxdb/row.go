@@ -46,6 +46,10 @@ type Record struct {
 	// DeadLetterToken fences the dead-letter topic's claim of a FAILED row
 	// (ClaimDeadLetters); "" when none.
 	DeadLetterToken string `db:"dead_letter_token" json:"-"`
+	// TraceParent is the W3C traceparent the message was inserted under
+	// (docs/operations.md, "Tracing"); nil when it was inserted without
+	// tracing. Claims return it.
+	TraceParent *string `db:"trace_parent" json:"-"`
 }
 
 // Ref identifies the current claim of the row for a fenced write.

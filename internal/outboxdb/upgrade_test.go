@@ -263,6 +263,11 @@ func TestUpgradeToSchema5(t *testing.T) {
 	exec(t, pool, `ALTER TABLE v5_records ADD PRIMARY KEY (id)`)
 	exec(t, pool, `CREATE INDEX ON v5_logs (id)`)
 	exec(t, pool, `ANALYZE v5_records, v5_logs`)
+	// The migrations after 5 are online, applied by the first instance that
+	// starts: the code under test below is the current one.
+	if res := migrateTo(t, pool, ms); res.To != outboxdb.LatestVersion() {
+		t.Fatalf("migrated on to %d, want %d", res.To, outboxdb.LatestVersion())
+	}
 
 	// mismatches runs a query returning "what differs" lines and fails with
 	// the first few.

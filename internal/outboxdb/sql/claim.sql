@@ -100,9 +100,10 @@ WITH async AS (
 )
 -- The claimed rows as forward_records shows them, their message read by
 -- (id, created_at): one partition per row (run-time pruning). An exhausted
--- row's last_error names why it must fail.
+-- row's last_error names why it must fail. trace_parent continues the
+-- message's trace (docs/operations.md, "Tracing").
 SELECT m.id, m.message_key, m.api_type, m.kafka_topic, m.kafka_partition, m.kafka_offset,
-       m.kafka_key, m.payload, m.created_at,
+       m.kafka_key, m.payload, m.created_at, m.trace_parent,
        'IN_PROGRESS' AS status, c.attempt_count, c.claim_token::text AS claim_token, c.claimed_by,
        c.next_retry_at, c.last_error, due.exhausted
 FROM claimed c

@@ -73,17 +73,20 @@
 -- call gave a row that is PENDING now ('' for the others), $11 plate_no,
 -- $12 park_code, $13 berth_code, $14 device_id ('' for none), $15 ordering
 -- key ('' for none), $16 the notification channel, $17 lease in
--- milliseconds, $18 claimer, $19 this is a retry.
+-- milliseconds, $18 claimer, $19 this is a retry, $20 the W3C traceparent
+-- of the span that inserts the message ('' for none: stored NULL; see
+-- docs/operations.md, "Tracing").
 WITH batch AS (
     SELECT u.*,
            CASE WHEN u.status <> 'FAILED' THEN nullif(u.ordering_key, '') END AS okey
     FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[],
                 $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
-                $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
+                $11::text[], $12::text[], $13::text[], $14::text[], $15::text[],
+                $20::text[])
          WITH ORDINALITY
          AS u(message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
               kafka_key, payload, status, last_error, claim_token,
-              plate_no, park_code, berth_code, device_id, ordering_key, n)
+              plate_no, park_code, berth_code, device_id, ordering_key, trace_parent, n)
 ), stored AS MATERIALIZED (
     -- The keys some partition already holds: one index scan of each
     -- partition's forward_messages_key_idx for the whole batch.
@@ -156,11 +159,12 @@ WITH batch AS (
     RETURNING id, message_key, status, claim_token, created_at, next_retry_at, order_held
 ), messages AS (
     INSERT INTO forward_messages (id, created_at, message_key, api_type, kafka_topic, kafka_partition,
-                                  kafka_offset, kafka_key, payload, plate_no, park_code, berth_code, device_id)
+                                  kafka_offset, kafka_key, payload, plate_no, park_code, berth_code, device_id,
+                                  trace_parent)
     SELECT p.id, now(), p.message_key, p.api_type, p.kafka_topic, p.kafka_partition,
            p.kafka_offset, p.kafka_key, p.payload,
            nullif(p.plate_no, ''), nullif(p.park_code, ''), nullif(p.berth_code, ''),
-           nullif(p.device_id, '')
+           nullif(p.device_id, ''), nullif(p.trace_parent, '')
     FROM fresh AS p
     WHERE p.id IN (SELECT id FROM ins)
     ORDER BY p.n
