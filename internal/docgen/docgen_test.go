@@ -60,6 +60,7 @@ func TestRender(t *testing.T) {
 		"processors.md": {"outbox", "mapping_file"},
 		"outputs.md":    {"http_forwarder", "kafka_franz"},
 		"metrics.md":    {"prometheus"},
+		"tracers.md":    {"otlp"},
 		"bloblang.md":   {"percent_round", "ts_format_platform"},
 	} {
 		text := string(pages[page])

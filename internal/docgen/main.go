@@ -73,6 +73,7 @@ var kinds = []kind{
 	{"processors.md", "Processors", (*service.Environment).WalkProcessors},
 	{"outputs.md", "Outputs", (*service.Environment).WalkOutputs},
 	{"metrics.md", "Metrics exporters", (*service.Environment).WalkMetrics},
+	{"tracers.md", "Tracers", (*service.Environment).WalkTracers},
 }
 
 // render returns every page by file name.

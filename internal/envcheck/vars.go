@@ -45,6 +45,8 @@ const (
 	NonNegativeInt
 	// NonNegativeNumber is a decimal number ≥ 0.
 	NonNegativeNumber
+	// Ratio is a decimal number from 0 to 1.
+	Ratio
 	// Enum is one of Var.Options, as written.
 	Enum
 	// LogLevel is one of Benthos's log levels, in any case.
@@ -135,6 +137,10 @@ var Vars = []Var{
 	{Name: "ORDER_ON_FAILED", Kind: Enum, Options: []string{"skip", "block"}},
 	{Name: "CONSOLE_ADDR", Kind: HostPort, Example: "127.0.0.1:4196"},
 	{Name: "CONSOLE_TOKEN", Kind: Text, Secret: true},
+	// Tracing (docs/operations.md, "Tracing"): the OpenTelemetry exporter
+	// reads the endpoint itself; the pipeline reads the ratio.
+	{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Kind: HTTPURL, Example: "http://otel-collector:4318"},
+	{Name: "TRACE_SAMPLE_RATIO", Kind: Ratio, Example: "0.1"},
 }
 
 // Lookup returns the known variable called name.
@@ -186,6 +192,10 @@ func (v Var) problem(value string) string {
 	case NonNegativeNumber:
 		if f, err := strconv.ParseFloat(value, 64); err != nil || f < 0 || f != f {
 			return "not a number of at least 0" + eg
+		}
+	case Ratio:
+		if f, err := strconv.ParseFloat(value, 64); err != nil || !(f >= 0 && f <= 1) {
+			return "not a number from 0 to 1" + eg
 		}
 	case Enum:
 		if !slices.Contains(v.Options, value) {

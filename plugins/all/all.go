@@ -11,4 +11,5 @@ import (
 	_ "github.com/forwarder/forwarder/plugins/outbox"
 	_ "github.com/forwarder/forwarder/plugins/outboxretry"
 	_ "github.com/forwarder/forwarder/plugins/prometheus"
+	_ "github.com/forwarder/forwarder/plugins/tracing"
 )

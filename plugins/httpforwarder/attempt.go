@@ -8,11 +8,15 @@ import (
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/protection"
+	"github.com/forwarder/forwarder/internal/tracectx"
 )
 
 // attempt is one message of a batch on its way through the output.
@@ -31,6 +35,11 @@ type attempt struct {
 	// outcome is the rule outcome of the reply, "" when none was classified.
 	outcome string
 	result  outboxdb.Result
+
+	// trace is the message's context when the stream traces (its
+	// outbox.claim span), then that of its platform.request span once the
+	// request is made; nil otherwise (docs/operations.md, "Tracing").
+	trace context.Context
 }
 
 func (a *attempt) apiLabel() string {
@@ -119,6 +128,15 @@ func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *att
 		a.result.ForLease = true
 		return
 	}
+	var span trace.Span
+	if a.trace != nil {
+		a.trace, span = h.tracer.Start(a.trace, tracectx.SpanRequest, trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.Int64("outbox.id", a.claim.ID), attribute.Int("outbox.attempt", a.claim.Attempt)))
+		defer func() { endRequestSpan(span, a) }()
+		// The request carries the span (its traceparent header) and
+		// keeps ctx's cancellation.
+		ctx = trace.ContextWithSpan(ctx, span)
+	}
 	start := time.Now()
 	var r response
 	if a.buildErr != "" {
@@ -180,7 +198,21 @@ func (h *httpForwarder) record(ctx context.Context, rec *dispatch.Recorder, d *d
 	if len(results) == 0 {
 		return nil
 	}
-	recorded, err := rec.RecordDurably(ctx, results, claimsEnd)
+	var (
+		recorded []int64
+		err      error
+	)
+	if h.tracer != nil {
+		parents := make([]context.Context, 0, len(results))
+		for _, a := range atts {
+			if !a.skip {
+				parents = append(parents, a.trace)
+			}
+		}
+		recorded, err = rec.RecordDurablyTraced(ctx, h.tracer, parents, results, claimsEnd)
+	} else {
+		recorded, err = rec.RecordDurably(ctx, results, claimsEnd)
+	}
 	if err != nil {
 		return fmt.Errorf("recording %d forward results: %w", len(results), err)
 	}
@@ -219,4 +251,21 @@ func (h *httpForwarder) record(ctx context.Context, rec *dispatch.Recorder, d *d
 		d.DueAt(time.Now().Add(firstRetry))
 	}
 	return nil
+}
+
+// endRequestSpan ends the platform.request span of a with what came of the
+// request: the rule outcome, the platform's errcode, the HTTP status, the
+// status the row is written with and, for a failed attempt, its error.
+func endRequestSpan(span trace.Span, a *attempt) {
+	r := a.result
+	span.SetAttributes(
+		attribute.String("forwarder.outcome", a.outcome),
+		attribute.String("platform.errcode", r.PlatformErrcode),
+		attribute.Int("http.response.status_code", r.HTTPStatus),
+		attribute.String("outbox.status", string(r.Status)),
+	)
+	if r.Status != outboxdb.StatusSuccess {
+		span.SetStatus(codes.Error, r.Error)
+	}
+	span.End()
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/lograte"
@@ -28,6 +29,7 @@ import (
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/protection"
+	"github.com/forwarder/forwarder/internal/tracectx"
 )
 
 // maxResultsPerStatement caps one result write gathering the outcomes of
@@ -65,6 +67,9 @@ func init() {
 type httpForwarder struct {
 	log *service.Logger
 	hub *dispatch.Hub
+	// tracer starts the platform.request span of each traced message; nil
+	// when the stream does not trace.
+	tracer trace.Tracer
 
 	url     *service.InterpolatedString
 	headers map[string]*service.InterpolatedString
@@ -99,7 +104,7 @@ func newHTTPForwarderFromParsed(conf *service.ParsedConfig, mgr *service.Resourc
 		return nil, err
 	}
 	h := &httpForwarder{log: mgr.Logger(), url: c.url, headers: c.headers, policy: c.policy,
-		batching: c.batching, maxInFlight: c.maxInFlight}
+		batching: c.batching, maxInFlight: c.maxInFlight, tracer: tracectx.Tracer(mgr)}
 	h.staticHeader = http.Header{"Content-Type": {"application/json"}}
 	for k, v := range h.headers {
 		s, ok := v.Static()
@@ -214,6 +219,9 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 			continue
 		}
 		a := &attempt{claim: c}
+		if h.tracer != nil {
+			a.trace = msg.Context()
+		}
 		h.prepare(a, msg)
 		atts = append(atts, a)
 	}

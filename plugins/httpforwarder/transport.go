@@ -13,6 +13,10 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/forwarder/forwarder/internal/tracectx"
 )
 
 const (
@@ -128,6 +132,12 @@ func (t *transport) do(ctx context.Context, url string, header http.Header, body
 		return r
 	}
 	req.Header = header
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		// The request's own span (docs/operations.md, "Tracing"): the
+		// platform can continue the trace. header may be shared.
+		req.Header = header.Clone()
+		tracectx.InjectHeader(ctx, req.Header)
+	}
 	resp, err := t.client.Do(req)
 	if err != nil {
 		t.transportError(ctx, reqCtx, timeout, err, &r)

@@ -15,8 +15,10 @@ import (
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
+	"github.com/forwarder/forwarder/internal/tracectx"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 )
 
 const (
@@ -203,6 +205,9 @@ func init() {
 type franzInput struct {
 	log *service.Logger
 	lag *service.MetricGauge
+	// tracer starts each message's kafka.consume span; nil when the
+	// stream does not trace.
+	tracer trace.Tracer
 
 	clientOpts       []kgo.Opt
 	probeOpts        []kgo.Opt // connection options only: the client Connect waits with
@@ -246,6 +251,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	f := &franzInput{
 		log:    res.Logger(),
 		lag:    res.Metrics().NewGauge(metricConsumerLag, "topic", "partition"),
+		tracer: tracectx.Tracer(res),
 		parts:  make(map[topicPartition]*partitionState),
 		notify: make(chan struct{}, 1),
 		room:   make(chan struct{}, 1),
@@ -488,6 +494,9 @@ func (f *franzInput) ReadBatch(ctx context.Context) (service.MessageBatch, servi
 		// The engine stops reading: shutdown has begun, and it waits for
 		// the acks of what was handed out before it closes the input.
 		f.shutdown.Start()
+	}
+	if err == nil && len(batch) > 0 && f.tracer != nil {
+		ack = traceBatch(f.tracer, batch, ack)
 	}
 	return batch, ack, err
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
@@ -222,4 +224,77 @@ func BenchmarkMessageID(b *testing.B) {
 			_ = fmt.Sprint(v["messageId"])
 		}
 	})
+}
+
+// BenchmarkOutboxProcessorTraced is BenchmarkOutboxProcessor with tracing
+// on and every trace sampled: each message gets its outbox.insert span (a
+// child of its kafka.consume span) and stores its trace context, and the
+// spans go to the SDK's batch span processor, whose exporter discards
+// them. Against BenchmarkOutboxProcessor it is the cost of tracing the
+// insert (docs/benchmarks.md, "Tracing").
+//
+//	go test ./plugins/outbox -run '^$' -bench 'OutboxProcessor(Traced)?$' -benchtime 100x -count 3
+func BenchmarkOutboxProcessorTraced(b *testing.B) {
+	t := newBenchTargets(b)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardExporter{}), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	t.proc.tracer = tp.Tracer("bench")
+	consume := tp.Tracer("kafka")
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		batch := benchMessages(&t.procOffset)
+		spans := make([]trace.Span, len(batch))
+		for i, msg := range batch {
+			var ctx context.Context
+			ctx, spans[i] = consume.Start(context.Background(), "kafka.consume")
+			batch[i] = msg.WithContext(ctx)
+		}
+		b.StartTimer()
+		t.procBatch(b, batch)
+		b.StopTimer()
+		for _, s := range spans {
+			s.End()
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "rows/s")
+	assertRows(b, t.procDSN, (b.N+1)*benchBatch)
+	// Every row stored its trace context.
+	var untraced int
+	if err := t.proc.pool.QueryRow(context.Background(), `SELECT count(*) FROM forward_messages WHERE trace_parent IS NULL`).Scan(&untraced); err != nil || untraced != benchBatch {
+		b.Fatalf("%d rows without a trace context (%v), want only the untimed first batch's %d", untraced, err, benchBatch)
+	}
+}
+
+// discardExporter is an exporter that sends nowhere.
+type discardExporter struct{}
+
+func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardExporter) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkTraceInserts is the tracing work of one batch alone, without
+// the database: the outbox.insert span of each message, its trace context
+// formatted for the row, the spans ended into a batch span processor.
+// ns/msg is what tracing adds to the insert of a message.
+func BenchmarkTraceInserts(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardExporter{}), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tracer, consume := tp.Tracer("bench"), tp.Tracer("kafka")
+	var offset int64
+	batch := benchMessages(&offset)
+	for i, msg := range batch {
+		ctx, span := consume.Start(context.Background(), "kafka.consume")
+		span.End()
+		batch[i] = msg.WithContext(ctx)
+	}
+	recs := make([]outboxdb.NewRecord, len(batch))
+	b.ResetTimer()
+	for range b.N {
+		traceInserts(tracer, batch, recs)(nil)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch)), "ns/msg")
+	if recs[0].TraceParent == "" {
+		b.Fatal("no trace context formatted")
+	}
 }

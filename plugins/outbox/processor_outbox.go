@@ -17,12 +17,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/streamdb"
+	"github.com/forwarder/forwarder/internal/tracectx"
 )
 
 const (
@@ -224,6 +226,9 @@ type outboxProcessor struct {
 	hub       *dispatch.Hub
 	direct    bool
 	closeOnce sync.Once
+	// tracer starts each message's outbox.insert span; nil when the stream
+	// does not trace (its rows then store no trace context).
+	tracer trace.Tracer
 
 	retryInitial, retryMax time.Duration
 	chunkBytes             int
@@ -255,6 +260,7 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		outageLogEvery: defaultOutageLogEvery,
 		mMissingID:     mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
 		mPersisted:     persistedCounter(mgr),
+		tracer:         tracectx.Tracer(mgr),
 	}
 	var err error
 	if conf.Contains(opFieldKey) {
@@ -357,6 +363,17 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 	for i, msg := range batch {
 		recs[i] = p.record(i, msg, keyExec, typeExec)
 	}
+	if p.tracer == nil {
+		return p.persistAll(ctx, recs)
+	}
+	end := traceInserts(p.tracer, batch, recs)
+	out, err := p.persistAll(ctx, recs)
+	end(err)
+	return out, err
+}
+
+// persistAll persists recs, chunk by chunk.
+func (p *outboxProcessor) persistAll(ctx context.Context, recs []outboxdb.NewRecord) ([]service.MessageBatch, error) {
 
 	// Chunks keep one statement's bytea[] far below PostgreSQL's 1 GB limit; a
 	// batch of small messages is one chunk. Each chunk commits on its own,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/redpanda-data/benthos/v4/public/service"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/metricseries"
@@ -20,6 +21,7 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
 	"github.com/forwarder/forwarder/internal/streamdb"
+	"github.com/forwarder/forwarder/internal/tracectx"
 )
 
 const (
@@ -283,6 +285,9 @@ type outboxRetry struct {
 	d   *dispatch.Dispatcher
 	hub *dispatch.Hub
 	log *service.Logger
+	// tracer starts the outbox.claim span of each traced row; nil when the
+	// stream does not trace.
+	tracer trace.Tracer
 	// width is the partition width (partition_width).
 	width time.Duration
 	// retention is nil unless retention.older_than is set.
@@ -366,7 +371,7 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 	case cfg.NackDelay < 0:
 		return nil, fmt.Errorf("field %s: %v must not be negative", orFieldNackDelay, cfg.NackDelay)
 	}
-	in := &outboxRetry{log: mgr.Logger()}
+	in := &outboxRetry{log: mgr.Logger(), tracer: tracectx.Tracer(mgr)}
 	width, err := conf.FieldString(orFieldPartitionWidth)
 	if err != nil {
 		return nil, err
@@ -477,9 +482,13 @@ func (in *outboxRetry) ReadBatch(ctx context.Context) (service.MessageBatch, ser
 		refs[i] = r.Ref()
 		batch[i] = newMessage(r)
 	}
-	return batch, func(ctx context.Context, ackErr error) error {
+	ack := service.AckFunc(func(ctx context.Context, ackErr error) error {
 		return in.d.Done(ctx, refs, ackErr)
-	}, nil
+	})
+	if in.tracer != nil {
+		ack = traceClaims(in.tracer, rows, batch, ack)
+	}
+	return batch, ack, nil
 }
 
 func newMessage(r outboxdb.Record) *service.Message {
