@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -63,6 +64,26 @@ func TestOtlpTracer(t *testing.T) {
 			_, span := tp.Tracer("test").Start(context.Background(), "root")
 			if got := span.SpanContext().IsSampled(); got != want {
 				t.Errorf("ratio %s: a new trace sampled %v, want %v", ratio, got, want)
+			}
+			span.End()
+		}
+	})
+
+	t.Run("FollowsTheParentsDecision", func(t *testing.T) {
+		t.Parallel()
+		for _, c := range []struct {
+			ratio, flags string
+			want         bool
+		}{{"0", "01", true}, {"1", "00", false}} {
+			tp, _, err := parse(t, "sampling_ratio: "+c.ratio)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parent := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{
+				"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-" + c.flags})
+			_, span := tp.Tracer("test").Start(parent, "child")
+			if got := span.SpanContext().IsSampled(); got != c.want {
+				t.Errorf("ratio %s, parent flags %s: sampled %v, want %v (the parent decides)", c.ratio, c.flags, got, c.want)
 			}
 			span.End()
 		}
