@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"github.com/forwarder/forwarder/internal/envsecret"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/forwarder/forwarder/internal/envsecret"
 )
 
 // Field names shared by the input and the output.

@@ -10,10 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/msgmeta"
-	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
+
+	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 )

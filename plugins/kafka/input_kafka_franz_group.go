@@ -12,12 +12,13 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/forwarder/forwarder/internal/msgmeta"
-	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // pollLoop fetches records into the partitions' pending queues until ctx

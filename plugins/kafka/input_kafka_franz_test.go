@@ -292,16 +292,24 @@ func TestInputGroupMemberLeaves(t *testing.T) {
 			c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 4}})
 			c.ProduceN(t, topic, total, nil)
 
+			// Until B has joined, A slows down once it made its progress:
+			// on a loaded machine B's join takes seconds, in which A at
+			// its own pace would consume everything.
+			var bJoined atomic.Bool
+			a, b := newSink(t), newSink(t)
 			slow := func(ctx context.Context, _ service.MessageBatch, _ []offsetKey) error {
+				d := tc.delay
+				if !bJoined.Load() && a.ackedCount() >= 200 {
+					d = 50 * time.Millisecond
+				}
 				select {
-				case <-time.After(tc.delay):
+				case <-time.After(d):
 					return nil
 				case <-ctx.Done():
 					return ctx.Err()
 				}
 			}
 			conf := inputConf(c, topic, group, tc.batching)
-			a, b := newSink(t), newSink(t)
 			a.write, b.write = slow, slow
 
 			sa := startStream(t, a, 1, conf)
@@ -311,6 +319,7 @@ func TestInputGroupMemberLeaves(t *testing.T) {
 			// so the partitions B gets may be ones A has finished: B's
 			// join shows in its log, not necessarily in its acks.
 			waitFor(t, "member B to get partitions", func() bool { return sb.logs.count("assigned partitions") > 0 })
+			bJoined.Store(true)
 			if a.ackedCount() == total {
 				t.Fatal("member A consumed everything before B joined; the test proves nothing")
 			}

@@ -5,15 +5,10 @@ package outbox
 
 import (
 	"context"
-	cryptorand "crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -21,181 +16,9 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/metricseries"
-	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/streamdb"
 	"github.com/forwarder/forwarder/internal/tracectx"
 )
-
-const (
-	opFieldKey             = "key"
-	opFieldAPITypes        = "api_types"
-	opFieldAPIType         = "api_type"
-	opFieldEmit            = "emit"
-	opFieldMaxPayloadBytes = "max_payload_bytes"
-	opFieldDirectDispatch  = "direct_dispatch"
-	opFieldOrdering        = "ordering"
-
-	// emitNone is the only value emit takes: the processor passes nothing
-	// on. emit: new (passing new rows on, for an inline delivery path) was
-	// used by no pipeline and is gone; the outbox_retry input delivers.
-	emitNone = "none"
-
-	orderingBerth = "berth"
-	orderingOff   = "off"
-
-	// apiTypeUnknown is stored for a FAILED row whose API type could not be
-	// resolved; api_type is NOT NULL.
-	apiTypeUnknown = "UNKNOWN"
-)
-
-func outboxProcessorSpec() *service.ConfigSpec {
-	return service.NewConfigSpec().
-		Stable().
-		Categories("Integration").
-		Summary("Persists each message of a batch into the PostgreSQL outbox, idempotently, before the batch is acknowledged.").
-		Description(backticks(`
-Every message becomes one row of ^forward_records^, keyed by its idempotency key, in one
-^INSERT … ON CONFLICT (message_key) DO NOTHING^ statement per batch that also notifies the
-dispatchers (channel ^forwarder_outbox^) when a new PENDING row was committed. A message
-whose key already has a row, in any status, changes nothing, so Kafka redeliveries are harmless. Duplicate
-keys inside one batch are collapsed (the first message wins).
-
-### Acknowledgement
-
-The processor returns no messages once the rows are committed, so Benthos acknowledges the batch at
-once and the input commits its offsets: an offset never moves before its message is stored. The rows
-are delivered by an ^outbox_retry^ input (of this process, through direct dispatch, or of any
-instance on the same database).
-
-When PostgreSQL is unreachable the processor holds the batch and retries with a capped exponential backoff
-until the rows are committed or the stream stops; a stopping stream gets the context error, so the batch is
-nacked and redelivered later. It never flags a batch as failed instead, because Benthos would pass a flagged
-batch on and acknowledge it. One error is logged when an outage starts and one line when it ends.
-
-### What is stored
-
-The payload is stored as received, byte for byte, in a ^bytea^ column (bytes that are not UTF-8
-included), together with the Kafka topic, partition, offset and key (^kafka_key^, also
-^bytea^; NULL when the metadata is absent). A message that cannot be forwarded is still stored, with
-status FAILED and ^last_error^ saying why, and is never sent or retried: an empty payload (or a
-tombstone), one larger than ^max_payload_bytes^, one that is not valid UTF-8, not valid JSON or not a
-JSON object, or one whose API type cannot be resolved (stored with api_type ^UNKNOWN^). A message
-that ^kafka_franz^ marked ^kafka_oversize^ stands for a record it would not read whole (larger than its
-^max_message_bytes^, or in a compressed batch that decompresses past its bound): it is stored FAILED under
-the fallback key with no payload, and ^last_error^ says ^payload not stored: ^ and the input's reason,
-which names the size.
-
-### Keys
-
-By default the key is the payload's top-level ^messageId^ (a string, or a number's text). When it is
-missing, null or empty, or the payload is not a JSON object, the key is
-^<kafka_topic>-<kafka_partition>-<kafka_offset>^, stable across redeliveries of the same record; a
-missing id is logged as a warning and counted in ^forwarder_missing_message_id_total^. A key that
-PostgreSQL cannot index (over 1024 bytes, NUL characters) fails the message with the fallback key.
-
-### Direct dispatch
-
-When the same process runs an ^outbox_retry^ input on the same ^dsn^ (as ^pipelines/forwarder.yaml^
-does) and it has room under its ^max_unacked^, the processor inserts new rows already claimed for it
-(^IN_PROGRESS^, attempt 1, a claim token and a lease, exactly what a claim would have made of them)
-and hands them over in memory, in the same statement that persists them. A new row then costs one
-statement fewer and reaches the output without the notify-and-claim round trip. What the dispatcher
-has no room for is inserted ^PENDING^ and claimed from the database as usual, so ingestion never
-waits for the dispatcher, and a crash before a result is written is recovered by the lease like any
-other claim. ^direct_dispatch: false^ turns it off.
-
-### Ordering
-
-With ^ordering: berth^ (the default) a vehicle event whose payload has both a top-level ^parkCode^ and
-a top-level ^berthCode^ (strings) is stored with the ordering key ^<parkCode>/<berthCode>^: it is
-not sent while an earlier row of its berth (persisted before it: for one Kafka partition, in offset
-order) is unfinished, and the berths' events reach the platform in that order, one at a time per berth,
-while other berths flow freely. Heartbeats, messages stored FAILED and events without both codes are not
-ordered. ^ordering: off^ stores no key. The ^outbox_retry^ input's ^order_on_failed^ says what a FAILED
-row does to the rows of its berth after it. Rows of one key within a batch keep batch order. A row that
-has to wait is not handed over by direct dispatch.
-
-### Metrics
-
-^forwarder_rows_persisted_total{status}^ counts new rows by status (PENDING, FAILED; rows handed
-over directly count as PENDING);
-^forwarder_missing_message_id_total^ counts messages stored under the fallback key;
-^forwarder_ingest_errors_total^ counts failed attempts to persist a batch (the batch is held and
-retried, and a failure that lasts is logged again at ERROR every minute).`)).
-		Fields(streamdb.DSNFields()...).
-		Fields(
-			service.NewInterpolatedStringField(opFieldKey).
-				Description("The idempotency key of a message. When unset, the payload's top-level `messageId` (parsed without decoding the whole payload). When the value is missing or empty, the key falls back to `<kafka_topic>-<kafka_partition>-<kafka_offset>` with a warning.").
-				Example(`${! json("header.id") }`).
-				Optional(),
-			service.NewStringMapField(opFieldAPITypes).
-				Description("The API type of the messages of each Kafka topic (metadata `kafka_topic`): `VEHICLE_EVENT` or `HEARTBEAT`. A message from a topic not listed is stored FAILED with api_type `UNKNOWN`. Set this or `api_type`.").
-				Example(map[string]any{"device-vehicle-event": outboxdb.APITypeVehicleEvent, "device-heartbeat": outboxdb.APITypeHeartbeat}).
-				Optional(),
-			service.NewInterpolatedStringField(opFieldAPIType).
-				Description("The API type as an interpolation, instead of `api_types`. A value other than `VEHICLE_EVENT` or `HEARTBEAT` stores the message FAILED with api_type `UNKNOWN`.").
-				Example(`${! if meta("kafka_topic").has_suffix("heartbeat") { "HEARTBEAT" } else { "VEHICLE_EVENT" } }`).
-				Optional(),
-			service.NewStringAnnotatedEnumField(opFieldEmit, map[string]string{
-				emitNone: "Persist only: no message is passed on, so the batch is acknowledged (and its offsets committed) as soon as its rows are committed.",
-			}).
-				Description("What the processor returns after persisting: nothing. Kept so that configs that spell out `emit: none` stay valid; `new` (passing new rows on) was removed, and the `outbox_retry` input delivers them.").
-				Default(emitNone).
-				Advanced(),
-			service.NewBoolField(opFieldDirectDispatch).
-				Description("Hand new rows, inserted already claimed, to an `outbox_retry` input of the same process and `dsn` when it has room (see Direct dispatch).").
-				Default(true).
-				Advanced(),
-			service.NewStringAnnotatedEnumField(opFieldOrdering, map[string]string{
-				orderingBerth: "Vehicle events are delivered in order per berth (`parkCode` + `berthCode`); see Ordering.",
-				orderingOff:   "No ordering: every row is sent as soon as it is due.",
-			}).
-				Description("Which rows are delivered in order, one at a time per key (`ORDERING`).").
-				Default(orderingBerth).
-				Example("${ORDERING:berth}"),
-			service.NewIntField(opFieldMaxPayloadBytes).
-				Description("Payloads larger than this are stored FAILED instead of being parsed.").
-				Default(1<<20).
-				LintRule(`root = if this < 1 { [ "max_payload_bytes must be at least 1" ] }`),
-		).
-		LintRule(`let types = this.api_types.or({}).length() > 0
-let expr = this.api_type.or("") != ""
-root = match {
-  $types && $expr => [ "set api_types or api_type, not both" ],
-  !$types && !$expr => [ "set api_types (topic to API type) or api_type" ],
-}`).
-		Example("Persist-only ingest",
-			"Stores every Kafka message before its offset is committed; the outbox_retry input delivers them.",
-			`
-input:
-  kafka_franz:
-    seed_brokers: [ "${KAFKA_BROKERS:localhost:9092}" ]
-    topics: [ device-vehicle-event, device-heartbeat ]
-    consumer_group: forwarder
-pipeline:
-  processors:
-    - outbox:
-        dsn: "${DATABASE_URL:postgres://localhost:5432/forwarder}"
-        api_types:
-          device-vehicle-event: VEHICLE_EVENT
-          device-heartbeat: HEARTBEAT
-        emit: none
-        max_payload_bytes: 1048576
-output:
-  drop: {}
-`)
-}
-
-// backticks lets a raw string hold Markdown code spans, written as ^code^.
-func backticks(s string) string { return strings.ReplaceAll(s, "^", "`") }
-
-func init() {
-	service.MustRegisterBatchProcessor("outbox", outboxProcessorSpec(),
-		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchProcessor, error) {
-			return newOutboxProcessorFromParsed(conf, mgr)
-		})
-}
 
 // Retry timing while the database is unavailable.
 const (
@@ -340,10 +163,6 @@ func persistedCounter(mgr *service.Resources) *service.MetricCounter {
 	c := mgr.Metrics().NewCounter("forwarder_rows_persisted_total", "status")
 	metricseries.Counter(c, metricseries.Product([]string{string(outboxdb.StatusPending), string(outboxdb.StatusFailed)})...)
 	return c
-}
-
-func validAPIType(t string) bool {
-	return t == outboxdb.APITypeVehicleEvent || t == outboxdb.APITypeHeartbeat
 }
 
 // ProcessBatch persists the batch and returns only once every message has a
@@ -494,109 +313,6 @@ func pendingSizes(recs []outboxdb.NewRecord) []int {
 	return sizes
 }
 
-// record turns message i into its row: key, API type, Kafka coordinates,
-// payload and, for a message that cannot be forwarded, status FAILED with the
-// reasons.
-func (p *outboxProcessor) record(i int, msg *service.Message, keyExec, typeExec *service.MessageBatchInterpolationExecutor) outboxdb.NewRecord {
-	var reasons []string
-	payload, err := msg.AsBytes()
-	if err != nil {
-		payload, reasons = nil, append(reasons, fmt.Sprintf("payload could not be read: %v", err))
-	}
-	k, haveCoords := msgmeta.ReadKafka(msg)
-	topic, partition, offset := storableTopic(k.Topic), k.Partition, k.Offset
-	rec := outboxdb.NewRecord{
-		KafkaTopic:     topic,
-		KafkaPartition: partition,
-		KafkaOffset:    offset,
-		KafkaKey:       k.Key,
-		Payload:        payload,
-		Status:         outboxdb.StatusPending,
-	}
-	payloadOK := err == nil
-	if why, oversize := msgmeta.Oversize(msg); oversize {
-		// The input never read the record whole (docs/guarantees.md #17):
-		// there is no payload to store, only why.
-		rec.Payload = nil
-		reasons, payloadOK = append(reasons, "payload not stored: "+why), false
-	}
-	var m members
-	if payloadOK {
-		var why string
-		if why, m = inspectPayload(payload, p.maxPayload); why != "" {
-			reasons, payloadOK = append(reasons, why), false
-		}
-	}
-	rec.PlateNo = m[memberPlateNo].lookup()
-	rec.ParkCode = m[memberParkCode].lookup()
-	rec.BerthCode = m[memberBerthCode].lookup()
-	rec.DeviceID = m[memberDeviceID].lookup()
-
-	// The key.
-	var key, missing string
-	if keyExec != nil {
-		k, err := keyExec.TryString(i)
-		switch {
-		case err != nil:
-			missing = fmt.Sprintf("key could not be evaluated: %v", err)
-		case k == "":
-			missing = "key is empty"
-		default:
-			key = k
-		}
-	} else if payloadOK {
-		if k, ok, why := m[memberMessageID].key(); ok {
-			key = k
-		} else {
-			missing = why
-		}
-	}
-	if key != "" {
-		if err := outboxdb.CheckKey(key); err != nil {
-			reasons = append(reasons, fmt.Sprintf("message key is unusable: %v", err))
-			key = ""
-		}
-	}
-	if key == "" {
-		key = fallbackKey(topic, partition, offset, haveCoords)
-		if missing != "" {
-			p.mMissingID.Incr(1)
-			p.log.Warnf("Message at %s has %s; persisting it under the fallback key %q", coordinates(topic, partition, offset), missing, key)
-		}
-	}
-	rec.MessageKey = key
-
-	// The API type.
-	if typeExec != nil {
-		t, err := typeExec.TryString(i)
-		switch {
-		case err != nil:
-			reasons = append(reasons, fmt.Sprintf("api_type could not be evaluated: %v", err))
-		case !validAPIType(t):
-			reasons = append(reasons, fmt.Sprintf("api_type evaluated to %q, want %s or %s", t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat))
-		default:
-			rec.APIType = t
-		}
-	} else if t, ok := p.apiTypes[topic]; ok {
-		rec.APIType = t
-	} else {
-		reasons = append(reasons, fmt.Sprintf("kafka_topic %q has no entry in api_types", topic))
-	}
-	if rec.APIType == "" {
-		rec.APIType = apiTypeUnknown
-	}
-
-	if len(reasons) > 0 {
-		rec.Status = outboxdb.StatusFailed
-		rec.LastError = strings.Join(reasons, "; ")
-	}
-	if p.orderBerth && rec.Status == outboxdb.StatusPending && rec.APIType == outboxdb.APITypeVehicleEvent &&
-		rec.ParkCode != "" && rec.BerthCode != "" {
-		rec.OrderingKey = rec.ParkCode + "/" + rec.BerthCode
-	}
-	return rec
-}
-
 // persist runs insert, retrying with backoff while the database is
 // unavailable. It returns an error only when ctx ends first. insert must be
 // idempotent and leave its results only when it succeeds.
@@ -672,31 +388,4 @@ func (p *outboxProcessor) recovered() {
 func (p *outboxProcessor) Close(context.Context) error {
 	p.closeOnce.Do(p.hub.Release)
 	return nil
-}
-
-// storableTopic makes a topic name storable as text: invalid UTF-8 and NUL
-// characters (which PostgreSQL rejects, failing the whole batch) are
-// replaced or dropped.
-func storableTopic(topic string) string {
-	if !utf8.ValidString(topic) || strings.IndexByte(topic, 0) >= 0 {
-		topic = strings.ReplaceAll(strings.ToValidUTF8(topic, "\uFFFD"), "\x00", "")
-	}
-	return topic
-}
-
-// fallbackKey is <topic>-<partition>-<offset>, stable across redeliveries of
-// one Kafka record. Without Kafka coordinates there is nothing stable to key
-// on, and a shared constant would merge unrelated messages into one row, so
-// each message gets a random key instead.
-func fallbackKey(topic string, partition int32, offset int64, haveCoords bool) string {
-	if haveCoords {
-		return coordinates(topic, partition, offset)
-	}
-	var b [16]byte
-	_, _ = cryptorand.Read(b[:])
-	return "no-kafka-coordinates-" + hex.EncodeToString(b[:])
-}
-
-func coordinates(topic string, partition int32, offset int64) string {
-	return topic + "-" + strconv.FormatInt(int64(partition), 10) + "-" + strconv.FormatInt(offset, 10)
 }
