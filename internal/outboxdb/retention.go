@@ -43,7 +43,10 @@ func TryPurgeWithSession(ctx context.Context, pool *pgxpool.Pool, session *pgx.C
 		if err != nil {
 			return res, false, fmt.Errorf("connecting for the retention lock: %w", err)
 		}
-		// Closing the session releases the lock, whatever happened.
+		// Closing the session releases the lock, whatever happened; but the
+		// server ends the session a moment after the client closes it, so
+		// the lock is released first, in a statement, for whoever asks
+		// right after this returns.
 		defer conn.Close(context.WithoutCancel(ctx))
 		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", retentionLockKey).Scan(&locked); err != nil {
 			return res, false, fmt.Errorf("taking the retention lock: %w", err)
@@ -51,6 +54,11 @@ func TryPurgeWithSession(ctx context.Context, pool *pgxpool.Pool, session *pgx.C
 		if !locked {
 			return res, false, nil
 		}
+		defer func() {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+			defer cancel()
+			_, _ = conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", retentionLockKey)
+		}()
 		res, err = Purge(ctx, pool, opts)
 		return res, true, err
 	}
