@@ -195,18 +195,20 @@ func (p *mappingFileProc) checkOnce(ctx context.Context) bool {
 	m, watched, err := mappingfile.Compile(p.files, p.path)
 	p.watched = watched
 	// The fields say the same for tools that follow the log (the dev
-	// stack's screen shows reloads).
+	// stack's screen shows reloads). The log line comes first, then the
+	// counter, then the swap: whoever sees the counter move, or the new
+	// mapping serve, finds the line already written.
 	if err != nil {
-		p.reloads.Incr(1, "error")
 		p.log.With("mapping_file", p.path, "mapping_reload", "rejected", "error", err.Error()).
 			Errorf("Rejected the edit of mapping file %s, the previous mapping keeps serving: %v", p.path, err)
+		p.reloads.Incr(1, "error")
 		return true
 	}
-	p.current.Store(m)
-	p.reloads.Incr(1, "success")
 	sum := fmt.Sprintf("%x", m.Sum[:6])
 	p.log.With("mapping_file", p.path, "mapping_reload", "success", "sha256", sum).
 		Infof("Reloaded mapping file %s (sha256 %s)", p.path, sum)
+	p.reloads.Incr(1, "success")
+	p.current.Store(m)
 	return true
 }
 
