@@ -226,6 +226,9 @@ func (g *Gate) follow(s outboxdb.PlatformState, arrived time.Time, seen uint64) 
 	// followed whatever this instance decided meanwhile.
 	g.hold = holdFrom(s.Pause, arrived)
 	g.checkHoldLocked(time.Now())
+	// A pause taken again holds on with a new end: the gauges follow
+	// each read (and each change of holding), never each request.
+	g.pauseTimesLocked()
 	if g.decisions != seen || g.sharing > 0 {
 		return
 	}
@@ -269,16 +272,11 @@ func (g *Gate) changedLocked(from, state BreakerState, reason string) {
 func (g *Gate) checkHoldLocked(now time.Time) bool {
 	h := g.hold
 	on := h.holds(now)
-	if g.m.PauseStarted != nil {
-		g.m.PauseStarted.Set(unixOrZero(h.since, on))
-	}
-	if g.m.PauseEnd != nil {
-		g.m.PauseEnd.Set(unixOrZero(h.until, on))
-	}
 	if on == g.held {
 		return on
 	}
 	g.held = on
+	g.pauseTimesLocked()
 	if g.m.Paused != nil {
 		var v int64
 		if on {
@@ -299,6 +297,18 @@ func (g *Gate) checkHoldLocked(now time.Time) bool {
 	close(g.changed)
 	g.changed = make(chan struct{})
 	return on
+}
+
+// pauseTimesLocked sets the pause's start and end gauges as this instance
+// holds delivery (0 while it does not). Called on a read of the shared
+// state or a change of holding, never per request.
+func (g *Gate) pauseTimesLocked() {
+	if g.m.PauseStarted != nil {
+		g.m.PauseStarted.Set(unixOrZero(g.hold.since, g.held))
+	}
+	if g.m.PauseEnd != nil {
+		g.m.PauseEnd.Set(unixOrZero(g.hold.until, g.held))
+	}
 }
 
 // unixOrZero is t as Unix seconds when set and use holds, else 0.
