@@ -102,7 +102,13 @@ type Gate struct {
 	// undo it (see follow).
 	decisions uint64
 	sharing   int
-	pool      *pgxpool.Pool
+	// pauseWanted is the end of the longest Retry-After pause this
+	// instance has been asked for, and pauseSharing says whether a write
+	// of it is under way (see pause).
+	pauseWanted  time.Time
+	pauseSharing bool
+	// db runs the gate's statements; nil while stopped.
+	db *session
 	// syncs reads the shared state every SyncInterval while started.
 	syncs *periodic.Loop
 	users int
@@ -147,11 +153,12 @@ func NewGate(cfg Config, log *service.Logger, m Metrics) *Gate {
 func (g *Gate) Start(ctx context.Context, pool *pgxpool.Pool) error {
 	g.mu.Lock()
 	g.users++
-	if g.pool != nil {
+	if g.db != nil {
 		g.mu.Unlock()
 		return nil
 	}
-	g.pool = pool
+	db := newSession(pool)
+	g.db = db
 	g.rate = NewRateLimit(g.cfg.RateLimit, func(ctx context.Context, n int, rate, burst float64) (bool, time.Duration, error) {
 		return outboxdb.TakeRateTokens(ctx, pool, n, rate, burst)
 	})
@@ -161,7 +168,7 @@ func (g *Gate) Start(ctx context.Context, pool *pgxpool.Pool) error {
 	// overlap, unless the gate was stopped (or stopped and started again)
 	// meanwhile.
 	g.mu.Lock()
-	if g.pool == pool && g.syncs == nil {
+	if g.db == db && g.syncs == nil {
 		g.syncs = periodic.Start(context.Background(), periodic.Config{Interval: g.cfg.SyncInterval}, g.sync)
 	}
 	g.mu.Unlock()
@@ -172,13 +179,19 @@ func (g *Gate) Start(ctx context.Context, pool *pgxpool.Pool) error {
 func (g *Gate) Stop() {
 	g.mu.Lock()
 	g.users--
-	var syncs *periodic.Loop
+	var (
+		syncs *periodic.Loop
+		db    *session
+	)
 	if g.users == 0 {
-		syncs = g.syncs
-		g.pool, g.syncs = nil, nil
+		syncs, db = g.syncs, g.db
+		g.db, g.syncs = nil, nil
 	}
 	g.mu.Unlock()
 	syncs.Stop()
+	if db != nil {
+		db.close()
+	}
 }
 
 // syncReadTimeout bounds one read of the shared state: longer than the
@@ -189,15 +202,19 @@ const syncReadTimeout = 5 * time.Second
 // sync reads the shared state and follows it.
 func (g *Gate) sync(ctx context.Context) {
 	g.mu.Lock()
-	pool := g.pool
+	db := g.db
 	seen := g.decisions
 	g.mu.Unlock()
-	if pool == nil {
+	if db == nil {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, max(g.cfg.SyncInterval, syncReadTimeout))
 	defer cancel()
-	s, err := outboxdb.ReadPlatformState(rctx, pool)
+	var s outboxdb.PlatformState
+	err := db.do(rctx, func(q outboxdb.Querier) (err error) {
+		s, err = outboxdb.ReadPlatformState(rctx, q)
+		return err
+	})
 	if err != nil {
 		if ctx.Err() == nil {
 			g.log.Debugf("Reading the shared platform state: %v", err)
@@ -514,17 +531,20 @@ func (g *Gate) probed(ctx context.Context, id int64, r Reply, fresh bool) {
 // instance may have changed it first, which the next sync shows.
 func (g *Gate) setShared(ctx context.Context, from []BreakerState, to BreakerState, reason string) {
 	g.mu.Lock()
-	pool := g.pool
+	db := g.db
 	g.sharing++
 	g.decisions++
 	g.mu.Unlock()
-	if pool != nil {
+	if db != nil {
 		names := make([]string, len(from))
 		for i, s := range from {
 			names[i] = s.String()
 		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_, err := outboxdb.SetBreaker(wctx, pool, names, to.String(), g.cfg.Instance, reason, g.cfg.ProbeInterval)
+		err := db.do(wctx, func(q outboxdb.Querier) error {
+			_, err := outboxdb.SetBreaker(wctx, q, names, to.String(), g.cfg.Instance, reason, g.cfg.ProbeInterval)
+			return err
+		})
 		cancel()
 		if err != nil {
 			g.log.Warnf("Could not share the breaker state %s (this instance follows it alone until it can): %v", to, err)
@@ -537,23 +557,47 @@ func (g *Gate) setShared(ctx context.Context, from []BreakerState, to BreakerSta
 	g.mu.Unlock()
 }
 
+// pause holds this instance's requests for d at once and shares the pause
+// with the others. A platform that answers every request in flight with
+// 429 at once asks for the same pause many times: one write shares it, and
+// the replies that come during that write are shared by one more write if
+// they ask for longer, instead of a write each, every one waiting for the
+// shared row that the one before it locks.
 func (g *Gate) pause(ctx context.Context, d time.Duration) {
 	g.mu.Lock()
-	pool := g.pool
+	defer g.mu.Unlock()
 	g.decisions++
-	if until := time.Now().Add(d); until.After(g.pausedUntil) {
+	until := time.Now().Add(d)
+	if until.After(g.pausedUntil) {
 		g.pausedUntil = until
 		close(g.changed)
 		g.changed = make(chan struct{})
 	}
-	g.mu.Unlock()
-	if pool == nil {
+	if until.After(g.pauseWanted) {
+		g.pauseWanted = until
+	}
+	if g.pauseSharing || g.db == nil {
 		return
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := outboxdb.PausePlatform(wctx, pool, d); err != nil {
-		g.log.Warnf("Could not share a pause of %v asked for by the platform: %v", d, err)
+	g.pauseSharing = true
+	defer func() { g.pauseSharing = false }()
+	for shared := (time.Time{}); g.pauseWanted.After(shared) && g.db != nil; {
+		db, want := g.db, g.pauseWanted
+		g.mu.Unlock()
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		err := db.do(wctx, func(q outboxdb.Querier) error {
+			_, err := outboxdb.PausePlatform(wctx, q, time.Until(want))
+			return err
+		})
+		cancel()
+		if err != nil {
+			g.log.Warnf("Could not share a pause of %v asked for by the platform: %v", d, err)
+		}
+		g.mu.Lock()
+		shared = want
+		if err != nil {
+			return
+		}
 	}
 }
 
@@ -585,13 +629,17 @@ func (g *Gate) Blocked() (blocked bool, until time.Time, changed <-chan struct{}
 // now.
 func (g *Gate) TryProbe(ctx context.Context) bool {
 	g.mu.Lock()
-	pool := g.pool
+	db := g.db
 	held := g.checkHoldLocked(time.Now())
 	g.mu.Unlock()
-	if pool == nil || held {
+	if db == nil || held {
 		return false
 	}
-	won, err := outboxdb.TryProbe(ctx, pool, g.cfg.ProbeInterval)
+	var won bool
+	err := db.do(ctx, func(q outboxdb.Querier) (err error) {
+		won, err = outboxdb.TryProbe(ctx, q, g.cfg.ProbeInterval)
+		return err
+	})
 	g.mu.Lock()
 	g.nextProbeAt = time.Now().Add(g.cfg.ProbeInterval)
 	g.mu.Unlock()

@@ -47,8 +47,9 @@ type dbKey struct{ database string }
 // DefaultMaxConns is the size of a stream's pool for one database, unless
 // the connection string sets pool_max_conns. Ingest holds one connection per
 // batch being persisted, the dispatcher one per claim, the output one per
-// result write, maintenance (retention, compensation) one at a time: eight
-// leave room for all of them at once. pgx's own default grows with the CPU
+// result write, maintenance (retention, compensation) one at a time, and the
+// platform gate keeps one for the shared state: eight leave room for all of
+// them at once. pgx's own default grows with the CPU
 // count of the node (38 connections per instance on a 16-core node, even
 // when a container may use two of them).
 const DefaultMaxConns = 8
