@@ -105,10 +105,12 @@ func (l *Listener) runOnce(ctx context.Context) (listened bool, err error) {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.cfg.Channel}.Sanitize()); err != nil {
 		return false, fmt.Errorf("listening on channel %s: %w", l.cfg.Channel, err)
 	}
+	// The wake-up first: whoever OnListen tells that the LISTEN took effect
+	// finds it pending.
+	l.signal()
 	if l.cfg.OnListen != nil {
 		l.cfg.OnListen()
 	}
-	l.signal()
 
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, l.cfg.HealthCheckInterval)

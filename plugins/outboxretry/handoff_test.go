@@ -133,7 +133,9 @@ func TestHandoff(t *testing.T) {
 		if err := in.Connect(b.ctx); err != nil {
 			t.Fatal(err)
 		}
-		<-listening // LISTEN itself wakes the input once: rows may have come before it
+		// LISTEN itself wakes the input once (rows may have come before
+		// it): pending once OnListen ran, so that the first claim drains it.
+		<-listening
 		// readUntilIdle reads until the input starts waiting for work.
 		readUntilIdle := func() {
 			ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
