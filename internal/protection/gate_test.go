@@ -414,3 +414,63 @@ func TestGateAdmit(t *testing.T) {
 		}
 	})
 }
+
+// TestGatePausedDuringAnOutage: an operator's pause taken while the breaker
+// is open stops the probes too, and resuming it does not close the breaker:
+// only probes go again, as before the pause, until one succeeds.
+func TestGatePausedDuringAnOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	g := NewGate(Config{SyncInterval: 50 * time.Millisecond, MaxInFlight: 10, ProbeInterval: 100 * time.Millisecond,
+		Breaker: BreakerConfig{Silence: time.Nanosecond}}, quietLog, Metrics{})
+	if err := g.Start(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Stop)
+	eventually := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 5s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	held := func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.held
+	}
+
+	for i := range 5 {
+		g.report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"})
+	}
+	if g.State() != BreakerOpen {
+		t.Fatalf("breaker %v after 5 distinct failures, want OPEN", g.State())
+	}
+	if _, err := outboxdb.PauseDelivery(ctx, pool, time.Time{}, "alice", "the platform's maintenance"); err != nil {
+		t.Fatal(err)
+	}
+	eventually("the gate holds", held)
+	time.Sleep(3 * g.cfg.ProbeInterval) // probes would be due
+	if g.TryProbe(ctx) {
+		t.Error("a probe was taken while paused during an outage")
+	}
+
+	if _, err := outboxdb.ResumeDelivery(ctx, pool, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	eventually("the gate lets go", func() bool { return !held() })
+	if s := g.State(); s != BreakerOpen {
+		t.Errorf("breaker %v after the resume, want still OPEN: nothing has shown the platform up", s)
+	}
+	if p := g.allow(100); p != Deny {
+		t.Errorf("a request was allowed (%v) after the resume while the breaker is open", p)
+	}
+	if l := g.Limiter().Limit(); l != 1 {
+		t.Errorf("concurrency limit %d after the resume during an outage, want 1", l)
+	}
+	eventually("probes go again", func() bool { return g.TryProbe(ctx) })
+}
