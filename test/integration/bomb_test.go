@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
@@ -71,8 +70,6 @@ func TestDecompressionBombBecomesAFailedRow(t *testing.T) {
 	}
 
 	logs := &logbuf.Buffer{}
-	sb := service.NewStreamBuilder()
-	sb.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	conf := fmt.Sprintf(`
 http:
   enabled: false
@@ -96,22 +93,7 @@ metrics:
   none: {}
 shutdown_timeout: 20s
 `, kc.Brokers(), topic, group, dsn, topic)
-	if err := sb.SetYAML(conf); err != nil {
-		t.Fatalf("config: %v\n%s", err, conf)
-	}
-	stream, err := sb.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- stream.Run(ctx) }()
-	t.Cleanup(func() {
-		_ = stream.StopWithin(30 * time.Second)
-		<-done
-		if t.Failed() {
-			t.Logf("stream logs:\n%s", logs.String())
-		}
-	})
+	startStream(t, logs, slog.LevelInfo, conf)
 
 	const perPartition = before + 1 + after
 	waitFor(t, "the commits of both partitions, bombs included", func() bool {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -93,8 +92,6 @@ func TestKafkaToOutboxOffsetsFollowRows(t *testing.T) {
 
 	// The stream: what pipelines/forwarder.yaml runs as its ingest input.
 	logs := &logbuf.Buffer{}
-	sb := service.NewStreamBuilder()
-	sb.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	conf := fmt.Sprintf(`
 http:
   enabled: false
@@ -117,21 +114,7 @@ metrics:
   none: {}
 shutdown_timeout: 20s
 `, kc.Brokers(), topic, group, dsn, topic)
-	if err := sb.SetYAML(conf); err != nil {
-		t.Fatalf("config: %v\n%s", err, conf)
-	}
-	stream, err := sb.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- stream.Run(ctx) }()
-	t.Cleanup(func() {
-		_ = stream.StopWithin(30 * time.Second)
-		if t.Failed() {
-			t.Logf("stream logs:\n%s", logs.String())
-		}
-	})
+	stop := startStream(t, logs, slog.LevelDebug, conf)
 
 	// Every committed offset is checked against PostgreSQL the moment it
 	// is seen. While PostgreSQL is down it cannot be; those are kept and
@@ -259,11 +242,8 @@ shutdown_timeout: 20s
 
 	close(stopChecking)
 	<-checked
-	if err := stream.StopWithin(30 * time.Second); err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("stopping the stream: %v", err)
-	}
-	if err := <-done; err != nil && err != context.Canceled {
-		t.Fatalf("stream ended with %v", err)
 	}
 
 	mu.Lock()

@@ -13,10 +13,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -125,61 +123,14 @@ func (p *flakyPlatform) state() (accepted int, traceparents []string) {
 	return p.accepted, append([]string(nil), p.traceparents...)
 }
 
-// tracedStream is pipelines/forwarder.yaml reduced as fullStream is, with
-// the otlp tracer, and retries due 300ms after a failed attempt.
-func tracedStream(t *testing.T, logs io.Writer, brokers, topic, dsn, platformURL string) *service.Stream {
-	t.Helper()
-	conf := fmt.Sprintf(`
-http:
-  enabled: false
-input:
-  broker:
-    inputs:
-      - kafka_franz:
-          seed_brokers: [ %[1]q ]
-          topics: [ %[2]q ]
-          consumer_group: %[2]q
-          commit_period: 100ms
-        processors:
-          - outbox:
-              dsn: %[3]q
-              api_types:
-                %[2]s: VEHICLE_EVENT
-              emit: none
-      - outbox_retry:
-          dsn: %[3]q
-          lease: 30s
-pipeline:
-  processors:
-    - mapping: root = this
-output:
-  http_forwarder:
-    dsn: %[3]q
-    url: %[4]q
-    access_name: stream-user
-    access_pwd: stream-pwd
-    timeout: 5s
-    retry:
+// tracedConfig adds the otlp tracer to fullStream's, and retries due
+// 300ms after a failed attempt.
+const tracedConfig = `    retry:
       initial: 300ms
       jitter: 0
 tracer:
   otlp:
-    sampling_ratio: 1
-metrics:
-  none: {}
-shutdown_timeout: 20s
-`, brokers, topic, dsn, platformURL+"/mch/business")
-	sb := service.NewStreamBuilder()
-	sb.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
-	if err := sb.SetYAML(conf); err != nil {
-		t.Fatalf("config: %v\n%s", err, conf)
-	}
-	stream, err := sb.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return stream
-}
+    sampling_ratio: 1`
 
 // runTraced produces one record with the producer's traceparent header,
 // runs the traced stream until the platform accepted it (after failing it
@@ -195,18 +146,7 @@ func runTraced(t *testing.T, endpoint string) (*flakyPlatform, *string) {
 	kc := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
 	platform, url := newFlakyPlatform(t)
 	logs := &logbuf.Buffer{}
-	stream := tracedStream(t, logs, kc.Brokers(), topic, dsn, url)
-	done := make(chan error, 1)
-	go func() { done <- stream.Run(ctx) }()
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			_ = stream.StopWithin(30 * time.Second)
-		}
-		if t.Failed() {
-			t.Logf("stream logs:\n%s", logs.String())
-		}
-	})
+	stop := startStream(t, logs, slog.LevelInfo, fullStream(kc.Brokers(), topic, dsn, url, tracedConfig))
 	kc.Produce(t, &kgo.Record{Topic: topic, Key: []byte("CAM-0001"), Value: vehicle("traced-1"),
 		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte(producerHeader)}}})
 	waitFor(t, "the platform to accept the message on its second attempt", func() bool {
@@ -227,12 +167,9 @@ func runTraced(t *testing.T, endpoint string) (*flakyPlatform, *string) {
 	if err := pool.QueryRow(ctx, `SELECT trace_parent FROM forward_messages WHERE message_key = 'traced-1'`).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.StopWithin(30 * time.Second); err != nil {
+	// Stopping flushes the spans.
+	if err := stop(); err != nil {
 		t.Fatal(err)
-	}
-	stopped = true
-	if err := <-done; err != nil && err != context.Canceled {
-		t.Logf("stream ended: %v", err)
 	}
 	return platform, stored
 }

@@ -10,10 +10,8 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	_ "github.com/forwarder/forwarder/plugins/all"
@@ -56,13 +54,14 @@ func (p *platformLog) snapshot() map[string]int {
 	return out
 }
 
-// fullStream is pipelines/forwarder.yaml reduced to what routing depends
+// fullStream is the config of pipelines/forwarder.yaml reduced to what routing depends
 // on: ingest (kafka_franz → outbox), dispatch (outbox_retry, direct
 // dispatch included), a pass-through mapping and http_forwarder, all on
-// the database dsn names.
-func fullStream(t *testing.T, logs io.Writer, brokers, topic, dsn, platformURL string) *service.Stream {
-	t.Helper()
-	conf := fmt.Sprintf(`
+// the database dsn names. extra holds more of the stream's config: fields
+// of http_forwarder (indented by four spaces) and top-level sections after
+// them (not indented).
+func fullStream(brokers, topic, dsn, platformURL, extra string) string {
+	return fmt.Sprintf(`
 http:
   enabled: false
 input:
@@ -92,20 +91,11 @@ output:
     access_name: stream-user
     access_pwd: stream-pwd
     timeout: 5s
+%[5]s
 metrics:
   none: {}
 shutdown_timeout: 20s
-`, brokers, topic, dsn, platformURL+"/mch/business")
-	sb := service.NewStreamBuilder()
-	sb.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
-	if err := sb.SetYAML(conf); err != nil {
-		t.Fatalf("config: %v\n%s", err, conf)
-	}
-	stream, err := sb.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return stream
+`, brokers, topic, dsn, platformURL+"/mch/business", extra)
 }
 
 // TestTwoStreamsTwoDatabases runs two complete forwarder streams in one
@@ -132,16 +122,7 @@ func TestTwoStreamsTwoDatabases(t *testing.T) {
 		p, url := newPlatformLog(t)
 		dsn, pool := pgtest.NewDBPool(t)
 		sides[i] = side{platform: p, dsn: dsn, pool: pool, logs: &logbuf.Buffer{}}
-		stream := fullStream(t, sides[i].logs, kc.Brokers(), name, sides[i].dsn, url)
-		done := make(chan error, 1)
-		go func() { done <- stream.Run(ctx) }()
-		t.Cleanup(func() {
-			_ = stream.StopWithin(30 * time.Second)
-			<-done
-			if t.Failed() {
-				t.Logf("%s logs:\n%s", name, sides[i].logs.String())
-			}
-		})
+		startStream(t, sides[i].logs, slog.LevelInfo, fullStream(kc.Brokers(), name, sides[i].dsn, url, ""))
 	}
 	for _, name := range names {
 		kc.ProduceN(t, name, perStream, func(i int) *kgo.Record {
