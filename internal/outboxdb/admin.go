@@ -10,17 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The operator's queries: `forwarder outbox stats|requeue|purge`.
-var (
-	statsStatusSQL   = mustSQL("admin_stats_status.sql")
-	statsOldestSQL   = mustSQL("admin_stats_oldest.sql")
-	statsReasonsSQL  = mustSQL("admin_stats_reasons.sql")
-	statsErrcodesSQL = mustSQL("admin_stats_errcodes.sql")
-	requeueCountSQL  = mustSQL("admin_requeue_count.sql")
-	requeueSQL       = mustSQL("admin_requeue.sql")
-	requeueDoneSQL   = mustSQL("admin_requeue_delivered.sql")
-)
-
 // DefaultAdminBatchSize is how many rows requeue and purge change per
 // transaction: small enough that locks are held briefly while the service
 // runs, large enough that a million rows take a few hundred statements.
@@ -327,8 +316,6 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 		}
 	}
 }
-
-var progressSQL = mustSQL("admin_progress.sql")
 
 // Progress counts the rows created after some id, by where they are in their
 // life: what the dev stack prints each second.
