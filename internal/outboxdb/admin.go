@@ -277,11 +277,7 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 			if err := tx.QueryRow(ctx, requeueSQL, batchArgs...).Scan(&n, &lastID); err != nil {
 				return err
 			}
-			if n == 0 {
-				return nil
-			}
-			_, err := tx.Exec(ctx, "SELECT pg_notify($1, 'requeued')", NotifyChannel)
-			return err
+			return notifyRequeued(ctx, tx, n)
 		})
 		if err != nil {
 			return total, fmt.Errorf("requeueing rows after id %d: %w", lastID, err)
@@ -301,11 +297,7 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 			if err := tx.QueryRow(ctx, requeueDoneSQL, args[1], args[2], args[3], lastID, batch, note).Scan(&n, &lastID, &picked); err != nil {
 				return err
 			}
-			if n == 0 {
-				return nil
-			}
-			_, err := tx.Exec(ctx, "SELECT pg_notify($1, 'requeued')", NotifyChannel)
-			return err
+			return notifyRequeued(ctx, tx, n)
 		})
 		if err != nil {
 			return total, fmt.Errorf("requeueing delivered messages after id %d: %w", lastID, err)
@@ -315,6 +307,17 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 			return total, nil
 		}
 	}
+}
+
+// notifyRequeued wakes the dispatchers on NotifyChannel when a batch
+// requeued rows; PostgreSQL sends it when tx commits, so a dispatcher never
+// looks before the rows are due.
+func notifyRequeued(ctx context.Context, tx pgx.Tx, n int64) error {
+	if n == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, "SELECT pg_notify($1, 'requeued')", NotifyChannel)
+	return err
 }
 
 // Progress counts the rows created after some id, by where they are in their
