@@ -73,24 +73,31 @@ func saslField() *service.ConfigField {
 		Advanced()
 }
 
-// parseSeedBrokers splits comma-separated entries and drops empty ones.
+// parseSeedBrokers reads seed_brokers (parseList).
 func parseSeedBrokers(conf *service.ParsedConfig) ([]string, error) {
-	raw, err := conf.FieldStringList(kfFieldSeedBrokers)
+	return parseList(conf, kfFieldSeedBrokers, "broker address")
+}
+
+// parseList reads a string list field whose entries may each hold several
+// comma-separated values, as Benthos's kafka components accept; empty values
+// are dropped, and at least one what must remain.
+func parseList(conf *service.ParsedConfig, field, what string) ([]string, error) {
+	raw, err := conf.FieldStringList(field)
 	if err != nil {
 		return nil, err
 	}
-	var brokers []string
+	var values []string
 	for _, entry := range raw {
-		for _, b := range strings.Split(entry, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				brokers = append(brokers, b)
+		for _, v := range strings.Split(entry, ",") {
+			if v = strings.TrimSpace(v); v != "" {
+				values = append(values, v)
 			}
 		}
 	}
-	if len(brokers) == 0 {
-		return nil, fmt.Errorf("field %s: at least one broker address is required", kfFieldSeedBrokers)
+	if len(values) == 0 {
+		return nil, fmt.Errorf("field %s: at least one %s is required", field, what)
 	}
-	return brokers, nil
+	return values, nil
 }
 
 // parseCommonOpts reads the connection fields every kafka_franz component

@@ -93,20 +93,9 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	f.outage = newOutageLogger(f.log)
 	f.shutdown = shutdownlog.New(f.log, shutdownlog.Interval, f.awaited)
 
-	rawTopics, err := conf.FieldStringList(kfiFieldTopics)
+	topics, err := parseList(conf, kfiFieldTopics, "topic")
 	if err != nil {
 		return nil, err
-	}
-	var topics []string
-	for _, entry := range rawTopics {
-		for _, t := range strings.Split(entry, ",") {
-			if t = strings.TrimSpace(t); t != "" {
-				topics = append(topics, t)
-			}
-		}
-	}
-	if len(topics) == 0 {
-		return nil, fmt.Errorf("field %s: at least one topic is required", kfiFieldTopics)
 	}
 
 	if f.group, err = conf.FieldString(kfiFieldConsumerGroup); err != nil {
