@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/dustin/go-humanize"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
@@ -245,22 +244,6 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		f.clientOpts = append(f.clientOpts, kgo.InstanceID(instanceID))
 	}
 	return f, nil
-}
-
-// parseBudget reads a byte size such as "64MiB" of at least one byte.
-func parseBudget(conf *service.ParsedConfig, field string) (int64, error) {
-	s, err := conf.FieldString(field)
-	if err != nil {
-		return 0, err
-	}
-	n, err := humanize.ParseBytes(s)
-	if err != nil {
-		return 0, fmt.Errorf("field %s: %q is not a byte size such as 64MiB: %w", field, s, err)
-	}
-	if n == 0 || n > 1<<62 {
-		return 0, fmt.Errorf("field %s: %q must be at least 1B", field, s)
-	}
-	return int64(n), nil
 }
 
 // Connect creates the client and waits until a broker answers. While none
