@@ -10,17 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The operator's queries: `forwarder outbox stats|requeue|purge`.
-var (
-	statsStatusSQL   = mustSQL("admin_stats_status.sql")
-	statsOldestSQL   = mustSQL("admin_stats_oldest.sql")
-	statsReasonsSQL  = mustSQL("admin_stats_reasons.sql")
-	statsErrcodesSQL = mustSQL("admin_stats_errcodes.sql")
-	requeueCountSQL  = mustSQL("admin_requeue_count.sql")
-	requeueSQL       = mustSQL("admin_requeue.sql")
-	requeueDoneSQL   = mustSQL("admin_requeue_delivered.sql")
-)
-
 // DefaultAdminBatchSize is how many rows requeue and purge change per
 // transaction: small enough that locks are held briefly while the service
 // runs, large enough that a million rows take a few hundred statements.
@@ -288,11 +277,7 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 			if err := tx.QueryRow(ctx, requeueSQL, batchArgs...).Scan(&n, &lastID); err != nil {
 				return err
 			}
-			if n == 0 {
-				return nil
-			}
-			_, err := tx.Exec(ctx, "SELECT pg_notify($1, 'requeued')", NotifyChannel)
-			return err
+			return notifyRequeued(ctx, tx, n)
 		})
 		if err != nil {
 			return total, fmt.Errorf("requeueing rows after id %d: %w", lastID, err)
@@ -312,11 +297,7 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 			if err := tx.QueryRow(ctx, requeueDoneSQL, args[1], args[2], args[3], lastID, batch, note).Scan(&n, &lastID, &picked); err != nil {
 				return err
 			}
-			if n == 0 {
-				return nil
-			}
-			_, err := tx.Exec(ctx, "SELECT pg_notify($1, 'requeued')", NotifyChannel)
-			return err
+			return notifyRequeued(ctx, tx, n)
 		})
 		if err != nil {
 			return total, fmt.Errorf("requeueing delivered messages after id %d: %w", lastID, err)
@@ -328,7 +309,16 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 	}
 }
 
-var progressSQL = mustSQL("admin_progress.sql")
+// notifyRequeued wakes the dispatchers on NotifyChannel when a batch
+// requeued rows; PostgreSQL sends it when tx commits, so a dispatcher never
+// looks before the rows are due.
+func notifyRequeued(ctx context.Context, tx pgx.Tx, n int64) error {
+	if n == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, "SELECT pg_notify($1, 'requeued')", NotifyChannel)
+	return err
+}
 
 // Progress counts the rows created after some id, by where they are in their
 // life: what the dev stack prints each second.

@@ -12,12 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	claimSQL      = mustSQL("claim.sql")
-	claimProbeSQL = spliceLocked(claimSQL, mustSQL("claim_probe.sql"))
-	nextDueSQL    = mustSQL("next_due.sql")
-)
-
 // spliceLocked is claim with the rows it locks chosen by locked instead:
 // the part of claim.sql between its "locked: begin" and "locked: end" lines.
 func spliceLocked(claim, locked string) string {

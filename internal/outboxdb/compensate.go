@@ -9,12 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	compensateSQL       = mustSQL("compensate.sql")
-	compensatePickSQL   = mustSQL("compensate_pick.sql")
-	compensateCountsSQL = mustSQL("compensate_counts.sql")
-)
-
 // Compensate requeues, in batches of batchSize, the rows FAILED on
 // transient errors at least after ago and requeued fewer than rounds times
 // (see compensate.sql), and returns how many it requeued. Each batch's

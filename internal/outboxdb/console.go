@@ -10,15 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// The console's overview and failure pages. Each runs inside ReadOnly, so
-// it is bounded by the lookup statement timeout.
-var (
-	failedGroupsSQL  = mustSQL("console_failed_groups.sql")
-	failedClassesSQL = mustSQL("console_failed_classes.sql")
-	consoleStateSQL  = mustSQL("console_state.sql")
-	consoleRatesSQL  = mustSQL("console_rates.sql")
-)
-
 // RateCap is how many rows each side of ReadRates reads at most.
 const RateCap = 200_000
 

@@ -10,14 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The dead-letter topic's queries: the outbox_dead_letter input publishes
-// each FAILED row once it is FAILED, at least once.
-var (
-	deadLetterClaimSQL   = mustSQL("deadletter_claim.sql")
-	deadLetterMarkSQL    = mustSQL("deadletter_mark.sql")
-	deadLetterReleaseSQL = mustSQL("deadletter_release.sql")
-)
-
 // DeadLetterRef names one dead-letter claim of one row.
 type DeadLetterRef struct {
 	ID    int64

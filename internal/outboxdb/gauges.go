@@ -10,11 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	gaugesSQL             = mustSQL("gauges.sql")
-	gaugesSuccessExactSQL = mustSQL("gauges_success_exact.sql")
-)
-
 // DefaultExactSuccessMaxPages is the heap size (in 8 KiB pages, so 10 MiB)
 // up to which ReadRecordGauges counts SUCCESS rows exactly.
 const DefaultExactSuccessMaxPages = 1280

@@ -14,11 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	insertSQL         = mustSQL("insert.sql")
-	insertBackstopSQL = mustSQL("insert_backstop.sql")
-)
-
 // InsertSQL is the batch insert statement (also the insert of direct
 // dispatch), exported for plan tests and benchmarks.
 func InsertSQL() string { return insertSQL }

@@ -11,19 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Lookups: `forwarder outbox find|show` and the console's search and record
-// pages. Every lookup is bounded: a row limit, and a statement timeout set
-// in its own read-only transaction.
-var (
-	findTemplateSQL = mustSQL("lookup_find.sql")
-	findMessagesSQL = mustSQL("lookup_find_messages.sql")
-	findErrcodeSQL  = mustSQL("lookup_find_errcode.sql")
-	findStatusSQL   = mustSQL("lookup_find_status.sql")
-	errcodesSQL     = mustSQL("lookup_errcodes.sql")
-	showSQL         = mustSQL("lookup_show.sql")
-	attemptsSQL     = mustSQL("lookup_attempts.sql")
-)
-
 // Bounds of the lookups.
 const (
 	// DefaultLookupTimeout is the statement timeout of a lookup when the

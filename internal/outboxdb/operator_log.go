@@ -8,11 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	operatorLogInsertSQL = mustSQL("console_operator_log_insert.sql")
-	operatorLogRecentSQL = mustSQL("console_operator_log_recent.sql")
-)
-
 // Actions recorded in forward_operator_log.
 const (
 	ActionRequeue = "requeue"

@@ -18,15 +18,7 @@ import (
 // it (an insert, a result write that finishes a head, a release, the
 // repair) first locks the key in a statement of its own (order_lock.sql).
 
-var (
-	orderLockSQL          = mustSQL("order_lock.sql")
-	orderLockActiveSQL    = mustSQL("order_lock_active.sql")
-	orderReleaseSQL       = mustSQL("order_release.sql")
-	orderRepairFindSQL    = mustSQL("order_repair_find.sql")
-	orderRepairSQL        = mustSQL("order_repair.sql")
-	orderStatsBlockedSQL  = mustSQL("order_stats_blocked.sql")
-	orderBarrierExclusive = "SELECT pg_advisory_xact_lock(1869767778, 0)"
-)
+const orderBarrierExclusive = "SELECT pg_advisory_xact_lock(1869767778, 0)"
 
 // OrderOnFailed says what a row that ends FAILED does to the rows of its
 // ordering key held behind it.

@@ -16,12 +16,6 @@ import (
 // 0005) creates the partitions, forward_partition_retire drops them
 // (purge.go).
 
-var (
-	partitionEnsureSQL        = mustSQL("partition_ensure.sql")
-	partitionEnsureCurrentSQL = mustSQL("partition_ensure_current.sql")
-	partitionListSQL          = mustSQL("partition_list.sql")
-)
-
 // Partition widths OUTBOX_PARTITION accepts (docs/configuration.md).
 const (
 	// DefaultPartitionWidth is a day: retention by whole days, and a

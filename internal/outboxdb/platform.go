@@ -10,16 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	platformReadSQL   = mustSQL("platform_read.sql")
-	platformSetSQL    = mustSQL("platform_set.sql")
-	platformProbeSQL  = mustSQL("platform_probe.sql")
-	platformPauseSQL  = mustSQL("platform_pause.sql")
-	platformRateSQL   = mustSQL("platform_rate.sql")
-	deliveryPauseSQL  = mustSQL("delivery_pause.sql")
-	deliveryResumeSQL = mustSQL("delivery_resume.sql")
-)
-
 // PlatformState is what every instance sharing the database knows about
 // the platform (table forward_platform_state).
 type PlatformState struct {

@@ -9,11 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	purgePlanSQL = mustSQL("admin_purge_plan.sql")
-	purgeSQL     = mustSQL("admin_purge.sql")
-)
-
 // Retention retires whole partitions (docs/architecture.md, "Retention"):
 // `forwarder outbox purge` and the outbox_retry input's retention both run
 // Purge.

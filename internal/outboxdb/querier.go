@@ -2,8 +2,6 @@ package outboxdb
 
 import (
 	"context"
-	"embed"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -22,16 +20,4 @@ type Querier interface {
 // TxBeginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
 type TxBeginner interface {
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
-}
-
-//go:embed sql/*.sql
-var sqlFS embed.FS
-
-// mustSQL returns an embedded query; a missing file is a build mistake.
-func mustSQL(name string) string {
-	b, err := sqlFS.ReadFile("sql/" + name)
-	if err != nil {
-		panic(fmt.Sprintf("outboxdb: embedded query %s: %v", name, err))
-	}
-	return string(b)
 }

@@ -12,8 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var recordSQL = mustSQL("record.sql")
-
 // MaxErrorLen caps, in bytes, the error text stored in last_error and in the
 // attempt log's error_message. Longer texts are cut on a rune boundary and
 // end with "…".

@@ -8,8 +8,6 @@ import (
 	"unicode/utf8"
 )
 
-var releaseSQL = mustSQL("release.sql")
-
 // maxReasonBytes caps the reason stored in last_error and the attempt log.
 const maxReasonBytes = 1000
 

@@ -8,11 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-var (
-	renewSQL        = mustSQL("renew.sql")
-	renewSettledSQL = mustSQL("renew_settled.sql")
-)
-
 // RenewSQL is the lease renewal, exported for plan tests.
 func RenewSQL() string { return renewSQL }
 

@@ -38,6 +38,9 @@ func TryPurge(ctx context.Context, pool *pgxpool.Pool, opts PurgeOptions) (res P
 // dialled from session (DATABASE_DIRECT_URL's settings), closed afterwards,
 // and the batches run on pool. A nil session is TryPurge.
 func TryPurgeWithSession(ctx context.Context, pool *pgxpool.Pool, session *pgx.ConnConfig, opts PurgeOptions) (res PurgeResult, locked bool, err error) {
+	// lockConn holds the lock; q runs the batches.
+	var lockConn *pgx.Conn
+	var q Querier
 	if session != nil {
 		conn, err := pgx.ConnectConfig(ctx, session.Copy())
 		if err != nil {
@@ -45,29 +48,19 @@ func TryPurgeWithSession(ctx context.Context, pool *pgxpool.Pool, session *pgx.C
 		}
 		// Closing the session releases the lock, whatever happened; but the
 		// server ends the session a moment after the client closes it, so
-		// the lock is released first, in a statement, for whoever asks
-		// right after this returns.
+		// the lock is released first, in a statement (below), for whoever
+		// asks right after this returns.
 		defer conn.Close(context.WithoutCancel(ctx))
-		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", retentionLockKey).Scan(&locked); err != nil {
-			return res, false, fmt.Errorf("taking the retention lock: %w", err)
+		lockConn, q = conn, pool
+	} else {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return res, false, fmt.Errorf("acquiring a connection to purge: %w", err)
 		}
-		if !locked {
-			return res, false, nil
-		}
-		defer func() {
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
-			defer cancel()
-			_, _ = conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", retentionLockKey)
-		}()
-		res, err = Purge(ctx, pool, opts)
-		return res, true, err
+		defer conn.Release()
+		lockConn, q = conn.Conn(), conn
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return res, false, fmt.Errorf("acquiring a connection to purge: %w", err)
-	}
-	defer conn.Release()
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", retentionLockKey).Scan(&locked); err != nil {
+	if err := lockConn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", retentionLockKey).Scan(&locked); err != nil {
 		return res, false, fmt.Errorf("taking the retention lock: %w", err)
 	}
 	if !locked {
@@ -77,12 +70,12 @@ func TryPurgeWithSession(ctx context.Context, pool *pgxpool.Pool, session *pgx.C
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
 		defer cancel()
 		var unlocked bool
-		if err := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", retentionLockKey).Scan(&unlocked); err != nil || !unlocked {
-			// A closed session holds no locks; the pool drops the
+		if err := lockConn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", retentionLockKey).Scan(&unlocked); err != nil || !unlocked {
+			// A closed session holds no locks; the pool drops a closed
 			// connection on Release.
-			_ = conn.Conn().Close(uctx)
+			_ = lockConn.Close(uctx)
 		}
 	}()
-	res, err = Purge(ctx, conn, opts)
+	res, err = Purge(ctx, q, opts)
 	return res, true, err
 }

@@ -101,3 +101,17 @@ func Parse(ctx context.Context, tp string) context.Context {
 func InjectHeader(ctx context.Context, h http.Header) {
 	propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }
+
+// EndOnAck wraps ack so that the acknowledgement ends spans: a nack records
+// its error on each first.
+func EndOnAck(spans []trace.Span, ack service.AckFunc) service.AckFunc {
+	return func(ctx context.Context, err error) error {
+		for _, s := range spans {
+			if err != nil {
+				s.RecordError(err)
+			}
+			s.End()
+		}
+		return ack(ctx, err)
+	}
+}

@@ -73,24 +73,31 @@ func saslField() *service.ConfigField {
 		Advanced()
 }
 
-// parseSeedBrokers splits comma-separated entries and drops empty ones.
+// parseSeedBrokers reads seed_brokers (parseList).
 func parseSeedBrokers(conf *service.ParsedConfig) ([]string, error) {
-	raw, err := conf.FieldStringList(kfFieldSeedBrokers)
+	return parseList(conf, kfFieldSeedBrokers, "broker address")
+}
+
+// parseList reads a string list field whose entries may each hold several
+// comma-separated values, as Benthos's kafka components accept; empty values
+// are dropped, and at least one what must remain.
+func parseList(conf *service.ParsedConfig, field, what string) ([]string, error) {
+	raw, err := conf.FieldStringList(field)
 	if err != nil {
 		return nil, err
 	}
-	var brokers []string
+	var values []string
 	for _, entry := range raw {
-		for _, b := range strings.Split(entry, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				brokers = append(brokers, b)
+		for _, v := range strings.Split(entry, ",") {
+			if v = strings.TrimSpace(v); v != "" {
+				values = append(values, v)
 			}
 		}
 	}
-	if len(brokers) == 0 {
-		return nil, fmt.Errorf("field %s: at least one broker address is required", kfFieldSeedBrokers)
+	if len(values) == 0 {
+		return nil, fmt.Errorf("field %s: at least one %s is required", field, what)
 	}
-	return brokers, nil
+	return values, nil
 }
 
 // parseCommonOpts reads the connection fields every kafka_franz component
@@ -168,21 +175,34 @@ func parseSASL(conf *service.ParsedConfig) ([]sasl.Mechanism, error) {
 	return mechs, nil
 }
 
-// parseByteSize reads a size such as "50MiB" or "1048576" that must fit in
-// an int32, as Kafka's request fields do.
+// parseByteSize reads a size that must fit in an int32, as Kafka's request
+// fields do.
 func parseByteSize(conf *service.ParsedConfig, field string) (int32, error) {
+	n, err := parseBytes(conf, field, math.MaxInt32, "between 1B and 2GiB")
+	return int32(n), err
+}
+
+// parseBudget reads a size of at least one byte.
+func parseBudget(conf *service.ParsedConfig, field string) (int64, error) {
+	n, err := parseBytes(conf, field, 1<<62, "at least 1B")
+	return int64(n), err
+}
+
+// parseBytes reads a size such as "64MiB" or "1048576", from 1 byte to max;
+// bounds says that range in the error.
+func parseBytes(conf *service.ParsedConfig, field string, max uint64, bounds string) (uint64, error) {
 	s, err := conf.FieldString(field)
 	if err != nil {
 		return 0, err
 	}
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
-		return 0, fmt.Errorf("field %s: %q is not a byte size such as 50MiB: %w", field, s, err)
+		return 0, fmt.Errorf("field %s: %q is not a byte size such as 64MiB: %w", field, s, err)
 	}
-	if n == 0 || n > math.MaxInt32 {
-		return 0, fmt.Errorf("field %s: %q must be between 1B and 2GiB", field, s)
+	if n == 0 || n > max {
+		return 0, fmt.Errorf("field %s: %q must be %s", field, s, bounds)
 	}
-	return int32(n), nil
+	return n, nil
 }
 
 // kgoLogger passes franz-go's own logs to Benthos at debug (and trace)

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/dustin/go-humanize"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
@@ -93,20 +92,9 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	f.outage = newOutageLogger(f.log)
 	f.shutdown = shutdownlog.New(f.log, shutdownlog.Interval, f.awaited)
 
-	rawTopics, err := conf.FieldStringList(kfiFieldTopics)
+	topics, err := parseList(conf, kfiFieldTopics, "topic")
 	if err != nil {
 		return nil, err
-	}
-	var topics []string
-	for _, entry := range rawTopics {
-		for _, t := range strings.Split(entry, ",") {
-			if t = strings.TrimSpace(t); t != "" {
-				topics = append(topics, t)
-			}
-		}
-	}
-	if len(topics) == 0 {
-		return nil, fmt.Errorf("field %s: at least one topic is required", kfiFieldTopics)
 	}
 
 	if f.group, err = conf.FieldString(kfiFieldConsumerGroup); err != nil {
@@ -256,22 +244,6 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		f.clientOpts = append(f.clientOpts, kgo.InstanceID(instanceID))
 	}
 	return f, nil
-}
-
-// parseBudget reads a byte size such as "64MiB" of at least one byte.
-func parseBudget(conf *service.ParsedConfig, field string) (int64, error) {
-	s, err := conf.FieldString(field)
-	if err != nil {
-		return 0, err
-	}
-	n, err := humanize.ParseBytes(s)
-	if err != nil {
-		return 0, fmt.Errorf("field %s: %q is not a byte size such as 64MiB: %w", field, s, err)
-	}
-	if n == 0 || n > 1<<62 {
-		return 0, fmt.Errorf("field %s: %q must be at least 1B", field, s)
-	}
-	return int64(n), nil
 }
 
 // Connect creates the client and waits until a broker answers. While none

@@ -284,11 +284,21 @@ func (f *franzInput) commit(ctx context.Context, cl *kgo.Client, offsets map[str
 
 func (f *franzInput) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	if len(assigned) > 0 {
-		// The fields say the same for tools that follow the log (the dev
-		// stack's screen shows rebalances).
-		parts := formatPartitions(assigned)
-		f.log.With("kafka_rebalance", "assigned", "kafka_group", f.group, "kafka_partitions", parts).Infof("kafka_franz: assigned partitions %s", parts)
+		f.logRebalance("assigned", assigned)
 	}
+}
+
+// logRebalance logs partitions assigned, revoked or lost. The fields say the
+// same as the message for tools that follow the log (the dev stack's screen
+// shows rebalances).
+func (f *franzInput) logRebalance(event string, partitions map[string][]int32) {
+	parts := formatPartitions(partitions)
+	l := f.log.With("kafka_rebalance", event, "kafka_group", f.group, "kafka_partitions", parts)
+	if event == "lost" {
+		l.Warnf("kafka_franz: lost partitions %s; records after their last commit will be consumed again", parts)
+		return
+	}
+	l.Infof("kafka_franz: %s partitions %s", event, parts)
 }
 
 // onRevoked commits what is safe to commit for the revoked partitions and
@@ -317,8 +327,7 @@ func (f *franzInput) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[
 	cctx, cancel := context.WithTimeout(ctx, f.commitTimeout)
 	f.commit(cctx, cl, offsets, "revoke")
 	cancel()
-	parts := formatPartitions(revoked)
-	f.log.With("kafka_rebalance", "revoked", "kafka_group", f.group, "kafka_partitions", parts).Infof("kafka_franz: revoked partitions %s", parts)
+	f.logRebalance("revoked", revoked)
 }
 
 // onLost forgets partitions that were taken away without a clean revoke: a
@@ -331,9 +340,7 @@ func (f *franzInput) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	f.mu.Lock()
 	f.dropLocked(lost)
 	f.mu.Unlock()
-	parts := formatPartitions(lost)
-	f.log.With("kafka_rebalance", "lost", "kafka_group", f.group, "kafka_partitions", parts).
-		Warnf("kafka_franz: lost partitions %s; records after their last commit will be consumed again", parts)
+	f.logRebalance("lost", lost)
 }
 
 // dropLocked forgets the partitions. Their lag drops to 0: it is another

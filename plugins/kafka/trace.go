@@ -1,8 +1,6 @@
 package kafka
 
 import (
-	"context"
-
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -31,13 +29,5 @@ func traceBatch(tracer trace.Tracer, batch service.MessageBatch, ack service.Ack
 		batch[i] = msg.WithContext(ctx)
 		spans[i] = span
 	}
-	return func(ctx context.Context, err error) error {
-		for _, s := range spans {
-			if err != nil {
-				s.RecordError(err)
-			}
-			s.End()
-		}
-		return ack(ctx, err)
-	}
+	return tracectx.EndOnAck(spans, ack)
 }

@@ -213,44 +213,32 @@ func (s *scanner) value() bool {
 }
 
 func (s *scanner) object() bool {
+	top := s.depth == 0
+	return s.container('}', func() bool { return s.member(top) })
+}
+
+func (s *scanner) array() bool {
+	return s.container(']', s.value)
+}
+
+// container consumes an object or an array, whose members or elements elem
+// consumes one at a time; both share the nesting limit and the separators.
+func (s *scanner) container(end byte, elem func() bool) bool {
 	s.depth++
 	if s.depth > maxDepth {
 		return false
 	}
-	top := s.depth == 1
-	s.i++ // '{'
+	s.i++ // '{' or '['
 	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
+	if s.i < len(s.b) && s.b[s.i] == end {
 		s.i++
 		s.depth--
 		return true
 	}
 	for {
-		if s.i == len(s.b) || s.b[s.i] != '"' {
-			return false
-		}
-		kStart := s.i
-		if !s.str() {
-			return false
-		}
-		key := s.b[kStart+1 : s.i-1]
 		s.ws()
-		if s.i == len(s.b) || s.b[s.i] != ':' {
+		if !elem() {
 			return false
-		}
-		s.i++
-		s.ws()
-		vStart := s.i
-		if !s.value() {
-			return false
-		}
-		if top {
-			for m, name := range memberNames {
-				if keyIs(key, name) {
-					s.members[m] = rawValue{raw: s.b[vStart:s.i], found: true}
-					break
-				}
-			}
 		}
 		s.ws()
 		if s.i == len(s.b) {
@@ -259,8 +247,7 @@ func (s *scanner) object() bool {
 		switch s.b[s.i] {
 		case ',':
 			s.i++
-			s.ws()
-		case '}':
+		case end:
 			s.i++
 			s.depth--
 			return true
@@ -270,38 +257,36 @@ func (s *scanner) object() bool {
 	}
 }
 
-func (s *scanner) array() bool {
-	s.depth++
-	if s.depth > maxDepth {
+// member consumes one "name": value of an object, keeping the value when
+// the object is the top-level one and the name is in memberNames.
+func (s *scanner) member(top bool) bool {
+	if s.i == len(s.b) || s.b[s.i] != '"' {
 		return false
 	}
-	s.i++ // '['
+	kStart := s.i
+	if !s.str() {
+		return false
+	}
+	key := s.b[kStart+1 : s.i-1]
 	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == ']' {
-		s.i++
-		s.depth--
-		return true
+	if s.i == len(s.b) || s.b[s.i] != ':' {
+		return false
 	}
-	for {
-		s.ws()
-		if !s.value() {
-			return false
-		}
-		s.ws()
-		if s.i == len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-		case ']':
-			s.i++
-			s.depth--
-			return true
-		default:
-			return false
+	s.i++
+	s.ws()
+	vStart := s.i
+	if !s.value() {
+		return false
+	}
+	if top {
+		for m, name := range memberNames {
+			if keyIs(key, name) {
+				s.members[m] = rawValue{raw: s.b[vStart:s.i], found: true}
+				break
+			}
 		}
 	}
+	return true
 }
 
 // str consumes a string; control characters must be escaped, escapes must be

@@ -37,13 +37,5 @@ func traceClaims(tracer trace.Tracer, rows []outboxdb.Record, batch service.Mess
 	if len(spans) == 0 {
 		return ack
 	}
-	return func(ctx context.Context, err error) error {
-		for _, s := range spans {
-			if err != nil {
-				s.RecordError(err)
-			}
-			s.End()
-		}
-		return ack(ctx, err)
-	}
+	return tracectx.EndOnAck(spans, ack)
 }

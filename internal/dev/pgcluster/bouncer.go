@@ -56,14 +56,11 @@ func StartBouncer(ctx context.Context, cfg BouncerConfig) (*Bouncer, error) {
 	if cfg.PoolSize == 0 {
 		cfg.PoolSize = 20
 	}
-	if cfg.OSUser == "" {
-		cfg.OSUser = envOr("PG_OS_USER", DefaultOSUser)
-	}
-	dir, err := filepath.Abs(cfg.Dir)
+	osUser, dir, err := userAndDir(cfg.OSUser, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Dir = dir
+	cfg.OSUser, cfg.Dir = osUser, dir
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}

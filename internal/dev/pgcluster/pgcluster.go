@@ -58,14 +58,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("pgcluster: Dir is required")
 	}
-	if cfg.OSUser == "" {
-		cfg.OSUser = envOr("PG_OS_USER", DefaultOSUser)
-	}
-	dir, err := filepath.Abs(cfg.Dir)
+	osUser, dir, err := userAndDir(cfg.OSUser, cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Dir = dir
+	cfg.OSUser, cfg.Dir = osUser, dir
 	if cfg.BinDir == "" {
 		if cfg.BinDir, err = FindBinDir(cfg.Dir); err != nil {
 			return nil, fmt.Errorf("pgcluster: %w", err)
@@ -365,6 +362,17 @@ func tail(b []byte, n int) string {
 		b = b[len(b)-n:]
 	}
 	return string(b)
+}
+
+// userAndDir is the OS account a server or bouncer runs as (osUser, else
+// PG_OS_USER, else DefaultOSUser), and dir made absolute for the
+// configuration files and commands that name it.
+func userAndDir(osUser, dir string) (string, string, error) {
+	if osUser == "" {
+		osUser = envOr("PG_OS_USER", DefaultOSUser)
+	}
+	abs, err := filepath.Abs(dir)
+	return osUser, abs, err
 }
 
 func envOr(k, def string) string {
