@@ -416,10 +416,15 @@ func operatorFlag() cli.Flag {
 	return &cli.StringFlag{Name: "operator", Usage: "who is running this, for the audit log (default: $USER)"}
 }
 
-// operatorName is --operator, else $USER, else the OS account's name.
+// operatorName is --operator, else $USER, else the OS account's name. An
+// --operator given empty is refused rather than replaced (a script's unset
+// variable must not sign the audit log with someone else's name).
 func operatorName(c *cli.Context) (string, error) {
 	if op := strings.TrimSpace(c.String("operator")); op != "" {
 		return op, nil
+	}
+	if c.IsSet("operator") {
+		return "", errors.New("--operator must not be empty")
 	}
 	if op := strings.TrimSpace(os.Getenv("USER")); op != "" {
 		return op, nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,12 +33,12 @@ and the metric forwarder_delivery_paused show it.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "until", Usage: "when the pause ends by itself: an RFC 3339 time or a duration from now (default: until resumed)"},
 			&cli.StringFlag{Name: "reason", Usage: "why, for whoever looks at the pause (outbox stats, the console)"},
-			&cli.StringFlag{Name: "operator", Value: defaultOperator(), Usage: "who pauses, for the audit log"},
+			operatorFlag(),
 		},
 		Action: func(c *cli.Context) error {
-			operator := c.String("operator")
-			if strings.TrimSpace(operator) == "" {
-				return cli.Exit("outbox pause: --operator must not be empty", 2)
+			operator, err := operatorName(c)
+			if err != nil {
+				return cli.Exit("outbox pause: "+err.Error(), 2)
 			}
 			until, err := outboxdb.ParsePauseEnd(c.String("until"), time.Now())
 			if err != nil {
@@ -66,12 +65,12 @@ func resumeCommand() *cli.Command {
 a time as after an outage. Leaves a row in forward_operator_log. It fails
 when delivery is not paused.`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "operator", Value: defaultOperator(), Usage: "who resumes, for the audit log"},
+			operatorFlag(),
 		},
 		Action: func(c *cli.Context) error {
-			operator := c.String("operator")
-			if strings.TrimSpace(operator) == "" {
-				return cli.Exit("outbox resume: --operator must not be empty", 2)
+			operator, err := operatorName(c)
+			if err != nil {
+				return cli.Exit("outbox resume: "+err.Error(), 2)
 			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				was, err := outboxdb.ResumeDelivery(ctx, pool, operator)

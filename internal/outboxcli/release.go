@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/user"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,17 +36,19 @@ changes nothing. It fails when nothing blocks the key.`,
 			&cli.StringFlag{Name: "key", Usage: "the blocked ordering key (parkCode/berthCode)"},
 			&cli.Int64Flag{Name: "id", Usage: "the id of the FAILED row that blocks its key"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "only print what would be released"},
-			&cli.StringFlag{Name: "operator", Value: defaultOperator(), Usage: "who releases, for the audit log"},
+			operatorFlag(),
 		},
 		Action: func(c *cli.Context) error {
-			o := outboxdb.ReleaseOptions{Key: c.String("key"), ID: c.Int64("id"), Operator: c.String("operator"), DryRun: c.Bool("dry-run")}
+			operator, err := operatorName(c)
+			if err != nil {
+				return cli.Exit("outbox release: "+err.Error(), 2)
+			}
+			o := outboxdb.ReleaseOptions{Key: c.String("key"), ID: c.Int64("id"), Operator: operator, DryRun: c.Bool("dry-run")}
 			switch {
 			case o.Key == "" && o.ID == 0:
 				return cli.Exit("outbox release: name the blocked key (--key) or the FAILED row (--id)", 2)
 			case o.ID < 0:
 				return cli.Exit("outbox release: --id must be positive", 2)
-			case strings.TrimSpace(o.Operator) == "":
-				return cli.Exit("outbox release: --operator must not be empty", 2)
 			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				res, err := outboxdb.ReleaseKey(ctx, pool, o)
@@ -90,16 +90,4 @@ func writeRelease(w io.Writer, r outboxdb.KeyRelease, dry bool) {
 	if dry {
 		fmt.Fprintln(w, "(dry run, nothing changed)")
 	}
-}
-
-// defaultOperator names the person running the command: $USER, else the
-// account's name, else "cli".
-func defaultOperator() string {
-	if u := os.Getenv("USER"); u != "" {
-		return u
-	}
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		return u.Username
-	}
-	return "cli"
 }
