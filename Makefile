@@ -9,6 +9,7 @@ DATE         := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS      := -s -w -X main.version=$(VERSION) -X main.dateBuilt=$(DATE)
 GOTEST_FLAGS ?= -timeout 15m
 E2E_TEST_FLAGS ?= -timeout 25m
+E2E_REPORT := bin/e2e-schedule.txt
 # Every Go command builds as the Dockerfile does, without cgo and with
 # trimmed paths: bin/forwarder is then the binary the image ships, and
 # bin/forwarder, the test binaries and the tests that build a forwarder of
@@ -77,7 +78,11 @@ test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (
 # baseline), mostly compiling, yield the CPU (nice).
 .PHONY: test-e2e test-go test-race test-modules
 test-e2e:
-	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(E2E_TEST_FLAGS) ./test/e2e
+	@rm -f $(E2E_REPORT)
+	FORWARDER_BIN=$(CURDIR)/$(BIN) E2E_SCHEDULE_REPORT=$(CURDIR)/$(E2E_REPORT) $(GO) test $(E2E_TEST_FLAGS) ./test/e2e; \
+	status=$$?; \
+	if [ -s $(E2E_REPORT) ]; then echo "The longest end-to-end scenarios (seconds run, against the schedule's expect):"; sort -rn $(E2E_REPORT) | head -15; fi; \
+	exit $$status
 test-go:
 	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) $(filter-out $(MODULE)/test/e2e $(RACE_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
 test-race:

@@ -15,8 +15,10 @@
 //
 // The suite builds ./cmd/forwarder itself, unless FORWARDER_BIN names a
 // binary to test (make test passes the bin/forwarder it has just built).
-// E2E_SEED replays a run's random choices (each scenario logs it) and
-// E2E_LOG_DIR keeps the forwarders' logs after the run.
+// E2E_SEED replays a run's random choices (each scenario logs it),
+// E2E_LOG_DIR keeps the forwarders' logs after the run, and
+// E2E_SCHEDULE_REPORT names a file each scenario appends how long it ran to
+// (make test prints the longest ones after the suite).
 //
 // The scenarios run in parallel, each with its own database, Kafka
 // cluster, mock platform, consumer group and ports, in two lanes

@@ -2,7 +2,10 @@ package e2e_test
 
 import (
 	"cmp"
+	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -87,7 +90,33 @@ func scenario(t *testing.T, s seat, expect time.Duration) {
 		c.lane.wait(tickets[i])
 		t.Cleanup(func() { c.lane.release(c.room) })
 	}
+	started := time.Now()
+	t.Cleanup(func() { reportScenario(t.Name(), s, expect, time.Since(started)) })
 }
+
+// reportScenario appends how long a scenario ran, against its expect, to the file
+// E2E_SCHEDULE_REPORT names (`make test-e2e` prints the longest): what to
+// look at first to make the suite shorter, and to keep the expects true.
+func reportScenario(name string, s seat, expect, took time.Duration) {
+	path := os.Getenv("E2E_SCHEDULE_REPORT")
+	if path == "" {
+		return
+	}
+	lanes := make([]string, len(s))
+	for i, c := range s {
+		lanes[i] = fmt.Sprintf("%s×%d", c.lane.name, c.room)
+	}
+	reportMu.Lock()
+	defer reportMu.Unlock()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "%6.1fs  expect %4.0fs  %-16s %s\n", took.Seconds(), expect.Seconds(), strings.Join(lanes, "+"), name)
+}
+
+var reportMu sync.Mutex
 
 func (l *lane) enqueue(room int, expect time.Duration) *ticket {
 	l.mu.Lock()
