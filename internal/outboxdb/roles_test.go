@@ -284,55 +284,7 @@ func checkExactPrivileges(t *testing.T, owner *pgxpool.Pool, role string, grants
 	t.Helper()
 	ctx := context.Background()
 	name := strings.Trim(role, `"`)
-	want := map[string]bool{}
-	for _, g := range grants {
-		for _, p := range g.Privileges {
-			want[g.Describe(p)] = true
-		}
-	}
-	rows, err := owner.Query(ctx, `
-		SELECT p || ' on ' || c.relname
-		FROM pg_class c, unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE','REFERENCES','TRIGGER']) p
-		WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'v') AND NOT c.relispartition
-		  AND has_table_privilege($1, c.oid, p)
-		UNION ALL
-		SELECT p || ' on sequence ' || c.relname
-		FROM pg_class c, unnest(ARRAY['USAGE','SELECT','UPDATE']) p
-		WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'S' AND has_sequence_privilege($1, c.oid, p)
-		UNION ALL
-		SELECT 'EXECUTE on function ' || f.oid::regprocedure::text
-		FROM pg_proc f
-		WHERE f.pronamespace = 'public'::regnamespace AND f.prosecdef AND has_function_privilege($1, f.oid, 'EXECUTE')`, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	// to_regprocedure's spelling of the function, as the docs grant it.
-	normal := map[string]string{}
-	for w := range want {
-		if fn, ok := strings.CutPrefix(w, "EXECUTE on function "); ok {
-			var spelled string
-			if err := owner.QueryRow(ctx, "SELECT to_regprocedure($1)::text", fn).Scan(&spelled); err != nil {
-				t.Fatalf("function %s: %v", fn, err)
-			}
-			normal["EXECUTE on function "+spelled] = w
-		}
-	}
-	for _, g := range got {
-		if w, ok := normal[g]; ok {
-			g = w
-		}
-		if !want[g] {
-			t.Errorf("%s has %s, which docs/deployment.md does not grant it", name, g)
-		}
-		delete(want, g)
-	}
-	for g := range want {
-		t.Errorf("%s lacks %s", name, g)
-	}
+	pgtest.CheckGrants(t, owner, name, "docs/deployment.md", grants)
 	var super, createRole, createDB, createInSchema, createInDB bool
 	if err := owner.QueryRow(ctx, `SELECT rolsuper, rolcreaterole, rolcreatedb,
 			has_schema_privilege($1, 'public', 'CREATE'), has_database_privilege($1, current_database(), 'CREATE')

@@ -182,51 +182,7 @@ func runBlocks(t *testing.T, pg *pgcluster.Cluster, blocks []roleBlock, who stri
 func checkPrivileges(t *testing.T, s *stack, role string, grants []outboxdb.Grant) {
 	t.Helper()
 	ctx := context.Background()
-	want := map[string]bool{}
-	for _, g := range grants {
-		name := g.Table
-		if strings.Contains(name, "(") {
-			// A function, spelt as GRANT takes it: named as PostgreSQL
-			// prints it, like the privileges read below.
-			if err := s.pool.QueryRow(ctx, `SELECT coalesce(to_regprocedure($1)::text, $1)`, name).Scan(&name); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, p := range g.Privileges {
-			want[p+" on "+name] = true
-		}
-	}
-	// Every privilege the role holds on a table, view, sequence, or a
-	// function that runs with its owner's rights (the others give the
-	// caller nothing it has not got, and PUBLIC may run them).
-	rows, err := s.pool.Query(ctx, `SELECT p || ' on ' || c.relname
-		FROM pg_class c, unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE','REFERENCES','TRIGGER']) p
-		WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'v')
-		  AND has_table_privilege($1, c.oid, p)
-		UNION ALL
-		SELECT p || ' on ' || c.relname
-		FROM pg_class c, unnest(ARRAY['USAGE','SELECT','UPDATE']) p
-		WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'S' AND has_sequence_privilege($1, c.oid, p)
-		UNION ALL
-		SELECT 'EXECUTE on ' || f.oid::regprocedure::text
-		FROM pg_proc f
-		WHERE f.pronamespace = 'public'::regnamespace AND f.prosecdef AND has_function_privilege($1, f.oid, 'EXECUTE')`, role)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range got {
-		if !want[g] {
-			t.Errorf("%s has %s, which docs/deployment.md does not grant it", role, g)
-		}
-		delete(want, g)
-	}
-	for g := range want {
-		t.Errorf("%s lacks %s", role, g)
-	}
+	pgtest.CheckGrants(t, s.pool, role, "docs/deployment.md", grants)
 	var super, createRole, createDB, createInSchema, createInDB, owner bool
 	if err := s.pool.QueryRow(ctx, `SELECT rolsuper, rolcreaterole, rolcreatedb,
 			has_schema_privilege($1, 'public', 'CREATE'), has_database_privilege($1, current_database(), 'CREATE'),
