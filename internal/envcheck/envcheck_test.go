@@ -203,6 +203,28 @@ output:
 	})
 }
 
+// TestCheckTracerVariables: a config with the otlp tracer has the
+// exporter's variables checked, though it never names them; one without it
+// does not.
+func TestCheckTracerVariables(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	traced := Scan(write(t, dir, "traced.yaml", "tracer:\n  otlp:\n    sampling_ratio: 1\n"))
+	plain := Scan(write(t, dir, "plain.yaml", "output:\n  drop: {}\n"))
+	env := func(name string) string {
+		return map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "otel-collector:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "10s"}[name]
+	}
+	err := Check(traced, Lint, env).Err()
+	for _, want := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT=otel-collector:4318", "OTEL_EXPORTER_OTLP_TIMEOUT=10s"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("traced config: %v, want %s refused", err, want)
+		}
+	}
+	if err := Check(plain, Lint, env).Err(); err != nil {
+		t.Errorf("a config without the tracer checked the exporter's variables: %v", err)
+	}
+}
+
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

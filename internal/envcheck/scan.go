@@ -92,6 +92,13 @@ func (r Refs) scanConfig(file string, b []byte) {
 		return // Benthos reports the YAML error
 	}
 	usesZone := strings.Contains(text, "ts_format_platform")
+	if tracer, ok := root.(map[string]any)["tracer"].(map[string]any); ok && tracer["otlp"] != nil {
+		// The OpenTelemetry exporter reads these itself: a config never
+		// names them, and a wrong one would only show as spans lost.
+		for _, name := range otlpVars {
+			r.add(known(name), "", file)
+		}
+	}
 	walk(root, func(key string, conf map[string]any) {
 		if dsnComponents[key] {
 			r.envField(file, conf, "dsn", "DATABASE_URL")
@@ -122,6 +129,13 @@ func (r Refs) scanConfig(file string, b []byte) {
 	if usesZone {
 		r.add(known("PLATFORM_TZ"), "", file)
 	}
+}
+
+// otlpVars are the OpenTelemetry exporter's variables that the otlp tracer
+// depends on (docs/configuration.md, "Tracing").
+var otlpVars = []string{
+	"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS",
+	"OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_CERTIFICATE",
 }
 
 // envField notes the variable behind a component field: the one its value

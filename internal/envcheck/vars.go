@@ -140,6 +140,12 @@ var Vars = []Var{
 	// Tracing (docs/operations.md, "Tracing"): the OpenTelemetry exporter
 	// reads the endpoint itself; the pipeline reads the ratio.
 	{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Kind: HTTPURL, Example: "http://otel-collector:4318"},
+	{Name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", Kind: HTTPURL, Example: "http://otel-collector:4318/v1/traces"},
+	// May carry a collector's credentials (authorization=Bearer …).
+	{Name: "OTEL_EXPORTER_OTLP_HEADERS", Kind: Text, Secret: true},
+	// Milliseconds, as the OpenTelemetry specification has it.
+	{Name: "OTEL_EXPORTER_OTLP_TIMEOUT", Kind: PositiveInt, Example: "10000"},
+	{Name: "OTEL_EXPORTER_OTLP_CERTIFICATE", Kind: Text},
 	{Name: "TRACE_SAMPLE_RATIO", Kind: Ratio, Example: "0.1"},
 }
 
