@@ -20,9 +20,11 @@ package pgtest
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +63,23 @@ func Main(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Exit(code)
+}
+
+// MainParallel is Main for packages whose tests wait on the server (locks,
+// leases running out, bulk loads) far more than they use this process's
+// CPU: unless -test.parallel is given, n of their parallel tests run at once
+// instead of GOMAXPROCS.
+func MainParallel(m *testing.M, n int) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+			os.Exit(1)
+		}
+	}
+	Main(m)
 }
 
 func run(m *testing.M) (int, error) {
