@@ -21,7 +21,11 @@ export GOFLAGS ?= -trimpath
 # The packages whose goroutines share the most state (the dispatcher, its
 # plugins, the Kafka input, the outbox processor): make test runs them under
 # the race detector, and only so.
-RACE_PKGS    := ./internal/dispatch ./internal/protection ./plugins/outboxretry ./plugins/httpforwarder ./plugins/kafka ./plugins/outbox
+RACE_PKGS    := ./plugins/httpforwarder ./plugins/kafka ./plugins/outboxretry ./plugins/outbox ./internal/dispatch ./internal/protection
+# go test starts the packages' test binaries in the order it is given them,
+# so the longest go first (RACE_PKGS too is longest first): listed in
+# alphabetical order they started last and ended last.
+SLOW_PKGS    := ./internal/outboxdb ./internal/outboxcli ./internal/dev/devstack ./internal/console
 APT_PACKAGES := postgresql pgbouncer openssl prometheus kcat chromium fonts-wqy-microhei gcc libc6-dev
 IMAGE        ?= forwarder:$(VERSION)
 MODULE        = $(shell $(GO) list -m)
@@ -84,7 +88,7 @@ test-e2e:
 	if [ -s $(E2E_REPORT) ]; then echo "The longest end-to-end scenarios (seconds run, against the schedule's expect):"; sort -rn $(E2E_REPORT) | head -15; fi; \
 	exit $$status
 test-go:
-	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) $(filter-out $(MODULE)/test/e2e $(RACE_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
+	FORWARDER_BIN=$(CURDIR)/$(BIN) $(GO) test $(GOTEST_FLAGS) $(SLOW_PKGS) $(filter-out $(MODULE)/test/e2e $(RACE_PKGS:./%=$(MODULE)/%) $(SLOW_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
 test-race:
 	CGO_ENABLED=1 nice -n 10 $(GO) test -race $(GOTEST_FLAGS) $(RACE_PKGS)
 test-modules:
