@@ -23,6 +23,15 @@ type fakeWrites struct {
 	failures int
 }
 
+// writes is how many writes were made so far: a write may still be under
+// way when its caller has stopped waiting (its context ended), so the test
+// reads the count under the lock.
+func (f *fakeWrites) writes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.calls)
+}
+
 func (f *fakeWrites) write(_ context.Context, results []outboxdb.Result) ([]int64, error) {
 	if f.gate != nil {
 		<-f.gate
@@ -192,8 +201,8 @@ func TestRecordDurably(t *testing.T) {
 		f := &fakeWrites{err: down, failures: 2}
 		r, warned := newRecorder(f)
 		ids, err := r.RecordDurably(cancelled, results(1, 2), time.Time{})
-		if err != nil || len(ids) != 2 || len(f.calls) != 3 {
-			t.Fatalf("ids %v, err %v after %d writes; want both written at the third", ids, err, len(f.calls))
+		if err != nil || len(ids) != 2 || f.writes() != 3 {
+			t.Fatalf("ids %v, err %v after %d writes; want both written at the third", ids, err, f.writes())
 		}
 		if len(*warned) != 1 {
 			t.Fatalf("warned %d times, want once", len(*warned))
@@ -205,8 +214,8 @@ func TestRecordDurably(t *testing.T) {
 		r, _ := newRecorder(f)
 		claimsEnd := time.Now().Add(100 * time.Millisecond)
 		ids, err := r.RecordDurably(cancelled, results(1), claimsEnd)
-		if !errors.Is(err, down) || ids != nil || len(f.calls) < 2 {
-			t.Fatalf("ids %v, err %v after %d writes; want the write's error after retries", ids, err, len(f.calls))
+		if !errors.Is(err, down) || ids != nil || f.writes() < 2 {
+			t.Fatalf("ids %v, err %v after %d writes; want the write's error after retries", ids, err, f.writes())
 		}
 		if late := time.Since(claimsEnd); late > durableTimeout/2 {
 			t.Fatalf("gave up %v after the claims ended: the claims' end must bound the retries", late)
