@@ -91,13 +91,20 @@ func scenario(t *testing.T, s seat, expect time.Duration) {
 		t.Cleanup(func() { c.lane.release(c.room) })
 	}
 	started := time.Now()
-	t.Cleanup(func() { reportScenario(t.Name(), s, expect, time.Since(started)) })
+	t.Cleanup(func() { reportScenario(t.Name(), s, expect, started) })
 }
 
-// reportScenario appends how long a scenario ran, against its expect, to the file
-// E2E_SCHEDULE_REPORT names (`make test-e2e` prints the longest): what to
-// look at first to make the suite shorter, and to keep the expects true.
-func reportScenario(name string, s seat, expect, took time.Duration) {
+// suiteStart is when the test binary started: the report says when each
+// scenario started, counted from it.
+var suiteStart = time.Now()
+
+// reportScenario appends how long a scenario ran, against its expect, and
+// when it started in the suite to the file E2E_SCHEDULE_REPORT names
+// (`make test-e2e` prints the longest): what to look at first to make the
+// suite shorter (the one that ends last, started late or ran long), and to
+// keep the expects true.
+func reportScenario(name string, s seat, expect time.Duration, started time.Time) {
+	took := time.Since(started)
 	path := os.Getenv("E2E_SCHEDULE_REPORT")
 	if path == "" {
 		return
@@ -113,7 +120,8 @@ func reportScenario(name string, s seat, expect, took time.Duration) {
 		return
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "%6.1fs  expect %4.0fs  %-16s %s\n", took.Seconds(), expect.Seconds(), strings.Join(lanes, "+"), name)
+	fmt.Fprintf(f, "%6.1fs  expect %4.0fs  from %5.0fs to %5.0fs  %-16s %s\n", took.Seconds(), expect.Seconds(),
+		started.Sub(suiteStart).Seconds(), time.Since(suiteStart).Seconds(), strings.Join(lanes, "+"), name)
 }
 
 var reportMu sync.Mutex
