@@ -93,6 +93,10 @@ type breaker struct {
 	lastHealthy time.Time
 	healthySeq  uint64
 	seq         uint64
+	// healthySent is when the latest-sent request answered healthy was
+	// sent: a reply to a request sent before a message's failure says
+	// nothing of the platform after it (see observeRequest).
+	healthySent time.Time
 	// first is when the first reply came: silence counts from it until the
 	// platform has answered once.
 	first time.Time
@@ -137,6 +141,16 @@ const (
 // own previous failure (a message failing again before anything else got
 // through says nothing about itself).
 func (b *breaker) observe(now time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
+	return b.observeRequest(now, now, id, fresh, unavailable)
+}
+
+// observeRequest is observe for a request sent at sent. A message's failure
+// counts only when a request sent after its previous failure was answered
+// healthy: at the start of an outage the requests sent before it are still
+// answered for a moment, and a message retried quickly would otherwise find
+// one of those replies between each of its failures and spend every
+// attempt on the outage.
+func (b *breaker) observeRequest(now, sent time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
 	b.expire(now)
 	b.seq++
 	if b.first.IsZero() {
@@ -144,6 +158,9 @@ func (b *breaker) observe(now time.Time, id int64, fresh, unavailable bool) (t t
 	}
 	if !unavailable {
 		b.lastHealthy, b.healthySeq = now, b.seq
+		if sent.After(b.healthySent) {
+			b.healthySent = sent
+		}
 		delete(b.latest, id)
 		if b.state == BreakerHalfOpen {
 			b.healed[id] = struct{}{}
@@ -158,7 +175,8 @@ func (b *breaker) observe(now time.Time, id int64, fresh, unavailable bool) (t t
 	f := failure{id: id, at: now, seq: b.seq, fresh: fresh}
 	b.latest[id] = f
 	b.failures = append(b.failures, f)
-	counts = b.state == BreakerClosed && b.evidentlyUp(now) && (!failedBefore || prev.seq < b.healthySeq)
+	counts = b.state == BreakerClosed && b.evidentlyUp(now) &&
+		(!failedBefore || (prev.seq < b.healthySeq && prev.at.Before(b.healthySent)))
 	if b.state != BreakerOpen && b.judgedDown(now) {
 		b.set(BreakerOpen, now)
 		return trip, false

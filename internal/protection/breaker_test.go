@@ -163,6 +163,31 @@ func TestBreaker(t *testing.T) {
 		}
 	})
 
+	t.Run("RepliesToRequestsSentBeforeAFailureDoNotMakeItsRetryCount", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		healthyEvery(b, t0, t0.Add(time.Second), 10*time.Millisecond)
+		// The outage begins at 1s. Message 7 fails at 1.05s and is retried
+		// every 100ms while the requests sent before 1s are still being
+		// answered 200, one between each of its failures.
+		down := t0.Add(time.Second)
+		for i := range 3 {
+			at := down.Add(50*time.Millisecond + time.Duration(i)*100*time.Millisecond)
+			_, counts := b.observeRequest(at, at.Add(-10*time.Millisecond), 7, i == 0, true)
+			if i > 0 && counts {
+				t.Fatalf("retry %d of a message failing since the outage began counted, after replies only to requests sent before its previous failure", i)
+			}
+			b.observeRequest(at.Add(20*time.Millisecond), down.Add(-time.Duration(i+1)*time.Millisecond), int64(2000+i), true, false)
+		}
+		// A request sent after its last failure and answered healthy: the
+		// platform is up for others, so its next failure counts.
+		last := down.Add(250 * time.Millisecond)
+		b.observeRequest(last.Add(40*time.Millisecond), last.Add(10*time.Millisecond), 3000, true, false)
+		if _, counts := b.observeRequest(last.Add(100*time.Millisecond), last.Add(90*time.Millisecond), 7, false, true); !counts {
+			t.Fatal("a failure after another message sent since its previous failure was answered did not count")
+		}
+	})
+
 	t.Run("StaleEvidenceDoesNotCount", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)

@@ -365,7 +365,7 @@ func (g *Gate) Admit(ctx context.Context, id int64) (*Ticket, error) {
 		g.limiter.Release()
 		return nil, ErrDenied
 	}
-	return &Ticket{g: g, id: id, permit: p}, nil
+	return &Ticket{g: g, id: id, permit: p, sent: time.Now()}, nil
 }
 
 // Ticket is one admitted request; it holds a request slot until Finish or
@@ -374,7 +374,9 @@ type Ticket struct {
 	g      *Gate
 	id     int64
 	permit Permit
-	done   bool
+	// sent is when the request was let go.
+	sent time.Time
+	done bool
 }
 
 // Probe says whether the request carries the probe of an open breaker.
@@ -388,6 +390,9 @@ func (t *Ticket) Finish(ctx context.Context, r Reply) (counted bool) {
 	}
 	t.done = true
 	defer t.g.limiter.Release()
+	if r.Sent.IsZero() {
+		r.Sent = t.sent
+	}
 	return t.g.report(ctx, t.id, t.permit, r)
 }
 
@@ -459,6 +464,9 @@ type Reply struct {
 	PauseFor time.Duration
 	// Why describes the reply, for the log.
 	Why string
+	// Sent is when the request was sent (zero: when the reply is
+	// reported); Ticket.Finish sets it.
+	Sent time.Time
 }
 
 // report tells the gate how the platform answered the request of row id,
@@ -487,7 +495,11 @@ func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	g.mu.Lock()
 	from := g.b.state
 	now := time.Now()
-	t, counts := g.b.observe(now, id, r.Fresh, r.Unavailable)
+	sent := r.Sent
+	if sent.IsZero() {
+		sent = now
+	}
+	t, counts := g.b.observeRequest(now, sent, id, r.Fresh, r.Unavailable)
 	if now.Before(g.pausedUntil) || g.checkHoldLocked(now) {
 		counts = false
 	}
