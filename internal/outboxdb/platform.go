@@ -104,10 +104,13 @@ func TryProbe(ctx context.Context, q Querier, interval time.Duration) (bool, err
 }
 
 // PausePlatform stops every instance sending for d (or keeps a longer pause)
-// and returns until when sending is paused.
+// and returns until when sending is paused. d is counted from the
+// statement's start on the server, after the caller measured it, and in
+// whole milliseconds rounded up: the pause is never shorter than asked.
 func PausePlatform(ctx context.Context, q Querier, d time.Duration) (time.Time, error) {
 	var until time.Time
-	if err := q.QueryRow(ctx, platformPauseSQL, d.Milliseconds()).Scan(&until); err != nil {
+	ms := (max(d, 0) + time.Millisecond - 1) / time.Millisecond
+	if err := q.QueryRow(ctx, platformPauseSQL, int64(ms)).Scan(&until); err != nil {
 		return until, fmt.Errorf("pausing the platform: %w", err)
 	}
 	return until, nil
