@@ -223,6 +223,16 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 				d.OnListen()
 			}
 		},
+		OnNotify: func(payload string) (wake bool) {
+			left, ok := outboxdb.PauseNotice(payload)
+			if !ok {
+				return true
+			}
+			if g := d.hub.gate(); g != nil {
+				g.FollowPause(left)
+			}
+			return false
+		},
 		OnError: func(err error) {
 			d.log.Warnf("Lost the notification connection, reconnecting with backoff (new rows are found by polling meanwhile): %v", err)
 		},

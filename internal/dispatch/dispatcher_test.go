@@ -128,6 +128,62 @@ func TestDispatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("APauseSharedByAnotherInstanceHoldsAtOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		d, err := NewDispatcher(b.hub, DispatcherConfig{}, quietLog, DispatcherMetrics{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		listening := make(chan struct{}, 1)
+		d.OnListen = func() {
+			select {
+			case listening <- struct{}{}:
+			default:
+			}
+		}
+		t.Cleanup(func() { _ = d.Close(context.Background()) })
+		if err := d.Connect(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		// The gate reads the shared state when it starts and then hourly:
+		// only the database's announcement can tell it of the pause in time.
+		g := protection.NewGate(protection.Config{MaxInFlight: 1, ProbeInterval: time.Hour, SyncInterval: time.Hour}, quietLog, protection.Metrics{})
+		if err := g.Start(b.ctx, d.Pool()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.Stop)
+		if err := b.hub.AttachOutput(Output{Timeout: time.Second, Protection: g}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-listening:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the dispatcher did not listen within 10s")
+		}
+		if blocked, _, _ := g.Blocked(); blocked {
+			t.Fatal("the gate holds before any pause")
+		}
+		const pause = 30 * time.Second
+		asked := time.Now()
+		if _, err := outboxdb.PausePlatform(b.ctx, d.Pool(), pause); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			blocked, until, _ := g.Blocked()
+			if blocked {
+				if until.Before(asked.Add(pause)) {
+					t.Errorf("held until %v after the pause was shared, want at least %v", until.Sub(asked), pause)
+				}
+				break
+			}
+			if time.Since(asked) > 10*time.Second {
+				t.Fatalf("the gate does not hold %v after another instance shared a %v pause", time.Since(asked), pause)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+
 	t.Run("ExhaustedRowsEndFailedAndAreNotHandedOut", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -32,6 +32,10 @@ type ListenerConfig struct {
 	// OnListen, when set, is called each time LISTEN takes effect: at start
 	// and after every reconnection.
 	OnListen func()
+	// OnNotify, when set, is given each notification's payload before the
+	// wake-up; wake false leaves the wake-up out, for a notification that
+	// announces no row (a pause shared with every instance, PauseNotice).
+	OnNotify func(payload string) (wake bool)
 	// OnError, when set, is called with each connection failure before the
 	// Listener backs off and reconnects. Cancellation of Run's context is not
 	// reported. The errors never contain a password.
@@ -114,11 +118,13 @@ func (l *Listener) runOnce(ctx context.Context) (listened bool, err error) {
 
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, l.cfg.HealthCheckInterval)
-		_, err := conn.WaitForNotification(waitCtx)
+		n, err := conn.WaitForNotification(waitCtx)
 		cancel()
 		switch {
 		case err == nil:
-			l.signal()
+			if l.cfg.OnNotify == nil || l.cfg.OnNotify(n.Payload) {
+				l.signal()
+			}
 			continue
 		case ctx.Err() != nil:
 			return true, ctx.Err()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -110,10 +111,30 @@ func TryProbe(ctx context.Context, q Querier, interval time.Duration) (bool, err
 func PausePlatform(ctx context.Context, q Querier, d time.Duration) (time.Time, error) {
 	var until time.Time
 	ms := (max(d, 0) + time.Millisecond - 1) / time.Millisecond
-	if err := q.QueryRow(ctx, platformPauseSQL, int64(ms)).Scan(&until); err != nil {
+	if err := q.QueryRow(ctx, platformPauseSQL, int64(ms), NotifyChannel).Scan(&until, nil); err != nil {
 		return until, fmt.Errorf("pausing the platform: %w", err)
 	}
 	return until, nil
+}
+
+// pauseNotice starts the payload of the notification on NotifyChannel with
+// which PausePlatform tells every instance what is left of the pause.
+const pauseNotice = "pause "
+
+// PauseNotice reads a notification's payload on NotifyChannel: ok when it
+// announces a pause shared by PausePlatform, with what was left of it when
+// it was sent (counted from its arrival, the pause lasts as long or a
+// little longer, never shorter).
+func PauseNotice(payload string) (left time.Duration, ok bool) {
+	ms, found := strings.CutPrefix(payload, pauseNotice)
+	if !found {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return time.Duration(n) * time.Millisecond, true
 }
 
 // TakeRateTokens takes n tokens of the global rate limit (rate per second,

@@ -613,6 +613,22 @@ func (g *Gate) pause(ctx context.Context, d time.Duration) {
 	}
 }
 
+// FollowPause holds this instance's requests for left, what was left of a
+// pause another instance shared when the database announced it (its
+// listener hears it at once; the read of the shared state every
+// SyncInterval is the backstop for an announcement lost while the listener
+// reconnects). Counted from now, after the announcement, the pause lasts
+// as long here or a little longer, never shorter. A pause only lengthens.
+func (g *Gate) FollowPause(left time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if until := time.Now().Add(left); left > 0 && until.After(g.pausedUntil) {
+		g.pausedUntil = until
+		close(g.changed)
+		g.changed = make(chan struct{})
+	}
+}
+
 // Blocked says whether claims must wait: the breaker is open, sending is
 // paused, or an operator paused delivery. until is when it is worth looking
 // again (the pause's end, or the next probe); changed is closed at the next
