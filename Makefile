@@ -67,9 +67,7 @@ run: deps build ## Run the real pipeline on an embedded dev stack (PostgreSQL, K
 
 .PHONY: test
 test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, the race detector, the deployment files (deploy/validate), the River baseline, forwarder lint and test
-	@mkdir -p bin; $(MAKE) --no-print-directory test-prebuild >bin/prebuild.log 2>&1 & prebuild=$$!; \
-	$(MAKE) --no-print-directory test-e2e; status=$$?; \
-	wait $$prebuild; exit $$status
+	@$(MAKE) --no-print-directory test-e2e
 	@$(MAKE) --no-print-directory -j3 --output-sync=line test-go test-race test-modules
 	$(BIN) lint ./pipelines/...
 	env -u PLATFORM_TZ $(BIN) test ./pipelines/... ./mappings/...
@@ -82,21 +80,7 @@ test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (
 # packages' runs shared them. The other go test runs then run together; the
 # race detector's and the separate modules' (deploy/validate, the River
 # baseline), mostly compiling, yield the CPU (nice).
-#
-# While it runs, the other runs' test binaries compile (on a fresh machine
-# about 1 000 CPU-seconds, mostly the race detector's build and
-# deploy/validate's Helm and Kubernetes libraries) on the CPU the suite
-# leaves idle: under SCHED_IDLE (chrt; nice 19 without it) a compile runs
-# only when no other task wants the core, and at idle I/O priority. They are
-# compiled and linked, not run (-exec true: no test result is cached); the
-# second phase then finds its packages compiled.
-IDLE := $(shell command -v chrt >/dev/null && chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nice -n 19) $(shell command -v ionice >/dev/null && echo ionice -c 3)
-.PHONY: test-e2e test-prebuild test-go test-race test-modules
-test-prebuild:
-	CGO_ENABLED=1 $(IDLE) $(GO) test -race -exec true $(RACE_PKGS)
-	cd deploy/validate && $(IDLE) $(GO) test -exec true ./...
-	$(IDLE) $(GO) test -exec true $(SLOW_PKGS) $(filter-out $(MODULE)/test/e2e $(RACE_PKGS:./%=$(MODULE)/%) $(SLOW_PKGS:./%=$(MODULE)/%),$(shell $(GO) list ./...))
-	cd test/bench/riverbaseline && $(IDLE) $(GO) test -exec true ./...
+.PHONY: test-e2e test-go test-race test-modules
 test-e2e:
 	@rm -f $(E2E_REPORT)
 	FORWARDER_BIN=$(CURDIR)/$(BIN) E2E_SCHEDULE_REPORT=$(CURDIR)/$(E2E_REPORT) $(GO) test $(E2E_TEST_FLAGS) ./test/e2e; \
