@@ -295,8 +295,11 @@ func TestNotSent(t *testing.T) {
 			}
 			msg := message(r, mappedBody(r))
 			// The claim ends before a request and its result could be made,
-			// and no dispatcher renews it.
-			msg.MetaSetMut(msgmeta.LeaseExpiresAtMs, time.Now().Add(500*time.Millisecond).UnixMilli())
+			// and no dispatcher renews it: just under the least lease a
+			// request is sent on, all of it left for the give-back's write
+			// (500 ms was too little for it under the race detector on a
+			// loaded machine).
+			msg.MetaSetMut(msgmeta.LeaseExpiresAtMs, time.Now().Add(resultMargin+minRequest-50*time.Millisecond).UnixMilli())
 			if err := b.out.WriteBatch(b.ctx, service.MessageBatch{msg}); err != nil {
 				t.Fatal(err)
 			}
