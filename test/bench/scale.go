@@ -21,7 +21,8 @@ import (
 
 // The scale check: bulk-load millions of finished rows with COPY and
 // measure what must not grow with them: the claim (claim.sql) and the
-// record-gauge refresh (gauges.sql), plus, for the operator, `outbox stats`.
+// record-gauge refresh (gauges.sql), plus, for the operator, `outbox stats`,
+// `outbox show` and `outbox find --plate`.
 // The same measurements on an empty table are printed beside them.
 //
 //	go run ./test/bench scale -rows 10000000
@@ -44,22 +45,25 @@ type scaleConfig struct {
 
 // scaleResult is one measurement: a table size and state.
 type scaleResult struct {
-	Label          string
-	Finished       int64
-	DeadTuples     int64
-	TableBytes     int64
-	ClaimP50       time.Duration
-	ClaimP95       time.Duration
-	ClaimScanBufs  int64
-	RecordP50      time.Duration
-	GaugesP50      time.Duration
-	GaugesP95      time.Duration
-	GaugesBuffers  int64
-	GaugeSource    outboxdb.SuccessSource
-	StatsDuration  time.Duration
-	LoadDuration   time.Duration
-	VacuumDuration time.Duration
-	ChurnPerSec    float64
+	Label         string
+	Finished      int64
+	DeadTuples    int64
+	TableBytes    int64
+	ClaimP50      time.Duration
+	ClaimP95      time.Duration
+	ClaimScanBufs int64
+	RecordP50     time.Duration
+	GaugesP50     time.Duration
+	GaugesP95     time.Duration
+	GaugesBuffers int64
+	GaugeSource   outboxdb.SuccessSource
+	StatsDuration time.Duration
+	// ShowP50 and FindP50 are `outbox show <key>` and `outbox find
+	// --plate` (outboxdb.ShowRecord and Find, default limit).
+	ShowP50, FindP50 time.Duration
+	LoadDuration     time.Duration
+	VacuumDuration   time.Duration
+	ChurnPerSec      float64
 	// Drain is the claim time by tenth of a backlog drained in one go
 	// (first tenth first), and DrainPerSec its claim + record rate.
 	Drain       []time.Duration
@@ -333,7 +337,8 @@ func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix
 	backlog := make([]outboxdb.NewRecord, c.Backlog)
 	for i := range backlog {
 		backlog[i] = outboxdb.NewRecord{MessageKey: fmt.Sprintf("%s%d", prefix, i), APIType: "HEARTBEAT", KafkaTopic: "t",
-			KafkaOffset: int64(i), Payload: []byte(`{"deviceId":"CAM-0001"}`), Status: outboxdb.StatusPending}
+			KafkaOffset: int64(i), Payload: []byte(`{"deviceId":"CAM-0001"}`), Status: outboxdb.StatusPending,
+			PlateNo: scalePlate(int64(i))}
 	}
 	for i := 0; i < len(backlog); i += 500 {
 		if _, err := outboxdb.InsertBatchCount(ctx, pool, backlog[i:min(i+500, len(backlog))]); err != nil {
@@ -382,8 +387,38 @@ func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix
 		return fmt.Errorf("outbox stats: %w", err)
 	}
 	r.StatsDuration = time.Since(start)
+
+	// The operator's lookups, 20 of each: a row of the backlog by its key
+	// (it stands in both tables), and a plate that the backlog and, on the
+	// loaded table, the finished rows carry.
+	var shows, finds []time.Duration
+	for k := range 20 {
+		i := int64(k) * int64(c.Backlog) / 20
+		start := time.Now()
+		if _, err := outboxdb.ShowRecord(ctx, pool, fmt.Sprintf("%s%d", prefix, i), outboxdb.LookupOptions{}); err != nil {
+			return fmt.Errorf("outbox show: %w", err)
+		}
+		shows = append(shows, time.Since(start))
+		start = time.Now()
+		found, err := outboxdb.Find(ctx, pool, outboxdb.FindFilter{Plate: scalePlate(i)}, outboxdb.LookupOptions{})
+		if err != nil {
+			return fmt.Errorf("outbox find --plate: %w", err)
+		}
+		if len(found) == 0 {
+			return fmt.Errorf("outbox find --plate %s found nothing", scalePlate(i))
+		}
+		finds = append(finds, time.Since(start))
+	}
+	r.ShowP50, r.FindP50 = quantile(shows, 0.5), quantile(finds, 0.5)
 	return nil
 }
+
+// scalePlates is how many plates the loaded rows and the backlogs share:
+// at 10 M rows, 40 rows a plate plus those of the backlog.
+const scalePlates = 200_000
+
+// scalePlate is the plate of row i of a load or a backlog.
+func scalePlate(i int64) string { return fmt.Sprintf("SC%06d", i%scalePlates) }
 
 // explainBuffers runs EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of a statement
 // in a transaction it rolls back and returns the shared buffers (hit + read)
@@ -458,7 +493,7 @@ const stagingTable = `CREATE TEMP TABLE IF NOT EXISTS scale_staging (
 	message_key text, api_type text, kafka_topic text, kafka_partition integer, kafka_offset bigint,
 	kafka_key bytea, payload bytea, status text, attempt_count integer, next_retry_at timestamptz,
 	last_http_status integer, last_error text, created_at timestamptz, updated_at timestamptz,
-	succeeded_at timestamptz) ON COMMIT DELETE ROWS`
+	succeeded_at timestamptz, plate_no text) ON COMMIT DELETE ROWS`
 
 // loadStagedSQL moves the staged rows into the outbox as the service would
 // have left them (docs/architecture.md, the data model): every message; a
@@ -467,8 +502,8 @@ const stagingTable = `CREATE TEMP TABLE IF NOT EXISTS scale_staging (
 // one as well.
 const loadStagedSQL = `WITH m AS (
 	INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset,
-	                              kafka_key, payload, created_at)
-	SELECT message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload, created_at
+	                              kafka_key, payload, created_at, plate_no)
+	SELECT message_key, api_type, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload, created_at, plate_no
 	FROM scale_staging
 	RETURNING id, created_at, message_key, octet_length(payload) AS payload_size
 ), d AS (
@@ -486,7 +521,7 @@ FROM m JOIN scale_staging s ON s.message_key = m.message_key
 WHERE s.status = 'SUCCESS' OR $1::boolean`
 
 var finishedColumns = []string{"message_key", "api_type", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_key",
-	"payload", "status", "attempt_count", "next_retry_at", "last_http_status", "last_error", "created_at", "updated_at", "succeeded_at"}
+	"payload", "status", "attempt_count", "next_retry_at", "last_http_status", "last_error", "created_at", "updated_at", "succeeded_at", "plate_no"}
 
 func (s *finishedSource) Next() bool {
 	if s.i >= s.chunkEnd {
@@ -506,14 +541,14 @@ func (s *finishedSource) Next() bool {
 	if s.c.FailedShare > 0 && i%int64(1/s.c.FailedShare) == 0 {
 		status, lastErr, httpStatus, succeeded = "FAILED", "platform errcode 998: do not resend", int32(200), nil
 	}
-	api, topic := "VEHICLE_EVENT", "device-vehicle-event"
+	api, topic, plate := "VEHICLE_EVENT", "device-vehicle-event", any(scalePlate(i))
 	if i%5 == 4 {
-		api, topic = "HEARTBEAT", "device-heartbeat"
+		api, topic, plate = "HEARTBEAT", "device-heartbeat", nil
 	}
 	s.row = []any{
 		fmt.Sprintf("%08x-%04x-4%03x-8%03x-%012x", uint32(i>>16), uint16(i), uint16(i>>4)&0xfff, uint16(i)&0xfff, i),
 		api, topic, int32(i % 3), i / 3, []byte("CAM-0001"),
-		s.payloads[i%int64(len(s.payloads))], status, int32(1), nil, httpStatus, lastErr, created, done, succeeded,
+		s.payloads[i%int64(len(s.payloads))], status, int32(1), nil, httpStatus, lastErr, created, done, succeeded, plate,
 	}
 	return true
 }
@@ -643,12 +678,12 @@ func scaleMarkdown(c scaleConfig, rs []scaleResult) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Machine: %s. Load average (1 min) %.2f. Claims of %d rows out of a backlog of %d PENDING rows; gauge refresh = outboxdb.ReadRecordGauges.\n\n",
 		describeMachine(c.pgVersion), loadAvg(), c.ClaimBatch, c.Backlog)
-	b.WriteString("| finished rows | state | table + indexes | dead row versions | claim p50 / p95 | claim scan buffers | record p50 | gauge refresh p50 / p95 | gauge buffers | SUCCESS gauge | outbox stats |\n")
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
+	b.WriteString("| finished rows | state | table + indexes | dead row versions | claim p50 / p95 | claim scan buffers | record p50 | gauge refresh p50 / p95 | gauge buffers | SUCCESS gauge | outbox stats | show p50 | find --plate p50 |\n")
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %d | %s | %s | %d | %s / %s | %d | %s | %s / %s | %d | %s | %s |\n",
+		fmt.Fprintf(&b, "| %d | %s | %s | %d | %s / %s | %d | %s | %s / %s | %d | %s | %s | %s | %s |\n",
 			r.Finished, r.Label, mib(r.TableBytes), r.DeadTuples, ms(r.ClaimP50), ms(r.ClaimP95), r.ClaimScanBufs, ms(r.RecordP50),
-			ms(r.GaugesP50), ms(r.GaugesP95), r.GaugesBuffers, r.GaugeSource, ms(r.StatsDuration))
+			ms(r.GaugesP50), ms(r.GaugesP95), r.GaugesBuffers, r.GaugeSource, ms(r.StatsDuration), ms(r.ShowP50), ms(r.FindP50))
 	}
 	for _, r := range rs {
 		if r.LoadDuration > 0 {
