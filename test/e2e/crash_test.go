@@ -248,7 +248,7 @@ func TestOrphanedClaimsReclaimed(t *testing.T) {
 // and leave none of its claims IN_PROGRESS (docs/guarantees.md #7). A restarted
 // instance then finishes the work: nothing is lost.
 func TestSigtermUnderLoad(t *testing.T) {
-	scenario(t, heavy, 14*time.Second)
+	scenario(t, heavy, 16*time.Second)
 	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 20 * time.Millisecond, LatencyJitter: 200 * time.Millisecond}})
 	n := load(5_000, 2_000)
 	wait := s.produceAsync(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01, MalformedRate: 0.01}), n)

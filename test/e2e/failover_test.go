@@ -34,7 +34,7 @@ import (
 // primary by another process are attempted at once, so the LISTEN
 // connection listens there, not at the next poll.
 func TestFailoverToSynchronousStandby(t *testing.T) {
-	scenario(t, alone, 35*time.Second)
+	scenario(t, alone, 45*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	primary := pgtest.StartCluster(t)

@@ -32,7 +32,7 @@ import (
 // ingestion and delivery in about a minute, where 30 000 kept the heavy
 // lane two and a half minutes for the same checks.
 func TestShortLeaseKillNine(t *testing.T) {
-	scenario(t, heavy, 75*time.Second)
+	scenario(t, heavy, 90*time.Second)
 	s := newStack(t, stackOptions{
 		env: map[string]string{
 			"CLAIM_LEASE":          "3s",
@@ -121,7 +121,7 @@ func TestShortLeaseKillNine(t *testing.T) {
 // lease, and no held claim may expire while the process lives (no
 // LEASE_EXPIRED attempt log, no claim found lost).
 func TestPlatformJustUnderTimeout(t *testing.T) {
-	scenario(t, light, 60*time.Second)
+	scenario(t, light, 70*time.Second)
 	const timeout = 3 * time.Second
 	s := newStack(t, stackOptions{
 		env: map[string]string{

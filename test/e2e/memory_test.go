@@ -39,7 +39,7 @@ const chartGoMemLimit = "716MiB"
 // delivered. The forwarder's peak resident size (VmHWM, the kernel's
 // high-water mark) must stay under memoryBound, with the chart's GOMEMLIMIT.
 func TestMemoryBoundedByBytes(t *testing.T) {
-	scenario(t, alone, 90*time.Second)
+	scenario(t, alone, 60*time.Second)
 	s := newStack(t, stackOptions{env: map[string]string{
 		// A 16 MiB request takes a moment on a loaded machine.
 		"FORWARD_TIMEOUT": "10s",
@@ -105,7 +105,7 @@ func TestMemoryBoundedByBytes(t *testing.T) {
 // forwarder held gigabytes, and its insert of a 1000 MiB payload timed out
 // and was retried forever, so nothing behind the bombs was consumed.
 func TestDecompressionBomb(t *testing.T) {
-	scenario(t, alone, 30*time.Second)
+	scenario(t, alone, 32*time.Second)
 	s := newStack(t, stackOptions{env: map[string]string{"LOG_LEVEL": "WARN", "GOMEMLIMIT": chartGoMemLimit}})
 	const bombSize = 1000 << 20
 	for partition, codec := range []kgo.CompressionCodec{kgo.ZstdCompression().WithLevel(1), kgo.GzipCompression().WithLevel(1)} {

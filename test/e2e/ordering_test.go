@@ -444,7 +444,7 @@ func TestOrderingFailedHead(t *testing.T) {
 // crash are answered "duplicate", which the order check allows for events
 // already accepted).
 func TestOrderingThroughCrashes(t *testing.T) {
-	scenario(t, heavy, 14*time.Second)
+	scenario(t, heavy, 25*time.Second)
 	pg := pgtest.StartCluster(t)
 	s := newStack(t, stackOptions{cluster: pg, faults: mockplatform.Faults{FirstTry999: 0.1, Latency: 2 * time.Millisecond, LatencyJitter: 20 * time.Millisecond}})
 	berths := load(2_000, 500)

@@ -17,7 +17,7 @@ import (
 // and starts it again. The same process must recover on its own, without a
 // restart, and lose nothing.
 func TestPostgresRestart(t *testing.T) {
-	scenario(t, heavy, 18*time.Second)
+	scenario(t, heavy, 22*time.Second)
 	pg := pgtest.StartCluster(t)
 	s := newStack(t, stackOptions{cluster: pg, faults: mockplatform.Faults{Latency: 20 * time.Millisecond, LatencyJitter: 100 * time.Millisecond}})
 	n1, n2 := load(4_000, 1_500), load(2_000, 500)
@@ -116,7 +116,7 @@ func TestPostgresCrashLosesNothing(t *testing.T) {
 // partition while nothing at all has been delivered. Once the platform
 // answers again, everything is delivered.
 func TestPlatformHang(t *testing.T) {
-	scenario(t, light, 6*time.Second)
+	scenario(t, light, 13*time.Second)
 	s := newStack(t, stackOptions{})
 	n := load(5_000, 1_500)
 	s.platform.Hang()

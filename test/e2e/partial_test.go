@@ -115,7 +115,7 @@ func TestPartialPlatformFailures(t *testing.T) {
 		// every time, alone for their first two attempts, then ordinary
 		// traffic at 5 messages a second on other berths for 60 s.
 		t.Run(fmt.Sprintf("QuietNight/%dInstances", instances), func(t *testing.T) {
-			scenario(t, light, 65*time.Second)
+			scenario(t, light, 74*time.Second)
 			s := newStack(t, stackOptions{env: merged(shippedRetries, map[string]string{"FORWARD_MAX_ATTEMPTS": "4"})})
 			var procs []*proc
 			for i := range instances {
@@ -204,7 +204,7 @@ func TestPartialPlatformFailures(t *testing.T) {
 			if instances > 1 {
 				seat = heavy
 			}
-			scenario(t, seat, 45*time.Second)
+			scenario(t, seat, 67*time.Second)
 			s := newStack(t, stackOptions{env: shippedRetries})
 			var procs []*proc
 			for i := range instances {

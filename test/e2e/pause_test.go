@@ -22,7 +22,7 @@ import (
 // with --until, ends by itself. Every message is delivered exactly once, at
 // its first attempt: the pauses spent none.
 func TestPauseDelivery(t *testing.T) {
-	scenario(t, quiet, 45*time.Second)
+	scenario(t, quiet, 40*time.Second)
 	env := merged(shortAttempts, map[string]string{
 		"FORWARD_MAX_IN_FLIGHT": strconv.Itoa(outageMaxInFlight),
 		"FORWARD_TIMEOUT":       outageTimeout.String(),

@@ -29,7 +29,7 @@ import (
 // instance without DATABASE_DIRECT_URL is refused at start-up with a message
 // naming it, instead of running with a LISTEN that hears nothing.
 func TestPgBouncerTransactionPooling(t *testing.T) {
-	scenario(t, heavy, 12*time.Second)
+	scenario(t, heavy, 8*time.Second)
 	s := newStack(t, stackOptions{
 		faults: mockplatform.Faults{Latency: 2 * time.Millisecond, LatencyJitter: 10 * time.Millisecond},
 		// Leases long enough that a loaded machine never lets one run

@@ -410,7 +410,7 @@ func TestRetryAfterPausesEveryInstance(t *testing.T) {
 		{name: "CappedByRetryMax", header: 12 * time.Second, retryMax: 5 * time.Second, want: 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			scenario(t, quiet, 20*time.Second)
+			scenario(t, quiet, 12*time.Second)
 			s := newStack(t, stackOptions{env: merged(shortAttempts, map[string]string{"FORWARD_RETRY_MAX": tc.retryMax.String()})})
 			src := s.newSource(eventgen.SourceConfig{})
 			s.start("fwd-a", nil)
@@ -560,7 +560,7 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 // 999 to 30 % of requests is up (it answered); the breaker never opens,
 // and the rows are retried on the jittered schedule.
 func TestHealthyErrorsKeepTheBreakerClosed(t *testing.T) {
-	scenario(t, light, 6*time.Second)
+	scenario(t, light, 14*time.Second)
 	s := newStack(t, stackOptions{
 		env:    map[string]string{"FORWARD_RETRY_INITIAL": "200ms", "FORWARD_RETRY_MAX": "2s", "FORWARD_MAX_ATTEMPTS": "50"},
 		faults: mockplatform.Faults{Errcode999: 0.3},
@@ -640,7 +640,7 @@ func TestHealthyErrorsKeepTheBreakerClosed(t *testing.T) {
 // FAILED_REQUEUE_ROUNDS times, each round in the attempt log; rows the
 // platform rejected (errcode 998) never do.
 func TestCompensation(t *testing.T) {
-	scenario(t, light, 3*time.Second)
+	scenario(t, light, 9*time.Second)
 	const rounds = 2
 	s := newStack(t, stackOptions{
 		env: map[string]string{

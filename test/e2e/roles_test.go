@@ -36,7 +36,7 @@ import (
 // its audit row, and without the grants of the actions the console serves
 // read-only.
 func TestLeastPrivilegeRoles(t *testing.T) {
-	scenario(t, light, 20*time.Second)
+	scenario(t, light, 25*time.Second)
 	pg := pgtest.StartCluster(t)
 	blocks := roleBlocks(t)
 	runBlocks(t, pg, blocks, "superuser")

@@ -24,7 +24,7 @@ import (
 // (forwarder_leases_renewed_total > 0: rows were held that long). The platform takes a little time per request so that the
 // instances do hold rows behind their requests.
 func TestThreeInstancesShortLease(t *testing.T) {
-	scenario(t, alone, 30*time.Second)
+	scenario(t, alone, 45*time.Second)
 	s := newStack(t, stackOptions{
 		emptyDB: true,
 		env:     map[string]string{"CLAIM_LEASE": "3s", "FORWARD_TIMEOUT": "1s"},

@@ -17,7 +17,7 @@ import (
 // claims and the leases keep any two instances from sending the same row
 // (docs/guarantees.md #4).
 func TestThreeInstances(t *testing.T) {
-	scenario(t, heavy, 6*time.Second)
+	scenario(t, heavy, 12*time.Second)
 	// No instance dies here, so a long lease costs nothing; the stack's 3 s
 	// lease is for the crash scenarios, and three forwarders on two starved
 	// cores can let a claim outlive it, which is a slow instance, not two

@@ -28,7 +28,11 @@ import (
 // seconds late and the checks failed (requests during a pause, rows left
 // unclaimed under the rate limit, deliveries twice after a hang), which a
 // run one by one does not show as often. Within a lane the longest start
-// first, so that the suite ends sooner.
+// first, so that the suite ends sooner, and a scenario that waits for room
+// keeps its turn: while it waits, only scenarios whose expects say they
+// end before it can start take the room that is free (backfilling, as
+// batch schedulers do), which keeps both seats of a lane busy while a
+// scenario that needs the whole lane waits for a long one to end.
 var (
 	heavyLane = &lane{name: "heavy", room: 2}
 	lightLane = &lane{name: "light", room: 2}
@@ -59,6 +63,8 @@ type lane struct {
 	used    int
 	queued  int
 	waiting []*ticket
+	// running are the scenarios granted room, until they give it back.
+	running []*ticket
 }
 
 // ticket is one scenario's place in a lane.
@@ -71,6 +77,8 @@ type ticket struct {
 	// held by go test's -parallel limit never keeps room it cannot use.
 	ready   bool
 	granted chan struct{}
+	// ends is when the scenario should end by its expect, once granted.
+	ends time.Time
 }
 
 // scenario runs t in parallel with the other scenarios once its lanes have
@@ -88,7 +96,7 @@ func scenario(t *testing.T, s seat, expect time.Duration) {
 	t.Parallel()
 	for i, c := range s {
 		c.lane.wait(tickets[i])
-		t.Cleanup(func() { c.lane.release(c.room) })
+		t.Cleanup(func() { c.lane.release(tickets[i]) })
 	}
 	started := time.Now()
 	t.Cleanup(func() { reportScenario(t.Name(), s, expect, started) })
@@ -154,33 +162,123 @@ func (l *lane) wait(tk *ticket) {
 	<-tk.granted
 }
 
-func (l *lane) release(room int) {
+func (l *lane) release(tk *ticket) {
 	l.mu.Lock()
-	l.used -= room
+	l.used -= tk.room
+	l.running = slices.DeleteFunc(l.running, func(r *ticket) bool { return r == tk })
 	l.grantLocked()
 	l.mu.Unlock()
 }
 
 // grantLocked lets the running scenarios in, longest first, as long as the
-// next fits: one that does not yet waits for room, and those after it wait
-// behind it, so that a scenario needing the whole lane is not passed over
-// until the end.
+// next fits. The first that does not fit keeps its turn: those after it
+// are let in only when they fit and their expect ends before the time the
+// first will have room, by the expects of those running (never, once one
+// of those runs past its expect), so that a scenario needing the whole
+// lane is not passed over until the end.
 func (l *lane) grantLocked() {
 	slices.SortFunc(l.waiting, func(a, b *ticket) int {
 		return cmp.Or(cmp.Compare(b.expect, a.expect), cmp.Compare(a.seq, b.seq))
 	})
+	now := time.Now()
 	kept := l.waiting[:0]
-	blocked := false
+	var roomAt time.Time // when the first that did not fit will have room
 	for _, tk := range l.waiting {
-		if !blocked && tk.ready {
-			if l.used+tk.room <= l.room {
-				l.used += tk.room
-				close(tk.granted)
-				continue
-			}
-			blocked = true
+		fits := tk.ready && l.used+tk.room <= l.room
+		switch {
+		case fits && (roomAt.IsZero() || !now.Add(tk.expect).After(roomAt)):
+			l.used += tk.room
+			tk.ends = now.Add(tk.expect)
+			l.running = append(l.running, tk)
+			close(tk.granted)
+			continue
+		case tk.ready && !fits && roomAt.IsZero():
+			roomAt = l.roomAtLocked(tk.room, now)
 		}
 		kept = append(kept, tk)
 	}
 	l.waiting = kept
+}
+
+// roomAtLocked is when room will be free in the lane, by the expects of the
+// scenarios running: now at the earliest.
+func (l *lane) roomAtLocked(room int, now time.Time) time.Time {
+	running := slices.SortedFunc(slices.Values(l.running), func(a, b *ticket) int { return a.ends.Compare(b.ends) })
+	free, at := l.room-l.used, now
+	for _, r := range running {
+		if free >= room {
+			break
+		}
+		free += r.room
+		at = later(at, r.ends)
+	}
+	return at
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// TestLaneBackfills: while a scenario that needs the whole lane waits for
+// a long one, a scenario that ends before then by its expect takes the free
+// seat, one that would not waits, and none is let in once the long one
+// runs past its expect.
+func TestLaneBackfills(t *testing.T) {
+	l := &lane{name: "test", room: 2}
+	add := func(room int, expect time.Duration) *ticket {
+		tk := l.enqueue(room, expect)
+		tk.ready = true
+		return tk
+	}
+	granted := func(tk *ticket) bool {
+		select {
+		case <-tk.granted:
+			return true
+		default:
+			return false
+		}
+	}
+	grant := func() {
+		l.mu.Lock()
+		l.grantLocked()
+		l.mu.Unlock()
+	}
+	long := add(1, time.Minute)
+	whole := add(2, 30*time.Second)
+	short := add(1, 20*time.Second)
+	grant()
+	if !granted(long) || granted(whole) || !granted(short) {
+		t.Fatalf("granted long %v, whole %v, short %v; want the long one, and the short one beside it while the whole-lane one waits",
+			granted(long), granted(whole), granted(short))
+	}
+	l.release(short)
+	// The long one now ends in 15 s by its expect: a scenario of 20 s
+	// would keep the whole-lane one waiting past it, one of 10 s would not.
+	l.mu.Lock()
+	long.ends = time.Now().Add(15 * time.Second)
+	l.mu.Unlock()
+	tooLong := add(1, 20*time.Second)
+	fitting := add(1, 10*time.Second)
+	grant()
+	if granted(tooLong) || !granted(fitting) || granted(whole) {
+		t.Fatalf("granted 20 s %v, 10 s %v, whole %v; want only the 10 s one", granted(tooLong), granted(fitting), granted(whole))
+	}
+	l.release(fitting)
+	// Past its expect the long one could end any moment: nobody passes the
+	// whole-lane one any more.
+	l.mu.Lock()
+	long.ends = time.Now().Add(-time.Second)
+	l.mu.Unlock()
+	tiny := add(1, time.Second)
+	grant()
+	if granted(tiny) || granted(tooLong) {
+		t.Fatalf("granted 1 s %v, 20 s %v beside a scenario past its expect; want none before the whole-lane one", granted(tiny), granted(tooLong))
+	}
+	l.release(long)
+	if !granted(whole) || granted(tiny) {
+		t.Fatalf("after the long one: whole %v, 1 s %v; want the whole-lane one first", granted(whole), granted(tiny))
+	}
 }

@@ -66,7 +66,7 @@ func TestSecretsWithMetacharacters(t *testing.T) {
 	cluster := passwordCluster(t)
 	for i, tc := range hostileSecrets {
 		t.Run(tc.name, func(t *testing.T) {
-			scenario(t, light, 4*time.Second)
+			scenario(t, light, 7*time.Second)
 			pwd := tc.value
 			name := tc.value + "~name"
 			dbPwd := tc.value + "~db"

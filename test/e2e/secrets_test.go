@@ -19,7 +19,7 @@ import (
 // errors, malformed messages, the /metrics page. (Every other scenario also
 // checks its logs and rows for the password.)
 func TestPasswordNeverLeaks(t *testing.T) {
-	scenario(t, light, 7*time.Second)
+	scenario(t, light, 15*time.Second)
 	s := newStack(t, stackOptions{
 		env:    map[string]string{"LOG_LEVEL": "DEBUG", "FORWARD_MAX_ATTEMPTS": "100"},
 		faults: mockplatform.Faults{Errcode999: 0.1, HTTP5xx: 0.1},

@@ -25,7 +25,7 @@ import (
 // start-up and by `outbox migrate` with an error that says so, and neither
 // prints the connection string or its password.
 func TestPostgresVerifiedTLS(t *testing.T) {
-	scenario(t, light, 15*time.Second)
+	scenario(t, light, 12*time.Second)
 	dir := t.TempDir()
 	ca := makeCA(t, dir, "ca")
 	makeCA(t, dir, "other-ca")
