@@ -34,16 +34,6 @@ func TestGateSharedByInstances(t *testing.T) {
 		}
 		return a, b
 	}
-	eventually := func(t *testing.T, what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 5s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 
 	t.Run("OneInstanceOpensItForAll", func(t *testing.T) {
 		t.Parallel()
@@ -281,16 +271,6 @@ func TestGateFollowsTheOperatorsPause(t *testing.T) {
 	stopA := sync.OnceFunc(a.Stop)
 	t.Cleanup(stopA)
 	t.Cleanup(b.Stop)
-	eventually := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 5s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	holding := func(g *Gate) bool {
 		blocked, _, _ := g.Blocked()
 		return blocked && g.allow(1) == Deny
@@ -299,7 +279,7 @@ func TestGateFollowsTheOperatorsPause(t *testing.T) {
 	if _, err := outboxdb.PauseDelivery(ctx, pool, time.Time{}, "alice", "maintenance"); err != nil {
 		t.Fatal(err)
 	}
-	eventually("both instances hold delivery", func() bool { return holding(a) && holding(b) })
+	eventually(t, "both instances hold delivery", func() bool { return holding(a) && holding(b) })
 	// Not even a probe: the breaker's own state does not matter.
 	a.MarkProbe(7, true)
 	if p := a.allow(7); p != Deny {
@@ -320,7 +300,7 @@ func TestGateFollowsTheOperatorsPause(t *testing.T) {
 	if was, err := outboxdb.ResumeDelivery(ctx, pool, "bob"); err != nil || !was {
 		t.Fatalf("resume: %v, %v", was, err)
 	}
-	eventually("both instances send again", func() bool { return !holding(a) && !holding(b) })
+	eventually(t, "both instances send again", func() bool { return !holding(a) && !holding(b) })
 	for name, g := range map[string]*Gate{"a": a, "b": b} {
 		if l := g.Limiter().Limit(); l != 1 {
 			t.Errorf("%s resumed with a concurrency limit of %d, want 1 (the ramp after an outage)", name, l)
@@ -331,7 +311,7 @@ func TestGateFollowsTheOperatorsPause(t *testing.T) {
 	if _, err := outboxdb.PauseDelivery(ctx, pool, time.Now().Add(time.Second), "alice", "short"); err != nil {
 		t.Fatal(err)
 	}
-	eventually("the short pause holds", func() bool { return holding(a) })
+	eventually(t, "the short pause holds", func() bool { return holding(a) })
 	a.mu.Lock()
 	end := a.hold.end
 	a.mu.Unlock()
@@ -428,16 +408,6 @@ func TestGatePausedDuringAnOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(g.Stop)
-	eventually := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 5s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	held := func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -453,7 +423,7 @@ func TestGatePausedDuringAnOutage(t *testing.T) {
 	if _, err := outboxdb.PauseDelivery(ctx, pool, time.Time{}, "alice", "the platform's maintenance"); err != nil {
 		t.Fatal(err)
 	}
-	eventually("the gate holds", held)
+	eventually(t, "the gate holds", held)
 	time.Sleep(3 * g.cfg.ProbeInterval) // probes would be due
 	if g.TryProbe(ctx) {
 		t.Error("a probe was taken while paused during an outage")
@@ -462,7 +432,7 @@ func TestGatePausedDuringAnOutage(t *testing.T) {
 	if _, err := outboxdb.ResumeDelivery(ctx, pool, "bob"); err != nil {
 		t.Fatal(err)
 	}
-	eventually("the gate lets go", func() bool { return !held() })
+	eventually(t, "the gate lets go", func() bool { return !held() })
 	if s := g.State(); s != BreakerOpen {
 		t.Errorf("breaker %v after the resume, want still OPEN: nothing has shown the platform up", s)
 	}
@@ -472,5 +442,17 @@ func TestGatePausedDuringAnOutage(t *testing.T) {
 	if l := g.Limiter().Limit(); l != 1 {
 		t.Errorf("concurrency limit %d after the resume during an outage, want 1", l)
 	}
-	eventually("probes go again", func() bool { return g.TryProbe(ctx) })
+	eventually(t, "probes go again", func() bool { return g.TryProbe(ctx) })
+}
+
+// eventually fails t unless ok holds within 5 s.
+func eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
