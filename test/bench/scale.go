@@ -61,9 +61,11 @@ type scaleResult struct {
 	// ShowP50 and FindP50 are `outbox show <key>` and `outbox find
 	// --plate` (outboxdb.ShowRecord and Find, default limit).
 	ShowP50, FindP50 time.Duration
-	LoadDuration     time.Duration
-	VacuumDuration   time.Duration
-	ChurnPerSec      float64
+	// Partitions is how many partitions forward_messages has.
+	Partitions     int
+	LoadDuration   time.Duration
+	VacuumDuration time.Duration
+	ChurnPerSec    float64
 	// Drain is the claim time by tenth of a backlog drained in one go
 	// (first tenth first), and DrainPerSec its claim + record rate.
 	Drain       []time.Duration
@@ -163,6 +165,9 @@ func scaleSize(ctx context.Context, c *scaleConfig, dsn string, load bool) ([]sc
 		first    scaleResult
 		finished int64
 	)
+	if err := ensureLoadPartitions(ctx, pool); err != nil {
+		return nil, err
+	}
 	if load {
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_messages`).Scan(&finished); err != nil {
 			return nil, err
@@ -329,6 +334,9 @@ func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix
 		)
 		SELECT coalesce(sum(pg_total_relation_size(rels.relid)), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint
 		FROM rels LEFT JOIN pg_stat_user_tables s ON s.relid = rels.relid`).Scan(&r.TableBytes, &r.DeadTuples); err != nil {
+		return err
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_partition_tree('forward_messages') WHERE isleaf`).Scan(&r.Partitions); err != nil {
 		return err
 	}
 	logf("measuring %s (%s with indexes, %d dead row versions)", r.Label, mib(r.TableBytes), r.DeadTuples)
@@ -556,6 +564,17 @@ func (s *finishedSource) Next() bool {
 func (s *finishedSource) Values() ([]any, error) { return s.row, nil }
 func (s *finishedSource) Err() error             { return s.err }
 
+// ensureLoadPartitions creates the daily partitions of the 30 days a load's
+// rows are created over. The empty table gets them too: the claim and the
+// lookups probe every partition kept, so their cost follows the partitions
+// as well as the rows, and the two tables are compared at the same count.
+func ensureLoadPartitions(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, `SELECT forward_partition_ensure($1::timestamptz - interval '31 days', $1::timestamptz + interval '1 day', interval '1 day')`, time.Now()); err != nil {
+		return fmt.Errorf("creating the partitions of the load: %w", err)
+	}
+	return nil
+}
+
 // copyFinished loads rows from..c.Rows with c.Workers concurrent COPYs.
 func copyFinished(ctx context.Context, pool *pgxpool.Pool, c scaleConfig, from int) (time.Duration, error) {
 	src, err := eventgen.NewSource(eventgen.SourceConfig{Seed: c.Seed})
@@ -590,11 +609,10 @@ func copyFinished(ctx context.Context, pool *pgxpool.Pool, c scaleConfig, from i
 			}
 		}
 	}()
-	now := time.Now()
-	// The daily partitions of the 30 days the rows were created over.
-	if _, err := pool.Exec(ctx, `SELECT forward_partition_ensure($1::timestamptz - interval '31 days', $1::timestamptz + interval '1 day', interval '1 day')`, now); err != nil {
-		return 0, fmt.Errorf("creating the partitions of the load: %w", err)
+	if err := ensureLoadPartitions(ctx, pool); err != nil {
+		return 0, err
 	}
+	now := time.Now()
 	for range c.Workers {
 		wg.Add(1)
 		go func() {
@@ -678,11 +696,11 @@ func scaleMarkdown(c scaleConfig, rs []scaleResult) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Machine: %s. Load average (1 min) %.2f. Claims of %d rows out of a backlog of %d PENDING rows; gauge refresh = outboxdb.ReadRecordGauges.\n\n",
 		describeMachine(c.pgVersion), loadAvg(), c.ClaimBatch, c.Backlog)
-	b.WriteString("| finished rows | state | table + indexes | dead row versions | claim p50 / p95 | claim scan buffers | record p50 | gauge refresh p50 / p95 | gauge buffers | SUCCESS gauge | outbox stats | show p50 | find --plate p50 |\n")
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n")
+	b.WriteString("| finished rows | partitions | state | table + indexes | dead row versions | claim p50 / p95 | claim scan buffers | record p50 | gauge refresh p50 / p95 | gauge buffers | SUCCESS gauge | outbox stats | show p50 | find --plate p50 |\n")
+	b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %d | %s | %s | %d | %s / %s | %d | %s | %s / %s | %d | %s | %s | %s | %s |\n",
-			r.Finished, r.Label, mib(r.TableBytes), r.DeadTuples, ms(r.ClaimP50), ms(r.ClaimP95), r.ClaimScanBufs, ms(r.RecordP50),
+		fmt.Fprintf(&b, "| %d | %d | %s | %s | %d | %s / %s | %d | %s | %s / %s | %d | %s | %s | %s | %s |\n",
+			r.Finished, r.Partitions, r.Label, mib(r.TableBytes), r.DeadTuples, ms(r.ClaimP50), ms(r.ClaimP95), r.ClaimScanBufs, ms(r.RecordP50),
 			ms(r.GaugesP50), ms(r.GaugesP95), r.GaugesBuffers, r.GaugeSource, ms(r.StatsDuration), ms(r.ShowP50), ms(r.FindP50))
 	}
 	for _, r := range rs {
