@@ -41,6 +41,9 @@ type scaleConfig struct {
 	Keep        bool
 	Workers     int
 	Seed        uint64
+	// ExplainClaim prints the whole plan of one claim of each
+	// measurement, with its times and buffers.
+	ExplainClaim bool
 }
 
 // scaleResult is one measurement: a table size and state.
@@ -87,6 +90,7 @@ func runScale(ctx context.Context, args []string) error {
 	fs.BoolVar(&c.Keep, "keep", false, "keep the private cluster's directory")
 	fs.IntVar(&c.Workers, "copy-workers", 2, "concurrent COPY streams")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the payloads")
+	fs.BoolVar(&c.ExplainClaim, "explain-claim", false, "print EXPLAIN (ANALYZE, BUFFERS) of one claim of each measurement")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -360,6 +364,13 @@ func scaleMeasure(ctx context.Context, c scaleConfig, pool *pgxpool.Pool, prefix
 	if r.ClaimScanBufs, err = explainBuffers(ctx, pool, "due", outboxdb.ClaimSQL(), c.ClaimBatch, int64(60_000), "scale", 5, int64(-1)); err != nil {
 		return fmt.Errorf("explaining the claim: %w", err)
 	}
+	if c.ExplainClaim {
+		plan, err := explainText(ctx, pool, outboxdb.ClaimSQL(), c.ClaimBatch, int64(60_000), "scale", 5, int64(-1))
+		if err != nil {
+			return fmt.Errorf("explaining the claim: %w", err)
+		}
+		logf("the claim's plan (%s):\n%s", r.Label, plan)
+	}
 	if r.GaugesBuffers, err = explainBuffers(ctx, pool, "", outboxdb.RecordGaugesSQL()); err != nil {
 		return fmt.Errorf("explaining the gauges: %w", err)
 	}
@@ -427,6 +438,22 @@ const scalePlates = 200_000
 
 // scalePlate is the plate of row i of a load or a backlog.
 func scalePlate(i int64) string { return fmt.Sprintf("SC%06d", i%scalePlates) }
+
+// explainText runs EXPLAIN (ANALYZE, BUFFERS) of a statement in a
+// transaction it rolls back and returns the plan as text.
+func explainText(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (string, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback(ctx)
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+	if err != nil {
+		return "", err
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return strings.Join(lines, "\n"), err
+}
 
 // explainBuffers runs EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of a statement
 // in a transaction it rolls back and returns the shared buffers (hit + read)
