@@ -99,15 +99,25 @@ WITH async AS (
     WHERE due.prev_status = 'IN_PROGRESS'
 )
 -- The claimed rows as forward_records shows them, their message read by
--- (id, created_at): one partition per row (run-time pruning). An exhausted
--- row's last_error names why it must fail. trace_parent continues the
--- message's trace (docs/operations.md, "Tracing").
+-- (id, created_at): one partition per row (run-time pruning). The LATERAL
+-- subquery, kept apart by its LIMIT, gives the partitions both values of
+-- the same claimed row: as a plain join, the planner may probe every
+-- partition by id (from due, equal to it) and check created_at afterwards,
+-- which at 10 M rows over 35 daily partitions made the claim 2-3 times
+-- slower (docs/benchmarks.md, "Scale"). An exhausted row's last_error names
+-- why it must fail. trace_parent continues the message's trace
+-- (docs/operations.md, "Tracing").
 SELECT m.id, m.message_key, m.api_type, m.kafka_topic, m.kafka_partition, m.kafka_offset,
        m.kafka_key, m.payload, m.created_at, m.trace_parent,
        'IN_PROGRESS' AS status, c.attempt_count, c.claim_token::text AS claim_token, c.claimed_by,
        c.next_retry_at, c.last_error, due.exhausted
 FROM claimed c
 JOIN due ON due.id = c.id
-JOIN forward_messages m ON m.id = c.id AND m.created_at = c.created_at
+CROSS JOIN LATERAL (
+    SELECT fm.id, fm.message_key, fm.api_type, fm.kafka_topic, fm.kafka_partition, fm.kafka_offset,
+           fm.kafka_key, fm.payload, fm.created_at, fm.trace_parent
+    FROM forward_messages fm
+    WHERE fm.id = c.id AND fm.created_at = c.created_at
+    LIMIT 1) AS m
 CROSS JOIN async
 WHERE async.done = 'off';
