@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -131,7 +132,7 @@ func PauseNotice(payload string) (left time.Duration, ok bool) {
 		return 0, false
 	}
 	n, err := strconv.ParseInt(ms, 10, 64)
-	if err != nil || n < 0 {
+	if err != nil || n < 0 || n > int64(math.MaxInt64/time.Millisecond) {
 		return 0, false
 	}
 	return time.Duration(n) * time.Millisecond, true

@@ -30,3 +30,24 @@ func TestPausePlatformIsNeverShorterThanAsked(t *testing.T) {
 		}
 	}
 }
+
+// TestPauseNotice: only a pause's announcement is read as one; any other
+// payload on the channel (a new row's, an operator's requeue, a foreign
+// or damaged one) is left for the wake-up.
+func TestPauseNotice(t *testing.T) {
+	t.Parallel()
+	for payload, want := range map[string]time.Duration{
+		"pause 0":        0,
+		"pause 5000":     5 * time.Second,
+		"pause 86400000": 24 * time.Hour,
+	} {
+		if got, ok := outboxdb.PauseNotice(payload); !ok || got != want {
+			t.Errorf("PauseNotice(%q) = %v, %v; want %v", payload, got, ok, want)
+		}
+	}
+	for _, payload := range []string{"", "requeued", "pause", "pause ", "pause -5", "pause 1.5", "pause 5s", "Pause 5", "pause 99999999999999999999", "pause 9223372036854775807"} {
+		if got, ok := outboxdb.PauseNotice(payload); ok {
+			t.Errorf("PauseNotice(%q) = %v, true; want not a pause", payload, got)
+		}
+	}
+}

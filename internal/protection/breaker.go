@@ -132,24 +132,18 @@ const (
 	recover            // close it (from half-open)
 )
 
-// observe records a reply to an ordinary request (not a probe) for the
-// message of row id; fresh says the message's attempts were unspent. For
-// an unavailable reply, counts says whether it may spend the row's attempt:
-// only while the platform is evidently up, that is the breaker is closed,
-// another message was answered within the window, fewer than Messages
-// distinct messages failed since, and one was answered since this message's
-// own previous failure (a message failing again before anything else got
-// through says nothing about itself).
-func (b *breaker) observe(now time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
-	return b.observeRequest(now, now, id, fresh, unavailable)
-}
-
-// observeRequest is observe for a request sent at sent. A message's failure
-// counts only when a request sent after its previous failure was answered
-// healthy: at the start of an outage the requests sent before it are still
-// answered for a moment, and a message retried quickly would otherwise find
-// one of those replies between each of its failures and spend every
-// attempt on the outage.
+// observeRequest records the reply, at now, to an ordinary request (not a
+// probe) sent at sent for the message of row id; fresh says the message's
+// attempts were unspent. For an unavailable reply, counts says whether it
+// may spend the row's attempt: only while the platform is evidently up,
+// that is the breaker is closed, another message was answered within the
+// window, fewer than Messages distinct messages failed since, and a
+// request sent after this message's own previous failure was answered
+// healthy (a message failing again before anything else got through says
+// nothing about itself; and at the start of an outage the requests sent
+// before it are still answered for a moment, so that a message retried
+// quickly would otherwise find one of those replies between each of its
+// failures and spend every attempt on the outage).
 func (b *breaker) observeRequest(now, sent time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
 	b.expire(now)
 	b.seq++

@@ -7,6 +7,11 @@ import (
 	"time"
 )
 
+// observe is observeRequest for a request answered as soon as it was sent.
+func (b *breaker) observe(now time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
+	return b.observeRequest(now, now, id, fresh, unavailable)
+}
+
 func TestBreaker(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)

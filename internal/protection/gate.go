@@ -236,8 +236,8 @@ func (g *Gate) sync(ctx context.Context) {
 func (g *Gate) follow(s outboxdb.PlatformState, arrived time.Time, seen uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if until := arrived.Add(s.PausedFor); s.PausedFor > 0 && until.After(g.pausedUntil) {
-		g.pausedUntil = until
+	if s.PausedFor > 0 {
+		g.lengthenPauseLocked(arrived.Add(s.PausedFor))
 	}
 	// The operator's pause is never this instance's decision: it is
 	// followed whatever this instance decided meanwhile.
@@ -580,11 +580,7 @@ func (g *Gate) pause(ctx context.Context, d time.Duration) {
 	defer g.mu.Unlock()
 	g.decisions++
 	until := time.Now().Add(d)
-	if until.After(g.pausedUntil) {
-		g.pausedUntil = until
-		close(g.changed)
-		g.changed = make(chan struct{})
-	}
+	g.lengthenPauseLocked(until)
 	if until.After(g.pauseWanted) {
 		g.pauseWanted = until
 	}
@@ -622,7 +618,17 @@ func (g *Gate) pause(ctx context.Context, d time.Duration) {
 func (g *Gate) FollowPause(left time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if until := time.Now().Add(left); left > 0 && until.After(g.pausedUntil) {
+	if left > 0 {
+		g.lengthenPauseLocked(time.Now().Add(left))
+	}
+}
+
+// lengthenPauseLocked holds requests until until, unless a longer pause
+// holds them already (whoever asked for it: this instance's reply, another
+// instance's announcement or the shared state's read), and wakes whoever
+// waits on a change of state.
+func (g *Gate) lengthenPauseLocked(until time.Time) {
+	if until.After(g.pausedUntil) {
 		g.pausedUntil = until
 		close(g.changed)
 		g.changed = make(chan struct{})
