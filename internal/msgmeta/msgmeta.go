@@ -41,10 +41,14 @@ const (
 	ClaimToken       = "claim_token"
 	CreatedAtMs      = "outbox_created_at_ms"
 	LeaseExpiresAtMs = "lease_expires_at_ms"
-	LastError        = "last_error"
-	LastHTTPStatus   = "last_http_status"
-	AttemptCount     = "attempt_count"
-	FailedAtMs       = "failed_at_ms"
+	// PreviousFailureAtMs is when a failed attempt last sent the row back
+	// to PENDING (on any instance), rounded up to the millisecond; absent
+	// when it has not failed.
+	PreviousFailureAtMs = "previous_failure_at_ms"
+	LastError           = "last_error"
+	LastHTTPStatus      = "last_http_status"
+	AttemptCount        = "attempt_count"
+	FailedAtMs          = "failed_at_ms"
 )
 
 // Kafka is where a message was read.
@@ -144,6 +148,11 @@ type Claim struct {
 	// zero when unknown. The dispatcher renews leases of rows it holds, so
 	// the output asks it for the current one.
 	LeaseExpiresAt time.Time
+	// PreviousFailure is when a failed attempt last sent the row back to
+	// PENDING, on whichever instance made it; zero when it has not failed.
+	// The platform's protection counts the row's next failure only once
+	// the platform has answered a request sent after that one.
+	PreviousFailure time.Time
 }
 
 // SetClaim sets the claim metadata (and the row's Kafka origin) of msg.
@@ -152,6 +161,10 @@ func SetClaim(msg *service.Message, c Claim) {
 	msg.MetaSetMut(Attempt, int64(c.Attempt))
 	msg.MetaSetMut(ClaimToken, c.Token)
 	msg.MetaSetMut(LeaseExpiresAtMs, c.LeaseExpiresAt.UnixMilli())
+	if !c.PreviousFailure.IsZero() {
+		// Rounded up: read back, it is never earlier than the failure.
+		msg.MetaSetMut(PreviousFailureAtMs, c.PreviousFailure.Add(time.Millisecond-time.Nanosecond).UnixMilli())
+	}
 }
 
 // ReadClaim reads the claim a message carries. The id, token and attempt
@@ -191,7 +204,9 @@ func ReadClaim(msg *service.Message) (Claim, error) {
 	c.APIType, _ = msg.MetaGet(APIType)
 	c.MessageKey, _ = msg.MetaGet(MessageKey)
 	c.Kafka, _ = ReadKafka(msg)
-	for key, into := range map[string]*time.Time{CreatedAtMs: &c.CreatedAt, LeaseExpiresAtMs: &c.LeaseExpiresAt} {
+	for key, into := range map[string]*time.Time{
+		CreatedAtMs: &c.CreatedAt, LeaseExpiresAtMs: &c.LeaseExpiresAt, PreviousFailureAtMs: &c.PreviousFailure,
+	} {
 		v, ok := msg.MetaGet(key)
 		if !ok || v == "" {
 			continue

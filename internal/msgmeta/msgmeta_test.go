@@ -16,7 +16,7 @@ func TestClaimRoundTrip(t *testing.T) {
 	want := msgmeta.Claim{
 		ID: 42, MessageKey: "8f14e45f", APIType: "VEHICLE_EVENT", Attempt: 3, Token: "tok",
 		Kafka:     msgmeta.Kafka{Topic: "device-vehicle-event", Partition: 2, Offset: 99, Key: []byte("CAM-1")},
-		CreatedAt: created, LeaseExpiresAt: lease,
+		CreatedAt: created, LeaseExpiresAt: lease, PreviousFailure: created.Add(1500 * time.Microsecond),
 	}
 	msg := service.NewMessage(nil)
 	msgmeta.SetClaim(msg, want)
@@ -26,9 +26,21 @@ func TestClaimRoundTrip(t *testing.T) {
 	}
 	if got.ID != want.ID || got.MessageKey != want.MessageKey || got.APIType != want.APIType ||
 		got.Attempt != want.Attempt || got.Token != want.Token || !got.CreatedAt.Equal(created) ||
-		!got.LeaseExpiresAt.Equal(lease) || got.Kafka.Topic != want.Kafka.Topic ||
+		!got.LeaseExpiresAt.Equal(lease) || !got.PreviousFailure.Equal(created.Add(2*time.Millisecond)) || got.Kafka.Topic != want.Kafka.Topic ||
 		got.Kafka.Partition != 2 || got.Kafka.Offset != 99 || string(got.Kafka.Key) != "CAM-1" {
 		t.Fatalf("read back %+v, want %+v", got, want)
+	}
+}
+
+func TestClaimWithoutPreviousFailure(t *testing.T) {
+	msg := service.NewMessage(nil)
+	msgmeta.SetClaim(msg, msgmeta.Claim{ID: 1, Token: "t", Attempt: 1})
+	if v, ok := msg.MetaGet(msgmeta.PreviousFailureAtMs); ok {
+		t.Fatalf("a row that has not failed carries %s=%q", msgmeta.PreviousFailureAtMs, v)
+	}
+	got, err := msgmeta.ReadClaim(msg)
+	if err != nil || !got.PreviousFailure.IsZero() {
+		t.Fatalf("read back %v (err %v), want no previous failure", got.PreviousFailure, err)
 	}
 }
 

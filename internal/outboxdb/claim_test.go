@@ -84,6 +84,37 @@ func TestClaimDue(t *testing.T) {
 		}
 	})
 
+	t.Run("CarriesTheRowsPreviousFailure", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		b.InsertDue("due", 1)
+		first := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "a", MaxAttempts: 5}).Claimed[0]
+		if first.PreviousFailureAt != nil {
+			t.Fatalf("a row never attempted carries a previous failure at %v", *first.PreviousFailureAt)
+		}
+		// Attempt 1 fails on instance a; the retry is claimed by b, which
+		// must learn when (the platform's protection counts it only once a
+		// request sent after that was answered).
+		dbNow := func() (at time.Time) {
+			if err := b.Pool.QueryRow(b.Ctx, `SELECT clock_timestamp()`).Scan(&at); err != nil {
+				t.Fatal(err)
+			}
+			return at
+		}
+		before := dbNow()
+		if _, err := outboxdb.RecordResults(b.Ctx, b.Pool, []outboxdb.Result{{ID: first.ID, ClaimToken: first.ClaimToken,
+			Status: outboxdb.StatusPending, Sent: true, HTTPStatus: 503, Error: "http 503"}}, outboxdb.RecordOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		after := dbNow()
+		retry := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "b", MaxAttempts: 5}).Claimed[0]
+		if retry.ID != first.ID || retry.PreviousFailureAt == nil ||
+			retry.PreviousFailureAt.Before(before) || retry.PreviousFailureAt.After(after) {
+			t.Fatalf("retry of row %d carries previous failure %v, want the result write's time, between %v and %v",
+				first.ID, retry.PreviousFailureAt, before, after)
+		}
+	})
+
 	t.Run("LimitIsHonoured", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)

@@ -46,6 +46,11 @@ type Record struct {
 	// DeadLetterToken fences the dead-letter topic's claim of a FAILED row
 	// (ClaimDeadLetters); "" when none.
 	DeadLetterToken string `db:"dead_letter_token" json:"-"`
+	// PreviousFailureAt is when a failed attempt last sent the row back to
+	// PENDING, on whichever instance (database clock); nil when it has not
+	// failed. Claims return it, for the platform's protection to tell a
+	// message failing again during an outage from one failing on its own.
+	PreviousFailureAt *time.Time `db:"previous_failure_at" json:"-"`
 	// TraceParent is the W3C traceparent the message was inserted under
 	// (docs/operations.md, "Tracing"); nil when it was inserted without
 	// tracing. Claims return it.

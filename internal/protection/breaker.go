@@ -95,7 +95,7 @@ type breaker struct {
 	seq         uint64
 	// healthySent is when the latest-sent request answered healthy was
 	// sent: a reply to a request sent before a message's failure says
-	// nothing of the platform after it (see observeRequest).
+	// nothing of the platform after it (see observeReply).
 	healthySent time.Time
 	// first is when the first reply came: silence counts from it until the
 	// platform has answered once.
@@ -132,25 +132,28 @@ const (
 	recover            // close it (from half-open)
 )
 
-// observeRequest records the reply, at now, to an ordinary request (not a
-// probe) sent at sent for the message of row id; fresh says the message's
-// attempts were unspent. For an unavailable reply, counts says whether it
-// may spend the row's attempt: only while the platform is evidently up,
-// that is the breaker is closed, another message was answered within the
-// window, fewer than Messages distinct messages failed since, and a
-// request sent after this message's own previous failure was answered
-// healthy (a message failing again before anything else got through says
-// nothing about itself; and at the start of an outage the requests sent
-// before it are still answered for a moment, so that a message retried
-// quickly would otherwise find one of those replies between each of its
-// failures and spend every attempt on the outage).
-func (b *breaker) observeRequest(now, sent time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
+// observeReply records r, the reply at now to an ordinary request (not a
+// probe) for the message of row id. For an unavailable reply, counts says
+// whether it may spend the row's attempt: only while the platform is
+// evidently up, that is the breaker is closed, another message was
+// answered within the window, fewer than Messages distinct messages failed
+// since, and a request sent after this message's own previous failure was
+// answered healthy (a message failing again before anything else got
+// through says nothing about itself; and at the start of an outage the
+// requests sent before it are still answered for a moment, so that a
+// message retried quickly would otherwise find one of those replies
+// between each of its failures and spend every attempt on the outage).
+// The previous failure is the later of the one this breaker saw and the
+// one the row carries (r.PreviousFailure), since a row's retries may go to
+// any instance.
+func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, counts bool) {
+	sent := cmp.Or(r.Sent, now)
 	b.expire(now)
 	b.seq++
 	if b.first.IsZero() {
 		b.first = now
 	}
-	if !unavailable {
+	if !r.Unavailable {
 		b.lastHealthy, b.healthySeq = now, b.seq
 		if sent.After(b.healthySent) {
 			b.healthySent = sent
@@ -165,12 +168,15 @@ func (b *breaker) observeRequest(now, sent time.Time, id int64, fresh, unavailab
 		}
 		return stay, true
 	}
-	prev, failedBefore := b.latest[id]
-	f := failure{id: id, at: now, seq: b.seq, fresh: fresh}
+	previous := r.PreviousFailure
+	if prev, ok := b.latest[id]; ok && prev.at.After(previous) {
+		previous = prev.at
+	}
+	f := failure{id: id, at: now, seq: b.seq, fresh: r.Fresh}
 	b.latest[id] = f
 	b.failures = append(b.failures, f)
 	counts = b.state == BreakerClosed && b.evidentlyUp(now) &&
-		(!failedBefore || (prev.seq < b.healthySeq && prev.at.Before(b.healthySent)))
+		(previous.IsZero() || now.Sub(previous) > b.cfg.Window || previous.Before(b.healthySent))
 	if b.state != BreakerOpen && b.judgedDown(now) {
 		b.set(BreakerOpen, now)
 		return trip, false

@@ -7,9 +7,14 @@ import (
 	"time"
 )
 
-// observe is observeRequest for a request answered as soon as it was sent.
+// observe is observeReply for a request answered as soon as it was sent.
 func (b *breaker) observe(now time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
 	return b.observeRequest(now, now, id, fresh, unavailable)
+}
+
+// observeRequest is observeReply for a request sent at sent.
+func (b *breaker) observeRequest(now, sent time.Time, id int64, fresh, unavailable bool) (t transition, counts bool) {
+	return b.observeReply(now, id, Reply{Sent: sent, Fresh: fresh, Unavailable: unavailable})
 }
 
 func TestBreaker(t *testing.T) {
@@ -190,6 +195,40 @@ func TestBreaker(t *testing.T) {
 		b.observeRequest(last.Add(40*time.Millisecond), last.Add(10*time.Millisecond), 3000, true, false)
 		if _, counts := b.observeRequest(last.Add(100*time.Millisecond), last.Add(90*time.Millisecond), 7, false, true); !counts {
 			t.Fatal("a failure after another message sent since its previous failure was answered did not count")
+		}
+	})
+
+	t.Run("AFailureOnAnotherInstanceCountsAsThisOnesOwn", func(t *testing.T) {
+		t.Parallel()
+		// Three instances: message 7 failed first on another one, at the
+		// start of an outage; its retries come here, where the requests
+		// sent before the outage are still being answered 200. This
+		// instance has never seen 7 fail: only its row says so.
+		b := newBreaker(cfg)
+		healthyEvery(b, t0, t0.Add(time.Second), 10*time.Millisecond)
+		down := t0.Add(time.Second)
+		elsewhere := down.Add(15 * time.Millisecond)
+		for i := range 2 {
+			at := down.Add(180*time.Millisecond + time.Duration(i)*200*time.Millisecond)
+			b.observeRequest(at.Add(-20*time.Millisecond), down.Add(-time.Duration(i+1)*time.Millisecond), int64(2000+i), true, false)
+			_, counts := b.observeReply(at, 7, Reply{Sent: at.Add(-10 * time.Millisecond), Unavailable: true, PreviousFailure: elsewhere})
+			if counts {
+				t.Fatalf("retry %d of a message that failed on another instance since the outage began counted, after replies only to requests sent before that failure", i+1)
+			}
+			elsewhere = at
+		}
+		// A request sent after its last failure was answered: the platform
+		// is up for others, so the message fails on its own.
+		later := elsewhere.Add(100 * time.Millisecond)
+		b.observeRequest(later, elsewhere.Add(50*time.Millisecond), 3000, true, false)
+		if _, counts := b.observeReply(later.Add(10*time.Millisecond), 7, Reply{Sent: later, Unavailable: true, PreviousFailure: elsewhere}); !counts {
+			t.Fatal("a failure after a request sent since the row's previous failure was answered did not count")
+		}
+		// A previous failure older than the window says nothing any more.
+		old := later.Add(time.Second).Add(-cfg.withDefaults().Window - time.Second)
+		b.observeRequest(later.Add(time.Second), later.Add(time.Second), 3001, true, false)
+		if _, counts := b.observeReply(later.Add(time.Second), 8, Reply{Sent: later.Add(time.Second), Unavailable: true, PreviousFailure: old}); !counts {
+			t.Fatal("a failure whose previous one is older than the window did not count")
 		}
 	})
 

@@ -467,6 +467,13 @@ type Reply struct {
 	// Sent is when the request was sent (zero: when the reply is
 	// reported); Ticket.Finish sets it.
 	Sent time.Time
+	// PreviousFailure is when the message last failed, on whichever
+	// instance, as its claimed row says (zero: it has not failed). Its
+	// failure counts only if a request sent after that one was answered
+	// healthy: its retries may go to other instances, whose replies this
+	// instance does not see (docs/architecture.md, "Protecting the
+	// platform").
+	PreviousFailure time.Time
 }
 
 // report tells the gate how the platform answered the request of row id,
@@ -495,11 +502,7 @@ func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	g.mu.Lock()
 	from := g.b.state
 	now := time.Now()
-	sent := r.Sent
-	if sent.IsZero() {
-		sent = now
-	}
-	t, counts := g.b.observeRequest(now, sent, id, r.Fresh, r.Unavailable)
+	t, counts := g.b.observeReply(now, id, r)
 	if now.Before(g.pausedUntil) || g.checkHoldLocked(now) {
 		counts = false
 	}

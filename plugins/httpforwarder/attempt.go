@@ -153,8 +153,8 @@ func (h *httpForwarder) send(ctx context.Context, d *dispatch.Dispatcher, a *att
 		a.result = outboxdb.Result{Status: outboxdb.StatusPending, Sent: true, Duration: took, Error: r.Err}
 		return
 	}
-	dec := h.policy.decide(r, try{attempt: a.claim.Attempt, probe: ticket.Probe(), took: took, now: time.Now()},
-		func(rep protection.Reply) bool { return ticket.Finish(ctx, rep) })
+	t := try{attempt: a.claim.Attempt, probe: ticket.Probe(), previousFailure: a.claim.PreviousFailure, took: took, now: time.Now()}
+	dec := h.policy.decide(r, t, func(rep protection.Reply) bool { return ticket.Finish(ctx, rep) })
 	if dec.RuleErr != nil {
 		h.log.Debugf("outbox row %d: %v", a.claim.ID, dec.RuleErr)
 	}

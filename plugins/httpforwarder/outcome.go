@@ -84,8 +84,11 @@ type try struct {
 	attempt int
 	// probe: the request carried the probe of an open breaker.
 	probe bool
-	took  time.Duration
-	now   time.Time
+	// previousFailure is when the row last failed, on any instance (zero:
+	// it has not).
+	previousFailure time.Time
+	took            time.Duration
+	now             time.Time
 }
 
 // health is what a reply says about the platform itself, whatever it says
@@ -133,11 +136,12 @@ type decision struct {
 func (p policy) decide(r response, t try, report func(protection.Reply) (counted bool)) decision {
 	d := p.classify(r, t.attempt, t.took, t.now)
 	counted := report(protection.Reply{
-		Unavailable: d.Health == unavailable,
-		Fresh:       t.attempt <= 1,
-		Overloaded:  d.Overloaded,
-		PauseFor:    d.PauseFor,
-		Why:         d.Result.Error,
+		Unavailable:     d.Health == unavailable,
+		Fresh:           t.attempt <= 1,
+		Overloaded:      d.Overloaded,
+		PauseFor:        d.PauseFor,
+		Why:             d.Result.Error,
+		PreviousFailure: t.previousFailure,
 	})
 	if !counted {
 		d = p.notCounted(d, r, t.attempt, t.probe)

@@ -162,6 +162,19 @@ func TestDecide(t *testing.T) {
 		}
 	})
 
+	// The protection learns what it needs of the row: whether its
+	// attempts were unspent, and when it last failed on any instance.
+	t.Run("ReportsTheRowsPreviousFailure", func(t *testing.T) {
+		t.Parallel()
+		failed := now.Add(-300 * time.Millisecond)
+		var got protection.Reply
+		p.decide(response{Status: 503}, try{attempt: 2, previousFailure: failed, took: time.Millisecond, now: now},
+			func(r protection.Reply) bool { got = r; return true })
+		if !got.Unavailable || got.Fresh || !got.PreviousFailure.Equal(failed) {
+			t.Fatalf("reported %+v, want an unavailable reply of a row that failed before, at %v", got, failed)
+		}
+	})
+
 	// How long a request may take, or why it is not made, from what is
 	// known of its claim's lease (docs/guarantees.md #12).
 	t.Run("RequestBudget", func(t *testing.T) {

@@ -48,7 +48,7 @@ func httpForwarderSpec() *service.ConfigSpec {
 		Categories("Network").
 		Summary("POSTs claimed outbox rows to the parking platform, classifies each reply with expr rules and records the outcome of every attempt in PostgreSQL.").
 		Description(`
-Meant to be fed by the `+"`outbox_retry`"+` input through a mapping that turns the stored payload into the platform's JSON request. Each message must carry the input's metadata: `+"`outbox_id`, `claim_token`, `attempt`"+` (required), `+"`api_type`, `message_key`, `outbox_created_at_ms`, `lease_expires_at_ms`"+` (optional).
+Meant to be fed by the `+"`outbox_retry`"+` input through a mapping that turns the stored payload into the platform's JSON request. Each message must carry the input's metadata: `+"`outbox_id`, `claim_token`, `attempt`"+` (required), `+"`api_type`, `message_key`, `outbox_created_at_ms`, `lease_expires_at_ms`, `previous_failure_at_ms`"+` (optional).
 
 For each message the output adds the credentials `+"`access_name`"+` and `+"`access_pwd`"+` as the first keys of the JSON object (they are never stored, logged or put in metrics), POSTs it to `+"`url`"+` and evaluates `+"`rules`"+` in order against the reply; the first rule whose `+"`when`"+` is true gives the outcome, and a reply no rule matches is retried:
 

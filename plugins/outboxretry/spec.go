@@ -50,8 +50,9 @@ so a message that crashes its holder every time still ends.
 
 The message body is the stored payload, byte for byte. Metadata: `+"`outbox_id`"+`, `+"`message_key`"+`,
 `+"`api_type`"+`, `+"`attempt`"+` (this attempt's number, 1-based), `+"`claim_token`"+`, `+"`kafka_topic`"+`,
-`+"`kafka_partition`"+`, `+"`kafka_offset`"+`, `+"`kafka_key`"+`, `+"`outbox_created_at_ms`"+` and
-`+"`lease_expires_at_ms`"+` (Unix milliseconds).
+`+"`kafka_partition`"+`, `+"`kafka_offset`"+`, `+"`kafka_key`"+`, `+"`outbox_created_at_ms`"+`,
+`+"`lease_expires_at_ms`"+` and, on a retry of a failed attempt, `+"`previous_failure_at_ms`"+`
+(when that attempt's result was written, on any instance; Unix milliseconds).
 
 ### Leases
 

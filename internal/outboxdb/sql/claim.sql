@@ -45,6 +45,7 @@ WITH async AS (
            status        AS prev_status,
            attempt_count AS prev_attempt,
            claimed_by    AS prev_holder,
+           CASE WHEN status = 'PENDING' AND last_error IS NOT NULL THEN updated_at END AS prev_failure,
            payload_size  AS size
     FROM forward_deliveries
     WHERE status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
@@ -54,7 +55,7 @@ WITH async AS (
     FOR UPDATE SKIP LOCKED
     -- locked: end
 ), due AS (
-    SELECT id, prev_status, prev_attempt, prev_holder,
+    SELECT id, prev_status, prev_attempt, prev_holder, prev_failure,
            ($4::integer > 0 AND prev_attempt >= $4::integer) AS exhausted
     FROM (SELECT *,
                  sum(size) OVER (ORDER BY next_retry_at, id) AS running,
@@ -106,11 +107,16 @@ WITH async AS (
 -- which at 10 M rows over 35 daily partitions made the claim 2-3 times
 -- slower (docs/benchmarks.md, "Scale"). An exhausted row's last_error names
 -- why it must fail. trace_parent continues the message's trace
--- (docs/operations.md, "Tracing").
+-- (docs/operations.md, "Tracing"). previous_failure_at is when a failed
+-- attempt last sent the row back to PENDING, on whichever instance (that
+-- result write's time, or a later give-back's; NULL when it has not
+-- failed): the platform's protection counts the row's next failure only
+-- once the platform has answered a request sent after that one (docs/architecture.md, "Protecting the
+-- platform").
 SELECT m.id, m.message_key, m.api_type, m.kafka_topic, m.kafka_partition, m.kafka_offset,
        m.kafka_key, m.payload, m.created_at, m.trace_parent,
        'IN_PROGRESS' AS status, c.attempt_count, c.claim_token::text AS claim_token, c.claimed_by,
-       c.next_retry_at, c.last_error, due.exhausted
+       c.next_retry_at, c.last_error, due.exhausted, due.prev_failure AS previous_failure_at
 FROM claimed c
 JOIN due ON due.id = c.id
 CROSS JOIN LATERAL (

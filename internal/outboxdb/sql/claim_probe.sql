@@ -17,6 +17,7 @@ SELECT id, next_retry_at,
        status        AS prev_status,
        attempt_count AS prev_attempt,
        claimed_by    AS prev_holder,
+       CASE WHEN status = 'PENDING' AND last_error IS NOT NULL THEN updated_at END AS prev_failure,
        payload_size  AS size
 FROM forward_deliveries
 WHERE id = (
