@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 )
 
 func TestBurst(t *testing.T) {
