@@ -761,27 +761,34 @@ func TestOrderingUnderConcurrency(t *testing.T) {
 }
 
 // countingConn counts the client's turns: a write that follows a read
-// starts a new round trip.
+// that returned data starts a new round trip. The read is marked when it
+// returns, not when it starts: pgx starts a background read while a write
+// is slow, and that read can begin before the client's last write and
+// return the whole reply after it; marked at its start, the last write
+// would clear the mark and the next statement's write would go uncounted.
 type countingConn struct {
 	net.Conn
 	mu        sync.Mutex
-	reading   bool
+	answered  bool
 	roundTrip int
 }
 
 func (c *countingConn) Read(p []byte) (int, error) {
-	c.mu.Lock()
-	c.reading = true
-	c.mu.Unlock()
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.mu.Lock()
+		c.answered = true
+		c.mu.Unlock()
+	}
+	return n, err
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
-	if c.reading || c.roundTrip == 0 {
+	if c.answered || c.roundTrip == 0 {
 		c.roundTrip++
 	}
-	c.reading = false
+	c.answered = false
 	c.mu.Unlock()
 	return c.Conn.Write(p)
 }
