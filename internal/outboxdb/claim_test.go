@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
@@ -480,11 +478,11 @@ func (n explainNode) find(match func(explainNode) bool) *explainNode {
 	return nil
 }
 
-func explainPlan(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) explainNode {
+func explainPlan(t testing.TB, q outboxdb.Querier, sql string, args ...any) explainNode {
 	t.Helper()
 	// EXPLAIN of a data-modifying statement plans it without running it.
 	var raw []byte
-	if err := pool.QueryRow(context.Background(), "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+	if err := q.QueryRow(context.Background(), "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
 		t.Fatalf("explain: %v", err)
 	}
 	var out []struct {

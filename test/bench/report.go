@@ -124,9 +124,9 @@ func (r *report) markdown() string {
 		if len(ss) == 0 {
 			return
 		}
-		fmt.Fprintf(&b, "\n#### %s: top statements (pg_stat_statements)\n\n| calls | calls/msg | total ms | rows | query |\n|---:|---:|---:|---:|---|\n", title)
+		fmt.Fprintf(&b, "\n#### %s: top statements (pg_stat_statements)\n\n| calls | calls/msg | total ms | longest ms | rows | query |\n|---:|---:|---:|---:|---:|---|\n", title)
 		for _, s := range ss {
-			fmt.Fprintf(&b, "| %d | %.3f | %.0f | %d | `%s` |\n", s.Calls, float64(s.Calls)/float64(msgs), s.TotalMs, s.Rows,
+			fmt.Fprintf(&b, "| %d | %.3f | %.0f | %.0f | %d | `%s` |\n", s.Calls, float64(s.Calls)/float64(msgs), s.TotalMs, s.MaxMs, s.Rows,
 				strings.ReplaceAll(s.Query, "|", "\\|"))
 		}
 	}

@@ -99,8 +99,10 @@ func readPGCounters(ctx context.Context, pool *pgxpool.Pool) (pgCounters, error)
 type stmtStat struct {
 	Calls   int64
 	TotalMs float64
-	Rows    int64
-	Query   string
+	// MaxMs is the longest call.
+	MaxMs float64
+	Rows  int64
+	Query string
 }
 
 // prepareRun gives one phase of a scenario a fresh database (and a pool on
@@ -246,7 +248,7 @@ func waitAllSuccess(ctx context.Context, c *child, mp *mockplatform.Server, pool
 }
 
 func topStatements(ctx context.Context, pool *pgxpool.Pool) []stmtStat {
-	rows, err := pool.Query(ctx, `SELECT calls, total_exec_time, rows, query FROM pg_stat_statements
+	rows, err := pool.Query(ctx, `SELECT calls, total_exec_time, max_exec_time, rows, query FROM pg_stat_statements
 		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 		ORDER BY total_exec_time DESC LIMIT 12`)
 	if err != nil {
@@ -257,7 +259,7 @@ func topStatements(ctx context.Context, pool *pgxpool.Pool) []stmtStat {
 	var out []stmtStat
 	for rows.Next() {
 		var s stmtStat
-		if err := rows.Scan(&s.Calls, &s.TotalMs, &s.Rows, &s.Query); err != nil {
+		if err := rows.Scan(&s.Calls, &s.TotalMs, &s.MaxMs, &s.Rows, &s.Query); err != nil {
 			return out
 		}
 		s.Query = strings.Join(strings.Fields(s.Query), " ")
