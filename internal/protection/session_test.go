@@ -123,13 +123,21 @@ func TestGateSharesABurstOfRetryAfterOnce(t *testing.T) {
 	}
 	t.Cleanup(g.Stop)
 
+	// The replies come at once: every goroutine waits for the start, so
+	// that none is still being created when the first write has ended (under
+	// the race detector on a loaded machine, 32 goroutines started one by
+	// one came so far apart that every other one found the previous write
+	// done and wrote again: that is a trickle, not a burst).
 	const replies = 32
 	var wg sync.WaitGroup
+	start := make(chan struct{})
 	for i := range replies {
 		wg.Go(func() {
+			<-start
 			g.report(ctx, int64(i), Send, Reply{Unavailable: true, Overloaded: true, PauseFor: 5 * time.Second, Why: "http 429"})
 		})
 	}
+	close(start)
 	wg.Wait()
 	var writes int
 	var shared time.Time
