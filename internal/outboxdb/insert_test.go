@@ -320,17 +320,12 @@ func TestInsertBackstopReadsTheKeyIndex(t *testing.T) {
 	t.Parallel()
 	b := setupClaimTest(t)
 	// A day's partition filling before autovacuum has analysed it.
-	rows, err := b.Pool.Query(b.Ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		WHERE i.inhparent = 'forward_messages'::regclass`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	parts, err := outboxdb.ListPartitions(b.Ctx, b.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range parts {
-		b.Exec(`ALTER TABLE ` + pgx.Identifier{p}.Sanitize() + ` SET (autovacuum_enabled = false)`)
+		b.Exec(`ALTER TABLE ` + pgx.Identifier{p.Messages}.Sanitize() + ` SET (autovacuum_enabled = false)`)
 	}
 	b.Exec(`INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
 		SELECT 'stored-' || g, 'VEHICLE_EVENT', 't', 0, g, convert_to(repeat('x', 600), 'UTF8') FROM generate_series(1, 70000) g`)

@@ -42,6 +42,7 @@ var (
 	naiveLogSQL      = mustSQL("naive_log.sql")
 	batchedInsertSQL = mustSQL("batched_insert.sql")
 	batchedResultSQL = mustSQL("batched_result.sql")
+	batchedRetrySQL  = mustSQL("batched_retry.sql")
 )
 
 // retryDelay is when a baseline retries a failed POST. The benchmark's
@@ -283,7 +284,7 @@ func (t *offsetTracker) finish(r *kgo.Record) (kgo.EpochOffset, bool) {
 // concurrent POSTs and one statement for all the results and logs.
 //
 // Between polls, every retryDelay, it sends again the rows whose POST
-// failed (retrySQL), as any loop that must not lose a message has to.
+// failed (batched_retry.sql), as any loop that must not lose a message has to.
 func (b *baseline) runBatched(ctx context.Context) error {
 	swept := time.Now()
 	for {
@@ -312,17 +313,10 @@ func (b *baseline) runBatched(ctx context.Context) error {
 	}
 }
 
-// retrySQL reads the hand-batched loop's rows due for another POST.
-const retrySQL = `SELECT id, kafka_topic, kafka_partition, kafka_offset, kafka_key, payload
-FROM forward_records
-WHERE status = 'PENDING' AND next_retry_at <= now()
-ORDER BY next_retry_at
-LIMIT $1`
-
 // retryDue sends again, and records, up to a batch of the rows whose POST
 // failed and whose retry time has come.
 func (b *baseline) retryDue(ctx context.Context) error {
-	rows, err := b.pool.Query(ctx, retrySQL, b.batch)
+	rows, err := b.pool.Query(ctx, batchedRetrySQL, b.batch)
 	if err != nil {
 		return fmt.Errorf("reading rows to retry: %w", err)
 	}

@@ -111,8 +111,8 @@ WITH async AS (
 -- attempt last sent the row back to PENDING, on whichever instance (that
 -- result write's time, or a later give-back's; NULL when it has not
 -- failed): the platform's protection counts the row's next failure only
--- once the platform has answered a request sent after that one (docs/architecture.md, "Protecting the
--- platform").
+-- once the platform has answered a request sent after that one
+-- (docs/architecture.md, "Protecting the platform").
 SELECT m.id, m.message_key, m.api_type, m.kafka_topic, m.kafka_partition, m.kafka_offset,
        m.kafka_key, m.payload, m.created_at, m.trace_parent,
        'IN_PROGRESS' AS status, c.attempt_count, c.claim_token::text AS claim_token, c.claimed_by,
