@@ -48,7 +48,7 @@ type outage struct {
 // outage or when the last line about it is outageLogEvery old; the other
 // attempts go to debug. (Their errors differ in little but the client's
 // port, so a changed reason is not a reason to log.)
-func (o *outage) failed(h *DB, err error, next time.Duration) {
+func (o *outage) failed(h *DB, err error, next, limit time.Duration) {
 	why := oneLine(err)
 	log, database := h.log, h.Database
 	o.mu.Lock()
@@ -58,9 +58,13 @@ func (o *outage) failed(h *DB, err error, next time.Duration) {
 	switch {
 	case o.since.IsZero():
 		o.since, o.logged = now, now
+		retrying := fmt.Sprintf("with backoff (%v, doubling up to %v)", h.retryInitial, limit)
+		if limit <= h.retryInitial {
+			retrying = fmt.Sprintf("every %v", limit)
+		}
 		log.Warnf("Waiting for the outbox database %s: %s; nothing is claimed, sent or persisted until it answers. "+
-			"Retrying with backoff (%v, doubling up to %v), logged again every %v while it lasts",
-			database, why, h.retryInitial, h.retryMax, outageLogEvery)
+			"Retrying %s, logged again every %v while it lasts",
+			database, why, retrying, outageLogEvery)
 	case now.Sub(o.logged) >= outageLogEvery:
 		o.logged = now
 		log.Warnf("Still waiting for the outbox database %s after %s and %d attempts (next in %v): %s",
@@ -104,12 +108,13 @@ func oneLine(err error) string {
 	return b.String()
 }
 
-// waitFor runs attempt until it succeeds, backing off between failures, and
-// returns nil then, or ctx's error once ctx ends (shutdown). Benthos calls a
-// component's Connect again after every error, logging "Failed to connect"
-// each time, about once a second forever: waiting here instead says once
-// what is awaited and keeps the attempts spaced.
-func (h *DB) waitFor(ctx context.Context, attempt func(context.Context) error) error {
+// waitFor runs attempt until it succeeds, waiting between failures from
+// h.retryInitial, doubling up to limit, and returns nil then, or ctx's error
+// once ctx ends (shutdown). Benthos calls a component's Connect again after
+// every error, logging "Failed to connect" each time, about once a second
+// forever: waiting here instead says once what is awaited and keeps the
+// attempts spaced.
+func (h *DB) waitFor(ctx context.Context, limit time.Duration, attempt func(context.Context) error) error {
 	for n := 1; ; n++ {
 		err := attempt(ctx)
 		if err == nil {
@@ -123,8 +128,8 @@ func (h *DB) waitFor(ctx context.Context, attempt func(context.Context) error) e
 			// Waiting would not help: this binary is too old for the schema.
 			return err
 		}
-		delay := connectDelay(n, h.retryInitial, h.retryMax)
-		h.outage.failed(h, err, delay)
+		delay := connectDelay(n, h.retryInitial, limit)
+		h.outage.failed(h, err, delay, limit)
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
@@ -136,10 +141,15 @@ func (h *DB) waitFor(ctx context.Context, attempt func(context.Context) error) e
 }
 
 // Recheck is what Connect does when called again after a lost connection
-// on a pool it already holds: it waits, as Open does, until the database
-// answers again.
+// on a pool it already holds: it waits until the database answers again,
+// as Open does, but trying every h.retryInitial without backing off. A
+// running instance holds claimed rows and leases, and consumes: while it
+// waits, its rows wait for it, so it follows a restarted or promoted
+// database within a second of its coming back rather than at the end of a
+// doubled delay (a 5 s failover met the next attempt 2 s late, its rows'
+// leases long over). A ping a second is nothing to a database.
 func (h *DB) Recheck(ctx context.Context, pool *pgxpool.Pool) error {
-	return h.waitFor(ctx, func(ctx context.Context) error {
+	return h.waitFor(ctx, h.retryInitial, func(ctx context.Context) error {
 		if err := pool.Ping(ctx); err != nil {
 			return fmt.Errorf("reconnecting: %w", err)
 		}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -166,9 +167,14 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 		t.Errorf("the end of the wait is not logged:\n%s", logs.String())
 	}
 
-	// A lost connection: Recheck waits the same way, and a shutdown ends
-	// the wait at once with the context's error.
+	// A lost connection: Recheck waits too, trying again after the first
+	// delay each time (its rows wait for it), and a shutdown ends the wait
+	// at once with the context's error.
 	proxy.open.Store(false)
+	logs.mu.Lock()
+	logs.b.Reset()
+	logs.mu.Unlock()
+	h.log = service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	pool, err := h.Retain()
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +182,7 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 	defer h.Release()
 	sctx, stop := context.WithCancel(context.Background())
 	go func() { done <- result{h.Recheck(sctx, pool)} }()
-	for seen := proxy.dials.Load(); proxy.dials.Load() < seen+3; {
+	for strings.Count(logs.String(), "still unreachable") < 4 {
 		select {
 		case r := <-done:
 			t.Fatalf("Recheck returned %v while the database was down: it must wait", r.err)
@@ -184,6 +190,19 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 		}
 	}
 	stop()
+	// Open's attempts doubled up to 80ms; Recheck's are 20ms apart however
+	// many fail.
+	out = logs.String()
+	if !strings.Contains(out, "Retrying every 20ms") {
+		t.Errorf("Recheck's wait does not say it retries every 20ms:\n%s", out)
+	}
+	nexts := regexp.MustCompile(`next in ([^):]+)\)`).FindAllStringSubmatch(out, -1)
+	for _, m := range nexts {
+		if m[1] != "20ms" {
+			t.Errorf("Recheck waits %s before an attempt, want 20ms each time:\n%s", m[1], out)
+			break
+		}
+	}
 	select {
 	case r := <-done:
 		if !errors.Is(r.err, context.Canceled) {

@@ -131,7 +131,7 @@ func (h *DB) Open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := h.waitFor(ctx, func(ctx context.Context) error { return h.EnsureSchema(ctx, pool) }); err != nil {
+	if err := h.waitFor(ctx, h.retryMax, func(ctx context.Context) error { return h.EnsureSchema(ctx, pool) }); err != nil {
 		h.Release()
 		return nil, err
 	}
