@@ -195,26 +195,12 @@ func (d *Dispatcher) MaxAttempts() int {
 // starts listening for new rows and renewing leases; called again after a
 // lost connection it only checks the database is back.
 func (d *Dispatcher) Connect(ctx context.Context) error {
-	d.mu.Lock()
-	pool, closed := d.pool, d.closed
-	d.mu.Unlock()
-	if closed {
-		return service.ErrEndOfInput
-	}
-	if pool != nil {
-		return d.hub.Recheck(ctx, pool)
-	}
-	pool, err := d.hub.Open(ctx)
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		d.hub.Release()
-		return service.ErrEndOfInput
-	}
-	d.pool = pool
+	return d.hub.Connect(ctx, &d.mu, &d.pool, &d.closed, d.startLoops)
+}
+
+// startLoops starts, under d.mu, what runs beside a newly opened pool: the
+// listener and the renew, repair and compensation loops.
+func (d *Dispatcher) startLoops(pool *pgxpool.Pool) {
 	d.listener = outboxdb.NewListener(outboxdb.ListenerConfig{
 		ConnConfig: d.hub.SessionConfig(),
 		OnListen: func() {
@@ -251,7 +237,6 @@ func (d *Dispatcher) Connect(ctx context.Context) error {
 	if d.cfg.Compensation.After > 0 && d.cfg.Compensation.Rounds > 0 {
 		d.loops = append(d.loops, d.compensationLoop(lctx, pool))
 	}
-	return nil
 }
 
 // Pool returns the pool once connected, else nil.

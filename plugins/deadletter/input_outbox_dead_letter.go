@@ -145,27 +145,7 @@ func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources)
 // Connect opens the pool; called again after a lost connection it only
 // checks the database is back.
 func (in *deadLetter) Connect(ctx context.Context) error {
-	in.mu.Lock()
-	pool, closed := in.pool, in.closed
-	in.mu.Unlock()
-	if closed {
-		return service.ErrEndOfInput
-	}
-	if pool != nil {
-		return in.hub.Recheck(ctx, pool)
-	}
-	pool, err := in.hub.Open(ctx)
-	if err != nil {
-		return err
-	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.closed {
-		in.hub.Release()
-		return service.ErrEndOfInput
-	}
-	in.pool = pool
-	return nil
+	return in.hub.Connect(ctx, &in.mu, &in.pool, &in.closed, nil)
 }
 
 // ReadBatch claims FAILED rows not yet published and returns them as one
