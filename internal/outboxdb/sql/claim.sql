@@ -40,7 +40,6 @@
 WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true) AS done
 ), locked AS (
-    -- locked: begin (claim_probe.sql replaces this part)
     SELECT id, next_retry_at,
            status        AS prev_status,
            attempt_count AS prev_attempt,
@@ -48,6 +47,7 @@ WITH async AS (
            CASE WHEN status = 'PENDING' AND last_error IS NOT NULL THEN updated_at END AS prev_failure,
            payload_size  AS size
     FROM forward_deliveries
+    -- locked: begin (claim_probe.sql replaces which rows are locked)
     WHERE status IN ('PENDING', 'IN_PROGRESS') AND NOT order_held
       AND next_retry_at <= now()
     ORDER BY next_retry_at, id

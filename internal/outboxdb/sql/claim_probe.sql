@@ -1,6 +1,6 @@
--- The row a probe of an open breaker carries: claim.sql with this query in
--- place of its "locked" part, so the probe is claimed, leased and counted as
--- any claim is ($1 is 1).
+-- The row a probe of an open breaker carries: claim.sql with this filter in
+-- place of the one of its "locked" part (which reads the same columns), so
+-- the probe is claimed, leased and counted as any claim is ($1 is 1).
 --
 -- A probe tests the platform, so it goes out with a message that is not
 -- failing on its own (docs/architecture.md, "Protecting the platform"): of
@@ -13,13 +13,6 @@
 -- older retries; both are read through indexes, at most 50 rows each (the
 -- newest among the last 10 000 ids only). Held rows of an ordering key are
 -- never due, so any key's head may carry it.
-SELECT id, next_retry_at,
-       status        AS prev_status,
-       attempt_count AS prev_attempt,
-       claimed_by    AS prev_holder,
-       CASE WHEN status = 'PENDING' AND last_error IS NOT NULL THEN updated_at END AS prev_failure,
-       payload_size  AS size
-FROM forward_deliveries
 WHERE id = (
     SELECT c.id
     FROM ((SELECT id, attempt_count, updated_at
