@@ -271,9 +271,9 @@ func Requeue(ctx context.Context, db TxBeginner, f RequeueFilter, opts RequeueOp
 					return fmt.Errorf("taking the ordering barrier: %w", err)
 				}
 			}
-			// admin_requeue.sql: the filter ($1-$4), the batch ($5-$7), the
-			// class and reason filters ($8, $9).
-			batchArgs := append(append([]any{}, args[:4]...), lastID, batch, note, args[4], args[5])
+			// admin_requeue.sql: the filter and classes ($1-$6, as
+			// admin_requeue_count.sql), then the batch ($7-$9).
+			batchArgs := append(append([]any{}, args...), lastID, batch, note)
 			if err := tx.QueryRow(ctx, requeueSQL, batchArgs...).Scan(&n, &lastID); err != nil {
 				return err
 			}

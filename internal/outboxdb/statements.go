@@ -3,6 +3,8 @@ package outboxdb
 import (
 	"embed"
 	"fmt"
+	"regexp"
+	"strings"
 )
 
 // Every statement the package runs is a file in sql/, read here once under
@@ -12,14 +14,22 @@ import (
 //go:embed sql/*.sql
 var sqlFS embed.FS
 
-// mustSQL returns an embedded query; a missing file is a build mistake.
+// mustSQL returns an embedded query; a missing file is a build mistake. A
+// line "-- include: NAME.sql" stands for that file, indented as the line:
+// a condition that two statements must spell alike is written once.
 func mustSQL(name string) string {
 	b, err := sqlFS.ReadFile("sql/" + name)
 	if err != nil {
 		panic(fmt.Sprintf("outboxdb: embedded query %s: %v", name, err))
 	}
-	return string(b)
+	return includeLine.ReplaceAllStringFunc(string(b), func(line string) string {
+		m := includeLine.FindStringSubmatch(line)
+		indent, part := m[1], strings.TrimRight(mustSQL(m[2]), "\n")
+		return indent + strings.ReplaceAll(part, "\n", "\n"+indent)
+	})
 }
+
+var includeLine = regexp.MustCompile(`(?m)^([ \t]*)-- include: (\S+\.sql)[ \t]*$`)
 
 var (
 	// The write path: insert, claim, lease renewal, result write.

@@ -2,7 +2,7 @@
 -- PENDING, due now, attempt_count 0, claim cleared, and one REQUEUED audit row
 -- per record in forward_retry_logs, all in this one statement's transaction.
 --
--- Batches walk the primary key ($5 is the last id of the previous batch), so a
+-- Batches walk the primary key ($7 is the last id of the previous batch), so a
 -- large requeue holds its row locks briefly and every row is visited once even
 -- when the requeued rows still match (--status PENDING). FOR UPDATE waits for a
 -- claim or a result write in progress on the same row and then re-checks the
@@ -14,7 +14,7 @@
 -- and its claim): a row that fails again is published again, and a dead-letter
 -- publish under way is fenced out.
 --
--- FAILED rows are requeued only when their failure class is in $8: by
+-- FAILED rows are requeued only when their failure class is in $5: by
 -- default TRANSIENT, because a row the platform refused for good (REJECTED:
 -- errcode 998 or a no_retry rule) must not be re-sent unless an operator
 -- asks, and a row that failed at ingest or in its mapping (INVALID) fails
@@ -36,34 +36,21 @@
 -- last_error and last_http_status are kept: they describe the last attempt
 -- until the next one replaces them.
 --
--- $1 statuses (text[]), $2 errcode (NULL: any), $3 updated within this many
--- milliseconds (NULL: any age), $4 message keys (NULL: any key), $5 last id
--- seen, $6 batch size, $7 audit message, $8 failure classes of the FAILED
--- rows to requeue (text[]; rows without a class count as requeueable),
--- $9 normalised reason (NULL: any; the expression of
--- console_failed_groups.sql).
+-- $1-$4 and $6 the filter (admin_requeue_filter.sql, shared with the count
+-- the command prints first), $5 failure classes of the FAILED rows to
+-- requeue (text[]; rows without a class count as requeueable), $7 last id
+-- seen, $8 batch size, $9 audit message.
 WITH picked AS (
     SELECT r.id, r.created_at, r.status AS prev_status, r.attempt_count AS prev_attempts, r.ordering_key,
            (r.status IN ('PENDING', 'IN_PROGRESS') AND NOT r.order_held) AS was_head
     FROM forward_deliveries r
-    WHERE r.id > $5::bigint
-      AND r.status = ANY ($1::text[])
-      AND (r.status <> 'IN_PROGRESS' OR r.next_retry_at <= now())
-      AND ($3::bigint IS NULL OR r.updated_at >= now() - $3::bigint * interval '1 millisecond')
-      AND ($4::text[] IS NULL OR r.message_key = ANY ($4::text[]))
-      AND ($2::text IS NULL OR (
-            SELECT l.platform_errcode
-            FROM forward_retry_logs l
-            WHERE l.record_id = r.id AND l.record_created_at = r.created_at
-              AND l.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
-            ORDER BY l.id DESC
-            LIMIT 1) = $2::text)
-      AND (r.status <> 'FAILED' OR r.failure_class IS NULL OR r.failure_class = ANY ($8::text[]))
-      AND ($9::text IS NULL OR left(regexp_replace(regexp_replace(coalesce(r.last_error, ''),
-               '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<uuid>', 'g'),
-               '[0-9]{5,}', '<n>', 'g'), 200) = $9::text)
+    WHERE r.id > $7::bigint
+      AND (
+        -- include: admin_requeue_filter.sql
+      )
+      AND (r.status <> 'FAILED' OR r.failure_class IS NULL OR r.failure_class = ANY ($5::text[]))
     ORDER BY r.id
-    LIMIT $6
+    LIMIT $8
     FOR UPDATE OF r
 ), held AS (
     SELECT p.id,
@@ -101,7 +88,7 @@ WITH picked AS (
 ), audit AS (
     INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message, next_retry_at)
     SELECT id, created_at, prev_attempts, 'REQUEUED',
-           $7::text || ' (was ' || prev_status || ' after ' || prev_attempts
+           $9::text || ' (was ' || prev_status || ' after ' || prev_attempts
                || CASE WHEN prev_attempts = 1 THEN ' attempt)' ELSE ' attempts)' END,
            now()
     FROM picked

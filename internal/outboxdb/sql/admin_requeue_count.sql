@@ -1,8 +1,8 @@
 -- Counts the rows `forwarder outbox requeue` would requeue (what it prints
 -- before it starts, and its --dry-run), and the FAILED rows that match the
--- filter but are left out for their failure class. The WHERE clause must
--- stay identical to admin_requeue.sql's (a test runs both over the same
--- filters), the class condition aside, which is the FILTER here.
+-- filter but are left out for their failure class. Its WHERE clause is
+-- admin_requeue.sql's (admin_requeue_filter.sql), the class condition aside,
+-- which is the FILTER here.
 --
 -- $1 statuses (text[]), $2 errcode (NULL: any), $3 updated within this many
 -- milliseconds (NULL: any age), $4 message keys (NULL: any key), $5 failure
@@ -34,19 +34,6 @@ SELECT count(*) FILTER (WHERE r.status <> 'FAILED' OR r.failure_class IS NULL
        count(*) FILTER (WHERE r.status = 'FAILED' AND r.failure_class = 'INVALID'
                               AND NOT r.failure_class = ANY ($5::text[])) AS left_invalid
 FROM forward_deliveries r
-WHERE r.status = ANY ($1::text[])
-  -- An IN_PROGRESS row is taken only once its lease has run out: a live
-  -- holder may be talking to the platform right now.
-  AND (r.status <> 'IN_PROGRESS' OR r.next_retry_at <= now())
-  AND ($3::bigint IS NULL OR r.updated_at >= now() - $3::bigint * interval '1 millisecond')
-  AND ($4::text[] IS NULL OR r.message_key = ANY ($4::text[]))
-  AND ($2::text IS NULL OR (
-        SELECT l.platform_errcode
-        FROM forward_retry_logs l
-        WHERE l.record_id = r.id AND l.record_created_at = r.created_at
-          AND l.result_status NOT IN ('LEASE_EXPIRED', 'REQUEUED')
-        ORDER BY l.id DESC
-        LIMIT 1) = $2::text)
-  AND ($6::text IS NULL OR left(regexp_replace(regexp_replace(coalesce(r.last_error, ''),
-          '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<uuid>', 'g'),
-          '[0-9]{5,}', '<n>', 'g'), 200) = $6::text);
+WHERE (
+    -- include: admin_requeue_filter.sql
+);
