@@ -55,33 +55,15 @@ WITH picked AS (
 ), held AS (
     SELECT p.id,
            p.ordering_key IS NOT NULL AND NOT p.was_head AND (
-               EXISTS (SELECT 1
-                       FROM forward_deliveries o
-                       WHERE o.ordering_key = p.ordering_key
-                         AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
-                         AND o.id <> p.id
-                         AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held)
-                              OR (o.order_blocked AND o.id NOT IN (SELECT q.id FROM picked q))))
-               OR EXISTS (SELECT 1
-                          FROM picked q
-                          WHERE q.ordering_key = p.ordering_key AND q.id < p.id)) AS held
+               -- include: requeue_held.sql
+           ) AS held
     FROM picked p
 ), requeued AS (
     UPDATE forward_deliveries AS r
-    SET status        = 'PENDING',
-        next_retry_at = now(),
-        attempt_count = 0,
-        claim_token   = NULL,
-        claimed_by    = NULL,
-        claimed_at    = NULL,
-        dead_lettered_at        = NULL,
-        dead_letter_token       = NULL,
-        dead_letter_lease_until = NULL,
-        failure_class = NULL,
-        failed_at     = NULL,
-        order_held    = held.held,
-        order_blocked = false,
-        updated_at    = now()
+    SET failed_at  = NULL,
+        order_held = held.held,
+        updated_at = now(),
+        -- include: requeue_reset.sql
     FROM held
     WHERE r.id = held.id
     RETURNING r.id

@@ -15,7 +15,7 @@
 -- compensate_pick.sql ($5) and their ordering keys are locked first
 -- (order_lock.sql, an earlier statement of this transaction), so this
 -- statement sees the keys as they are. A requeued row with an ordering key
--- is held, as with an operator's requeue (admin_requeue.sql), when its key
+-- is held, as with an operator's requeue (requeue_held.sql), when its key
 -- has a head, another blocked row, or an earlier row requeued in this
 -- batch; it no longer blocks its key.
 --
@@ -34,33 +34,15 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), requeued AS (
     UPDATE forward_deliveries AS r
-    SET status                  = 'PENDING',
-        next_retry_at           = now(),
-        attempt_count           = 0,
-        requeue_rounds          = r.requeue_rounds + 1,
-        failure_class           = NULL,
-        claim_token             = NULL,
-        claimed_by              = NULL,
-        claimed_at              = NULL,
-        dead_lettered_at        = NULL,
-        dead_letter_token       = NULL,
-        dead_letter_lease_until = NULL,
-        order_blocked           = false,
-        order_held              = picked.ordering_key IS NOT NULL AND (
-            EXISTS (SELECT 1
-                    FROM forward_deliveries o
-                    WHERE o.ordering_key = picked.ordering_key
-                      AND (o.status IN ('PENDING', 'IN_PROGRESS') OR o.order_blocked) -- order_idx's predicate
-                      AND o.id <> picked.id
-                      AND ((o.status IN ('PENDING', 'IN_PROGRESS') AND NOT o.order_held)
-                           OR (o.order_blocked AND o.id NOT IN (SELECT p.id FROM picked p))))
-            OR EXISTS (SELECT 1
-                       FROM picked p
-                       WHERE p.ordering_key = picked.ordering_key AND p.id < picked.id)),
-        updated_at              = now()
-    FROM picked
-    WHERE r.id = picked.id
-    RETURNING r.id, r.created_at, picked.attempt_count, r.requeue_rounds
+    SET requeue_rounds = r.requeue_rounds + 1,
+        order_held     = p.ordering_key IS NOT NULL AND (
+            -- include: requeue_held.sql
+        ),
+        updated_at     = now(),
+        -- include: requeue_reset.sql
+    FROM picked p
+    WHERE r.id = p.id
+    RETURNING r.id, r.created_at, p.attempt_count, r.requeue_rounds
 ), logged AS (
     INSERT INTO forward_retry_logs (record_id, record_created_at, attempt_number, result_status, error_message, next_retry_at)
     SELECT id, created_at, attempt_count, 'REQUEUED',
