@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -73,21 +72,13 @@ func runBaseline(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	env := func(k, def string) string {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	vehicle := env("KAFKA_TOPIC_VEHICLE", "device-vehicle-event")
-	b.topics = []string{vehicle, env("KAFKA_TOPIC_HEARTBEAT", "device-heartbeat")}
+	env := platformcall.Env
 	b.brokers, b.group = env("KAFKA_BROKERS", "localhost:9092"), env("KAFKA_GROUP", "forwarder")
 	b.dsn, b.url = env("DATABASE_URL", ""), strings.TrimRight(env("PLATFORM_URL", "http://localhost:8080"), "/")
-	loc, err := time.LoadLocation(env("PLATFORM_TZ", "Asia/Shanghai"))
-	if err != nil {
-		return fmt.Errorf("loading PLATFORM_TZ: %w", err)
+	var err error
+	if b.topics, b.mapper, err = platformcall.MapperFromEnv(); err != nil {
+		return err
 	}
-	b.mapper = platformcall.NewMapper(vehicle, os.Getenv("PLATFORM_ACCESS_NAME"), os.Getenv("PLATFORM_ACCESS_PWD"), loc)
 
 	conns := 4
 	httpConns := b.posts

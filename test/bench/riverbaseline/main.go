@@ -170,19 +170,11 @@ func run(ctx context.Context, log *slog.Logger, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	env := func(k, def string) string {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	vehicle := env("KAFKA_TOPIC_VEHICLE", "device-vehicle-event")
-	topics := []string{vehicle, env("KAFKA_TOPIC_HEARTBEAT", "device-heartbeat")}
-	loc, err := time.LoadLocation(env("PLATFORM_TZ", "Asia/Shanghai"))
+	env := platformcall.Env
+	topics, mapper, err := platformcall.MapperFromEnv()
 	if err != nil {
-		return fmt.Errorf("loading PLATFORM_TZ: %w", err)
+		return err
 	}
-	mapper := platformcall.NewMapper(vehicle, os.Getenv("PLATFORM_ACCESS_NAME"), os.Getenv("PLATFORM_ACCESS_PWD"), loc)
 
 	// River's benchmark (cmd/river/riverbench) takes pgxpool's defaults,
 	// max(4, cores) connections: 4 here. River's notifier holds one for

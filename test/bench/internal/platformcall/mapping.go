@@ -66,13 +66,19 @@ type pictureOut struct {
 	PicURL  string `json:"pic_url"`
 }
 
+// outHead is what every request starts with: the platform account and the
+// message and device it is about.
+type outHead struct {
+	AccessName string `json:"access_name"`
+	AccessPwd  string `json:"access_pwd"`
+	MessageID  string `json:"message_id"`
+	DeviceID   string `json:"device_id"`
+	ParkCode   string `json:"park_code"`
+	BerthCode  string `json:"berth_code"`
+}
+
 type vehicleOut struct {
-	AccessName  string       `json:"access_name"`
-	AccessPwd   string       `json:"access_pwd"`
-	MessageID   string       `json:"message_id"`
-	DeviceID    string       `json:"device_id"`
-	ParkCode    string       `json:"park_code"`
-	BerthCode   string       `json:"berth_code"`
+	outHead
 	ItemID      string       `json:"item_id,omitempty"`
 	PlateNo     string       `json:"plate_no"`
 	PlateColor  string       `json:"plate_color,omitempty"`
@@ -83,12 +89,7 @@ type vehicleOut struct {
 }
 
 type heartbeatOut struct {
-	AccessName  string `json:"access_name"`
-	AccessPwd   string `json:"access_pwd"`
-	MessageID   string `json:"message_id"`
-	DeviceID    string `json:"device_id"`
-	ParkCode    string `json:"park_code"`
-	BerthCode   string `json:"berth_code"`
+	outHead
 	CaptureTime string `json:"capture_time"`
 	PicType     string `json:"pic_type"`
 	PicURL      string `json:"pic_url"`
@@ -149,8 +150,7 @@ func (mp *Mapper) vehicle(in *vehicleIn, key string) ([]byte, error) {
 		}
 	}
 	out := vehicleOut{
-		AccessName: mp.accessName, AccessPwd: mp.accessPwd, MessageID: key,
-		DeviceID: in.DeviceID, ParkCode: in.ParkCode, BerthCode: in.BerthCode, PlateNo: in.PlateNo,
+		outHead: mp.head(key, in.DeviceID, in.ParkCode, in.BerthCode), PlateNo: in.PlateNo,
 		ItemID: in.ItemID.String(), PlateColor: in.PlateColor.String(), Pictures: []pictureOut{},
 	}
 	switch {
@@ -195,10 +195,7 @@ func (mp *Mapper) heartbeat(in *heartbeatIn, key string) ([]byte, error) {
 			return nil, fmt.Errorf("mapping: %s is missing", name)
 		}
 	}
-	out := heartbeatOut{
-		AccessName: mp.accessName, AccessPwd: mp.accessPwd, MessageID: key,
-		DeviceID: in.DeviceID, ParkCode: in.ParkCode, BerthCode: in.BerthCode,
-	}
+	out := heartbeatOut{outHead: mp.head(key, in.DeviceID, in.ParkCode, in.BerthCode)}
 	var err error
 	if out.CaptureTime, err = mp.formatTime(in.CaptureTime, "captureTime"); err != nil {
 		return nil, err
@@ -210,6 +207,11 @@ func (mp *Mapper) heartbeat(in *heartbeatIn, key string) ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(&out)
+}
+
+func (mp *Mapper) head(key, device, park, berth string) outHead {
+	return outHead{AccessName: mp.accessName, AccessPwd: mp.accessPwd, MessageID: key,
+		DeviceID: device, ParkCode: park, BerthCode: berth}
 }
 
 func (mp *Mapper) formatTime(n json.Number, field string) (string, error) {
