@@ -267,6 +267,20 @@ func (o *outageLogger) anyDown() bool {
 	return len(o.down) > 0
 }
 
+// reachableClient creates a client with opts and waits until a broker
+// answers it (waitReachable); on error the client is closed.
+func reachableClient(ctx context.Context, opts []kgo.Opt, log *service.Logger, outage *outageLogger) (*kgo.Client, error) {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("creating kafka client: %w", err)
+	}
+	if err := waitReachable(ctx, cl, log, outage); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return cl, nil
+}
+
 // waitReachable blocks until a broker answers cl or ctx ends, retrying with
 // backoff. Dial and authentication failures are logged by the outage hook;
 // anything else is logged here, once.

@@ -251,25 +251,18 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 // broker that starts after us is picked up; it returns only when connected
 // or when ctx ends (at shutdown).
 func (f *franzInput) Connect(ctx context.Context) error {
-	f.mu.Lock()
-	connected := f.client != nil
-	f.mu.Unlock()
-	if connected {
+	if f.connected() {
 		return nil
 	}
 
 	// Wait with a plain client: a group client created while no broker
 	// answers backs off its group join, and would start consuming
 	// seconds after the broker is back.
-	probe, err := kgo.NewClient(f.probeOpts...)
-	if err != nil {
-		return fmt.Errorf("creating kafka client: %w", err)
-	}
-	err = waitReachable(ctx, probe, f.log, f.outage)
-	probe.Close()
+	probe, err := reachableClient(ctx, f.probeOpts, f.log, f.outage)
 	if err != nil {
 		return err
 	}
+	probe.Close()
 	cl, err := kgo.NewClient(f.clientOpts...)
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)

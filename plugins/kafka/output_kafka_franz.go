@@ -203,12 +203,8 @@ func (o *franzOutput) Connect(ctx context.Context) error {
 	if connected {
 		return nil
 	}
-	cl, err := kgo.NewClient(o.clientOpts...)
+	cl, err := reachableClient(ctx, o.clientOpts, o.log, o.outage)
 	if err != nil {
-		return fmt.Errorf("creating kafka client: %w", err)
-	}
-	if err := waitReachable(ctx, cl, o.log, o.outage); err != nil {
-		cl.Close()
 		return err
 	}
 	o.mu.Lock()
