@@ -7,3 +7,6 @@ func SkipOrderLocks() (restore func()) {
 	skipOrderLocks = true
 	return func() { skipOrderLocks = false }
 }
+
+// PlatformReadSQL is the gate's read of the shared platform state.
+func PlatformReadSQL() string { return platformReadSQL }

@@ -28,6 +28,15 @@ type PoolConfig struct {
 	// The setting only makes sequential scans a last resort. It is a
 	// startup parameter, so it is left out of Pooled connections (a pooler
 	// refuses it), whose statements are never kept as generic plans.
+	//
+	// It turns JIT compilation off too: a sequential scan that remains (the
+	// one-row forward_platform_state, which every instance reads each
+	// second) is costed above 10^10, past every JIT threshold, and was
+	// compiled with optimisation and inlining at each execution: 120 ms to
+	// 1.7 s of the database's CPU for a read of one row (0.07 ms without),
+	// a fifth of a core per instance. None of these statements runs long
+	// enough for JIT to pay (internal/outboxdb
+	// TestServiceStatementsAreNotJITCompiled).
 	NoSeqScan bool
 	// Pooled says that the connection string leads to a transaction-pooling
 	// PgBouncer (DATABASE_DIRECT_URL is set; docs/deployment.md, "Running on
@@ -83,6 +92,7 @@ func ParsePoolConfig(dsn string, cfg PoolConfig) (*pgxpool.Config, error) {
 		}
 	case cfg.NoSeqScan:
 		pcfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
+		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
 	return pcfg, nil
 }
