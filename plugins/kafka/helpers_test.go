@@ -157,17 +157,18 @@ type logBuffer struct{ logbuf.Buffer }
 
 func (l *logBuffer) count(substr string) int { return l.Count(substr) }
 
-// firstTime returns the time of the first log line that contains substr.
-func (l *logBuffer) firstTime(substr string) (time.Time, bool) {
+// firstLine returns the first log line that contains substr and the time
+// it was logged.
+func (l *logBuffer) firstLine(substr string) (string, time.Time, bool) {
 	for _, line := range strings.Split(l.String(), "\n") {
 		if !strings.Contains(line, substr) {
 			continue
 		}
 		field, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
 		ts, err := time.Parse(time.RFC3339Nano, field)
-		return ts, err == nil
+		return line, ts, err == nil
 	}
-	return time.Time{}, false
+	return "", time.Time{}, false
 }
 
 // gauges is a metrics exporter that keeps the last value of every gauge,

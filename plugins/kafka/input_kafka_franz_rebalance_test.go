@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -204,20 +205,27 @@ func TestInputRevokeWhileCommitsStallOrFail(t *testing.T) {
 			if hits.Load() == 0 {
 				t.Fatal("no commit of A was stalled or failed; the test proves nothing")
 			}
-			// The promise: A's revoke gives up on its commit after a third
-			// of rebalance_timeout (2s), so A can rejoin within
-			// rebalance_timeout (6s). Before, A waited for the stalled
-			// commit until franz-go gave up on it, 30s later. (A's rejoin
-			// itself may wait longer: its heartbeat is queued behind the
-			// stalled commit on the same connection until franz-go's
-			// request timeout, 10s, cuts the connection.)
+			// The promise: A's revoke gives up on its commit at its own
+			// deadline, a third of rebalance_timeout (2s), so A can rejoin
+			// within rebalance_timeout (6s). Before, A waited for the
+			// stalled commit until franz-go gave up on it, 30s later. The
+			// bound is half the old wait, not rebalance_timeout: the suite
+			// runs this package under the race detector at nice 10 beside
+			// the other packages, and so starved of CPU a 2s timer can
+			// fire, and its line be logged, seconds late. (A's rejoin itself may
+			// wait longer: its heartbeat is queued behind the stalled
+			// commit on the same connection until franz-go's request
+			// timeout, 10s, cuts the connection.)
 			if stall {
-				gaveUp, ok := sa.logs.firstTime("revoke commit of group")
+				line, gaveUp, ok := sa.logs.firstLine("revoke commit of group")
 				if !ok {
 					t.Fatalf("A never gave up on its stalled revoke commit; logs:\n%s", sa.logs.String())
 				}
-				if took := gaveUp.Sub(time.Unix(0, firstHit.Load())); took >= 6*time.Second {
-					t.Errorf("A's revoke gave up on its stalled commit after %s; want within rebalance_timeout (6s)", took)
+				if !strings.Contains(line, context.DeadlineExceeded.Error()) {
+					t.Errorf("A's revoke commit ended with %q; want its own deadline (%v)", line, context.DeadlineExceeded)
+				}
+				if took := gaveUp.Sub(time.Unix(0, firstHit.Load())); took >= 15*time.Second {
+					t.Errorf("A's revoke gave up on its stalled commit after %s; want its deadline, a third of rebalance_timeout (2s)", took)
 				}
 			}
 			if n := sa.logs.count("revoke commit of group"); n == 0 {
@@ -297,10 +305,11 @@ func TestInputRevokeAbandonsStalledPeriodicCommit(t *testing.T) {
 
 	start := time.Now()
 	f.onRevoked(ctx, f.client, map[string][]int32{topic: {0}})
-	// The promise is commitTimeout (2s) for the revoke's own commit; the
-	// rest of rebalance_timeout is slack for a loaded machine. Waiting for
-	// the periodic commit, as before, took its 10s timeout on top.
-	if took := time.Since(start); took >= 6*time.Second {
+	// The promise is commitTimeout (2s) for the revoke's own commit. Waiting
+	// for the periodic commit, as before, took its 10s timeout on top (12s);
+	// the rest up to 10s is slack for a machine starved of CPU (the race
+	// detector's run at nice 10 beside the other packages).
+	if took := time.Since(start); took >= 10*time.Second {
 		t.Fatalf("the revoke took %s with a commit stalled at the broker; it must give up within a third of rebalance_timeout (2s)", took)
 	}
 	unstall()
