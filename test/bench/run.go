@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // throughputResult is one scenario's run on the Kafka backlog.
@@ -374,27 +375,12 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	// Where the messages are, every 2 s: produced, persisted (rows),
 	// unfinished rows, delivered. It tells ingest lag from dispatch lag.
 	var produced atomic.Int64
-	stopWatch := make(chan struct{})
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		t := time.NewTicker(2 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopWatch:
-				return
-			case <-t.C:
-			}
-			var rows, unfinished int64
-			_ = pool.QueryRow(runCtx, progressOf(scenario).Watch).Scan(&rows, &unfinished)
-			logf("%s: produced %d, persisted %d, unfinished %d, delivered %d", scenario, produced.Load(), rows, unfinished, mp.Stats().Accepted)
-		}
-	}()
-	defer func() {
-		close(stopWatch)
-		<-watchDone
-	}()
+	watch := periodic.Start(runCtx, periodic.Config{Interval: 2 * time.Second}, func(ctx context.Context) {
+		var rows, unfinished int64
+		_ = pool.QueryRow(ctx, progressOf(scenario).Watch).Scan(&rows, &unfinished)
+		logf("%s: produced %d, persisted %d, unfinished %d, delivered %d", scenario, produced.Load(), rows, unfinished, mp.Stats().Accepted)
+	})
+	defer watch.Stop()
 	start := time.Now()
 	for i := 0; i < total; i++ {
 		if wait := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); wait > 0 {
