@@ -107,19 +107,22 @@ type stmtStat struct {
 }
 
 // prepareRun gives one phase of a scenario a fresh database (and a pool on
-// it) and a fresh mock platform; done removes them.
-func (env *benchEnv) prepareRun(ctx context.Context, run string) (dsn string, pool *pgxpool.Pool, mp *mockplatform.Server, done func(), err error) {
+// it), a fresh mock platform and runCtx, which ends at the phase's timeout;
+// done ends runCtx and removes the rest.
+func (env *benchEnv) prepareRun(ctx context.Context, run string) (runCtx context.Context, dsn string, pool *pgxpool.Pool, mp *mockplatform.Server, done func(), err error) {
 	dsn, pool, err = env.createDB(ctx, run)
 	if err != nil {
-		return "", nil, nil, nil, err
+		return nil, "", nil, nil, nil, err
 	}
 	mp, err = mockplatform.Start(mockplatform.Config{AccessName: accessName, AccessPwd: env.accessPwd})
 	if err != nil {
 		pool.Close()
 		env.dropDB(context.WithoutCancel(ctx), run)
-		return "", nil, nil, nil, err
+		return nil, "", nil, nil, nil, err
 	}
-	return dsn, pool, mp, func() {
+	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
+	return runCtx, dsn, pool, mp, func() {
+		cancel()
 		mp.Close()
 		pool.Close()
 		env.dropDB(context.WithoutCancel(ctx), run)
@@ -130,14 +133,11 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 	res.Scenario, res.LoadStart = scenario, loadAvg()
 	defer func() { res.LoadEnd = loadAvg() }()
 	run := "tp_" + scenario
-	dsn, pool, mp, done, err := env.prepareRun(ctx, run)
+	runCtx, dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
 	}
 	defer done()
-
-	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
-	defer cancel()
 	n := env.prefilled
 	vars := env.consumerEnv(dsn, mp.URL, "bench-"+scenario, env.vehicleTopic, env.heartbeatTopic)
 	logf("%s: consuming the backlog of %d messages", scenario, n)
@@ -327,14 +327,11 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err != nil {
 		return res, err
 	}
-	dsn, pool, mp, done, err := env.prepareRun(ctx, run)
+	runCtx, dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
 	}
 	defer done()
-
-	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
-	defer cancel()
 	group := "bench-lat-" + scenario
 	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder
 	before, err := readPGCounters(ctx, pool)
