@@ -127,11 +127,14 @@ func topValues(ctx context.Context, q Querier, sql string, top int) ([]ValueCoun
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ValueCount, error) {
-		var v ValueCount
-		err := row.Scan(&v.Value, &v.Rows)
-		return v, err
-	})
+	return pgx.CollectRows(rows, scanValueCount)
+}
+
+// scanValueCount reads a (value, rows) row.
+func scanValueCount(row pgx.CollectableRow) (ValueCount, error) {
+	var v ValueCount
+	err := row.Scan(&v.Value, &v.Rows)
+	return v, err
 }
 
 // RequeueFilter selects the rows `forwarder outbox requeue` sets back to

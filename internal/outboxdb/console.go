@@ -138,30 +138,10 @@ type FailedGroup struct {
 // FailedGroups returns the largest groups of FAILED rows, at most limit,
 // among the FailedGroupsCap most recently failed.
 func FailedGroups(ctx context.Context, q Querier, limit int) ([]FailedGroup, error) {
-	rows, err := q.Query(ctx, failedGroupsSQL, limit, FailedGroupsCap)
-	if err != nil {
-		return nil, fmt.Errorf("grouping FAILED rows: %w", err)
-	}
-	gs, err := pgx.CollectRows(rows, pgx.RowToStructByName[FailedGroup])
-	if err != nil {
-		return nil, fmt.Errorf("grouping FAILED rows: %w", err)
-	}
-	return gs, nil
+	return queryAll(ctx, q, "grouping FAILED rows", failedGroupsSQL, pgx.RowToStructByName[FailedGroup], limit, FailedGroupsCap)
 }
 
 // FailedByClass counts FAILED rows by class ("" for rows without one).
 func FailedByClass(ctx context.Context, q Querier) ([]ValueCount, error) {
-	rows, err := q.Query(ctx, failedClassesSQL)
-	if err != nil {
-		return nil, fmt.Errorf("counting FAILED rows by class: %w", err)
-	}
-	vs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ValueCount, error) {
-		var v ValueCount
-		err := row.Scan(&v.Value, &v.Rows)
-		return v, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("counting FAILED rows by class: %w", err)
-	}
-	return vs, nil
+	return queryAll(ctx, q, "counting FAILED rows by class", failedClassesSQL, scanValueCount)
 }

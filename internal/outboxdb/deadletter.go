@@ -25,13 +25,9 @@ func ClaimDeadLetters(ctx context.Context, q Querier, limit int, lease time.Dura
 	if limit <= 0 {
 		return nil, nil
 	}
-	rows, err := q.Query(ctx, deadLetterClaimSQL, limit, lease.Milliseconds())
+	out, err := queryAll(ctx, q, "claiming failed rows to dead-letter", deadLetterClaimSQL, pgx.RowToStructByNameLax[Record], limit, lease.Milliseconds())
 	if err != nil {
-		return nil, fmt.Errorf("claiming failed rows to dead-letter: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByNameLax[Record])
-	if err != nil {
-		return nil, fmt.Errorf("claiming failed rows to dead-letter: %w", err)
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil

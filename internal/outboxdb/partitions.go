@@ -121,13 +121,5 @@ func partitionLabel(lower, upper time.Time) string {
 
 // ListPartitions returns every partition, oldest first.
 func ListPartitions(ctx context.Context, q Querier) ([]Partition, error) {
-	rows, err := q.Query(ctx, partitionListSQL)
-	if err != nil {
-		return nil, fmt.Errorf("listing partitions: %w", err)
-	}
-	ps, err := pgx.CollectRows(rows, pgx.RowToStructByName[Partition])
-	if err != nil {
-		return nil, fmt.Errorf("listing partitions: %w", err)
-	}
-	return ps, nil
+	return queryAll(ctx, q, "listing partitions", partitionListSQL, pgx.RowToStructByName[Partition])
 }

@@ -2,6 +2,7 @@ package outboxdb
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -20,4 +21,18 @@ type Querier interface {
 // TxBeginner starts transactions: a *pgxpool.Pool or a *pgx.Conn.
 type TxBeginner interface {
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// queryAll runs sql and collects every row with to; a failure of either
+// step is wrapped with what, the operation it was for.
+func queryAll[T any](ctx context.Context, q Querier, what, sql string, to pgx.RowToFunc[T], args ...any) ([]T, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	out, err := pgx.CollectRows(rows, to)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
 }

@@ -151,7 +151,7 @@ func (env *benchEnv) memoryPhase(ctx context.Context, cfg memoryConfig, phase st
 		res.GoMemLimit = v
 	}
 	run := "mem_" + phase
-	dsn, pool, mp, done, err := env.prepareRun(ctx, run)
+	runCtx, dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
 	}
@@ -160,8 +160,6 @@ func (env *benchEnv) memoryPhase(ctx context.Context, cfg memoryConfig, phase st
 	if err != nil {
 		return res, err
 	}
-	runCtx, cancel := context.WithTimeout(ctx, cfg.bench.Timeout)
-	defer cancel()
 
 	if phase == phaseOutage {
 		mp.Hang()

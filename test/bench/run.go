@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // throughputResult is one scenario's run on the Kafka backlog.
@@ -106,19 +107,22 @@ type stmtStat struct {
 }
 
 // prepareRun gives one phase of a scenario a fresh database (and a pool on
-// it) and a fresh mock platform; done removes them.
-func (env *benchEnv) prepareRun(ctx context.Context, run string) (dsn string, pool *pgxpool.Pool, mp *mockplatform.Server, done func(), err error) {
+// it), a fresh mock platform and runCtx, which ends at the phase's timeout;
+// done ends runCtx and removes the rest.
+func (env *benchEnv) prepareRun(ctx context.Context, run string) (runCtx context.Context, dsn string, pool *pgxpool.Pool, mp *mockplatform.Server, done func(), err error) {
 	dsn, pool, err = env.createDB(ctx, run)
 	if err != nil {
-		return "", nil, nil, nil, err
+		return nil, "", nil, nil, nil, err
 	}
 	mp, err = mockplatform.Start(mockplatform.Config{AccessName: accessName, AccessPwd: env.accessPwd})
 	if err != nil {
 		pool.Close()
 		env.dropDB(context.WithoutCancel(ctx), run)
-		return "", nil, nil, nil, err
+		return nil, "", nil, nil, nil, err
 	}
-	return dsn, pool, mp, func() {
+	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
+	return runCtx, dsn, pool, mp, func() {
+		cancel()
 		mp.Close()
 		pool.Close()
 		env.dropDB(context.WithoutCancel(ctx), run)
@@ -129,14 +133,11 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 	res.Scenario, res.LoadStart = scenario, loadAvg()
 	defer func() { res.LoadEnd = loadAvg() }()
 	run := "tp_" + scenario
-	dsn, pool, mp, done, err := env.prepareRun(ctx, run)
+	runCtx, dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
 	}
 	defer done()
-
-	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
-	defer cancel()
 	n := env.prefilled
 	vars := env.consumerEnv(dsn, mp.URL, "bench-"+scenario, env.vehicleTopic, env.heartbeatTopic)
 	logf("%s: consuming the backlog of %d messages", scenario, n)
@@ -326,14 +327,11 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err != nil {
 		return res, err
 	}
-	dsn, pool, mp, done, err := env.prepareRun(ctx, run)
+	runCtx, dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
 	}
 	defer done()
-
-	runCtx, cancel := context.WithTimeout(ctx, env.cfg.Timeout)
-	defer cancel()
 	group := "bench-lat-" + scenario
 	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder
 	before, err := readPGCounters(ctx, pool)
@@ -374,27 +372,12 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	// Where the messages are, every 2 s: produced, persisted (rows),
 	// unfinished rows, delivered. It tells ingest lag from dispatch lag.
 	var produced atomic.Int64
-	stopWatch := make(chan struct{})
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		t := time.NewTicker(2 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopWatch:
-				return
-			case <-t.C:
-			}
-			var rows, unfinished int64
-			_ = pool.QueryRow(runCtx, progressOf(scenario).Watch).Scan(&rows, &unfinished)
-			logf("%s: produced %d, persisted %d, unfinished %d, delivered %d", scenario, produced.Load(), rows, unfinished, mp.Stats().Accepted)
-		}
-	}()
-	defer func() {
-		close(stopWatch)
-		<-watchDone
-	}()
+	watch := periodic.Start(runCtx, periodic.Config{Interval: 2 * time.Second}, func(ctx context.Context) {
+		var rows, unfinished int64
+		_ = pool.QueryRow(ctx, progressOf(scenario).Watch).Scan(&rows, &unfinished)
+		logf("%s: produced %d, persisted %d, unfinished %d, delivered %d", scenario, produced.Load(), rows, unfinished, mp.Stats().Accepted)
+	})
+	defer watch.Stop()
 	start := time.Now()
 	for i := 0; i < total; i++ {
 		if wait := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); wait > 0 {

@@ -17,6 +17,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/pgcluster"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/periodic"
 )
 
 // The scale check: bulk-load millions of finished rows with COPY and
@@ -622,20 +623,11 @@ func copyFinished(ctx context.Context, pool *pgxpool.Pool, c scaleConfig, from i
 	)
 	next.Store(int64(from))
 	start := time.Now()
-	stopProgress := make(chan struct{})
-	go func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopProgress:
-				return
-			case <-t.C:
-				n := next.Load() - int64(from)
-				logf("  ~%d rows handed to COPY (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
-			}
-		}
-	}()
+	progress := periodic.Start(ctx, periodic.Config{Interval: 10 * time.Second}, func(context.Context) {
+		n := next.Load() - int64(from)
+		logf("  ~%d rows handed to COPY (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
+	})
+	defer progress.Stop()
 	if err := ensureLoadPartitions(ctx, pool); err != nil {
 		return 0, err
 	}
@@ -665,7 +657,7 @@ func copyFinished(ctx context.Context, pool *pgxpool.Pool, c scaleConfig, from i
 		}()
 	}
 	wg.Wait()
-	close(stopProgress)
+	progress.Stop()
 	if firstErr != nil {
 		return 0, fmt.Errorf("copying rows: %w", firstErr)
 	}
