@@ -52,8 +52,17 @@ var (
 		made []string
 		// strategy is the CREATE DATABASE clause that copies them.
 		strategy string
+		// filled are the data sets of NewFilledPool, by name.
+		filled map[string]*filledDB
 	}
 )
+
+// filledDB is a database filled once for every test that asks for it.
+type filledDB struct {
+	once sync.Once
+	name string
+	err  error
+}
 
 // Main runs the package's tests with a PostgreSQL server available and exits.
 func Main(m *testing.M) {
@@ -202,6 +211,63 @@ func dropTemplates() {
 	for _, name := range templates.made {
 		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 	}
+}
+
+// NewFilledPool is NewPool on a copy of a database this process filled once
+// with fill, for tests that each read the same large data set: PostgreSQL
+// writes a million rows and their indexes in tens of seconds of CPU, and
+// copies the files in about one. The first test to ask fills it while the
+// others wait; each gets a private copy, statistics included, that it may
+// change. name tells the data sets apart.
+func NewFilledPool(t testing.TB, name string, fill func(ctx context.Context, pool *pgxpool.Pool) error) *pgxpool.Pool {
+	t.Helper()
+	admin := AdminURL(t)
+	tmpl, strategy := migratedTemplate(t, admin)
+	templates.Lock()
+	if templates.filled == nil {
+		templates.filled = map[string]*filledDB{}
+	}
+	f, ok := templates.filled[name]
+	if !ok {
+		f = &filledDB{name: fmt.Sprintf("t_%d_filled_%s", os.Getpid(), sanitize(name))}
+		templates.filled[name] = f
+	}
+	templates.Unlock()
+	f.once.Do(func() { f.err = fillTemplate(admin, tmpl, strategy, f.name, fill) })
+	if f.err != nil {
+		t.Fatalf("pgtest: filling %s: %v", name, f.err)
+	}
+	return openPool(t, createDB(t, admin, " TEMPLATE "+pgx.Identifier{f.name}.Sanitize()+strategy))
+}
+
+// fillTemplate makes database name, a copy of the migrated template tmpl,
+// fills it and closes it to connections, so that it can be copied.
+func fillTemplate(admin, tmpl, strategy, name string, fill func(ctx context.Context, pool *pgxpool.Pool) error) error {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return fmt.Errorf("connecting to server: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{tmpl}.Sanitize()+strategy); err != nil {
+		return fmt.Errorf("creating database %s: %w", name, err)
+	}
+	templates.Lock()
+	templates.made = append(templates.made, name)
+	templates.Unlock()
+	pool, err := outboxdb.Open(ctx, dbURL(admin, name), outboxdb.PoolConfig{})
+	if err != nil {
+		return err
+	}
+	err = fill(ctx, pool)
+	pool.Close()
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS false"); err != nil {
+		return fmt.Errorf("closing %s to connections: %w", name, err)
+	}
+	return nil
 }
 
 // NewPool is NewDB plus a pool on it, closed at the end of the test.
