@@ -15,9 +15,9 @@ import (
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 )
 
-// TestInputDecompressionBomb produces, with franz-go's producer, a record
-// batch of a few KiB holding 64 MiB of zeros (zstd, then gzip) between
-// ordinary messages, plus a 2 MiB record whose batch stays within the
+// TestInputDecompressionBomb produces a record batch of a few KiB holding
+// 64 MiB of zeros (zstd, then gzip, as franz-go's producer compresses them)
+// between ordinary messages, plus a 2 MiB record whose batch stays within the
 // decompression bound, and consumes them with max_message_bytes 1 MiB
 // (docs/guarantees.md #17). No message carries more than 1 MiB: the bomb
 // becomes one empty message at its offset whose kafka_oversize names the
@@ -46,7 +46,7 @@ func TestInputDecompressionBomb(t *testing.T) {
 			topic, group := "bomb-"+strings.ToLower(tc.name), "g-bomb-"+strings.ToLower(tc.name)
 			c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
 			batches := watchProducedBatches(t, c, topic)
-			producer := c.CompressingProducer(t, tc.codec, bombSize)
+			producer := c.CompressingProducer(t, tc.codec, largeSize)
 			produce := func(recs ...*kgo.Record) {
 				t.Helper()
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -69,8 +69,7 @@ func TestInputDecompressionBomb(t *testing.T) {
 			}
 
 			produceOrdinary(5)
-			bomb := kafkatest.Bomb(topic, 0, bombSize)
-			produce(bomb)
+			bombOffset := c.ProduceBomb(t, topic, 0, bombSize, kafkatest.Codec(tc.bits))
 			large := &kgo.Record{Topic: topic, Value: bytes.Repeat([]byte{'L'}, largeSize)}
 			produce(large)
 			// The largest record delivered whole: exactly max_message_bytes.
@@ -116,11 +115,11 @@ func TestInputDecompressionBomb(t *testing.T) {
 				}
 				why, oversize := msgmeta.Oversize(m)
 				switch at.offset {
-				case bomb.Offset:
-					want := fmt.Sprintf("record batch at offset %d does not decompress within %d bytes", bomb.Offset, bound)
+				case bombOffset:
+					want := fmt.Sprintf("record batch at offset %d does not decompress within %d bytes", bombOffset, bound)
 					if !oversize || !strings.Contains(why, want) || len(body) != 0 {
 						t.Errorf("the bomb at offset %d: body of %d bytes, %s %q; want an empty body and a reason containing %q",
-							bomb.Offset, len(body), msgmeta.KafkaOversize, why, want)
+							bombOffset, len(body), msgmeta.KafkaOversize, why, want)
 					}
 				case large.Offset:
 					want := fmt.Sprintf("record value is %d bytes, more than max_message_bytes (%d)", largeSize, maxMessage)

@@ -20,8 +20,8 @@ import (
 // pipelines/forwarder.yaml, kafka_franz → outbox (persist only), with
 // max_message_bytes and max_payload_bytes of 1 MiB, over a partition whose
 // second batch is 64 MiB of zeros compressed with zstd and another where it
-// is compressed with gzip, each between ordinary messages, both made by
-// franz-go's producer (docs/guarantees.md #17). Each bomb becomes one FAILED
+// is compressed with gzip, each between ordinary messages, both as
+// franz-go's producer compresses them (docs/guarantees.md #17). Each bomb becomes one FAILED
 // row under its fallback key, with no payload and a reason naming the bound;
 // every ordinary message has its PENDING row, and the group's offsets reach
 // the end of both partitions.
@@ -44,9 +44,15 @@ func TestDecompressionBombBecomesAFailedRow(t *testing.T) {
 
 	kc := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 2}})
 	bombAt := map[int32]int64{}
-	for partition, codec := range []kgo.CompressionCodec{kgo.ZstdCompression().WithLevel(1), kgo.GzipCompression().WithLevel(1)} {
+	for partition, codec := range []struct {
+		producer kgo.CompressionCodec
+		bomb     kafkatest.Codec
+	}{
+		{kgo.ZstdCompression().WithLevel(1), kafkatest.Zstd},
+		{kgo.GzipCompression().WithLevel(1), kafkatest.Gzip},
+	} {
 		p := int32(partition)
-		producer := kc.CompressingProducer(t, codec, bombSize)
+		producer := kc.CompressingProducer(t, codec.producer, 1<<20)
 		produce := func(recs ...*kgo.Record) {
 			t.Helper()
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -63,9 +69,7 @@ func TestDecompressionBombBecomesAFailedRow(t *testing.T) {
 			return recs
 		}
 		produce(ordinary(0, before)...)
-		bomb := kafkatest.Bomb(topic, p, bombSize)
-		produce(bomb)
-		bombAt[p] = bomb.Offset
+		bombAt[p] = kc.ProduceBomb(t, topic, p, bombSize, codec.bomb)
 		produce(ordinary(before, before+after)...)
 	}
 

@@ -136,13 +136,6 @@ func (c *Cluster) CompressingProducer(t testing.TB, codec kgo.CompressionCodec, 
 	)
 }
 
-// Bomb is a record of size zero bytes for topic's partition, a
-// decompression bomb: compressed, its batch takes a few KiB (zstd) or about
-// a thousandth of size (gzip), and it decompresses to size bytes.
-func Bomb(topic string, partition int32, size int) *kgo.Record {
-	return &kgo.Record{Topic: topic, Partition: partition, Value: make([]byte, size)}
-}
-
 // Admin returns a shared admin client of the cluster.
 func (c *Cluster) Admin(t testing.TB) *kadm.Client {
 	t.Helper()
