@@ -29,8 +29,8 @@ func TestCompensate(t *testing.T) {
 		t.Fatalf("Compensate = %d, %v; want the one old transient row (in batches of 1)", n, err)
 	}
 	s := db.State(ids[0])
-	if s.Status != "PENDING" || s.AttemptCount != 0 || s.RequeueRounds != 1 || *s.DueInMs > 0 || s.FailureClass != nil {
-		t.Fatalf("requeued row %+v, want PENDING, due, attempts reset, round 1", s)
+	if s.Status != "PENDING" || s.AttemptCount != 0 || s.RequeueRounds != 1 || *s.DueInMs > 0 || s.FailureClass != nil || s.FailedAt != nil {
+		t.Fatalf("requeued row %+v, want PENDING, due, attempts reset, no failure class or time, round 1", s)
 	}
 	logs := db.Logs(ids[0])
 	if len(logs) != 1 || logs[0].Status != "REQUEUED" || logs[0].Attempt != 5 ||

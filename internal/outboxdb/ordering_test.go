@@ -351,8 +351,9 @@ func TestOrdering(t *testing.T) {
 		if _, err := outboxdb.Requeue(b.Ctx, b.Pool, outboxdb.RequeueFilter{Keys: []string{"blocked"}}, outboxdb.RequeueOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if s := b.State(ids[4]); s.Status != "PENDING" || s.OrderHeld || s.OrderBlocked {
-			t.Errorf("the requeued blocked row is %s, held %v, blocked %v; want the head", s.Status, s.OrderHeld, s.OrderBlocked)
+		if s := b.State(ids[4]); s.Status != "PENDING" || s.OrderHeld || s.OrderBlocked || s.FailedAt != nil {
+			t.Errorf("the requeued blocked row is %s, held %v, blocked %v, failed at %v; want the head, no longer failed",
+				s.Status, s.OrderHeld, s.OrderBlocked, s.FailedAt)
 		}
 		b.wantHeld(map[string]bool{"f4": true})
 		if keys, _ := b.claimKeys(); strings.Join(keys, ",") != "blocked" {

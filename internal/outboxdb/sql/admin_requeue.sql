@@ -60,8 +60,7 @@ WITH picked AS (
     FROM picked p
 ), requeued AS (
     UPDATE forward_deliveries AS r
-    SET failed_at  = NULL,
-        order_held = held.held,
+    SET order_held = held.held,
         updated_at = now(),
         -- include: requeue_reset.sql
     FROM held

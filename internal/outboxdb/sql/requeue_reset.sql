@@ -1,7 +1,7 @@
 -- What a requeue sets on a row of forward_deliveries, the same for an
 -- operator's requeue (admin_requeue.sql) and the automatic one
 -- (compensate.sql): back to PENDING, due now, its attempts reset and its
--- failure class gone; its claim cleared, which fences out the late result
+-- failure class and time gone (a row that fails again gets new ones); its claim cleared, which fences out the late result
 -- of a holder whose lease expired; out of the dead-letter topic's
 -- bookkeeping, so a row that fails again is published again and a publish
 -- under way is fenced out; no longer blocking its ordering key. Each
@@ -10,6 +10,7 @@ status                  = 'PENDING',
 next_retry_at           = now(),
 attempt_count           = 0,
 failure_class           = NULL,
+failed_at               = NULL,
 claim_token             = NULL,
 claimed_by              = NULL,
 claimed_at              = NULL,
