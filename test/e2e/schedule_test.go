@@ -23,26 +23,30 @@ import (
 // lease, a pause, a process starting or stopping), in the light lane, two
 // at a time. A scenario whose promise is about every instance following the
 // shared platform state within a second (a Retry-After pause, the open
-// breaker and the ramp after it, the global rate limit) runs with nothing
-// beside it: next to others on a loaded machine, instances read that state
-// seconds late and the checks failed (requests during a pause, rows left
-// unclaimed under the rate limit, deliveries twice after a hang), which a
-// run one by one does not show as often. Within a lane the longest start
-// first, so that the suite ends sooner, and a scenario that waits for room
-// keeps its turn: while it waits, only scenarios whose expects say they
-// end before it can start take the room that is free (backfilling, as
+// breaker and the ramp after it, the global rate limit, an operator's
+// pause) runs in the quiet lane, with no scenario of the other lanes beside
+// it: next to those on a loaded machine, instances read that state seconds
+// late and the checks failed (requests during a pause, rows left unclaimed
+// under the rate limit, deliveries twice after a hang), which a run one by
+// one does not show as often. The quiet scenarios themselves mostly wait on
+// a paused or failing platform at a hundred messages a second (the machine
+// idles four fifths of the time they run), so two run side by side. The
+// quiet lane opens once the other lanes have run every scenario ready to
+// run, and they let none in while it runs one. Within a lane the longest
+// start first, so that the suite ends sooner, and a scenario that waits for
+// room keeps its turn: while it waits, only scenarios whose expects say
+// they end before it can start take the room that is free (backfilling, as
 // batch schedulers do), which keeps both seats of a lane busy while a
 // scenario that needs the whole lane waits for a long one to end.
 var (
 	heavyLane = &lane{name: "heavy", room: 2}
 	lightLane = &lane{name: "light", room: 2}
+	quietLane = (&lane{name: "quiet", room: 2}).waitsFor(heavyLane, lightLane)
 
 	heavy = seat{{heavyLane, 1}}
 	alone = seat{{heavyLane, heavyLane.room}}
 	light = seat{{lightLane, 1}}
-	// quiet takes both lanes whole, the heavy one first (always in that
-	// order, so that two quiet scenarios cannot each hold one lane).
-	quiet = seat{{heavyLane, heavyLane.room}, {lightLane, lightLane.room}}
+	quiet = seat{{quietLane, 1}}
 )
 
 // seat is the room a scenario takes, in one lane or more.
@@ -58,8 +62,10 @@ type claim struct {
 type lane struct {
 	name string
 	room int
+	// after are the lanes this one waits for, before those waiting for it
+	// (waitsFor).
+	after, before []*lane
 
-	mu      sync.Mutex
 	used    int
 	queued  int
 	waiting []*ticket
@@ -121,8 +127,8 @@ func reportScenario(name string, s seat, expect time.Duration, started time.Time
 	for i, c := range s {
 		lanes[i] = fmt.Sprintf("%s×%d", c.lane.name, c.room)
 	}
-	reportMu.Lock()
-	defer reportMu.Unlock()
+	lanesMu.Lock()
+	defer lanesMu.Unlock()
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return
@@ -132,11 +138,12 @@ func reportScenario(name string, s seat, expect time.Duration, started time.Time
 		started.Sub(suiteStart).Seconds(), time.Since(suiteStart).Seconds(), strings.Join(lanes, "+"), name)
 }
 
-var reportMu sync.Mutex
+// lanesMu guards every lane, the tickets and the report.
+var lanesMu sync.Mutex
 
 func (l *lane) enqueue(room int, expect time.Duration) *ticket {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	lanesMu.Lock()
+	defer lanesMu.Unlock()
 	l.queued++
 	tk := &ticket{room: room, expect: expect, seq: l.queued, granted: make(chan struct{})}
 	l.waiting = append(l.waiting, tk)
@@ -152,22 +159,57 @@ const laneSettle = 200 * time.Millisecond
 var settleOnce sync.Once
 
 func (l *lane) wait(tk *ticket) {
-	l.mu.Lock()
+	lanesMu.Lock()
 	tk.ready = true
-	l.mu.Unlock()
+	lanesMu.Unlock()
 	settleOnce.Do(func() { time.Sleep(laneSettle) })
-	l.mu.Lock()
-	l.grantLocked()
-	l.mu.Unlock()
+	lanesMu.Lock()
+	l.grantLinkedLocked()
+	lanesMu.Unlock()
 	<-tk.granted
 }
 
 func (l *lane) release(tk *ticket) {
-	l.mu.Lock()
+	lanesMu.Lock()
 	l.used -= tk.room
 	l.running = slices.DeleteFunc(l.running, func(r *ticket) bool { return r == tk })
-	l.grantLocked()
-	l.mu.Unlock()
+	l.grantLinkedLocked()
+	lanesMu.Unlock()
+}
+
+// waitsFor makes l wait for others: l lets a scenario in only when none
+// runs in them or is ready to, and they let none in while one of l runs.
+func (l *lane) waitsFor(others ...*lane) *lane {
+	l.after = append(l.after, others...)
+	for _, o := range others {
+		o.before = append(o.before, l)
+	}
+	return l
+}
+
+// grantLinkedLocked lets in what l and the lanes linked to it by waitsFor
+// have room for: a scenario ending in one may open another.
+func (l *lane) grantLinkedLocked() {
+	for _, x := range slices.Concat([]*lane{l}, l.after, l.before) {
+		x.grantLocked()
+	}
+}
+
+// openLocked says whether the lane may let a scenario in: not while a lane
+// it waits for runs a scenario or has one ready, nor while a lane waiting
+// for it runs one.
+func (l *lane) openLocked() bool {
+	for _, o := range l.after {
+		if len(o.running) > 0 || slices.ContainsFunc(o.waiting, func(tk *ticket) bool { return tk.ready }) {
+			return false
+		}
+	}
+	for _, o := range l.before {
+		if len(o.running) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // grantLocked lets the running scenarios in, longest first, as long as the
@@ -177,6 +219,9 @@ func (l *lane) release(tk *ticket) {
 // of those runs past its expect), so that a scenario needing the whole
 // lane is not passed over until the end.
 func (l *lane) grantLocked() {
+	if !l.openLocked() {
+		return
+	}
 	slices.SortFunc(l.waiting, func(a, b *ticket) int {
 		return cmp.Or(cmp.Compare(b.expect, a.expect), cmp.Compare(a.seq, b.seq))
 	})
@@ -228,23 +273,11 @@ func later(a, b time.Time) time.Time {
 // runs past its expect.
 func TestLaneBackfills(t *testing.T) {
 	l := &lane{name: "test", room: 2}
-	add := func(room int, expect time.Duration) *ticket {
-		tk := l.enqueue(room, expect)
-		tk.ready = true
-		return tk
-	}
-	granted := func(tk *ticket) bool {
-		select {
-		case <-tk.granted:
-			return true
-		default:
-			return false
-		}
-	}
+	add := func(room int, expect time.Duration) *ticket { return readyTicket(l, room, expect) }
 	grant := func() {
-		l.mu.Lock()
+		lanesMu.Lock()
 		l.grantLocked()
-		l.mu.Unlock()
+		lanesMu.Unlock()
 	}
 	long := add(1, time.Minute)
 	whole := add(2, 30*time.Second)
@@ -257,9 +290,9 @@ func TestLaneBackfills(t *testing.T) {
 	l.release(short)
 	// The long one now ends in 15 s by its expect: a scenario of 20 s
 	// would keep the whole-lane one waiting past it, one of 10 s would not.
-	l.mu.Lock()
+	lanesMu.Lock()
 	long.ends = time.Now().Add(15 * time.Second)
-	l.mu.Unlock()
+	lanesMu.Unlock()
 	tooLong := add(1, 20*time.Second)
 	fitting := add(1, 10*time.Second)
 	grant()
@@ -269,9 +302,9 @@ func TestLaneBackfills(t *testing.T) {
 	l.release(fitting)
 	// Past its expect the long one could end any moment: nobody passes the
 	// whole-lane one any more.
-	l.mu.Lock()
+	lanesMu.Lock()
 	long.ends = time.Now().Add(-time.Second)
-	l.mu.Unlock()
+	lanesMu.Unlock()
 	tiny := add(1, time.Second)
 	grant()
 	if granted(tiny) || granted(tooLong) {
@@ -280,5 +313,66 @@ func TestLaneBackfills(t *testing.T) {
 	l.release(long)
 	if !granted(whole) || granted(tiny) {
 		t.Fatalf("after the long one: whole %v, 1 s %v; want the whole-lane one first", granted(whole), granted(tiny))
+	}
+}
+
+// TestQuietLaneWaitsForTheOthers: the quiet lane lets two in side by side,
+// but only once the lanes it waits for have nothing running or ready, and
+// they let none in while a quiet scenario runs; a scenario of theirs that
+// becomes ready meanwhile goes before the quiet ones still waiting.
+func TestQuietLaneWaitsForTheOthers(t *testing.T) {
+	busy := &lane{name: "busy", room: 2}
+	q := (&lane{name: "quiet", room: 2}).waitsFor(busy)
+	grant := func() {
+		lanesMu.Lock()
+		q.grantLinkedLocked()
+		lanesMu.Unlock()
+	}
+	first := readyTicket(busy, 1, time.Minute)
+	quiet1 := readyTicket(q, 1, 40*time.Second)
+	quiet2 := readyTicket(q, 1, 30*time.Second)
+	quiet3 := readyTicket(q, 1, 20*time.Second)
+	grant()
+	if !granted(first) || granted(quiet1) || granted(quiet2) {
+		t.Fatalf("granted busy %v, quiet %v %v; want only the busy lane's", granted(first), granted(quiet1), granted(quiet2))
+	}
+	busy.release(first)
+	if !granted(quiet1) || !granted(quiet2) || granted(quiet3) {
+		t.Fatalf("after the busy lane emptied: quiet %v %v %v; want the two longest side by side", granted(quiet1), granted(quiet2), granted(quiet3))
+	}
+	late := readyTicket(busy, 1, time.Second)
+	grant()
+	if granted(late) {
+		t.Fatal("the busy lane let a scenario in beside two quiet ones")
+	}
+	q.release(quiet1)
+	if granted(late) || granted(quiet3) {
+		t.Fatalf("one quiet scenario still running: busy %v, quiet %v; want neither (the busy one is ready, so it goes first)", granted(late), granted(quiet3))
+	}
+	q.release(quiet2)
+	if !granted(late) || granted(quiet3) {
+		t.Fatalf("no quiet scenario running: busy %v, quiet %v; want the busy one alone", granted(late), granted(quiet3))
+	}
+	busy.release(late)
+	if !granted(quiet3) {
+		t.Fatal("the last quiet scenario was not let in once the busy lane emptied")
+	}
+}
+
+// readyTicket queues a running scenario in l.
+func readyTicket(l *lane, room int, expect time.Duration) *ticket {
+	tk := l.enqueue(room, expect)
+	lanesMu.Lock()
+	tk.ready = true
+	lanesMu.Unlock()
+	return tk
+}
+
+func granted(tk *ticket) bool {
+	select {
+	case <-tk.granted:
+		return true
+	default:
+		return false
 	}
 }
