@@ -21,13 +21,13 @@
 // (make test prints the longest ones after the suite).
 //
 // The scenarios run in parallel, each with its own database, Kafka
-// cluster, mock platform, consumer group and ports, in two lanes
-// (schedule_test.go): those that keep the CPU busy two at a time (or alone,
-// when their checks leave a loaded CPU little room), those that mostly wait
-// two at a time, the longest first; those whose promise is about every
-// instance following the shared platform state within a second
-// (Retry-After, the breaker and the ramp, the rate limit) with nothing
-// beside them. go test's -parallel is raised for this package unless given;
+// cluster, mock platform, consumer group and ports, in three lanes
+// (schedule_test.go), the longest first: those that keep the CPU busy two
+// at a time (or alone, when their checks leave a loaded CPU little room),
+// those that mostly wait two at a time, and, once both are done, those
+// whose promise is about every instance following the shared platform
+// state within a second (Retry-After, the breaker and the ramp, the rate
+// limit, a pause) two at a time with nothing else beside them. go test's -parallel is raised for this package unless given;
 // -parallel 1 runs the scenarios one by one.
 //
 // Each scenario logs its figures (messages, duplicates delivered, reclaim and
