@@ -16,8 +16,11 @@ E2E_REPORT := bin/e2e-schedule.txt
 # their own (cmd/forwarder, pipelines, docs, the console's browser test, the
 # dev stack) share their compiled packages instead of compiling them again
 # with other settings (the race detector, which needs cgo, compiles its own).
+# Binaries are linked without DWARF (-w, as the image's is): go test links a
+# binary per package, and the debug information was a quarter of the link's
+# CPU; stack traces and the race detector's reports do not need it.
 export CGO_ENABLED := 0
-export GOFLAGS ?= -trimpath
+export GOFLAGS ?= -trimpath -ldflags=-w
 # The packages whose goroutines share the most state (the dispatcher, its
 # plugins, the Kafka input, the outbox processor): make test runs them under
 # the race detector, and only so.
