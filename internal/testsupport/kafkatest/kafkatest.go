@@ -273,12 +273,17 @@ func (c *Cluster) Committed(t testing.TB, group string) map[string]map[int32]int
 	return out
 }
 
-// EndOffsets returns topic's high watermarks by partition.
+// EndOffsets returns topic's high watermarks by partition. A partition the
+// broker could not answer for fails the test: its offset would read -1, and
+// a test comparing it would fail far from the cause.
 func (c *Cluster) EndOffsets(t testing.TB, topic string) map[int32]int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	lo, err := c.Admin(t).ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = lo.Error()
+	}
 	if err != nil {
 		t.Fatalf("kafkatest: listing end offsets of %q: %v", topic, err)
 	}
