@@ -127,8 +127,8 @@ func reportScenario(name string, s seat, expect time.Duration, started time.Time
 	for i, c := range s {
 		lanes[i] = fmt.Sprintf("%s×%d", c.lane.name, c.room)
 	}
-	lanesMu.Lock()
-	defer lanesMu.Unlock()
+	reportMu.Lock()
+	defer reportMu.Unlock()
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return
@@ -138,7 +138,9 @@ func reportScenario(name string, s seat, expect time.Duration, started time.Time
 		started.Sub(suiteStart).Seconds(), time.Since(suiteStart).Seconds(), strings.Join(lanes, "+"), name)
 }
 
-// lanesMu guards every lane, the tickets and the report.
+var reportMu sync.Mutex
+
+// lanesMu guards every lane and its tickets.
 var lanesMu sync.Mutex
 
 func (l *lane) enqueue(room int, expect time.Duration) *ticket {
