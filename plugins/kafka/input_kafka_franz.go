@@ -185,7 +185,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		if err != nil {
 			return nil, fmt.Errorf("field %s: %w", kfiFieldBatching, err)
 		}
-		f.batcher = &policyBatcher{b: b, count: policy.Count}
+		f.batcher = &policyBatcher{b: b, count: policy.Count, atOnce: !policyTriggers(policy)}
 	}
 
 	replay, err := conf.FieldBool(kfiFieldAutoReplayNacks)

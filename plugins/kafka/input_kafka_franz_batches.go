@@ -65,14 +65,27 @@ type policyBatcher struct {
 	n      int // messages added since the last flush
 	shares []share
 	closed bool
+	// atOnce flushes every batch as soon as it is taken: the policy has
+	// no trigger of its own (see policyTriggers).
+	atOnce bool
+}
+
+// policyTriggers reports whether a batching policy flushes a batch by
+// itself: by count, size, check, or a period above zero. Benthos accepts
+// `period: 0s` alone, whose period never ends: the input would hold records
+// until a partition reached checkpoint_limit. It flushes such batches at
+// once instead: `period: 0s` means "do not wait".
+func policyTriggers(p service.BatchPolicy) bool {
+	period, _ := time.ParseDuration(p.Period) // NewBatcher has refused a bad one
+	return p.Count > 0 || p.ByteSize > 0 || p.Check != "" || period > 0
 }
 
 // nextBatch takes what the input can hand out. Without a batching policy
-// (pipelines/forwarder.yaml, and Connect's kafka_franz without one) that is
-// the batch, at most checkpoint_limit records of every partition with room.
-// With one, it joins the policy's batch, which is flushed when the policy
-// triggers, its period ends, or nothing more can join it before it is
-// acked. When there is no batch yet, it returns how long to wait for more
+// (Connect's kafka_franz configs, which need none) that is the batch, at
+// most checkpoint_limit records of every partition with room. With one
+// (pipelines/forwarder.yaml has a period), it joins the policy's batch,
+// which is flushed when the policy triggers, its period ends, or nothing
+// more can join it before it is acked. When there is no batch yet, it returns how long to wait for more
 // records or room (-1: until they come).
 func (f *franzInput) nextBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, time.Duration, error) {
 	pb := f.batcher
@@ -105,7 +118,7 @@ func (f *franzInput) nextBatch(ctx context.Context) (service.MessageBatch, servi
 			return nil, nil, -1, nil
 		}
 		until, timed := pb.b.UntilNext()
-		if !triggered && !stuck && (!timed || until > time.Millisecond) {
+		if !triggered && !stuck && !pb.atOnce && (!timed || until > time.Millisecond) {
 			if !timed {
 				until = -1
 			}

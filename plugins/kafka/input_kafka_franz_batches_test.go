@@ -104,8 +104,8 @@ func TestFetchBatch(t *testing.T) {
 	ctx := context.Background()
 	rejected := errors.New("rejected by test")
 
-	// Without a batching policy, as in pipelines/forwarder.yaml and in
-	// configs written for Connect's kafka_franz, which needs none.
+	// Without a batching policy, as in configs written for Connect's
+	// kafka_franz, which needs none.
 	t.Run("OneBatchCarriesEveryPartitionAndItsAckCommitsEach", func(t *testing.T) {
 		t.Parallel()
 		f := fetchTestInput(t, "")
@@ -158,6 +158,46 @@ func TestFetchBatch(t *testing.T) {
 		_ = ack(ctx, nil)
 		_ = ack2(ctx, nil)
 		wantCommit(t, p0, 6)
+	})
+
+	// pipelines/forwarder.yaml's policy: a period, counted from the last
+	// flush. What arrives within it waits for it, unless nothing more
+	// could join the batch.
+	t.Run("APeriodHoldsWhatArrivesWithinIt", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "checkpoint_limit: 4\nbatching:\n  period: 1h")
+		p0 := f.fetch(0, 0, 2)
+		if b, _ := f.take(t); b != nil {
+			t.Fatalf("a batch of %d records within the period", len(b))
+		}
+		if p0.handed != 3 {
+			t.Fatalf("%d records of p0 wait in the policy's batch, want 3", p0.handed)
+		}
+		// p0 reaches checkpoint_limit: nothing more of it can join
+		// until the batch is acked, so the batch goes now.
+		f.fetch(0, 3, 5)
+		b, ack := f.take(t)
+		if got := batchRecords(t, b); !slices.Equal(got, span(0, 0, 3)) {
+			t.Fatalf("batch %v, want p0's first four (its checkpoint_limit)", got)
+		}
+		_ = ack(ctx, nil)
+		wantCommit(t, p0, 4)
+	})
+
+	// `period: 0s` (KAFKA_BATCH_PERIOD=0) is a policy Benthos accepts but
+	// whose period never ends: it would hold records until a partition
+	// reached checkpoint_limit, at a low rate for ever. It means "do not
+	// wait".
+	t.Run("AZeroPeriodFlushesAtOnce", func(t *testing.T) {
+		t.Parallel()
+		f := fetchTestInput(t, "batching:\n  period: 0s")
+		p0 := f.fetch(0, 0, 1)
+		b, ack := f.take(t)
+		if got := batchRecords(t, b); !slices.Equal(got, span(0, 0, 1)) {
+			t.Fatalf("batch %v, want both records at once", got)
+		}
+		_ = ack(ctx, nil)
+		wantCommit(t, p0, 2)
 	})
 
 	t.Run("BoundedByCheckpointLimit", func(t *testing.T) {
