@@ -142,6 +142,17 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if err != nil {
 		return nil, err
 	}
+	fetchMin, err := parseByteSize(conf, kfiFieldFetchMinBytes)
+	if err != nil {
+		return nil, err
+	}
+	fetchWait, err := conf.FieldDuration(kfiFieldFetchMaxWait)
+	if err != nil {
+		return nil, err
+	}
+	if fetchWait < 10*time.Millisecond {
+		return nil, fmt.Errorf("field %s: %s is below 10ms, the least franz-go accepts", kfiFieldFetchMaxWait, fetchWait)
+	}
 	// franz-go refuses responses above BrokerMaxReadBytes (100MiB by
 	// default), which must leave room for a full fetch.
 	readMax := int32(100 << 20)
@@ -231,6 +242,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		kgo.RebalanceTimeout(rebalance),
 		kgo.FetchMaxBytes(fetchMax),
 		kgo.FetchMaxPartitionBytes(fetchPartMax),
+		kgo.FetchMinBytes(fetchMin),
+		kgo.FetchMaxWait(fetchWait),
 		kgo.BrokerMaxReadBytes(readMax),
 		// franz-go's own decompressor bounds a batch at 1 GiB, and a
 		// batch of a few KiB of zeros decompresses to that before a

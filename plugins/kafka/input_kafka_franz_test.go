@@ -15,6 +15,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
@@ -487,6 +488,39 @@ func TestInputMessages(t *testing.T) {
 	}
 }
 
+// TestInputFetchMinimum: fetch_min_bytes and fetch_max_wait reach the
+// broker in every fetch, and a record below the minimum is still
+// delivered once the wait ends.
+func TestInputFetchMinimum(t *testing.T) {
+	t.Parallel()
+	const topic, group = "fetchmin", "g-fetchmin"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	var mu sync.Mutex
+	type asked struct{ minBytes, maxWaitMs int32 }
+	seen := map[asked]int{}
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		mu.Lock()
+		seen[asked{req.MinBytes, req.MaxWaitMillis}]++
+		mu.Unlock()
+		return nil, nil, false // the broker answers as usual
+	})
+	c.Produce(t, &kgo.Record{Topic: topic, Value: []byte("one small record")})
+
+	s := newSink(t)
+	stream := startStream(t, s, 1, inputConf(c, topic, group, "fetch_min_bytes: 1MiB", "fetch_max_wait: 200ms"))
+	waitFor(t, "the record", func() bool { return s.ackedCount() == 1 })
+	stream.stop(10 * time.Second)
+
+	mu.Lock()
+	defer mu.Unlock()
+	// (Fetches of other clients, such as a one-off {1 1}, may show too.)
+	if want, defaults := (asked{1 << 20, 200}), (asked{1, 5000}); seen[want] == 0 || seen[defaults] > 0 {
+		t.Fatalf("fetches asked for (min bytes, max wait ms) %v, want %v and never the defaults %v", seen, want, defaults)
+	}
+}
+
 func TestInputCloseLeavesGroup(t *testing.T) {
 	t.Parallel()
 	const topic, group = "leave", "g-leave"
@@ -525,6 +559,8 @@ func TestInputConfigErrors(t *testing.T) {
 		"ZeroLimit":         {base + "consumer_group: g\ncheckpoint_limit: 0", "checkpoint_limit"},
 		"HeartbeatTooSlow":  {base + "consumer_group: g\nsession_timeout: 6s\nheartbeat_interval: 6s", "heartbeat_interval"},
 		"BadFetchSize":      {base + "consumer_group: g\nfetch_max_bytes: 5GiB", "fetch_max_bytes"},
+		"ZeroFetchMinimum":  {base + "consumer_group: g\nfetch_min_bytes: 0B", "fetch_min_bytes"},
+		"FetchWaitTooShort": {base + "consumer_group: g\nfetch_max_wait: 5ms", "fetch_max_wait"},
 		"ZeroCommitPeriod":  {base + "consumer_group: g\ncommit_period: 0s", "commit_period"},
 		"BadBatchProcessor": {base + "consumer_group: g\nbatching:\n  count: 2\n  processors:\n    - bloblang: 'root = ('", "batching"},
 		"ZeroBufferedBytes": {base + "consumer_group: g\nmax_buffered_bytes: 0B", "max_buffered_bytes"},

@@ -13,6 +13,8 @@ const (
 	kfiFieldStartFromOldest        = "start_from_oldest"
 	kfiFieldFetchMaxBytes          = "fetch_max_bytes"
 	kfiFieldFetchMaxPartitionBytes = "fetch_max_partition_bytes"
+	kfiFieldFetchMinBytes          = "fetch_min_bytes"
+	kfiFieldFetchMaxWait           = "fetch_max_wait"
 	kfiFieldSessionTimeout         = "session_timeout"
 	kfiFieldHeartbeatInterval      = "heartbeat_interval"
 	kfiFieldRebalanceTimeout       = "rebalance_timeout"
@@ -105,6 +107,14 @@ A record read from a batch within the bound whose value, or whose key and header
 			service.NewStringField(kfiFieldFetchMaxPartitionBytes).
 				Description("The most data one fetch returns per partition (Kafka's `max.partition.fetch.bytes`). The first record batch of a partition is returned even when it is larger.").
 				Default("1MiB").
+				Advanced(),
+			service.NewStringField(kfiFieldFetchMinBytes).
+				Description("The least data a broker gathers before it answers a fetch, waiting at most `fetch_max_wait` (Kafka's `fetch.min.bytes`). With `1B` a fetch returns as soon as one record is there, so at a steady rate each brings one or two; a larger value lets a fetch bring what arrived over `fetch_max_wait`, for less CPU on both sides and up to that much more latency. A backlog fills fetches at once either way.").
+				Default("1B").
+				Advanced(),
+			service.NewDurationField(kfiFieldFetchMaxWait).
+				Description("How long a broker may hold a fetch while less than `fetch_min_bytes` is there (Kafka's `fetch.max.wait.ms`); also how often an idle consumer asks. At least 10ms.").
+				Default("5s").
 				Advanced(),
 			service.NewDurationField(kfiFieldSessionTimeout).
 				Description("How long the group waits for a silent member before giving its partitions to others (Kafka's `session.timeout.ms`; the broker allows 6s to 5m by default). Kept short so a crashed instance's partitions are consumed again within seconds.").
