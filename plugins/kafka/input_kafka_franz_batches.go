@@ -81,9 +81,9 @@ func policyTriggers(p service.BatchPolicy) bool {
 }
 
 // nextBatch takes what the input can hand out. Without a batching policy
-// (Connect's kafka_franz configs, which need none) that is the batch, at
-// most checkpoint_limit records of every partition with room. With one
-// (pipelines/forwarder.yaml has a period), it joins the policy's batch,
+// (pipelines/forwarder.yaml, and Connect's kafka_franz configs, which need
+// none) that is the batch, at most checkpoint_limit records of every
+// partition with room. With one, it joins the policy's batch,
 // which is flushed when the policy triggers, its period ends, or nothing
 // more can join it before it is acked. When there is no batch yet, it returns how long to wait for more
 // records or room (-1: until they come).
