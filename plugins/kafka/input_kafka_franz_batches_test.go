@@ -160,8 +160,8 @@ func TestFetchBatch(t *testing.T) {
 		wantCommit(t, p0, 6)
 	})
 
-	// A period, counted from the last flush. What arrives within it waits for it, unless nothing more
-	// could join the batch.
+	// A period, counted from the last flush: what arrives within it waits
+	// for it, unless nothing more could join the batch.
 	t.Run("APeriodHoldsWhatArrivesWithinIt", func(t *testing.T) {
 		t.Parallel()
 		f := fetchTestInput(t, "checkpoint_limit: 4\nbatching:\n  period: 1h")
