@@ -30,6 +30,10 @@ const metricConsumerLag = "forwarder_kafka_consumer_lag"
 // batch several large messages together (docs/guarantees.md #17).
 const batchBytesPerMessage = 4
 
+// maxFetchWait is the longest fetch_max_wait: a fetch request carries it
+// as an int32 count of milliseconds, and franz-go would wrap a longer one.
+const maxFetchWait = math.MaxInt32 * time.Millisecond
+
 // franzInput is the kafka_franz input. Several goroutines share its state
 // under mu: the poll loop (fetches records, stops while the input holds
 // what its limits allow), the reader (ReadBatch, hands out batches),
@@ -152,6 +156,9 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	}
 	if fetchWait < 10*time.Millisecond {
 		return nil, fmt.Errorf("field %s: %s is below 10ms, the least franz-go accepts", kfiFieldFetchMaxWait, fetchWait)
+	}
+	if fetchWait > maxFetchWait {
+		return nil, fmt.Errorf("field %s: %s is above %s, the most a fetch request can carry (a 32-bit count of milliseconds)", kfiFieldFetchMaxWait, fetchWait, maxFetchWait)
 	}
 	// franz-go refuses responses above BrokerMaxReadBytes (100MiB by
 	// default), which must leave room for a full fetch.

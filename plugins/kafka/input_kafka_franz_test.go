@@ -561,6 +561,7 @@ func TestInputConfigErrors(t *testing.T) {
 		"BadFetchSize":      {base + "consumer_group: g\nfetch_max_bytes: 5GiB", "fetch_max_bytes"},
 		"ZeroFetchMinimum":  {base + "consumer_group: g\nfetch_min_bytes: 0B", "fetch_min_bytes"},
 		"FetchWaitTooShort": {base + "consumer_group: g\nfetch_max_wait: 5ms", "fetch_max_wait"},
+		"FetchWaitTooLong":  {base + "consumer_group: g\nfetch_max_wait: 1000h", "fetch_max_wait: 1000h0m0s is above 596h31m23.647s"},
 		"ZeroCommitPeriod":  {base + "consumer_group: g\ncommit_period: 0s", "commit_period"},
 		"BadBatchProcessor": {base + "consumer_group: g\nbatching:\n  count: 2\n  processors:\n    - bloblang: 'root = ('", "batching"},
 		"ZeroBufferedBytes": {base + "consumer_group: g\nmax_buffered_bytes: 0B", "max_buffered_bytes"},

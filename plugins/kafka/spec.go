@@ -113,7 +113,7 @@ A record read from a batch within the bound whose value, or whose key and header
 				Default("1B").
 				Advanced(),
 			service.NewDurationField(kfiFieldFetchMaxWait).
-				Description("How long a broker may hold a fetch while less than `fetch_min_bytes` is there (Kafka's `fetch.max.wait.ms`); also how often an idle consumer asks. At least 10ms.").
+				Description("How long a broker may hold a fetch while less than `fetch_min_bytes` is there (Kafka's `fetch.max.wait.ms`); also how often an idle consumer asks. At least 10ms, at most 596h31m23.647s (a fetch request carries it as a 32-bit count of milliseconds).").
 				Default("5s").
 				Advanced(),
 			service.NewDurationField(kfiFieldSessionTimeout).
