@@ -169,10 +169,27 @@ func TestSigtermToGoRunStopsEverything(t *testing.T) {
 		}
 		if alive(p.pid) {
 			t.Errorf("the %s (pid %d) still runs after SIGTERM to go run", p.name, p.pid)
+			if p.name != "PostgreSQL" {
+				// Stuck in Go code: say where before it goes.
+				dumpGoroutines(p.pid)
+			}
 			_ = syscall.Kill(p.pid, syscall.SIGKILL)
 		}
 	}
 	if t.Failed() {
 		t.Logf("dev stack output:\n%s", output())
+	}
+}
+
+// dumpGoroutines asks the Go process pid for its goroutines' stacks
+// (SIGQUIT: the runtime prints them to its standard error, which is the dev
+// stack's output this test shows, and exits) and gives it a few seconds to
+// write them.
+func dumpGoroutines(pid int) {
+	if syscall.Kill(pid, syscall.SIGQUIT) != nil {
+		return
+	}
+	for end := time.Now().Add(5 * time.Second); alive(pid) && time.Now().Before(end); {
+		time.Sleep(100 * time.Millisecond)
 	}
 }
