@@ -130,7 +130,7 @@ func TestPauseDelivery(t *testing.T) {
 	s.waitSettled(2 * time.Minute)
 	r := s.verify()
 	if r.dupDeliveries != 0 {
-		t.Errorf("%d messages were delivered twice", r.dupDeliveries)
+		t.Errorf("%d messages were delivered twice:%s", r.dupDeliveries, s.dupHistory(r))
 	}
 	if r.maxAttempts != 1 {
 		t.Errorf("a message took %d attempts: a pause spent one", r.maxAttempts)

@@ -104,7 +104,7 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 	s.waitSettled(5 * time.Minute)
 	r := s.verify()
 	if r.dupDeliveries > 0 {
-		t.Errorf("%d messages were delivered more than once", r.dupMessages)
+		t.Errorf("%d messages were delivered more than once:%s", r.dupMessages, s.dupHistory(r))
 	}
 
 	var xacts, queries int64

@@ -380,7 +380,7 @@ func TestOutageFailsNothing(t *testing.T) {
 			s.waitSettled(2 * time.Minute)
 			r := s.verify()
 			if r.dupDeliveries != 0 {
-				t.Errorf("%d messages were delivered twice", r.dupDeliveries)
+				t.Errorf("%d messages were delivered twice:%s", r.dupDeliveries, s.dupHistory(r))
 			}
 			if st := s.platform.Stats(); st.PeakInFlight > 3*outageMaxInFlight {
 				t.Errorf("peak %d requests in flight, more than 3 x FORWARD_MAX_IN_FLIGHT", st.PeakInFlight)

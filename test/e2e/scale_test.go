@@ -42,8 +42,8 @@ func TestThreeInstances(t *testing.T) {
 	took := time.Since(start)
 	r := s.verify()
 	if r.dupDeliveries > 0 {
-		t.Errorf("%d duplicate deliveries (%d messages sent more than once) with three instances and no crash; want none",
-			r.dupDeliveries, r.dupMessages)
+		t.Errorf("%d duplicate deliveries (%d messages sent more than once) with three instances and no crash; want none:%s",
+			r.dupDeliveries, r.dupMessages, s.dupHistory(r))
 	}
 
 	// Who did the work: the last claimer of each delivered row.

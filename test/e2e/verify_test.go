@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -133,9 +134,12 @@ type report struct {
 	// message sent again after it had been accepted. dupMessages counts the
 	// messages that happened to.
 	dupDeliveries, dupMessages int
-	maxAttempts                int
-	platformRequests           int64
-	peakInFlight               int64
+	// dupKeys are the first few messages sent again (sorted), for
+	// stack.dupHistory.
+	dupKeys          []string
+	maxAttempts      int
+	platformRequests int64
+	peakInFlight     int64
 }
 
 func (r report) String() string {
@@ -210,8 +214,11 @@ func (s *stack) verify() report {
 		if d.Count > 1 {
 			r.dupDeliveries += d.Count - 1
 			r.dupMessages++
+			r.dupKeys = append(r.dupKeys, k)
 		}
 	}
+	slices.Sort(r.dupKeys)
+	r.dupKeys = r.dupKeys[:min(len(r.dupKeys), 5)]
 	for at, b := range e.bad {
 		if !seenBad[at] {
 			problem("bad message at %s (%s) has no row: lost", at.key(), b.flaw)
@@ -240,6 +247,48 @@ func (s *stack) verify() report {
 		s.t.Errorf("%d problems (%s):\n  %s", len(problems), r, strings.Join(problems, "\n  "))
 	}
 	return r
+}
+
+// dupHistory tells, for the messages of r sent more than once, when the
+// platform first and last accepted each and every attempt the outbox logged
+// of it (which instance, what came back): a re-send after a request whose
+// reply never came (a timeout) is what the platform's duplicate errcode is
+// for; one after an accepted reply, or by two instances at once, is not.
+func (s *stack) dupHistory(r report) string {
+	if len(r.dupKeys) == 0 {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var b strings.Builder
+	for _, k := range r.dupKeys {
+		d, _ := s.platform.Delivery(k)
+		fmt.Fprintf(&b, "\n  %s: accepted %d times, first %s, last %s; attempts logged:", k, d.Count,
+			d.FirstAt.Format(time.StampMilli), d.LastAt.Format(time.StampMilli))
+		rows, err := s.pool.Query(ctx, `
+			SELECT l.attempt_number, l.result_status, coalesce(l.http_status, 0), coalesce(l.platform_errcode, ''),
+			       coalesce(l.error_message, ''), coalesce(l.duration_ms, 0), l.attempted_at, coalesce(l.attempted_by, '')
+			FROM forward_retry_logs l JOIN forward_records r ON r.id = l.record_id
+			WHERE r.message_key = $1 ORDER BY l.id`, k)
+		if err != nil {
+			fmt.Fprintf(&b, " %v", err)
+			continue
+		}
+		for rows.Next() {
+			var (
+				n, code, ms              int
+				result, errcode, msg, by string
+				at                       time.Time
+			)
+			if err := rows.Scan(&n, &result, &code, &errcode, &msg, &ms, &at, &by); err != nil {
+				fmt.Fprintf(&b, " %v", err)
+				break
+			}
+			fmt.Fprintf(&b, "\n    #%d at %s by %s: %s, HTTP %d, errcode %q, %d ms, %q", n, at.Format(time.StampMilli), by, result, code, errcode, ms, msg)
+		}
+		rows.Close()
+	}
+	return b.String()
 }
 
 // passwordInRows lists the columns of the schema's tables (every text-like
