@@ -252,11 +252,12 @@ func arrivals(platform *mockplatform.Server) (stop func() []time.Time) {
 // three instances: the shared breaker opens, the platform gets nothing but
 // probes (at most one per PLATFORM_PROBE_INTERVAL across the three) for at
 // least outageWatch once every instance stopped, no row ends FAILED however
-// long it lasts, and once it is back every message is delivered exactly
-// once, with concurrency ramping up rather than jumping: each instance's
-// limit stays under the ramp's bound, passing through values between 1 and
-// FORWARD_MAX_IN_FLIGHT, and the platform gets at most the ramp's requests
-// in the first second of sending after the probe succeeded
+// long it lasts, and once it is back every message is delivered (a second
+// time only where its attempt log shows a lease that ran out or a request
+// that got no reply), with concurrency ramping up rather than jumping: each
+// instance's limit stays under the ramp's bound, passing through values
+// between 1 and FORWARD_MAX_IN_FLIGHT, and the platform gets at most the
+// ramp's requests in the first second of sending after the probe succeeded
 // (docs/architecture.md, Protecting the platform). Once with the platform
 // answering 503, once with it hanging (timeouts).
 func TestOutageFailsNothing(t *testing.T) {
@@ -379,8 +380,12 @@ func TestOutageFailsNothing(t *testing.T) {
 			stopLoad()
 			s.waitSettled(2 * time.Minute)
 			r := s.verify()
-			if r.dupDeliveries != 0 {
-				t.Errorf("%d messages were delivered twice:%s", r.dupDeliveries, s.dupHistory(r))
+			// A message may go twice only where its attempt log says why (a
+			// lease that ran out, a request without a reply): with two-second
+			// leases a database stalled that long on a loaded machine does it.
+			if r.unexplainedDups != 0 {
+				t.Errorf("%d deliveries of %d messages delivered twice have no lost lease or unanswered request to explain them:%s",
+					r.unexplainedDups, r.dupMessages, s.dupHistory(r))
 			}
 			if st := s.platform.Stats(); st.PeakInFlight > 3*outageMaxInFlight {
 				t.Errorf("peak %d requests in flight, more than 3 x FORWARD_MAX_IN_FLIGHT", st.PeakInFlight)

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -134,8 +135,15 @@ type report struct {
 	// message sent again after it had been accepted. dupMessages counts the
 	// messages that happened to.
 	dupDeliveries, dupMessages int
-	// dupKeys are the first few messages sent again (sorted), for
-	// stack.dupHistory.
+	// unexplainedDups counts the deliveries after the first that no
+	// earlier attempt of the message accounts for: a message may be sent
+	// again after a lease ran out (the attempt log's LEASE_EXPIRED) or a
+	// request that got no reply (an attempt logged without an HTTP status),
+	// which is what the platform's duplicate errcode is for; any other
+	// second delivery is a fault of the forwarder.
+	unexplainedDups int
+	// dupKeys are the first few messages sent again, those with unexplained
+	// deliveries first, for stack.dupHistory.
 	dupKeys          []string
 	maxAttempts      int
 	platformRequests int64
@@ -144,8 +152,8 @@ type report struct {
 
 func (r report) String() string {
 	return fmt.Sprintf("produced %d (%d Kafka duplicates), rows %d (good %d, bad %d), delivered %d, "+
-		"duplicate deliveries %d (of %d messages), max attempt_count %d, platform requests %d, peak in flight %d",
-		r.produced, r.kafkaDuplicates, r.rows, r.good, r.bad, r.delivered, r.dupDeliveries, r.dupMessages,
+		"duplicate deliveries %d (of %d messages, %d unexplained), max attempt_count %d, platform requests %d, peak in flight %d",
+		r.produced, r.kafkaDuplicates, r.rows, r.good, r.bad, r.delivered, r.dupDeliveries, r.dupMessages, r.unexplainedDups,
 		r.maxAttempts, r.platformRequests, r.peakInFlight)
 }
 
@@ -217,7 +225,18 @@ func (s *stack) verify() report {
 			r.dupKeys = append(r.dupKeys, k)
 		}
 	}
-	slices.Sort(r.dupKeys)
+	if len(r.dupKeys) > 0 {
+		unexplained, err := s.unexplainedDeliveries(ctx, r.dupKeys)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		for _, n := range unexplained {
+			r.unexplainedDups += n
+		}
+		slices.SortFunc(r.dupKeys, func(a, b string) int {
+			return cmp.Or(cmp.Compare(unexplained[b], unexplained[a]), strings.Compare(a, b))
+		})
+	}
 	r.dupKeys = r.dupKeys[:min(len(r.dupKeys), 5)]
 	for at, b := range e.bad {
 		if !seenBad[at] {
@@ -247,6 +266,44 @@ func (s *stack) verify() report {
 		s.t.Errorf("%d problems (%s):\n  %s", len(problems), r, strings.Join(problems, "\n  "))
 	}
 	return r
+}
+
+// unexplainedDeliveries returns, for each of keys (messages the platform
+// accepted more than once), how many of its deliveries after the first no
+// logged attempt accounts for: each re-send is owed to a LEASE_EXPIRED log
+// or to an attempt whose request got no reply (logged without an HTTP
+// status: a timeout, a broken connection, a stop mid-request).
+func (s *stack) unexplainedDeliveries(ctx context.Context, keys []string) (map[string]int, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT r.message_key,
+		       count(l.id) FILTER (WHERE l.result_status = 'LEASE_EXPIRED'
+		                             OR (l.http_status IS NULL AND l.result_status IN ('PENDING', 'FAILED')))
+		FROM forward_records r LEFT JOIN forward_retry_logs l ON l.record_id = r.id
+		WHERE r.message_key = ANY ($1)
+		GROUP BY r.message_key`, keys)
+	if err != nil {
+		return nil, fmt.Errorf("reading the attempts of messages delivered twice: %w", err)
+	}
+	owed := map[string]int{}
+	for rows.Next() {
+		var (
+			key string
+			n   int
+		)
+		if err := rows.Scan(&key, &n); err != nil {
+			return nil, err
+		}
+		owed[key] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(keys))
+	for _, k := range keys {
+		d, _ := s.platform.Delivery(k)
+		out[k] = max(d.Count-1-owed[k], 0)
+	}
+	return out, nil
 }
 
 // dupHistory tells, for the messages of r sent more than once, when the
