@@ -102,6 +102,7 @@ var Vars = []Var{
 	{Name: "KAFKA_SASL_MECHANISM", Kind: Enum, Options: []string{"none", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}},
 	{Name: "KAFKA_SASL_USERNAME", Kind: Text},
 	{Name: "KAFKA_SASL_PASSWORD", Kind: Text, Secret: true},
+	{Name: "KAFKA_BATCH_PERIOD", Kind: Duration, Example: "10ms"},
 	{Name: "DATABASE_URL", Kind: PostgresDSN, Secret: true},
 	{Name: "DATABASE_DIRECT_URL", Kind: PostgresDSN, Secret: true},
 	{Name: "DATABASE_MIGRATE_URL", Kind: PostgresDSN, Secret: true},

@@ -81,11 +81,11 @@ func policyTriggers(p service.BatchPolicy) bool {
 }
 
 // nextBatch takes what the input can hand out. Without a batching policy
-// (pipelines/forwarder.yaml, and Connect's kafka_franz configs, which need
-// none) that is the batch, at most checkpoint_limit records of every
-// partition with room. With one, it joins the policy's batch, which is
-// flushed when the policy triggers, its period ends, or nothing more can
-// join it before it is acked. When there is no batch yet, it returns how
+// (Connect's kafka_franz configs, which need none) that is the batch, at
+// most checkpoint_limit records of every partition with room. With one
+// (pipelines/forwarder.yaml has a period), it joins the policy's batch,
+// which is flushed when the policy triggers, its period ends, or nothing
+// more can join it before it is acked. When there is no batch yet, it returns how
 // long to wait for more records or room (-1: until they come).
 func (f *franzInput) nextBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, time.Duration, error) {
 	pb := f.batcher

@@ -160,8 +160,9 @@ func TestFetchBatch(t *testing.T) {
 		wantCommit(t, p0, 6)
 	})
 
-	// A period, counted from the last flush: what arrives within it waits
-	// for it, unless nothing more could join the batch.
+	// pipelines/forwarder.yaml's policy: a period, counted from the last
+	// flush. What arrives within it waits for it, unless nothing more could
+	// join the batch.
 	t.Run("APeriodHoldsWhatArrivesWithinIt", func(t *testing.T) {
 		t.Parallel()
 		f := fetchTestInput(t, "checkpoint_limit: 4\nbatching:\n  period: 1h")
@@ -183,10 +184,10 @@ func TestFetchBatch(t *testing.T) {
 		wantCommit(t, p0, 4)
 	})
 
-	// `period: 0s` (say, a period from an environment variable set to 0) is
-	// a policy Benthos accepts but whose period never ends: it would hold
-	// records until a partition reached checkpoint_limit, at a low rate for
-	// ever. It means "do not wait".
+	// `period: 0s` (KAFKA_BATCH_PERIOD=0) is a policy Benthos accepts but
+	// whose period never ends: it would hold records until a partition
+	// reached checkpoint_limit, at a low rate for ever. It means "do not
+	// wait".
 	t.Run("AZeroPeriodFlushesAtOnce", func(t *testing.T) {
 		t.Parallel()
 		f := fetchTestInput(t, "batching:\n  period: 0s")
