@@ -138,12 +138,47 @@ func (p *proc) kill9(t *testing.T) {
 	}
 }
 
-// term sends SIGTERM, leaving the process to stop by itself.
+// term sends SIGTERM once the process is ready for it, leaving the
+// process to stop by itself.
+//
+// Benthos installs its SIGTERM handler only after the stream is built, and
+// rows already flow while it builds: a SIGTERM before that kills the process
+// at once (Go's default action), with none of the graceful shutdown these
+// tests watch; its claimed rows wait out their lease. So term waits for the
+// last line Benthos logs before the handler ("Launching a forwarder
+// instance") and lets the few statements after it run.
 func (p *proc) term(t *testing.T) {
 	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for p.countLines(launchedLine) == 0 {
+		if p.Exited() || time.Now().After(deadline) {
+			t.Fatalf("%s (pid %d) never logged %q, so cannot take a SIGTERM gracefully (%s):\n%s", p.name, p.Pid(), launchedLine, p.state(), p.tail(4000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
 	if err := p.signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// launchedLine is what Benthos logs just before it installs its SIGTERM
+// handler.
+const launchedLine = "Launching a forwarder instance"
+
+// state says whether the process runs, and how it ended if not.
+func (p *proc) state() string {
+	if !p.Exited() {
+		return "running"
+	}
+	how := "exit status 0"
+	if err := p.Err(); err != nil {
+		how = err.Error()
+	}
+	if sig := syscall.Signal(p.signalled.Load()); sig != 0 {
+		return fmt.Sprintf("exited after we sent %v: %s", sig, how)
+	}
+	return "exited by itself: " + how
 }
 
 // waitExit waits up to limit for the process to exit by itself and returns

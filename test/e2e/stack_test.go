@@ -226,7 +226,7 @@ func (s *stack) dumpLogs() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range s.procs {
-		s.t.Logf("--- %s (pid %d) log tail:\n%s", p.name, p.Pid(), p.tail(4000))
+		s.t.Logf("--- %s (pid %d, %s) log tail:\n%s", p.name, p.Pid(), p.state(), p.tail(4000))
 	}
 }
 
