@@ -123,6 +123,10 @@ func TestInputRevokeWhileCommitsStallOrFail(t *testing.T) {
 			a, b := newSink(t), newSink(t)
 			a.write, b.write = slowWrite(5*time.Millisecond), slowWrite(5*time.Millisecond)
 			sa := startStream(t, a, 1, conf("1h"))
+			// Each step's time goes to the test's log, so that a failure on
+			// a starved machine says how far the test got and how slowly.
+			start := time.Now()
+			step := func(what string) { t.Logf("%s after %s", what, time.Since(start).Round(time.Millisecond)) }
 			// franz-go hands out a fetch one partition after another: once
 			// A has acked records of every partition, whichever move to B
 			// have offsets for A's revoke to commit.
@@ -133,6 +137,7 @@ func TestInputRevokeWhileCommitsStallOrFail(t *testing.T) {
 				}
 				return len(seen) == 4
 			})
+			step("A acked records of every partition")
 			members := groupMembers(t, c, group, topic)
 			if len(members) != 1 {
 				t.Fatalf("group has members %v, want A alone", members)
@@ -202,6 +207,7 @@ func TestInputRevokeWhileCommitsStallOrFail(t *testing.T) {
 				}
 				return false
 			})
+			step(fmt.Sprintf("A and B share the partitions (%d commits of A stalled or failed)", hits.Load()))
 			if hits.Load() == 0 {
 				t.Fatal("no commit of A was stalled or failed; the test proves nothing")
 			}
@@ -236,8 +242,10 @@ func TestInputRevokeWhileCommitsStallOrFail(t *testing.T) {
 			armed.Store(false)
 			close(release)
 			waitFor(t, "every record to be acked", func() bool { return len(union(a, b)) == total })
+			step("every record acked")
 			sa.stop(10 * time.Second)
 			sb.stop(10 * time.Second)
+			step("both streams stopped")
 			waitForEnd(t, c, group, topic, total, a, b)
 			assertCommitsCovered(t, c, group, topic, union(a, b))
 			if n := sa.logs.count("lost partitions"); n != 0 {
