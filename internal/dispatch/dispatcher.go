@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/launch"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/forwarder/forwarder/internal/protection"
@@ -136,6 +137,11 @@ type Dispatcher struct {
 	closed   bool
 	renewOK  time.Time // when the last renewal succeeded (or had nothing to do)
 
+	// started holds the first claim until the process has started
+	// (launch.Process): a SIGTERM before then would kill the process with
+	// its claims held.
+	started *launch.Gate
+
 	// Test hooks, set before Connect: OnListen runs after every LISTEN,
 	// OnIdle when Next starts waiting with nothing due, OnClaim before
 	// every claim statement.
@@ -147,13 +153,14 @@ type Dispatcher struct {
 func NewDispatcher(hub *Hub, cfg DispatcherConfig, log *service.Logger, m DispatcherMetrics) (*Dispatcher, error) {
 	cfg = cfg.withDefaults()
 	d := &Dispatcher{
-		hub:    hub,
-		cfg:    cfg,
-		log:    log,
-		m:      m,
-		ledger: NewLedger(cfg.MaxUnacked, cfg.MaxUnackedBytes),
-		acked:  make(chan struct{}, 1),
-		nudge:  make(chan struct{}, 1),
+		hub:     hub,
+		cfg:     cfg,
+		log:     log,
+		m:       m,
+		ledger:  NewLedger(cfg.MaxUnacked, cfg.MaxUnackedBytes),
+		acked:   make(chan struct{}, 1),
+		nudge:   make(chan struct{}, 1),
+		started: launch.Process,
 	}
 	d.claimNeeded.Store(true)
 	if err := hub.setDispatcher(d); err != nil {
@@ -261,6 +268,9 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.Record, error) {
 	}
 	if pool == nil {
 		return nil, service.ErrNotConnected
+	}
+	if err := d.started.Wait(ctx); err != nil {
+		return nil, err
 	}
 	for {
 		if rows := d.ledger.Take(d.cfg.BatchSize); len(rows) > 0 {
@@ -537,8 +547,14 @@ func (d *Dispatcher) DirectClaim() outboxdb.DirectClaim {
 }
 
 // Reserve grants room to rows about to be inserted claimed (see
-// Ledger.Reserve).
-func (d *Dispatcher) Reserve(sizes []int) Grant { return d.ledger.Reserve(sizes) }
+// Ledger.Reserve), and none before the process has started: those rows are
+// inserted PENDING, for Next to claim.
+func (d *Dispatcher) Reserve(sizes []int) Grant {
+	if !d.started.Ready() {
+		return Grant{}
+	}
+	return d.ledger.Reserve(sizes)
+}
 
 // Deliver hands over rows inserted claimed under g (see Ledger.Deliver).
 func (d *Dispatcher) Deliver(g Grant, rows []outboxdb.Record) bool {

@@ -6,11 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/launch"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/protection"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
@@ -88,6 +90,44 @@ func TestDispatcher(t *testing.T) {
 		}
 		if n := d.Ledger().Held(); n != 0 {
 			t.Fatalf("%d rows still held", n)
+		}
+	})
+
+	t.Run("NoClaimBeforeTheProcessHasStarted", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.db.InsertDue("s", 1)
+		d, err := NewDispatcher(b.hub, DispatcherConfig{}, quietLog, DispatcherMetrics{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Close(context.Background()) })
+		d.started = launch.NewGate()
+		d.started.Hold()
+		var claims atomic.Int32
+		d.OnClaim = func() { claims.Add(1) }
+		if err := d.Connect(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if g := d.Reserve([]int{10}); g.Rows != 0 {
+			t.Fatalf("Reserve before the start granted %+v; want nothing, so that the insert claims nothing", g)
+		}
+		ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
+		defer cancel()
+		if rows, err := d.Next(ctx); !errors.Is(err, context.DeadlineExceeded) || claims.Load() != 0 {
+			t.Fatalf("Next before the start: %d rows, %v, %d claim statements; want none", len(rows), err, claims.Load())
+		}
+		if s := b.db.State(ids[0]); s.Status != "PENDING" || s.AttemptCount != 0 {
+			t.Fatalf("row %+v, want PENDING with its attempts unspent", s)
+		}
+		d.started.Open()
+		if rows := b.next(t, d); len(rows) != 1 || rows[0].ID != ids[0] {
+			t.Fatalf("after the start: %+v, want row %d", rows, ids[0])
+		}
+		if g := d.Reserve([]int{10}); g.Rows != 1 {
+			t.Fatalf("Reserve after the start granted %+v; want the row", g)
+		} else {
+			d.Deliver(g, nil)
 		}
 	})
 

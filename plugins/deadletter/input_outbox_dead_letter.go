@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/launch"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/streamdb"
@@ -109,6 +110,10 @@ type deadLetter struct {
 	closed bool
 	// closing is closed by Close, waking a ReadBatch that waits.
 	closing chan struct{}
+	// started holds the first claim until the process has started
+	// (launch.Process): a SIGTERM before then would kill the process with
+	// its claims held.
+	started *launch.Gate
 }
 
 func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources) (*deadLetter, error) {
@@ -116,6 +121,7 @@ func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources)
 		log:     mgr.Logger(),
 		held:    map[int64]string{},
 		closing: make(chan struct{}),
+		started: launch.Process,
 	}
 	var err error
 	if in.batchSize, err = conf.FieldInt(dlFieldBatchSize); err != nil {
@@ -160,6 +166,9 @@ func (in *deadLetter) ReadBatch(ctx context.Context) (service.MessageBatch, serv
 	}
 	if pool == nil {
 		return nil, nil, service.ErrNotConnected
+	}
+	if err := in.started.Wait(ctx); err != nil {
+		return nil, nil, err
 	}
 	for {
 		// The claim is not cut short by ctx: cancelled after PostgreSQL

@@ -14,6 +14,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.uber.org/goleak"
 
+	"github.com/forwarder/forwarder/internal/launch"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
@@ -174,6 +175,27 @@ func TestDeadLetterInput(t *testing.T) {
 		defer cancel()
 		if batch, _, err := in.ReadBatch(ctx); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("ReadBatch after the ack: %d messages, %v; want to wait", len(batch), err)
+		}
+	})
+
+	t.Run("NoClaimBeforeTheProcessHasStarted", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := b.insert(t, "FAILED", 200)
+		in := b.input(t, "poll_interval: 20ms")
+		in.started = launch.NewGate()
+		in.started.Hold()
+		ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
+		defer cancel()
+		if batch, _, err := in.ReadBatch(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("ReadBatch before the start: %d messages, %v; want to wait", len(batch), err)
+		}
+		if s := b.state(t, id); s.Claimed || !s.Available {
+			t.Fatalf("row %+v before the start, want it unclaimed", s)
+		}
+		in.started.Open()
+		if batch, _ := read(t, in); len(batch) != 1 || outboxID(t, batch[0]) != id {
+			t.Fatalf("after the start: %d messages, want row %d", len(batch), id)
 		}
 	})
 

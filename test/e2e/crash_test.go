@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -360,4 +361,50 @@ func grepLines(b []byte, substrs ...string) []string {
 		}
 	}
 	return out
+}
+
+// TestSigtermWhileStarting stops forwarders with SIGTERM the moment they
+// first claim a row, with a backlog in Kafka and the outbox. Benthos listens
+// for SIGTERM only once the stream is built, and a SIGTERM before then ends
+// the process at once: so the forwarder claims nothing before it listens,
+// and a forwarder stopped at its first claim must stop gracefully, exit 0
+// and leave no row IN_PROGRESS. Nothing is lost.
+func TestSigtermWhileStarting(t *testing.T) {
+	scenario(t, light, 15*time.Second)
+	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 50 * time.Millisecond}})
+	s.produce(s.newSource(eventgen.SourceConfig{}), load(3_000, 1_000))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	host, _ := os.Hostname()
+	// inProgress counts the rows IN_PROGRESS, and those claimed by p.
+	inProgress := func(p *proc) (all, its int) {
+		if err := s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE claimed_by = $1)
+			FROM forward_records WHERE status = 'IN_PROGRESS'`, host+"-"+strconv.Itoa(p.Pid())).Scan(&all, &its); err != nil {
+			t.Fatal(err)
+		}
+		return all, its
+	}
+	for i := range 12 {
+		p := s.start(fmt.Sprintf("forwarder-%d", i), nil) // answers /ping before the stream is built
+		for _, its := inProgress(p); its == 0; _, its = inProgress(p) {
+			if p.Exited() || ctx.Err() != nil {
+				t.Fatalf("%s claimed nothing (%s):\n%s", p.name, p.state(), p.tail(4000))
+			}
+		}
+		if err := p.signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		code, exited := p.waitExit(shutdownTimeout + 20*time.Second)
+		if !exited {
+			t.Fatalf("%s still running after SIGTERM:\n%s", p.name, p.tail(4000))
+		}
+		left, _ := inProgress(p)
+		t.Logf("SIGTERM at the first claim: %s, %d rows IN_PROGRESS after", p.state(), left)
+		if code != 0 || left > 0 {
+			t.Errorf("%s stopped at its first claim: %s with %d rows left IN_PROGRESS; want a graceful stop, exit 0, none left:\n%s", p.name, p.state(), left, p.tail(4000))
+		}
+	}
+	s.start("forwarder", nil)
+	s.waitSettled(3 * time.Minute)
+	t.Logf("%s", s.verify())
 }

@@ -141,12 +141,12 @@ func (p *proc) kill9(t *testing.T) {
 // term sends SIGTERM once the process is ready for it, leaving the
 // process to stop by itself.
 //
-// Benthos installs its SIGTERM handler only after the stream is built, and
-// rows already flow while it builds: a SIGTERM before that kills the process
-// at once (Go's default action), with none of the graceful shutdown these
-// tests watch; its claimed rows wait out their lease. So term waits for the
-// last line Benthos logs before the handler ("Launching a forwarder
-// instance") and lets the few statements after it run.
+// Benthos installs its SIGTERM handler only after the stream is built: a
+// SIGTERM before that kills the process at once (Go's default action, exit
+// by signal), with none of the graceful shutdown these tests watch (it holds
+// no claim then: package launch). So term waits for the last line Benthos
+// logs before the handler ("Launching a forwarder instance") and lets the
+// few statements after it run.
 func (p *proc) term(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
