@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
-	"time"
 
 	// PLATFORM_TZ must resolve in an image without /usr/share/zoneinfo
 	// (the container image is distroless/static): embed the zone database.
@@ -50,17 +49,12 @@ func tuneGC() {
 	}
 }
 
-// launchGrace is how long after the stream has started the first row is
-// claimed: Benthos installs its SIGTERM handler a few statements after it
-// reports the start, on the same goroutine.
-const launchGrace = 100 * time.Millisecond
-
 func main() {
 	tuneGC()
 	setHelp()
 	// No outbox row is claimed until Benthos listens for SIGTERM: one
-	// before would kill the process with its claims held (package launch).
-	// Commands that build no stream never wait on it.
+	// before would kill the process with its claims held (package launch;
+	// signals.go). Commands that build no stream never wait on it.
 	launch.Process.Hold()
 	service.RunCLI(
 		context.Background(),
@@ -73,10 +67,7 @@ func main() {
 		service.CLIOptAddCommand(outboxcli.Command()),
 		service.CLIOptAddCommand(healthcheckCommand()),
 		service.CLIOptOnConfigParse(outboxcli.CheckSchemaOnStart),
-		service.CLIOptOnStreamStart(func(*service.RunningStreamSummary) error {
-			time.AfterFunc(launchGrace, launch.Process.Open)
-			return nil
-		}),
+		service.CLIOptOnStreamStart(onStreamStart),
 	)
 }
 

@@ -35,6 +35,9 @@ func preflight(c *cli.Context) error {
 	if !ok || len(files) == 0 {
 		return nil
 	}
+	if mode == envcheck.Run {
+		catchEarlySignals()
+	}
 	res := envcheck.Check(envcheck.Scan(files...), mode, os.Getenv)
 	if len(res.Problems) == 0 {
 		return nil

@@ -5,8 +5,9 @@
 // the stream's inputs already run: a SIGTERM in between ends the process at
 // once (Go's default action), without the graceful stop that finishes or
 // gives back every claim (docs/guarantees.md #7). The forwarder's command
-// therefore holds claims until the stream has started; a component built any
-// other way (a test, another program) is never held.
+// therefore holds claims until the stream has started, and a signal that
+// comes first cancels the gate and ends the process with nothing held; a
+// component built any other way (a test, another program) is never held.
 package launch
 
 import (
@@ -15,10 +16,13 @@ import (
 	"sync/atomic"
 )
 
-// Gate opens once. Wait blocks until then, but only if the gate was held.
+// Gate opens once, unless it was cancelled first. Wait blocks until it
+// opens, but only if the gate was held.
 type Gate struct {
 	held atomic.Bool
-	once sync.Once
+	mu   sync.Mutex
+	// shut is set by Cancel: the gate never opens.
+	shut bool
 	open chan struct{}
 }
 
@@ -32,8 +36,36 @@ var Process = NewGate()
 // Hold makes Wait block until Open.
 func (g *Gate) Hold() { g.held.Store(true) }
 
-// Open lets every Wait, present and future, through.
-func (g *Gate) Open() { g.once.Do(func() { close(g.open) }) }
+// Open lets every Wait, present and future, through, unless the gate was
+// cancelled; it reports whether the gate is open.
+func (g *Gate) Open() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut {
+		return false
+	}
+	select {
+	case <-g.open:
+	default:
+		close(g.open)
+	}
+	return true
+}
+
+// Cancel keeps a gate that is not yet open shut for good and reports true:
+// nothing has passed it, nor will. On an open gate it does nothing and
+// reports false.
+func (g *Gate) Cancel() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.open:
+		return false
+	default:
+		g.shut = true
+		return true
+	}
+}
 
 // Ready reports whether Wait would return at once: the gate is open or was
 // never held.
@@ -52,7 +84,7 @@ func (g *Gate) Ready() bool {
 // Wait returns nil once the gate is open or was never held, and ctx's error
 // if ctx ends first.
 func (g *Gate) Wait(ctx context.Context) error {
-	if !g.held.Load() {
+	if g.Ready() {
 		return nil
 	}
 	select {

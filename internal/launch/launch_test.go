@@ -33,9 +33,32 @@ func TestGate(t *testing.T) {
 		if !g.Ready() {
 			t.Fatal("an open gate is not ready")
 		}
-		g.Open() // opening twice is harmless
+		if !g.Open() { // opening twice is harmless
+			t.Fatal("Open on an open gate reports it shut")
+		}
 		if err := g.Wait(context.Background()); err != nil {
 			t.Fatalf("Wait on an open gate: %v", err)
+		}
+		if g.Cancel() {
+			t.Fatal("Cancel on an open gate reports it shut")
+		}
+		if !g.Ready() {
+			t.Fatal("Cancel shut an open gate")
+		}
+	})
+	t.Run("CancelledNeverOpens", func(t *testing.T) {
+		g := NewGate()
+		g.Hold()
+		if !g.Cancel() {
+			t.Fatal("Cancel on a shut gate reports it open")
+		}
+		if g.Open() || g.Ready() {
+			t.Fatalf("a cancelled gate opened: Open reported true or Ready %v", g.Ready())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if err := g.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Wait on a cancelled gate: %v, want it to block until ctx ends", err)
 		}
 	})
 }

@@ -142,11 +142,11 @@ func (p *proc) kill9(t *testing.T) {
 // process to stop by itself.
 //
 // Benthos installs its SIGTERM handler only after the stream is built: a
-// SIGTERM before that kills the process at once (Go's default action, exit
-// by signal), with none of the graceful shutdown these tests watch (it holds
-// no claim then: package launch). So term waits for the last line Benthos
-// logs before the handler ("Launching a forwarder instance") and lets the
-// few statements after it run.
+// SIGTERM before that ends the process at once (it holds no claim then:
+// package launch, TestSigtermWhileStarting), with none of the graceful
+// shutdown these tests watch. So term waits for the last line Benthos logs
+// before the handler ("Launching a forwarder instance") and lets the few
+// statements after it run.
 func (p *proc) term(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
