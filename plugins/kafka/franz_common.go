@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -244,6 +245,12 @@ func newOutageLogger(log *service.Logger) *outageLogger {
 // OnBrokerConnect implements kgo.HookBrokerConnect.
 func (o *outageLogger) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
 	addr := net.JoinHostPort(meta.Host, fmt.Sprint(meta.Port))
+	if err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, kgo.ErrClientClosed)) {
+		// Our own stop cancelled the dial: says nothing of the broker
+		// (franz-go does not count it as a failure either).
+		o.log.Debugf("kafka broker %s: dial cancelled: %v", addr, err)
+		return
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	since, wasDown := o.down[addr]

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -643,5 +645,35 @@ func TestInputBrokerOutageLater(t *testing.T) {
 	}
 	if n := ts.logs.count("is reachable again"); n != 1 {
 		t.Errorf("recovery logged %d times, want once", n)
+	}
+}
+
+// TestOutageLoggerIgnoresCancelledDials: a dial that our own stop cancels
+// (the input closing while franz-go dials) neither starts nor ends an
+// outage. Before, a stop right after a recovery logged a second outage and a
+// second recovery (TestInputBrokerOutageLater, once in CI).
+func TestOutageLoggerIgnoresCancelledDials(t *testing.T) {
+	logs := &logBuffer{}
+	o := newOutageLogger(service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	meta := kgo.BrokerMetadata{Host: "127.0.0.1", Port: 9092}
+	cancelled := fmt.Errorf("unable to dial: %w", &net.OpError{Op: "dial", Net: "tcp", Err: context.Canceled})
+	refused := fmt.Errorf("unable to dial: %w", errors.New("connect: connection refused"))
+
+	o.OnBrokerConnect(meta, 0, nil, cancelled)
+	if o.anyDown() || logs.count("is unreachable") != 0 {
+		t.Fatalf("a cancelled dial started an outage:\n%s", logs.String())
+	}
+	o.OnBrokerConnect(meta, 0, nil, refused)
+	o.OnBrokerConnect(meta, 0, nil, cancelled)
+	if !o.anyDown() {
+		t.Fatal("a cancelled dial ended an outage")
+	}
+	o.OnBrokerConnect(meta, 0, nil, nil)
+	o.OnBrokerConnect(meta, 0, nil, kgo.ErrClientClosed)
+	if o.anyDown() {
+		t.Fatal("a dial cut by closing the client started an outage")
+	}
+	if u, r := logs.count("is unreachable"), logs.count("is reachable again"); u != 1 || r != 1 {
+		t.Fatalf("outage logged %d times, recovery %d times; want once each:\n%s", u, r, logs.String())
 	}
 }
