@@ -115,7 +115,9 @@ var ErrTransactionPooler = errors.New("the connection goes through a transaction
 // connection the server connection used last, the first one's), or the
 // second connection runs on the first one's session, or the first waits for
 // the second's transaction when the pooler has no other server connection;
-// other clients of the pooler can hide it in one round, not in all.
+// other clients of the pooler can hide it in one round, not in all. A
+// connection whose backend process changes from one round to the next is
+// pooled too: a session keeps its backend.
 //
 // Only application_name is sent at connection start (a pooler refuses
 // other startup parameters).
@@ -145,8 +147,9 @@ func CheckSession(ctx context.Context, cfg *pgx.ConnConfig) error {
 		return explainConnectError(err)
 	}
 	defer second.Close(context.WithoutCancel(ctx))
-	for range 5 {
-		if pooled, err := probeSession(ctx, first, second); err != nil || pooled {
+	var seen sessionPIDs
+	for range sessionProbeRounds {
+		if pooled, err := probeSession(ctx, first, second, &seen); err != nil || pooled {
 			if pooled {
 				return ErrTransactionPooler
 			}
@@ -156,8 +159,27 @@ func CheckSession(ctx context.Context, cfg *pgx.ConnConfig) error {
 	return nil
 }
 
+// sessionProbeRounds bounds CheckSession's probe. A round through a
+// transaction pooler that other clients keep busy reveals it about nine
+// times in ten; a round costs three round trips, and only a connection that
+// is not direct probes at all.
+const sessionProbeRounds = 20
+
+// sessionPIDs are the server processes each probing connection has run on
+// so far: a session never changes its backend, so a second one is a pooler.
+type sessionPIDs struct{ first, second int }
+
+// sameBackend records pid as the backend a connection ran on and says
+// whether it is the one it ran on before (true the first time).
+func sameBackend(seen *int, pid int) bool {
+	if *seen == 0 {
+		*seen = pid
+	}
+	return *seen == pid
+}
+
 // probeSession is one round of CheckSession's probe.
-func probeSession(ctx context.Context, first, second *pgx.Conn) (pooled bool, err error) {
+func probeSession(ctx context.Context, first, second *pgx.Conn, seen *sessionPIDs) (pooled bool, err error) {
 	const setting = "forwarder.session_check"
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
@@ -166,16 +188,20 @@ func probeSession(ctx context.Context, first, second *pgx.Conn) (pooled bool, er
 	if err := first.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT set_config($1, $2, false)) s", setting, token).Scan(&pid1); err != nil {
 		return false, fmt.Errorf("checking the session: %w", err)
 	}
+	if !sameBackend(&seen.first, pid1) {
+		return true, nil
+	}
 	tx, err := second.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("checking the session: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var onSecond string
-	if err := tx.QueryRow(ctx, "SELECT coalesce(current_setting($1, true), '')", setting).Scan(&onSecond); err != nil {
+	var pidSecond int
+	if err := tx.QueryRow(ctx, "SELECT coalesce(current_setting($1, true), ''), pg_backend_pid()", setting).Scan(&onSecond, &pidSecond); err != nil {
 		return false, fmt.Errorf("checking the session: %w", err)
 	}
-	if onSecond == token {
+	if onSecond == token || !sameBackend(&seen.second, pidSecond) {
 		return true, nil
 	}
 	// A session of its own never waits to read a setting.
@@ -190,7 +216,7 @@ func probeSession(ctx context.Context, first, second *pgx.Conn) (pooled bool, er
 	case err != nil:
 		return false, fmt.Errorf("checking the session: %w", err)
 	}
-	return onFirst != token || pid1 != pid2, nil
+	return onFirst != token || !sameBackend(&seen.first, pid2), nil
 }
 
 // explainConnectError adds what to do to the error PgBouncer gives a
