@@ -103,11 +103,11 @@ func (r *report) markdown() string {
 	if len(r.latency) > 0 {
 		fmt.Fprintf(&b, "\n### Latency: produce → platform at a steady %.0f msgs/s (%s measured after %s of warm-up)\n\n",
 			r.cfg.Rate, r.cfg.LatencyDuration, r.cfg.LatencyWarmup)
-		b.WriteString("| | p50 | p90 | p99 | max | consumer CPU | PostgreSQL CPU | consumer peak RSS | commits / msg | WAL flushes / msg | WAL bytes / msg | other processes | broker + mock + producer | load average |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| | p50 | p90 | p99 | max | behind their berth's previous | p99 of those | p99 of the rest | consumer CPU | PostgreSQL CPU | consumer peak RSS | commits / msg | WAL flushes / msg | WAL bytes / msg | other processes | broker + mock + producer | load average |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, l := range r.latency {
 			per := func(v int64) float64 { return float64(v) / float64(max(l.Messages, 1)) }
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f cores | %.2f cores | %s | %.3f | %.3f | %.0f | %.2f cores | %.2f cores | %.2f → %.2f |\n", r.title(l.Scenario),
-				ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), l.Cores, l.PGCores, mib(l.PeakRSS),
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f %% | %s | %s | %.2f cores | %.2f cores | %s | %.3f | %.3f | %.0f | %.2f cores | %.2f cores | %.2f → %.2f |\n", r.title(l.Scenario),
+				ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), 100*l.Behind, ms(l.P99Behind), ms(l.P99Free), l.Cores, l.PGCores, mib(l.PeakRSS),
 				per(l.PGWork.Commits), per(l.PGWork.WALSyncs), per(l.PGWork.WALBytes), l.OtherCores, l.SelfCores, l.LoadStart, l.LoadEnd)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -55,6 +54,12 @@ type latencyResult struct {
 	Rate               float64
 	Measured           int
 	P50, P90, P99, Max time.Duration
+	// Behind is the share of measured messages produced while the message
+	// before them of the same berth had not reached the platform yet: with
+	// ordering they must wait for it. P99Behind and P99Free are the p99 of
+	// those and of the rest.
+	Behind             float64
+	P99Behind, P99Free time.Duration
 	// Cores is the consumer's CPU over the measured part divided by its
 	// length; PGCores the same for PostgreSQL.
 	Cores, PGCores float64
@@ -363,6 +368,10 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	warmupN := int(env.cfg.LatencyWarmup.Seconds() * rate)
 	total := warmupN + int(env.cfg.LatencyDuration.Seconds()*rate)
 	sentAt := make(map[string]time.Time, total-warmupN)
+	// after: a message's predecessor of the same berth, for the split of
+	// the messages that ordering makes wait.
+	after := make(map[string]string, total)
+	lastOfBerth := map[string]string{}
 	logf("%s: producing %d messages at %.0f/s (%d of warm-up)", scenario, total, rate, warmupN)
 	var (
 		m         *meter
@@ -401,6 +410,12 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		msg := src.Next()
 		if i >= warmupN {
 			sentAt[msg.MessageID] = time.Now()
+		}
+		if msg.Berth != "" && msg.MessageID != "" {
+			if prev, ok := lastOfBerth[msg.Berth]; ok {
+				after[msg.MessageID] = prev
+			}
+			lastOfBerth[msg.Berth] = msg.MessageID
 		}
 		produced.Add(1)
 		cl.Produce(runCtx, &kgo.Record{Topic: msg.Topic, Key: msg.Key, Value: msg.Value}, func(_ *kgo.Record, err error) {
@@ -444,21 +459,33 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		res.Statements = topStatements(ctx, pool)
 	}
 
-	var lats []time.Duration
+	firstAt := map[string]time.Time{}
 	for _, d := range mp.Deliveries() {
-		if t, ok := sentAt[d.MessageID]; ok {
-			lats = append(lats, d.FirstAt.Sub(t))
+		firstAt[d.MessageID] = d.FirstAt
+	}
+	var lats, behind, free []time.Duration
+	for id, t := range sentAt {
+		at, ok := firstAt[id]
+		if !ok {
+			continue
+		}
+		lats = append(lats, at.Sub(t))
+		if prevAt, ok := firstAt[after[id]]; ok && prevAt.After(t) {
+			behind = append(behind, at.Sub(t))
+		} else {
+			free = append(free, at.Sub(t))
 		}
 	}
 	if len(lats) == 0 {
 		return res, fmt.Errorf("no measured message was delivered")
 	}
-	slices.Sort(lats)
-	q := func(p float64) time.Duration { return lats[min(len(lats)-1, int(p*float64(len(lats))))] }
 	res.Measured = len(lats)
-	res.P50, res.P90, res.P99, res.Max = q(0.50), q(0.90), q(0.99), lats[len(lats)-1]
+	res.P50, res.P90, res.P99, res.Max = quantile(lats, 0.50), quantile(lats, 0.90), quantile(lats, 0.99), quantile(lats, 1)
+	res.Behind = float64(len(behind)) / float64(len(lats))
+	res.P99Behind, res.P99Free = quantile(behind, 0.99), quantile(free, 0.99)
 	return res, nil
 }
+
 
 // waitGroupStable waits until the consumer group has a member with its
 // partitions assigned, so that the latency phase does not measure the

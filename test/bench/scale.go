@@ -500,7 +500,11 @@ func findCTE(n map[string]any, name string) map[string]any {
 	return nil
 }
 
+// quantile is the q-quantile of ds, 0 for none.
 func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(q*float64(len(s))))]
