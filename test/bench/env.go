@@ -58,12 +58,13 @@ type benchEnv struct {
 // startEnv starts the run's PostgreSQL and Kafka broker; kafkaOpts are
 // added to the broker's defaults.
 func startEnv(ctx context.Context, cfg benchConfig, kafkaOpts ...kfake.Opt) (env *benchEnv, err error) {
-	env = &benchEnv{cfg: cfg, dir: cfg.Dir}
+	e := &benchEnv{cfg: cfg, dir: cfg.Dir}
 	defer func() {
-		if err != nil {
-			env.close()
+		if err != nil { // env is nil then
+			e.close()
 		}
 	}()
+	env = e
 	if env.dir == "" {
 		if env.dir, err = os.MkdirTemp("", "forwarder-bench-"); err != nil {
 			return nil, err

@@ -83,30 +83,33 @@ type benchConfig struct {
 	Rate            float64
 	LatencyDuration time.Duration
 	LatencyWarmup   time.Duration
-	Partitions      int
-	Forwarder       string
-	Pipeline        string
-	Sets            listFlag
-	Env             listFlag
-	NaiveWorkers    int
-	BatchSize       int
-	BatchPosts      int
-	RiverWorkers    int
-	PprofDir        string
-	PprofSeconds    int
-	Ceilings        bool
-	WaitLoad        float64
-	WaitLoadMax     time.Duration
-	Dir             string
-	Keep            bool
-	Timeout         time.Duration
-	Seed            uint64
-	Durable         bool
-	PGStatements    bool
-	Markdown        string
-	LogLevel        string
-	SelfProfile     string
-	Root            string
+	// LatencySamples, when set, is the path prefix of a file per scenario
+	// with every measured message's send time and latency.
+	LatencySamples string
+	Partitions     int
+	Forwarder      string
+	Pipeline       string
+	Sets           listFlag
+	Env            listFlag
+	NaiveWorkers   int
+	BatchSize      int
+	BatchPosts     int
+	RiverWorkers   int
+	PprofDir       string
+	PprofSeconds   int
+	Ceilings       bool
+	WaitLoad       float64
+	WaitLoadMax    time.Duration
+	Dir            string
+	Keep           bool
+	Timeout        time.Duration
+	Seed           uint64
+	Durable        bool
+	PGStatements   bool
+	Markdown       string
+	LogLevel       string
+	SelfProfile    string
+	Root           string
 	// Berths spreads the traffic over this many berths (0: 2 000).
 	Berths int
 	// Previous is the checkout the forwarder-previous scenario runs.
@@ -124,6 +127,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.Float64Var(&c.Rate, "rate", 2000, "messages per second of the latency phase")
 	fs.DurationVar(&c.LatencyDuration, "latency-duration", 30*time.Second, "measured part of the latency phase")
 	fs.DurationVar(&c.LatencyWarmup, "latency-warmup", 5*time.Second, "unmeasured start of the latency phase")
+	fs.StringVar(&c.LatencySamples, "latency-samples", "", "write each measured message's send time and latency to `PREFIX`.<scenario>.tsv")
 	fs.IntVar(&c.Partitions, "partitions", 3, "partitions of each Kafka topic")
 	fs.StringVar(&c.Forwarder, "forwarder", "bin/forwarder", "the forwarder binary (relative to the repository root)")
 	fs.StringVar(&c.Pipeline, "pipeline", "pipelines/forwarder.yaml", "the forwarder's config (relative to the repository root)")

@@ -324,8 +324,23 @@ func describeMachine(pgVersion string) string {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		kernel = strings.TrimSpace(string(b))
 	}
-	return fmt.Sprintf("%s, %d cores, %.0f GiB RAM, Linux %s, %s, PostgreSQL %s",
-		model, runtime.NumCPU(), float64(mem)/(1<<30), kernel, runtime.Version(), pgVersion)
+	return fmt.Sprintf("%s, %d cores, %.0f GiB RAM, Linux %s (%s), %s, PostgreSQL %s",
+		model, runtime.NumCPU(), float64(mem)/(1<<30), kernel, describeWriteback(), runtime.Version(), pgVersion)
+}
+
+// describeWriteback gives the kernel's page-cache writeback settings, on
+// which the latency tail depends (docs/benchmarks.md, "The latency tail is
+// a writeback burst").
+func describeWriteback() string {
+	var parts []string
+	for _, name := range []string{"dirty_expire_centisecs", "dirty_writeback_centisecs", "dirty_background_bytes", "dirty_background_ratio"} {
+		b, err := os.ReadFile("/proc/sys/vm/" + name)
+		if err != nil {
+			continue
+		}
+		parts = append(parts, "vm."+name+"="+strings.TrimSpace(string(b)))
+	}
+	return strings.Join(parts, " ")
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -8,8 +9,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -351,6 +354,15 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err := env.waitGroupStable(runCtx, group, c); err != nil {
 		return res, err
 	}
+	// What setting up wrote (the database, its partitions, the consumer's
+	// start) goes to disk now: left in the page cache, the kernel writes it
+	// back about 30 s later (vm.dirty_expire_centisecs), inside the
+	// measured window, and the WAL flushes wait behind it
+	// (docs/benchmarks.md, "The latency tail is a writeback burst").
+	if _, err := pool.Exec(runCtx, "CHECKPOINT"); err != nil {
+		return res, fmt.Errorf("checkpoint before the latency phase: %w", err)
+	}
+	syscall.Sync()
 
 	h := fnv.New64a()
 	h.Write([]byte(scenario))
@@ -476,6 +488,11 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 			free = append(free, at.Sub(t))
 		}
 	}
+	if env.cfg.LatencySamples != "" {
+		if err := writeLatencySamples(env.cfg.LatencySamples+"."+scenario+".tsv", sentAt, firstAt); err != nil {
+			return res, err
+		}
+	}
 	if len(lats) == 0 {
 		return res, fmt.Errorf("no measured message was delivered")
 	}
@@ -486,6 +503,25 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	return res, nil
 }
 
+// writeLatencySamples writes one line per delivered measured message: when
+// it was produced (Unix microseconds) and its latency (microseconds), in
+// the order produced, to see when the tail happened.
+func writeLatencySamples(path string, sentAt, firstAt map[string]time.Time) error {
+	type sample struct{ sent, lat int64 }
+	var ss []sample
+	for id, t := range sentAt {
+		if at, ok := firstAt[id]; ok {
+			ss = append(ss, sample{t.UnixMicro(), at.Sub(t).Microseconds()})
+		}
+	}
+	slices.SortFunc(ss, func(a, b sample) int { return cmp.Compare(a.sent, b.sent) })
+	var b strings.Builder
+	b.WriteString("sent_unix_us\tlatency_us\n")
+	for _, s := range ss {
+		fmt.Fprintf(&b, "%d\t%d\n", s.sent, s.lat)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
 
 // waitGroupStable waits until the consumer group has a member with its
 // partitions assigned, so that the latency phase does not measure the
