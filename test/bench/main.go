@@ -122,7 +122,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.IntVar(&c.N, "n", 200_000, "messages in the Kafka backlog of each throughput run")
 	scenarios := fs.String("scenarios", "forwarder,naive,batched,river", "scenarios to run, in order: forwarder, naive, batched, river, forwarder-unordered (ORDERING=off), forwarder-previous (-previous)")
 	fs.StringVar(&c.Previous, "previous", "", "a checkout of an earlier revision with bin/forwarder built, for the forwarder-previous scenario")
-	fs.IntVar(&c.Berths, "berths", 0, "berths the traffic is spread over, four per camera (0: 2000); see test/bench/ordering.go")
+	fs.IntVar(&c.Berths, "berths", 5000, "berths the traffic is spread over, four per camera (the targets in docs/benchmarks.md are set at 5000; 0: 2000); see test/bench/ordering.go")
 	phases := fs.String("phases", "throughput,latency", "phases to run for each scenario: throughput, latency")
 	fs.Float64Var(&c.Rate, "rate", 2000, "messages per second of the latency phase")
 	fs.DurationVar(&c.LatencyDuration, "latency-duration", 30*time.Second, "measured part of the latency phase")
