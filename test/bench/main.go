@@ -127,7 +127,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.Float64Var(&c.Rate, "rate", 2000, "messages per second of the latency phase")
 	fs.DurationVar(&c.LatencyDuration, "latency-duration", 30*time.Second, "measured part of the latency phase")
 	fs.DurationVar(&c.LatencyWarmup, "latency-warmup", 5*time.Second, "unmeasured start of the latency phase")
-	fs.StringVar(&c.LatencySamples, "latency-samples", "", "write each measured message's send time and latency to `PREFIX`.<scenario>.tsv")
+	fs.StringVar(&c.LatencySamples, "latency-samples", "", "write each measured message's send time and latency to `PREFIX`.<scenario>.tsv, and what PostgreSQL's backends wait for, every 50 ms, to PREFIX.<scenario>.activity.tsv")
 	fs.IntVar(&c.Partitions, "partitions", 3, "partitions of each Kafka topic")
 	fs.StringVar(&c.Forwarder, "forwarder", "bin/forwarder", "the forwarder binary (relative to the repository root)")
 	fs.StringVar(&c.Pipeline, "pipeline", "pipelines/forwarder.yaml", "the forwarder's config (relative to the repository root)")

@@ -388,6 +388,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	var (
 		m         *meter
 		measStart time.Time
+		activity  *activitySampler
 	)
 	produceErr := make(chan error, 1)
 	// Where the messages are, every 2 s: produced, persisted (rows),
@@ -410,6 +411,12 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 			}
 			m.attach(c.Pid(), false)
 			measStart = time.Now()
+			if env.cfg.LatencySamples != "" {
+				if activity, err = startActivitySampler(runCtx, env.pg.DSN("postgres"), env.cfg.LatencySamples+"."+scenario+".activity.tsv"); err != nil {
+					return res, fmt.Errorf("sampling PostgreSQL's activity: %w", err)
+				}
+				defer activity.stop()
+			}
 			if profile {
 				go func() {
 					path := filepath.Join(env.cfg.PprofDir, "forwarder.latency-cpu.pprof")
@@ -448,6 +455,11 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		return res, fmt.Errorf("latency phase produced no measured messages")
 	}
 	consumer, pg, self, others := m.stop()
+	if activity != nil {
+		if err := activity.stop(); err != nil {
+			return res, fmt.Errorf("sampling PostgreSQL's activity: %w", err)
+		}
+	}
 	measured := time.Since(measStart).Seconds()
 	res.Cores, res.PGCores, res.PeakRSS = consumer.CPU/measured, pg.CPU/measured, consumer.PeakRSS
 	res.SelfCores, res.OtherCores = self/measured, others/measured
