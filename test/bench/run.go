@@ -474,6 +474,13 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err := waitAllSuccess(runCtx, c, mp, pool, progressOf(scenario), total, scenario); err != nil {
 		return res, err
 	}
+	if env.cfg.LatencySamples != "" && c.httpAddr != "" {
+		// The forwarder's own timings of the phase: each processor's and
+		// the output's latency, end to end.
+		if err := c.fetch(runCtx, "/metrics", env.cfg.LatencySamples+"."+scenario+".metrics.txt"); err != nil {
+			return res, err
+		}
+	}
 	_ = c.stop(45 * time.Second)
 	if after, err := readPGCounters(ctx, pool); err == nil {
 		res.PGWork = after.sub(before)
