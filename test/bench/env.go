@@ -274,6 +274,16 @@ func (env *benchEnv) consumerEnv(dsn, platformURL, group, vehicle, heartbeat str
 	}
 }
 
+// isForwarder says whether scenario runs a build of the forwarder (not a
+// baseline).
+func isForwarder(scenario string) bool {
+	switch scenario {
+	case scenarioForwarder, scenarioUnordered, scenarioPrevious:
+		return true
+	}
+	return false
+}
+
 // child is a consumer process: bin/forwarder or a baseline.
 type child struct {
 	*childproc.Process
@@ -298,8 +308,8 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 	var path string
 	var args []string
 	dir := env.cfg.Root
-	switch scenario {
-	case scenarioForwarder, scenarioUnordered, scenarioPrevious:
+	switch {
+	case isForwarder(scenario):
 		if c.httpAddr, err = childproc.FreeAddr(); err != nil {
 			return nil, err
 		}
@@ -325,7 +335,7 @@ func (env *benchEnv) startConsumer(ctx context.Context, scenario, run string, va
 			path = filepath.Join(dir, "bin", "forwarder")
 			args[1] = "pipelines/forwarder.yaml"
 		}
-	case scenarioRiver:
+	case scenario == scenarioRiver:
 		path = env.riverBin
 		args = []string{"-workers", fmt.Sprint(env.cfg.RiverWorkers), "-batch-size", fmt.Sprint(env.cfg.BatchSize)}
 	default:

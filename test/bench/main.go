@@ -86,30 +86,33 @@ type benchConfig struct {
 	// LatencySamples, when set, is the path prefix of a file per scenario
 	// with every measured message's send time and latency.
 	LatencySamples string
-	Partitions     int
-	Forwarder      string
-	Pipeline       string
-	Sets           listFlag
-	Env            listFlag
-	NaiveWorkers   int
-	BatchSize      int
-	BatchPosts     int
-	RiverWorkers   int
-	PprofDir       string
-	PprofSeconds   int
-	Ceilings       bool
-	WaitLoad       float64
-	WaitLoadMax    time.Duration
-	Dir            string
-	Keep           bool
-	Timeout        time.Duration
-	Seed           uint64
-	Durable        bool
-	PGStatements   bool
-	Markdown       string
-	LogLevel       string
-	SelfProfile    string
-	Root           string
+	// LatencyTraces, with LatencySamples, traces a sample of the messages
+	// of the forwarder's latency phases and writes the spans' times.
+	LatencyTraces bool
+	Partitions    int
+	Forwarder     string
+	Pipeline      string
+	Sets          listFlag
+	Env           listFlag
+	NaiveWorkers  int
+	BatchSize     int
+	BatchPosts    int
+	RiverWorkers  int
+	PprofDir      string
+	PprofSeconds  int
+	Ceilings      bool
+	WaitLoad      float64
+	WaitLoadMax   time.Duration
+	Dir           string
+	Keep          bool
+	Timeout       time.Duration
+	Seed          uint64
+	Durable       bool
+	PGStatements  bool
+	Markdown      string
+	LogLevel      string
+	SelfProfile   string
+	Root          string
 	// Berths spreads the traffic over this many berths (0: 2 000).
 	Berths int
 	// Previous is the checkout the forwarder-previous scenario runs.
@@ -127,6 +130,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.Float64Var(&c.Rate, "rate", 2000, "messages per second of the latency phase")
 	fs.DurationVar(&c.LatencyDuration, "latency-duration", 30*time.Second, "measured part of the latency phase")
 	fs.DurationVar(&c.LatencyWarmup, "latency-warmup", 5*time.Second, "unmeasured start of the latency phase")
+	fs.BoolVar(&c.LatencyTraces, "latency-traces", false, "with -latency-samples: trace one message in 20 of the forwarder's latency phases (TRACE_SAMPLE_RATIO=0.05; -env overrides it) and write each span's start and end to PREFIX.<scenario>.spans.tsv")
 	fs.StringVar(&c.LatencySamples, "latency-samples", "", "write each measured message's send time and latency to `PREFIX`.<scenario>.tsv, and what PostgreSQL's backends wait for, every 50 ms, to PREFIX.<scenario>.activity.tsv")
 	fs.IntVar(&c.Partitions, "partitions", 3, "partitions of each Kafka topic")
 	fs.StringVar(&c.Forwarder, "forwarder", "bin/forwarder", "the forwarder binary (relative to the repository root)")
@@ -183,6 +187,9 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 		default:
 			return c, fmt.Errorf("-phases: unknown phase %q (throughput, latency)", p)
 		}
+	}
+	if c.LatencyTraces && c.LatencySamples == "" {
+		return c, errors.New("-latency-traces writes beside -latency-samples: set that too")
 	}
 	if c.N <= 0 || c.Rate <= 0 || c.Partitions <= 0 {
 		return c, errors.New("-n, -rate and -partitions must be positive")

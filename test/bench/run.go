@@ -346,7 +346,21 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err != nil {
 		return res, fmt.Errorf("reading PostgreSQL's counters: %w", err)
 	}
-	c, err := env.startConsumer(runCtx, scenario, run, env.consumerEnv(dsn, mp.URL, group, vehicle, heartbeat), profile)
+	vars := env.consumerEnv(dsn, mp.URL, group, vehicle, heartbeat)
+	var spans *spanReceiver
+	if env.cfg.LatencyTraces && isForwarder(scenario) {
+		// One message in 20 traced, its spans exported to this process:
+		// every message traced (TRACE_SAMPLE_RATIO=1) costs the forwarder
+		// and this process so much CPU at 2 000 msgs/s that the latency
+		// collapses. -env TRACE_SAMPLE_RATIO=... overrides it.
+		if spans, err = startSpanReceiver(); err != nil {
+			return res, err
+		}
+		defer spans.close(env.cfg.LatencySamples + "." + scenario + ".spans.tsv")
+		vars["OTEL_EXPORTER_OTLP_ENDPOINT"] = spans.url
+		vars["TRACE_SAMPLE_RATIO"] = "0.05"
+	}
+	c, err := env.startConsumer(runCtx, scenario, run, vars, profile)
 	if err != nil {
 		return res, err
 	}
@@ -482,6 +496,11 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		}
 	}
 	_ = c.stop(45 * time.Second)
+	if spans != nil { // the forwarder exports its last spans as it stops
+		if err := spans.close(env.cfg.LatencySamples + "." + scenario + ".spans.tsv"); err != nil {
+			return res, err
+		}
+	}
 	if after, err := readPGCounters(ctx, pool); err == nil {
 		res.PGWork = after.sub(before)
 	}
@@ -523,21 +542,24 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 }
 
 // writeLatencySamples writes one line per delivered measured message: when
-// it was produced (Unix microseconds) and its latency (microseconds), in
-// the order produced, to see when the tail happened.
+// it was produced (Unix microseconds), its latency (microseconds) and its
+// messageId, in the order produced, to see when the tail happened.
 func writeLatencySamples(path string, sentAt, firstAt map[string]time.Time) error {
-	type sample struct{ sent, lat int64 }
+	type sample struct {
+		sent, lat int64
+		id        string
+	}
 	var ss []sample
 	for id, t := range sentAt {
 		if at, ok := firstAt[id]; ok {
-			ss = append(ss, sample{t.UnixMicro(), at.Sub(t).Microseconds()})
+			ss = append(ss, sample{t.UnixMicro(), at.Sub(t).Microseconds(), id})
 		}
 	}
 	slices.SortFunc(ss, func(a, b sample) int { return cmp.Compare(a.sent, b.sent) })
 	var b strings.Builder
-	b.WriteString("sent_unix_us\tlatency_us\n")
+	b.WriteString("sent_unix_us\tlatency_us\tmessage_id\n")
 	for _, s := range ss {
-		fmt.Fprintf(&b, "%d\t%d\n", s.sent, s.lat)
+		fmt.Fprintf(&b, "%d\t%d\t%s\n", s.sent, s.lat, s.id)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
