@@ -271,6 +271,11 @@ func runBench(ctx context.Context, args []string) error {
 		}
 	}
 	if cfg.Phases["latency"] {
+		if cfg.Phases["throughput"] {
+			if err := env.deleteTopics(ctx, env.vehicleTopic, env.heartbeatTopic); err != nil {
+				return err
+			}
+		}
 		for _, s := range cfg.Scenarios {
 			r, err := env.latency(ctx, s)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -327,6 +328,10 @@ func (c *child) fetch(ctx context.Context, path, file string) error {
 	return f.Close()
 }
 
+// latencyGCPercent is this process's GOGC during a latency phase: a
+// collection a quarter as often as by default.
+const latencyGCPercent = 400
+
 func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyResult, err error) {
 	res.Scenario, res.Rate, res.LoadStart = scenario, env.cfg.Rate, loadAvg()
 	defer func() { res.LoadEnd = loadAvg() }()
@@ -335,6 +340,11 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err != nil {
 		return res, err
 	}
+	defer func() {
+		if derr := env.deleteTopics(context.WithoutCancel(ctx), vehicle, heartbeat); err == nil {
+			err = derr
+		}
+	}()
 	runCtx, dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
@@ -377,6 +387,15 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		return res, fmt.Errorf("checkpoint before the latency phase: %w", err)
 	}
 	syscall.Sync()
+	// This process (broker, mock platform, producer) shares the two cores
+	// with what is measured: each of its garbage collections takes a
+	// fraction of them for tens of milliseconds, long enough to show in
+	// the latency of messages on their way (docs/benchmarks.md, "Where
+	// those stalls are not"). What earlier phases left is collected now,
+	// and collections are made rarer while the phase runs; the heap is
+	// small next to the machine's memory.
+	debug.FreeOSMemory()
+	defer debug.SetGCPercent(debug.SetGCPercent(latencyGCPercent))
 
 	h := fnv.New64a()
 	h.Write([]byte(scenario))
