@@ -21,6 +21,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/periodic"
+	"github.com/forwarder/forwarder/internal/testsupport/otlpreceiver"
 )
 
 // throughputResult is one scenario's run on the Kafka backlog.
@@ -357,17 +358,17 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		return res, fmt.Errorf("reading PostgreSQL's counters: %w", err)
 	}
 	vars := env.consumerEnv(dsn, mp.URL, group, vehicle, heartbeat)
-	var spans *spanReceiver
+	var spans *otlpreceiver.Receiver
 	if env.cfg.LatencyTraces && isForwarder(scenario) {
 		// One message in 20 traced, its spans exported to this process:
 		// every message traced (TRACE_SAMPLE_RATIO=1) costs the forwarder
 		// and this process so much CPU at 2 000 msgs/s that the latency
 		// collapses. -env TRACE_SAMPLE_RATIO=... overrides it.
-		if spans, err = startSpanReceiver(); err != nil {
+		if spans, err = otlpreceiver.Start(); err != nil {
 			return res, err
 		}
-		defer spans.close(env.cfg.LatencySamples + "." + scenario + ".spans.tsv")
-		vars["OTEL_EXPORTER_OTLP_ENDPOINT"] = spans.url
+		defer spans.Close()
+		vars["OTEL_EXPORTER_OTLP_ENDPOINT"] = spans.URL
 		vars["TRACE_SAMPLE_RATIO"] = "0.05"
 	}
 	c, err := env.startConsumer(runCtx, scenario, run, vars, profile)
@@ -516,7 +517,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	}
 	_ = c.stop(45 * time.Second)
 	if spans != nil { // the forwarder exports its last spans as it stops
-		if err := spans.close(env.cfg.LatencySamples + "." + scenario + ".spans.tsv"); err != nil {
+		if err := writeSpans(spans, env.cfg.LatencySamples+"."+scenario+".spans.tsv"); err != nil {
 			return res, err
 		}
 	}

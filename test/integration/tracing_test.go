@@ -16,10 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	_ "github.com/forwarder/forwarder/plugins/httpforwarder"
 	_ "github.com/forwarder/forwarder/plugins/outboxretry"
@@ -27,6 +25,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
+	"github.com/forwarder/forwarder/internal/testsupport/otlpreceiver"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -37,51 +36,25 @@ const (
 	producerHeader = "00-" + producerTrace + "-" + producerSpan + "-01"
 )
 
-// otlpReceiver is an OTLP/HTTP trace receiver: it keeps every span posted
-// to /v1/traces.
-type otlpReceiver struct {
-	mu      sync.Mutex
-	spans   []*tracepb.Span
-	exports int
+// newOTLPReceiver starts an OTLP/HTTP trace receiver for one test.
+func newOTLPReceiver(t *testing.T) *otlpreceiver.Receiver {
+	rcv, err := otlpreceiver.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rcv.Close)
+	return rcv
 }
 
-func newOTLPReceiver(t *testing.T) (*otlpReceiver, string) {
-	rcv := &otlpReceiver{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" {
-			http.NotFound(w, r)
-			return
-		}
-		body, err := io.ReadAll(r.Body)
-		var req coltracepb.ExportTraceServiceRequest
-		if err == nil {
-			err = proto.Unmarshal(body, &req)
-		}
-		if err != nil {
-			t.Errorf("OTLP receiver: undecodable export: %v", err)
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		rcv.mu.Lock()
-		rcv.exports++
-		for _, rs := range req.GetResourceSpans() {
-			for _, ss := range rs.GetScopeSpans() {
-				rcv.spans = append(rcv.spans, ss.GetSpans()...)
-			}
-		}
-		rcv.mu.Unlock()
-		resp, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		_, _ = w.Write(resp)
-	}))
-	t.Cleanup(srv.Close)
-	return rcv, srv.URL
-}
-
-func (r *otlpReceiver) snapshot() (spans []*tracepb.Span, exports int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]*tracepb.Span(nil), r.spans...), r.exports
+// receivedSpans returns what rcv received, failing the test on an export
+// it could not decode.
+func receivedSpans(t *testing.T, rcv *otlpreceiver.Receiver) (spans []*tracepb.Span, exports int) {
+	t.Helper()
+	spans, exports, err := rcv.Spans()
+	if err != nil {
+		t.Errorf("OTLP receiver: %v", err)
+	}
+	return spans, exports
 }
 
 // flakyPlatform answers the first request of every message errcode 999
@@ -181,10 +154,10 @@ func runTraced(t *testing.T, endpoint string) (*flakyPlatform, *string) {
 // (docs/operations.md, "Tracing"). The requests carry their outcome and
 // errcode, and the platform received the trace in their traceparent.
 func TestTraceFollowsOneMessage(t *testing.T) {
-	rcv, endpoint := newOTLPReceiver(t)
-	platform, stored := runTraced(t, endpoint)
+	rcv := newOTLPReceiver(t)
+	platform, stored := runTraced(t, rcv.URL)
 
-	spans, _ := rcv.snapshot()
+	spans, _ := receivedSpans(t, rcv)
 	if len(spans) == 0 {
 		t.Fatal("nothing was exported")
 	}
@@ -272,12 +245,12 @@ func TestTraceFollowsOneMessage(t *testing.T) {
 // stores no trace context although its record had one, and the platform
 // gets no traceparent.
 func TestTracingOffExportsNothing(t *testing.T) {
-	rcv, _ := newOTLPReceiver(t)
+	rcv := newOTLPReceiver(t)
 	platform, stored := runTraced(t, "")
 	if stored != nil {
 		t.Errorf("stored trace_parent %q with tracing off, want NULL", *stored)
 	}
-	if spans, exports := rcv.snapshot(); exports > 0 || len(spans) > 0 {
+	if spans, exports := receivedSpans(t, rcv); exports > 0 || len(spans) > 0 {
 		t.Errorf("%d exports, %d spans with tracing off", exports, len(spans))
 	}
 	_, sent := platform.state()
