@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/periodic"
@@ -358,17 +359,17 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		return res, fmt.Errorf("reading PostgreSQL's counters: %w", err)
 	}
 	vars := env.consumerEnv(dsn, mp.URL, group, vehicle, heartbeat)
-	var spans *otlpreceiver.Receiver
+	var receiver *otlpreceiver.Receiver
 	if env.cfg.LatencyTraces && isForwarder(scenario) {
 		// One message in 20 traced, its spans exported to this process:
 		// every message traced (TRACE_SAMPLE_RATIO=1) costs the forwarder
 		// and this process so much CPU at 2 000 msgs/s that the latency
 		// collapses. -env TRACE_SAMPLE_RATIO=... overrides it.
-		if spans, err = otlpreceiver.Start(); err != nil {
+		if receiver, err = otlpreceiver.Start(); err != nil {
 			return res, err
 		}
-		defer spans.Close()
-		vars["OTEL_EXPORTER_OTLP_ENDPOINT"] = spans.URL
+		defer receiver.Close()
+		vars["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.URL
 		vars["TRACE_SAMPLE_RATIO"] = "0.05"
 	}
 	c, err := env.startConsumer(runCtx, scenario, run, vars, profile)
@@ -516,8 +517,12 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		}
 	}
 	_ = c.stop(45 * time.Second)
-	if spans != nil { // the forwarder exports its last spans as it stops
-		if err := writeSpans(spans, env.cfg.LatencySamples+"."+scenario+".spans.tsv"); err != nil {
+	var traced []*tracepb.Span
+	if receiver != nil { // the forwarder exports its last spans as it stops
+		if traced, _, err = receiver.Spans(); err != nil {
+			return res, err
+		}
+		if err := writeSpans(traced, env.cfg.LatencySamples+"."+scenario+".spans.tsv"); err != nil {
 			return res, err
 		}
 	}
@@ -550,6 +555,9 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		if err := writeLatencySamples(env.cfg.LatencySamples+"."+scenario+".tsv", sentAt, firstAt); err != nil {
 			return res, err
 		}
+	}
+	if receiver != nil {
+		logSpanSteps(scenario, traced, sentAt, firstAt, 50*time.Millisecond)
 	}
 	if len(lats) == 0 {
 		return res, fmt.Errorf("no measured message was delivered")
