@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 
 	"gopkg.in/yaml.v3"
 
@@ -488,5 +489,105 @@ func TestCitationsNameTheirPage(t *testing.T) {
 	}
 	if found < 10 {
 		t.Fatalf("found only %d citations: the scan is broken", found)
+	}
+}
+
+var (
+	// mdLink is a Markdown link's target: [text](target).
+	mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	// mdFence is a fenced code block, whose text is not Markdown.
+	mdFence   = regexp.MustCompile("(?ms)^\\s*```.*?^\\s*```")
+	mdHeading = regexp.MustCompile(`(?m)^#{1,6} (.+)$`)
+	// mdHeadingLink is a link inside a heading: its text is what the anchor reads.
+	mdHeadingLink = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
+)
+
+// headingAnchors are the anchors GitHub gives the headings of a Markdown
+// text: lower case, every character but letters, digits, '_', '-' and
+// spaces dropped, spaces made '-', a repeated anchor numbered -1, -2, ...
+func headingAnchors(text string) map[string]bool {
+	anchors := map[string]bool{}
+	seen := map[string]int{}
+	for _, m := range mdHeading.FindAllStringSubmatch(mdFence.ReplaceAllString(text, ""), -1) {
+		var b strings.Builder
+		for _, r := range strings.ToLower(mdHeadingLink.ReplaceAllString(strings.TrimSpace(m[1]), "$1")) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r):
+				b.WriteRune(r)
+			}
+		}
+		anchor := b.String()
+		if n, ok := seen[anchor]; ok {
+			seen[anchor] = n + 1
+			anchor += "-" + strconv.Itoa(n+1)
+		} else {
+			seen[anchor] = 0
+		}
+		anchors[anchor] = true
+	}
+	return anchors
+}
+
+// TestLinksResolve: every link of a Markdown file of the repository to
+// another file of it names a file that exists and, when it names a part of
+// a page (page.md#part), a heading that page has; so that a renamed heading
+// or a moved page does not leave links pointing at nothing.
+func TestLinksResolve(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("git", "-C", root, "ls-files", "*.md").Output()
+	if err != nil {
+		t.Fatalf("listing the repository's pages (git ls-files): %v", err)
+	}
+	anchors := map[string]map[string]bool{}
+	anchorsOf := func(page string) (map[string]bool, error) {
+		if a, ok := anchors[page]; ok {
+			return a, nil
+		}
+		b, err := os.ReadFile(page)
+		if err != nil {
+			return nil, err
+		}
+		anchors[page] = headingAnchors(string(b))
+		return anchors[page], nil
+	}
+	links := 0
+	for _, rel := range strings.Fields(string(out)) {
+		page := filepath.Join(root, rel)
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range mdLink.FindAllStringSubmatch(mdFence.ReplaceAllString(string(b), ""), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			dest := page
+			if file != "" {
+				dest = filepath.Join(filepath.Dir(page), file)
+			}
+			links++
+			if _, err := os.Stat(dest); err != nil {
+				t.Errorf("%s links to %s: no such file", rel, target)
+				continue
+			}
+			if anchor == "" || filepath.Ext(dest) != ".md" {
+				continue
+			}
+			a, err := anchorsOf(dest)
+			if err != nil {
+				t.Errorf("%s links to %s: %v", rel, target, err)
+				continue
+			}
+			if !a[anchor] {
+				t.Errorf("%s links to %s: that page has no heading with the anchor %q", rel, target, anchor)
+			}
+		}
+	}
+	if links < 50 {
+		t.Fatalf("found only %d links between the repository's pages: the scan is broken", links)
 	}
 }
