@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -230,6 +231,10 @@ func TestOrdering(t *testing.T) {
 		}
 		if len(out.Recorded) != 3 || len(out.Claimed) != 2 || out.Claimed[0].MessageKey != "a2" || out.Claimed[1].MessageKey != "b2" {
 			t.Fatalf("outcome %+v, want 3 recorded and a2, b2 claimed", out)
+		}
+		recorded := slices.Sorted(slices.Values(out.Recorded))
+		if want := []int64{rows["a1"].ID, rows["b1"].ID, rows["c1"].ID}; !slices.Equal(recorded, want) {
+			t.Errorf("recorded ids %v, want a1, b1 and c1's %v", recorded, want)
 		}
 		for _, c := range out.Claimed {
 			s := b.State(c.ID)
