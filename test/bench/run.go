@@ -153,6 +153,9 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 	vars := env.consumerEnv(dsn, mp.URL, "bench-"+scenario, env.vehicleTopic, env.heartbeatTopic)
 	logf("%s: consuming the backlog of %d messages", scenario, n)
 
+	if err := settle(runCtx, pool); err != nil {
+		return res, fmt.Errorf("before the throughput phase: %w", err)
+	}
 	before, err := readPGCounters(ctx, pool)
 	if err != nil {
 		return res, fmt.Errorf("reading PostgreSQL's counters: %w", err)
@@ -216,6 +219,25 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 		res.Statements = topStatements(ctx, pool)
 	}
 	return res, nil
+}
+
+// settle leaves a phase's measured window to the phase: what was written
+// before it (the database and partitions just created, the backlog just
+// produced, the previous scenario's tables) goes to disk now, where left in
+// the page cache the kernel would write it back about 30 s later
+// (vm.dirty_expire_centisecs), inside the window, with the WAL flushes
+// waiting behind it (docs/benchmarks.md, "The latency tail is a writeback
+// burst"); and this process (broker, mock platform, producer), which shares
+// the two cores with what is measured, collects what earlier phases left
+// now rather than in the window (docs/benchmarks.md, "Where those stalls
+// are not").
+func settle(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	syscall.Sync()
+	debug.FreeOSMemory()
+	return nil
 }
 
 // waitAllSuccess waits until the platform accepted n messages and every
@@ -380,23 +402,11 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if err := env.waitGroupStable(runCtx, group, c); err != nil {
 		return res, err
 	}
-	// What setting up wrote (the database, its partitions, the consumer's
-	// start) goes to disk now: left in the page cache, the kernel writes it
-	// back about 30 s later (vm.dirty_expire_centisecs), inside the
-	// measured window, and the WAL flushes wait behind it
-	// (docs/benchmarks.md, "The latency tail is a writeback burst").
-	if _, err := pool.Exec(runCtx, "CHECKPOINT"); err != nil {
-		return res, fmt.Errorf("checkpoint before the latency phase: %w", err)
+	if err := settle(runCtx, pool); err != nil {
+		return res, fmt.Errorf("before the latency phase: %w", err)
 	}
-	syscall.Sync()
-	// This process (broker, mock platform, producer) shares the two cores
-	// with what is measured: each of its garbage collections takes a
-	// fraction of them for tens of milliseconds, long enough to show in
-	// the latency of messages on their way (docs/benchmarks.md, "Where
-	// those stalls are not"). What earlier phases left is collected now,
-	// and collections are made rarer while the phase runs; the heap is
-	// small next to the machine's memory.
-	debug.FreeOSMemory()
+	// Collections of this process are made rarer while the phase runs (see
+	// settle); the heap is small next to the machine's memory.
 	defer debug.SetGCPercent(debug.SetGCPercent(latencyGCPercent))
 
 	h := fnv.New64a()
