@@ -213,13 +213,13 @@ func RecordResultsChained(ctx context.Context, q Querier, results []Result, opts
 			id     *int64
 		)
 		for rows.Next() {
-			if string(rows.RawValues()[0]) == "r" {
-				if idOnly == nil {
-					var err error
-					if idOnly, id, err = idScanTargets(rows.FieldDescriptions()); err != nil {
-						return err
-					}
+			if idOnly == nil { // the columns are known once a row came
+				var err error
+				if idOnly, id, err = idScanTargets(rows.FieldDescriptions()); err != nil {
+					return err
 				}
+			}
+			if string(rows.RawValues()[0]) == "r" {
 				if err := rows.Scan(idOnly...); err != nil {
 					return err
 				}
