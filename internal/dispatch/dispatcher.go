@@ -37,6 +37,10 @@ type DispatcherConfig struct {
 	// (0: no byte bound). Defaults 300 and 0.
 	MaxUnacked      int
 	MaxUnackedBytes int64
+	// MaxDirect is how many rows may be held for new rows still to be
+	// handed over at insert (direct dispatch); past it they are inserted
+	// due, for any instance to claim. Default and upper bound: MaxUnacked.
+	MaxDirect int
 	// MaxAttempts, when set, is the attempts a row may use; otherwise the
 	// output's (Output.MaxAttempts), else 5.
 	MaxAttempts int
@@ -157,7 +161,7 @@ func NewDispatcher(hub *Hub, cfg DispatcherConfig, log *service.Logger, m Dispat
 		cfg:     cfg,
 		log:     log,
 		m:       m,
-		ledger:  NewLedger(cfg.MaxUnacked, cfg.MaxUnackedBytes),
+		ledger:  NewLedger(Limits{Rows: cfg.MaxUnacked, Bytes: cfg.MaxUnackedBytes, DirectRows: cfg.MaxDirect}),
 		acked:   make(chan struct{}, 1),
 		nudge:   make(chan struct{}, 1),
 		started: launch.Process,

@@ -18,8 +18,7 @@ import (
 // use: the dispatcher, the outbox processor and the output call it from
 // their own goroutines.
 type Ledger struct {
-	maxRows  int
-	maxBytes int64
+	limits Limits
 
 	mu sync.Mutex
 	// held maps the id of every row held to its claim.
@@ -54,10 +53,25 @@ type heldRow struct {
 	lost bool
 }
 
-// NewLedger returns a ledger holding at most maxRows rows and, beyond the
-// first row, at most maxBytes payload bytes (0: no byte bound).
-func NewLedger(maxRows int, maxBytes int64) *Ledger {
-	return &Ledger{maxRows: maxRows, maxBytes: maxBytes, held: map[int64]*heldRow{}}
+// Limits bound what a ledger holds.
+type Limits struct {
+	// Rows is the most rows held.
+	Rows int
+	// Bytes is the most payload bytes held beyond the first row (0: no
+	// byte bound).
+	Bytes int64
+	// DirectRows is the most rows held for Reserve to grant more: new rows
+	// are handed over at insert only while fewer are held, so that past it
+	// they are inserted due, where every instance can claim them (0: Rows).
+	DirectRows int
+}
+
+// NewLedger returns a ledger holding at most what limits allow.
+func NewLedger(limits Limits) *Ledger {
+	if limits.DirectRows <= 0 || limits.DirectRows > limits.Rows {
+		limits.DirectRows = limits.Rows
+	}
+	return &Ledger{limits: limits, held: map[int64]*heldRow{}}
 }
 
 // Room is how much more the dispatcher may claim now: rows, and payload
@@ -71,11 +85,16 @@ func (l *Ledger) Room() (rows int, bytes int64) {
 }
 
 func (l *Ledger) roomLocked() (rows int, bytes int64) {
-	rows = max(l.maxRows-len(l.held)-l.reserved, 0)
-	if l.maxBytes <= 0 {
+	return l.roomUnderLocked(l.limits.Rows)
+}
+
+// roomUnderLocked is the room left below maxRows rows held.
+func (l *Ledger) roomUnderLocked(maxRows int) (rows int, bytes int64) {
+	rows = max(maxRows-len(l.held)-l.reserved, 0)
+	if l.limits.Bytes <= 0 {
 		return rows, -1
 	}
-	return rows, max(l.maxBytes-l.heldBytes-l.reservedBytes, 0)
+	return rows, max(l.limits.Bytes-l.heldBytes-l.reservedBytes, 0)
 }
 
 // Held is how many rows are held.
@@ -108,16 +127,16 @@ type Grant struct {
 }
 
 // Reserve grants room to the first of the rows about to be inserted, whose
-// payload sizes are given in insertion order: as many leading rows as fit.
-// It grants nothing while the dispatcher waits for room or is closed. Every
-// grant must be ended by one Deliver.
+// payload sizes are given in insertion order: as many leading rows as fit
+// below Limits.DirectRows. It grants nothing while the dispatcher waits for
+// room or is closed. Every grant must be ended by one Deliver.
 func (l *Ledger) Reserve(sizes []int) Grant {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed || l.waitForRoom || l.blocked {
 		return Grant{}
 	}
-	rows, bytes := l.roomLocked()
+	rows, bytes := l.roomUnderLocked(l.limits.DirectRows)
 	var g Grant
 	for _, size := range sizes {
 		if g.Rows == rows {

@@ -28,7 +28,7 @@ func TestLedger(t *testing.T) {
 
 	t.Run("RoomCountsHeldAndReservedRows", func(t *testing.T) {
 		t.Parallel()
-		l := NewLedger(5, 0)
+		l := NewLedger(Limits{Rows: 5})
 		if rows, bytes := l.Room(); rows != 5 || bytes != -1 {
 			t.Fatalf("empty ledger: room %d rows, %d bytes; want 5, unbounded", rows, bytes)
 		}
@@ -48,13 +48,39 @@ func TestLedger(t *testing.T) {
 		}
 	})
 
+	t.Run("DirectRowsBoundGrantsNotClaims", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(Limits{Rows: 10, DirectRows: 4})
+		l.Hold([]outboxdb.Record{row(1, 1), row(2, 1), row(3, 1)})
+		g := l.Reserve([]int{1, 1, 1})
+		if g.Rows != 1 {
+			t.Fatalf("granted %d rows with 3 of 4 direct rows held, want 1", g.Rows)
+		}
+		l.Deliver(g, []outboxdb.Record{row(4, 1)})
+		if g := l.Reserve([]int{1}); g.Rows != 0 {
+			t.Fatalf("granted %+v with every direct row held", g)
+		}
+		if rows, _ := l.Room(); rows != 6 {
+			t.Fatalf("claim room %d with 4 of 10 rows held, want 6: the direct bound must not limit claims", rows)
+		}
+		if g := l.ReserveChain(2); g.Rows != 2 {
+			t.Fatalf("chained grant %+v past the direct bound, want 2 rows: a chain keeps its key's slot", g)
+		}
+		if wide := NewLedger(Limits{Rows: 3, DirectRows: 5}); wide.Reserve([]int{1, 1, 1, 1}).Rows != 3 {
+			t.Fatal("a direct bound above Rows granted more than Rows")
+		}
+		if unset := NewLedger(Limits{Rows: 3}); unset.Reserve([]int{1, 1, 1, 1}).Rows != 3 {
+			t.Fatal("without a direct bound Reserve did not grant up to Rows")
+		}
+	})
+
 	t.Run("ByteBudgetAdmitsOneLargeRowAlone", func(t *testing.T) {
 		t.Parallel()
-		l := NewLedger(100, 100)
+		l := NewLedger(Limits{Rows: 100, Bytes: 100})
 		if g := l.Reserve([]int{500, 1}); g.Rows != 1 || g.Bytes != 500 {
 			t.Fatalf("an empty ledger granted %+v to a 500-byte row, want it alone", g)
 		}
-		l2 := NewLedger(100, 100)
+		l2 := NewLedger(Limits{Rows: 100, Bytes: 100})
 		l2.Hold([]outboxdb.Record{row(1, 60)})
 		if g := l2.Reserve([]int{30, 30}); g.Rows != 1 || g.Bytes != 30 {
 			t.Fatalf("with 40 bytes free granted %+v, want only the first 30-byte row", g)
@@ -70,7 +96,7 @@ func TestLedger(t *testing.T) {
 
 	t.Run("NoGrantsWhileWaitingForRoomOrClosed", func(t *testing.T) {
 		t.Parallel()
-		l := NewLedger(10, 0)
+		l := NewLedger(Limits{Rows: 10})
 		l.SetWaitForRoom(true)
 		if g := l.Reserve([]int{1}); g.Rows != 0 {
 			t.Fatalf("granted %+v while the dispatcher waits for room", g)
@@ -91,7 +117,7 @@ func TestLedger(t *testing.T) {
 
 	t.Run("TakeHandsOutDeliveredRowsInOrder", func(t *testing.T) {
 		t.Parallel()
-		l := NewLedger(10, 0)
+		l := NewLedger(Limits{Rows: 10})
 		l.Deliver(l.Reserve([]int{1, 1, 1}), []outboxdb.Record{row(1, 1), row(2, 1), row(3, 1)})
 		if got := l.Take(2); len(got) != 2 || got[0].ID != 1 || got[1].ID != 2 {
 			t.Fatalf("Take(2) = %v", got)
@@ -103,7 +129,7 @@ func TestLedger(t *testing.T) {
 
 	t.Run("SettleIgnoresAnotherClaimOfTheRow", func(t *testing.T) {
 		t.Parallel()
-		l := NewLedger(10, 0)
+		l := NewLedger(Limits{Rows: 10})
 		r := row(1, 1)
 		l.Hold([]outboxdb.Record{r})
 		l.Settle([]outboxdb.ClaimRef{{ID: 1, ClaimToken: "someone else's"}})
@@ -118,7 +144,7 @@ func TestLedger(t *testing.T) {
 
 	t.Run("RenewalsMoveLeasesAndMarkLostClaims", func(t *testing.T) {
 		t.Parallel()
-		l := NewLedger(10, 0)
+		l := NewLedger(Limits{Rows: 10})
 		a, b, c := row(1, 1), row(2, 1), row(3, 1)
 		l.Hold([]outboxdb.Record{a, b, c})
 		asked := l.Expiring(time.Unix(1002, 500))
@@ -142,7 +168,7 @@ func TestLedger(t *testing.T) {
 
 	t.Run("CloseSeparatesUnsentRows", func(t *testing.T) {
 		t.Parallel()
-		l := NewLedger(10, 0)
+		l := NewLedger(Limits{Rows: 10})
 		l.Hold([]outboxdb.Record{row(1, 1)})
 		l.Deliver(l.Reserve([]int{1, 1}), []outboxdb.Record{row(2, 1), row(3, 1)})
 		l.Take(1) // row 2 goes down the pipeline

@@ -104,7 +104,7 @@ func TestOrdering(t *testing.T) {
 // dispatcher waits for room, but not once closed.
 func TestLedgerReserveChain(t *testing.T) {
 	t.Parallel()
-	l := NewLedger(2, 0)
+	l := NewLedger(Limits{Rows: 2})
 	l.Hold([]outboxdb.Record{row(1, 10), row(2, 10)})
 	g := l.ReserveChain(2)
 	if g.Rows != 2 {

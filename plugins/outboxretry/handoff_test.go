@@ -207,6 +207,24 @@ func TestHandoff(t *testing.T) {
 		}
 	})
 
+	t.Run("HandOverStopsAtMaxUnackedDirect", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		in := b.input(t, "batch_size: 5\nmax_unacked: 10\nmax_unacked_direct: 4")
+		d := in.d
+		g := d.Reserve(make([]int, 10))
+		if g.Rows != 4 {
+			t.Fatalf("granted %d with max_unacked_direct 4, want 4", g.Rows)
+		}
+		d.Deliver(g, []outboxdb.Record{{ID: 1, ClaimToken: "a"}, {ID: 2, ClaimToken: "b"}, {ID: 3, ClaimToken: "c"}, {ID: 4, ClaimToken: "d"}})
+		if g := d.Reserve([]int{1}); g.Rows != 0 {
+			t.Fatalf("granted %d beyond max_unacked_direct", g.Rows)
+		}
+		if rows, _ := d.Ledger().Room(); rows != 6 {
+			t.Fatalf("claim room %d with 4 of max_unacked 10 held, want 6", rows)
+		}
+	})
+
 	t.Run("DueRowsInTheDatabaseAreNotStarved", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -80,6 +80,9 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 	if cfg.MaxUnacked, err = conf.FieldInt(orFieldMaxUnacked); err != nil {
 		return nil, err
 	}
+	if cfg.MaxDirect, err = conf.FieldInt(orFieldMaxUnackedDirect); err != nil {
+		return nil, err
+	}
 	maxBytes, err := conf.FieldString(orFieldMaxUnackedBytes)
 	if err != nil {
 		return nil, err
@@ -125,6 +128,8 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		return nil, fmt.Errorf("field %s: %v must be positive", orFieldPollInterval, cfg.PollInterval)
 	case cfg.MaxUnacked < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldMaxUnacked, cfg.MaxUnacked)
+	case cfg.MaxDirect < 0:
+		return nil, fmt.Errorf("field %s: %d must not be negative", orFieldMaxUnackedDirect, cfg.MaxDirect)
 	case cfg.NackDelay < 0:
 		return nil, fmt.Errorf("field %s: %v must not be negative", orFieldNackDelay, cfg.NackDelay)
 	}

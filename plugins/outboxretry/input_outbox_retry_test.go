@@ -662,6 +662,7 @@ func TestConfig(t *testing.T) {
 		{"MaxAttempts", "max_attempts: 0", "max_attempts"},
 		{"NackDelay", "nack_delay: -1s", "nack_delay"},
 		{"MaxUnackedBytes", "max_unacked_bytes: lots", "max_unacked_bytes"},
+		{"MaxUnackedDirect", "max_unacked_direct: -1", "max_unacked_direct"},
 	} {
 		t.Run("Rejects"+c.name, func(t *testing.T) {
 			t.Parallel()

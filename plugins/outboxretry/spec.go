@@ -11,20 +11,21 @@ import (
 )
 
 const (
-	orFieldBatchSize       = "batch_size"
-	orFieldLease           = "lease"
-	orFieldPollInterval    = "poll_interval"
-	orFieldInstanceID      = "instance_id"
-	orFieldMaxUnacked      = "max_unacked"
-	orFieldMaxUnackedBytes = "max_unacked_bytes"
-	orFieldMaxAttempts     = "max_attempts"
-	orFieldNackDelay       = "nack_delay"
-	orFieldOrderOnFailed   = "order_on_failed"
-	orFieldPartitionWidth  = "partition_width"
-	orFieldRetention       = "retention"
-	orFieldRequeue         = "failed_requeue"
-	orFieldRequeueAfter    = "after"
-	orFieldRequeueRounds   = "rounds"
+	orFieldBatchSize        = "batch_size"
+	orFieldLease            = "lease"
+	orFieldPollInterval     = "poll_interval"
+	orFieldInstanceID       = "instance_id"
+	orFieldMaxUnacked       = "max_unacked"
+	orFieldMaxUnackedBytes  = "max_unacked_bytes"
+	orFieldMaxUnackedDirect = "max_unacked_direct"
+	orFieldMaxAttempts      = "max_attempts"
+	orFieldNackDelay        = "nack_delay"
+	orFieldOrderOnFailed    = "order_on_failed"
+	orFieldPartitionWidth   = "partition_width"
+	orFieldRetention        = "retention"
+	orFieldRequeue          = "failed_requeue"
+	orFieldRequeueAfter     = "after"
+	orFieldRequeueRounds    = "rounds"
 
 	orFieldRetentionOlderThan  = "older_than"
 	orFieldRetentionInterval   = "interval"
@@ -78,8 +79,11 @@ it is lost.
 An `+"`outbox`"+` processor of the same stream and database inserts new rows already claimed for this input,
 as many as `+"`max_unacked`"+` and `+"`max_unacked_bytes`"+` leave room for, and hands them over in memory: they are
 emitted like claimed rows (same metadata, attempt 1) without a claim statement, and counted in
-`+"`forwarder_direct_rows_total`"+`. While due rows of the database wait for room, no rows are handed over, so
-retries are not starved by new traffic. Components find each other through the stream's resources: two
+`+"`forwarder_direct_rows_total`"+`. It hands over rows only while the input holds fewer than
+`+"`max_unacked_direct`"+` (default: all of `+"`max_unacked`"+`): past that new rows are inserted `+"`PENDING`"+`, where
+every instance's claims find them, so the instance that owns the busy Kafka partitions shares their
+traffic with the others instead of queueing it all in its own memory. While due rows of the database
+wait for room, no rows are handed over, so retries are not starved by new traffic. Components find each other through the stream's resources: two
 streams of one process never hand rows to each other. A stream may have one `+"`outbox_retry`"+` input per
 database. The rows the `+"`http_forwarder`"+` output's result writes claim for this input, the next rows of the
 keys they finish (see Ordering), are handed over the same way and counted there too.
@@ -170,6 +174,10 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 			service.NewIntField(orFieldMaxUnacked).
 				Description("Most rows held (claimed or handed over, not yet acknowledged); the input stops claiming while it holds this many. Held rows keep their leases (they are renewed), so this bounds memory and the work a crash hands to other instances, not delivery.").
 				Default(300),
+			service.NewIntField(orFieldMaxUnackedDirect).
+				Description("Most rows held for direct dispatch to go on: while the input holds fewer, the stream's `outbox` processor inserts new rows already claimed for it; past it they are inserted `PENDING`, where every instance can claim them, so that the instance whose Kafka partitions bring the traffic does not keep it all to itself. `0`: `max_unacked`.").
+				Default(0).
+				Advanced(),
 			service.NewStringField(orFieldMaxUnackedBytes).
 				Description("Most payload bytes held, e.g. `64MiB`; `0`: no byte bound. A row larger than this is still taken, alone, so with large messages the input holds at most this plus one message.").
 				Default("64MiB"),

@@ -39,8 +39,8 @@ func TestShortLeaseKillNine(t *testing.T) {
 			"FORWARD_TIMEOUT":      "2s",
 			"FORWARD_MAX_ATTEMPTS": "5",
 		},
-		// 600 rows held behind 100 requests of 100–500 ms wait up to about
-		// two seconds: longer than the lease minus the timeout, so the
+		// 2400 rows held behind 100 requests of 100–500 ms wait up to about
+		// seven seconds: longer than the lease minus the timeout, so the
 		// claims that wait are kept by renewal.
 		faults: mockplatform.Faults{Latency: 100 * time.Millisecond, LatencyJitter: 400 * time.Millisecond},
 	})
@@ -111,10 +111,10 @@ func TestShortLeaseKillNine(t *testing.T) {
 
 // TestPlatformJustUnderTimeout runs a backlog against a platform that
 // answers each request in 0.9 × FORWARD_TIMEOUT, with CLAIM_LEASE =
-// FORWARD_TIMEOUT + 1 s and the default 600 held rows behind 100 requests
+// FORWARD_TIMEOUT + 1 s and the default 2400 held rows behind 100 requests
 // in flight: the tail of what is held waits several request rounds, far
-// longer than one lease (up to six rounds of 2.7 s against a lease of
-// 4 s), so only lease renewal keeps those claims. Every
+// longer than one lease (up to fifteen rounds of 2.7 s against a lease
+// of 4 s), so only lease renewal keeps those claims. Every
 // row must be delivered, each with one attempt (a request that the loaded
 // machine pushes past the timeout is retried; such rows are reported and
 // must show a timeout in their attempt log), none given back for lack of
@@ -131,8 +131,8 @@ func TestPlatformJustUnderTimeout(t *testing.T) {
 		},
 		faults: mockplatform.Faults{Latency: timeout * 9 / 10, LatencyJitter: 50 * time.Millisecond},
 	})
-	// 1 500 messages are fifteen rounds of 100 requests: the 600 held
-	// rows wait their longest for the first nine.
+	// 1 500 messages are fifteen rounds of 100 requests, all held at
+	// once: the last wait fourteen rounds.
 	n := load(1_500, 1_000)
 	s.produce(s.newSource(eventgen.SourceConfig{}), n)
 

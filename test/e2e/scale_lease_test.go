@@ -16,7 +16,7 @@ import (
 // TestThreeInstancesShortLease is TestThreeInstances with the shortest
 // lease start-up accepts instead of 20 s: CLAIM_LEASE 3 s with
 // FORWARD_TIMEOUT 1 s (FORWARD_MAX_IN_FLIGHT × lease / timeout = 300, below
-// the 600 rows each instance holds, so rows wait in memory longer than a
+// the 2400 rows each instance may hold, so rows wait in memory longer than a
 // lease). The held leases are renewed, so no row may expire while its
 // instance is alive and be sent by another: every message is delivered
 // exactly once (docs/guarantees.md), no LEASE_EXPIRED attempt log, no
