@@ -250,16 +250,44 @@ func TestOrphanedClaimsReclaimed(t *testing.T) {
 // instance then finishes the work: nothing is lost.
 func TestSigtermUnderLoad(t *testing.T) {
 	scenario(t, heavy, 16*time.Second)
+	sigtermUnderLoad(t, nil, 0)
+}
+
+// TestSigtermFullQuota is TestSigtermUnderLoad once the forwarder holds most
+// of what it may (OUTBOX_MAX_UNACKED, 2400 rows) behind a slow platform, so
+// that the stop gives back a full quota of unsent claims, not only what is
+// in flight. Ordering is off: with it a forwarder holds one row per berth,
+// and the generator's berths are fewer than the quota.
+func TestSigtermFullQuota(t *testing.T) {
+	scenario(t, heavy, 16*time.Second)
+	sigtermUnderLoad(t, map[string]string{"ORDERING": "off"}, min(2_000, load(5_000, 2_000)/2))
+}
+
+// sigtermUnderLoad runs a forwarder with env over a slow platform, sends it
+// SIGTERM once it has delivered a fifth of the load and holds wantHeld rows
+// IN_PROGRESS, and checks the stop and the restart after it.
+func sigtermUnderLoad(t *testing.T, env map[string]string, wantHeld int) {
 	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 20 * time.Millisecond, LatencyJitter: 200 * time.Millisecond}})
 	n := load(5_000, 2_000)
 	wait := s.produceAsync(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.01, MalformedRate: 0.01}), n)
-	a := s.start("forwarder-a", nil)
+	a := s.start("forwarder-a", env)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= int64(n/5) && st.InFlight >= 5 }); err != nil {
 		s.dumpLogs()
 		t.Fatal(err)
+	}
+	var heldAtTerm int
+	for {
+		counts, err := s.rowCounts(ctx)
+		if err != nil {
+			t.Fatalf("waiting for %d rows held: %v (%d held then)", wantHeld, err, heldAtTerm)
+		}
+		if heldAtTerm = counts["IN_PROGRESS"]; heldAtTerm >= wantHeld {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	inFlight := s.platform.Stats().InFlight
 	termAt := time.Now()
@@ -285,13 +313,13 @@ func TestSigtermUnderLoad(t *testing.T) {
 	}
 	counts, _ := s.rowCounts(ctx)
 	graceful := a.countLines("prevented forced termination") == 0 && a.countLines("Exiting forcefully") == 0
-	t.Logf("SIGTERM with %d requests in flight: exit status %d after %s (shutdown timeout %s, graceful %v); rows then %v",
-		inFlight, code, took.Round(time.Millisecond), shutdownTimeout, graceful, counts)
+	t.Logf("SIGTERM with %d rows held, %d requests in flight: exit status %d after %s (shutdown timeout %s, graceful %v); rows then %v",
+		heldAtTerm, inFlight, code, took.Round(time.Millisecond), shutdownTimeout, graceful, counts)
 
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	s.start("forwarder-b", nil)
+	s.start("forwarder-b", env)
 	s.waitSettled(3 * time.Minute)
 	t.Logf("%s", s.verify())
 }
