@@ -80,8 +80,8 @@ PostgreSQL cannot index (over 1024 bytes, NUL characters) fails the message with
 
 When the same process runs an ^outbox_retry^ input on the same ^dsn^ (as ^pipelines/forwarder.yaml^
 does) and it holds fewer rows than its ^max_unacked_direct^, the processor inserts new rows already
-claimed for it (^IN_PROGRESS^, attempt 1, a claim token and a lease, exactly what a claim would have made of them)
-and hands them over in memory, in the same statement that persists them. A new row then costs one
+claimed for it (^IN_PROGRESS^, attempt 1, a claim token and a lease, exactly what a claim would
+have made of them) and hands them over in memory, in the same statement that persists them. A new row then costs one
 statement fewer and reaches the output without the notify-and-claim round trip. What the dispatcher
 has no room for is inserted ^PENDING^ and claimed from the database as usual, so ingestion never
 waits for the dispatcher, and a crash before a result is written is recovered by the lease like any

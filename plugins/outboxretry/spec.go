@@ -80,11 +80,11 @@ An `+"`outbox`"+` processor of the same stream and database inserts new rows alr
 as many as `+"`max_unacked`"+` and `+"`max_unacked_bytes`"+` leave room for, and hands them over in memory: they are
 emitted like claimed rows (same metadata, attempt 1) without a claim statement, and counted in
 `+"`forwarder_direct_rows_total`"+`. It hands over rows only while the input holds fewer than
-`+"`max_unacked_direct`"+` (default: all of `+"`max_unacked`"+`): past that new rows are inserted `+"`PENDING`"+`, where
-every instance's claims find them, so the instance that owns the busy Kafka partitions shares their
-traffic with the others instead of queueing it all in its own memory. While due rows of the database
-wait for room, no rows are handed over, so retries are not starved by new traffic. Components find each other through the stream's resources: two
-streams of one process never hand rows to each other. A stream may have one `+"`outbox_retry`"+` input per
+`+"`max_unacked_direct`"+` (default: all of `+"`max_unacked`"+`): past that new rows are inserted `+"`PENDING`"+`,
+where every instance's claims find them, so the instance that owns the busy Kafka partitions shares
+their traffic with the others instead of queueing it all in its own memory. While due rows of the
+database wait for room, no rows are handed over, so retries are not starved by new traffic.
+Components find each other through the stream's resources: two streams of one process never hand rows to each other. A stream may have one `+"`outbox_retry`"+` input per
 database. The rows the `+"`http_forwarder`"+` output's result writes claim for this input, the next rows of the
 keys they finish (see Ordering), are handed over the same way and counted there too.
 
