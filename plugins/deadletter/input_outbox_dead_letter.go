@@ -16,6 +16,7 @@ import (
 	"github.com/forwarder/forwarder/internal/launch"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
@@ -124,16 +125,12 @@ func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources)
 		started: launch.Process,
 	}
 	var err error
-	if in.batchSize, err = conf.FieldInt(dlFieldBatchSize); err != nil {
-		return nil, err
-	}
-	if in.pollInterval, err = conf.FieldDuration(dlFieldPollInterval); err != nil {
-		return nil, err
-	}
-	if in.lease, err = conf.FieldDuration(dlFieldLease); err != nil {
-		return nil, err
-	}
+	in.batchSize = pluginconf.Field(&err, conf.FieldInt, dlFieldBatchSize)
+	in.pollInterval = pluginconf.Field(&err, conf.FieldDuration, dlFieldPollInterval)
+	in.lease = pluginconf.Field(&err, conf.FieldDuration, dlFieldLease)
 	switch {
+	case err != nil:
+		return nil, err
 	case in.batchSize < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", dlFieldBatchSize, in.batchSize)
 	case in.pollInterval <= 0:

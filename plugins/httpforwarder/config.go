@@ -12,6 +12,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/envsecret"
+	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/protection"
 )
 
@@ -33,13 +34,12 @@ type config struct {
 }
 
 func parseConfig(conf *service.ParsedConfig) (c config, err error) {
-	if c.url, err = conf.FieldInterpolatedString(hfFieldURL); err != nil {
-		return c, err
-	}
-	if c.headers, err = conf.FieldInterpolatedStringMap(hfFieldHeaders); err != nil {
-		return c, err
-	}
-	if c.policy.timeout, err = conf.FieldDuration(hfFieldTimeout); err != nil {
+	c.url = pluginconf.Field(&err, conf.FieldInterpolatedString, hfFieldURL)
+	c.headers = pluginconf.Field(&err, conf.FieldInterpolatedStringMap, hfFieldHeaders)
+	c.policy.timeout = pluginconf.Field(&err, conf.FieldDuration, hfFieldTimeout)
+	c.maxInFlight = pluginconf.Field(&err, conf.FieldInt, hfFieldMaxInFlight)
+	c.batching = pluginconf.Field(&err, conf.FieldBatchPolicy, hfFieldBatching)
+	if err != nil {
 		return c, err
 	}
 	if c.policy.timeout <= 0 {
@@ -52,9 +52,6 @@ func parseConfig(conf *service.ParsedConfig) (c config, err error) {
 		if err := leaseError(c.policy.timeout, c.lease); err != nil {
 			return c, err
 		}
-	}
-	if c.maxInFlight, err = conf.FieldInt(hfFieldMaxInFlight); err != nil {
-		return c, err
 	}
 	if c.maxInFlight < 1 {
 		return c, fmt.Errorf("field %s: must be at least 1, got %d", hfFieldMaxInFlight, c.maxInFlight)
@@ -80,9 +77,6 @@ func parseConfig(conf *service.ParsedConfig) (c config, err error) {
 		c.tls = tlsConf
 	}
 	if c.gate, err = parseGate(conf, c.maxInFlight); err != nil {
-		return c, err
-	}
-	if c.batching, err = conf.FieldBatchPolicy(hfFieldBatching); err != nil {
 		return c, err
 	}
 	return c, nil
@@ -117,35 +111,22 @@ func leaseError(timeout, lease time.Duration) error {
 	return nil
 }
 
-func parseGate(conf *service.ParsedConfig, maxInFlight int) (protection.Config, error) {
-	c := protection.Config{MaxInFlight: maxInFlight}
-	var err error
-	if c.ProbeInterval, err = conf.FieldDuration(hfFieldProbeInterval); err != nil {
-		return c, err
-	}
-	if c.ProbeInterval <= 0 {
-		return c, fmt.Errorf("field %s: must be positive, got %v (PLATFORM_PROBE_INTERVAL)", hfFieldProbeInterval, c.ProbeInterval)
-	}
-	if c.RateLimit, err = conf.FieldFloat(hfFieldRateLimit); err != nil {
-		return c, err
-	}
-	if c.RateLimit < 0 {
-		return c, fmt.Errorf("field %s: must not be negative, got %v (FORWARD_RATE_LIMIT)", hfFieldRateLimit, c.RateLimit)
-	}
+func parseGate(conf *service.ParsedConfig, maxInFlight int) (c protection.Config, err error) {
+	c.MaxInFlight = maxInFlight
+	c.ProbeInterval = pluginconf.Field(&err, conf.FieldDuration, hfFieldProbeInterval)
+	c.RateLimit = pluginconf.Field(&err, conf.FieldFloat, hfFieldRateLimit)
 	b := conf.Namespace(hfFieldBreaker)
-	if c.Breaker.Window, err = b.FieldDuration(hfFieldBreakerWindow); err != nil {
-		return c, err
-	}
-	if c.Breaker.Messages, err = b.FieldInt(hfFieldBreakerMessages); err != nil {
-		return c, err
-	}
-	if c.Breaker.Silence, err = b.FieldDuration(hfFieldBreakerSilence); err != nil {
-		return c, err
-	}
-	if c.Breaker.HalfOpenMessages, err = b.FieldInt(hfFieldBreakerHalfOpen); err != nil {
-		return c, err
-	}
+	c.Breaker.Window = pluginconf.Field(&err, b.FieldDuration, hfFieldBreakerWindow)
+	c.Breaker.Messages = pluginconf.Field(&err, b.FieldInt, hfFieldBreakerMessages)
+	c.Breaker.Silence = pluginconf.Field(&err, b.FieldDuration, hfFieldBreakerSilence)
+	c.Breaker.HalfOpenMessages = pluginconf.Field(&err, b.FieldInt, hfFieldBreakerHalfOpen)
 	switch {
+	case err != nil:
+		return c, err
+	case c.ProbeInterval <= 0:
+		return c, fmt.Errorf("field %s: must be positive, got %v (PLATFORM_PROBE_INTERVAL)", hfFieldProbeInterval, c.ProbeInterval)
+	case c.RateLimit < 0:
+		return c, fmt.Errorf("field %s: must not be negative, got %v (FORWARD_RATE_LIMIT)", hfFieldRateLimit, c.RateLimit)
 	case c.Breaker.Window <= 0:
 		return c, fmt.Errorf("field breaker.window: must be positive, got %v", c.Breaker.Window)
 	case c.Breaker.Silence <= 0:
@@ -165,16 +146,13 @@ func parseRules(conf *service.ParsedConfig) (ruleSet, error) {
 	}
 	specs := make([]ruleSpec, len(objs))
 	for i, o := range objs {
-		if specs[i].When, err = o.FieldString(hfFieldRuleWhen); err != nil {
-			return ruleSet{}, fmt.Errorf("rules[%d]: %w", i, err)
-		}
-		if specs[i].Outcome, err = o.FieldString(hfFieldRuleOutcome); err != nil {
-			return ruleSet{}, fmt.Errorf("rules[%d]: %w", i, err)
-		}
+		specs[i].When = pluginconf.Field(&err, o.FieldString, hfFieldRuleWhen)
+		specs[i].Outcome = pluginconf.Field(&err, o.FieldString, hfFieldRuleOutcome)
 		if o.Contains(hfFieldRuleMessage) {
-			if specs[i].MessageSpecific, err = o.FieldBool(hfFieldRuleMessage); err != nil {
-				return ruleSet{}, fmt.Errorf("rules[%d]: %w", i, err)
-			}
+			specs[i].MessageSpecific = pluginconf.Field(&err, o.FieldBool, hfFieldRuleMessage)
+		}
+		if err != nil {
+			return ruleSet{}, fmt.Errorf("rules[%d]: %w", i, err)
 		}
 	}
 	return compileRules(specs)
@@ -182,19 +160,12 @@ func parseRules(conf *service.ParsedConfig) (ruleSet, error) {
 
 func parseRetry(conf *service.ParsedConfig) (b backoff, maxAttempts int, err error) {
 	r := conf.Namespace(hfFieldRetry)
-	if b.initial, err = r.FieldDuration(hfFieldRetryInitial); err != nil {
-		return
-	}
-	if b.max, err = r.FieldDuration(hfFieldRetryMax); err != nil {
-		return
-	}
-	if b.multiplier, err = r.FieldFloat(hfFieldRetryMultiplier); err != nil {
-		return
-	}
-	if b.jitter, err = r.FieldFloat(hfFieldRetryJitter); err != nil {
-		return
-	}
-	if maxAttempts, err = r.FieldInt(hfFieldRetryMaxAttempts); err != nil {
+	b.initial = pluginconf.Field(&err, r.FieldDuration, hfFieldRetryInitial)
+	b.max = pluginconf.Field(&err, r.FieldDuration, hfFieldRetryMax)
+	b.multiplier = pluginconf.Field(&err, r.FieldFloat, hfFieldRetryMultiplier)
+	b.jitter = pluginconf.Field(&err, r.FieldFloat, hfFieldRetryJitter)
+	maxAttempts = pluginconf.Field(&err, r.FieldInt, hfFieldRetryMaxAttempts)
+	if err != nil {
 		return
 	}
 	switch {

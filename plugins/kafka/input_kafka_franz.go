@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/periodic"
+	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
 	"github.com/forwarder/forwarder/internal/tracectx"
 )
@@ -101,15 +102,26 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		return nil, err
 	}
 
-	if f.group, err = conf.FieldString(kfiFieldConsumerGroup); err != nil {
-		return nil, err
+	f.group = pluginconf.Field(&err, conf.FieldString, kfiFieldConsumerGroup)
+	f.checkpointLimit = pluginconf.Field(&err, conf.FieldInt, kfiFieldCheckpointLimit)
+	f.commitPeriod = pluginconf.Field(&err, conf.FieldDuration, kfiFieldCommitPeriod)
+	oldest := pluginconf.Field(&err, conf.FieldBool, kfiFieldStartFromOldest)
+	fetchWait := pluginconf.Field(&err, conf.FieldDuration, kfiFieldFetchMaxWait)
+	session := pluginconf.Field(&err, conf.FieldDuration, kfiFieldSessionTimeout)
+	heartbeat := pluginconf.Field(&err, conf.FieldDuration, kfiFieldHeartbeatInterval)
+	rebalance := pluginconf.Field(&err, conf.FieldDuration, kfiFieldRebalanceTimeout)
+	policy := pluginconf.Field(&err, conf.FieldBatchPolicy, kfiFieldBatching)
+	replay := pluginconf.Field(&err, conf.FieldBool, kfiFieldAutoReplayNacks)
+	instanceID := ""
+	if conf.Contains(kfiFieldInstanceID) {
+		instanceID = pluginconf.Field(&err, conf.FieldString, kfiFieldInstanceID)
 	}
-	if f.group = strings.TrimSpace(f.group); f.group == "" {
-		return nil, fmt.Errorf("field %s: a consumer group is required: offsets are committed to it", kfiFieldConsumerGroup)
+	if err != nil {
+		return nil, err
 	}
 
-	if f.checkpointLimit, err = conf.FieldInt(kfiFieldCheckpointLimit); err != nil {
-		return nil, err
+	if f.group = strings.TrimSpace(f.group); f.group == "" {
+		return nil, fmt.Errorf("field %s: a consumer group is required: offsets are committed to it", kfiFieldConsumerGroup)
 	}
 	if f.checkpointLimit < 1 {
 		return nil, fmt.Errorf("field %s: must be at least 1, got %d", kfiFieldCheckpointLimit, f.checkpointLimit)
@@ -122,17 +134,10 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		return nil, err
 	}
 	f.maxMessageBytes = int64(maxMessage)
-	if f.commitPeriod, err = conf.FieldDuration(kfiFieldCommitPeriod); err != nil {
-		return nil, err
-	}
 	if f.commitPeriod <= 0 {
 		return nil, fmt.Errorf("field %s: must be positive, got %s", kfiFieldCommitPeriod, f.commitPeriod)
 	}
 
-	oldest, err := conf.FieldBool(kfiFieldStartFromOldest)
-	if err != nil {
-		return nil, err
-	}
 	reset := kgo.NewOffset().AtEnd()
 	if oldest {
 		reset = kgo.NewOffset().AtStart()
@@ -150,10 +155,6 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if err != nil {
 		return nil, err
 	}
-	fetchWait, err := conf.FieldDuration(kfiFieldFetchMaxWait)
-	if err != nil {
-		return nil, err
-	}
 	if fetchWait < 10*time.Millisecond {
 		return nil, fmt.Errorf("field %s: %s is below 10ms, the least franz-go accepts", kfiFieldFetchMaxWait, fetchWait)
 	}
@@ -167,18 +168,6 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		readMax = int32(min(2*int64(fetchMax), 1<<31-1))
 	}
 
-	session, err := conf.FieldDuration(kfiFieldSessionTimeout)
-	if err != nil {
-		return nil, err
-	}
-	heartbeat, err := conf.FieldDuration(kfiFieldHeartbeatInterval)
-	if err != nil {
-		return nil, err
-	}
-	rebalance, err := conf.FieldDuration(kfiFieldRebalanceTimeout)
-	if err != nil {
-		return nil, err
-	}
 	if heartbeat <= 0 || heartbeat >= session {
 		return nil, fmt.Errorf("field %s: %s must be positive and lower than %s (%s)", kfiFieldHeartbeatInterval, heartbeat, kfiFieldSessionTimeout, session)
 	}
@@ -192,10 +181,6 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	f.commitTimeout = rebalance / 3
 	f.closeTimeout = max(session, 5*time.Second)
 
-	policy, err := conf.FieldBatchPolicy(kfiFieldBatching)
-	if err != nil {
-		return nil, err
-	}
 	// Benthos counts `count: 1` as no policy; here it asks for one
 	// record per batch.
 	if !policy.IsNoop() || policy.Count == 1 {
@@ -206,19 +191,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		f.batcher = &policyBatcher{b: b, count: policy.Count, atOnce: !policyTriggers(policy)}
 	}
 
-	replay, err := conf.FieldBool(kfiFieldAutoReplayNacks)
-	if err != nil {
-		return nil, err
-	}
 	if !replay {
 		return nil, fmt.Errorf("field %s: false would drop rejected messages; kafka_franz always delivers them again, so remove the field or set it to true", kfiFieldAutoReplayNacks)
-	}
-
-	instanceID := ""
-	if conf.Contains(kfiFieldInstanceID) {
-		if instanceID, err = conf.FieldString(kfiFieldInstanceID); err != nil {
-			return nil, err
-		}
 	}
 
 	dec, err := newBoundedDecompressor(int(min(batchBytesPerMessage*f.maxMessageBytes, math.MaxInt32)), f.log)

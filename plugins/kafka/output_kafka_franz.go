@@ -9,6 +9,8 @@ import (
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/pluginconf"
 )
 
 const (
@@ -93,11 +95,8 @@ func init() {
 			if err != nil {
 				return nil, service.BatchPolicy{}, 0, err
 			}
-			policy, err := conf.FieldBatchPolicy(kfoFieldBatching)
-			if err != nil {
-				return nil, service.BatchPolicy{}, 0, err
-			}
-			maxInFlight, err := conf.FieldInt(kfoFieldMaxInFlight)
+			policy := pluginconf.Field(&err, conf.FieldBatchPolicy, kfoFieldBatching)
+			maxInFlight := pluginconf.Field(&err, conf.FieldInt, kfoFieldMaxInFlight)
 			if err != nil {
 				return nil, service.BatchPolicy{}, 0, err
 			}
@@ -131,36 +130,26 @@ func newFranzOutputFromParsed(conf *service.ParsedConfig, res *service.Resources
 	o := &franzOutput{log: res.Logger()}
 	o.outage = newOutageLogger(o.log)
 
-	if o.topic, err = conf.FieldInterpolatedString(kfoFieldTopic); err != nil {
-		return nil, err
-	}
+	o.topic = pluginconf.Field(&err, conf.FieldInterpolatedString, kfoFieldTopic)
 	if conf.Contains(kfoFieldKey) {
-		if o.key, err = conf.FieldInterpolatedString(kfoFieldKey); err != nil {
-			return nil, err
-		}
+		o.key = pluginconf.Field(&err, conf.FieldInterpolatedString, kfoFieldKey)
 	}
 	if conf.Contains(kfoFieldPartition) {
-		if o.partition, err = conf.FieldInterpolatedString(kfoFieldPartition); err != nil {
-			return nil, err
-		}
+		o.partition = pluginconf.Field(&err, conf.FieldInterpolatedString, kfoFieldPartition)
 		opts = append(opts, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	}
 	if conf.Contains(kfoFieldMetadata) {
-		if o.meta, err = conf.FieldMetadataFilter(kfoFieldMetadata); err != nil {
-			return nil, err
-		}
+		o.meta = pluginconf.Field(&err, conf.FieldMetadataFilter, kfoFieldMetadata)
 	}
-	if o.timeout, err = conf.FieldDuration(kfoFieldTimeout); err != nil {
+	o.timeout = pluginconf.Field(&err, conf.FieldDuration, kfoFieldTimeout)
+	comp := pluginconf.Field(&err, conf.FieldString, kfoFieldCompression)
+	if err != nil {
 		return nil, err
 	}
 	if o.timeout <= 0 {
 		return nil, fmt.Errorf("field %s: must be positive, got %s", kfoFieldTimeout, o.timeout)
 	}
 	maxBytes, err := parseByteSize(conf, kfoFieldMaxMessageBytes)
-	if err != nil {
-		return nil, err
-	}
-	comp, err := conf.FieldString(kfoFieldCompression)
 	if err != nil {
 		return nil, err
 	}

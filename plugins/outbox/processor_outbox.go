@@ -17,6 +17,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/tracectx"
 )
 
@@ -87,26 +88,27 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 	}
 	var err error
 	if conf.Contains(opFieldKey) {
-		if p.key, err = conf.FieldInterpolatedString(opFieldKey); err != nil {
-			return nil, err
-		}
+		p.key = pluginconf.Field(&err, conf.FieldInterpolatedString, opFieldKey)
 	}
 	if conf.Contains(opFieldAPIType) {
-		if p.apiType, err = conf.FieldInterpolatedString(opFieldAPIType); err != nil {
-			return nil, err
-		}
+		p.apiType = pluginconf.Field(&err, conf.FieldInterpolatedString, opFieldAPIType)
 	}
 	if conf.Contains(opFieldAPITypes) {
-		if p.apiTypes, err = conf.FieldStringMap(opFieldAPITypes); err != nil {
-			return nil, err
-		}
-		if len(p.apiTypes) == 0 {
-			p.apiTypes = nil
-		}
-		for topic, t := range p.apiTypes {
-			if !validAPIType(t) {
-				return nil, fmt.Errorf("field %s: topic %q maps to %q, want %s or %s", opFieldAPITypes, topic, t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat)
-			}
+		p.apiTypes = pluginconf.Field(&err, conf.FieldStringMap, opFieldAPITypes)
+	}
+	emit := pluginconf.Field(&err, conf.FieldString, opFieldEmit)
+	p.direct = pluginconf.Field(&err, conf.FieldBool, opFieldDirectDispatch)
+	ordering := pluginconf.Field(&err, conf.FieldString, opFieldOrdering)
+	p.maxPayload = pluginconf.Field(&err, conf.FieldInt, opFieldMaxPayloadBytes)
+	if err != nil {
+		return nil, err
+	}
+	if len(p.apiTypes) == 0 {
+		p.apiTypes = nil
+	}
+	for topic, t := range p.apiTypes {
+		if !validAPIType(t) {
+			return nil, fmt.Errorf("field %s: topic %q maps to %q, want %s or %s", opFieldAPITypes, topic, t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat)
 		}
 	}
 	switch {
@@ -115,28 +117,14 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 	case p.apiType == nil && p.apiTypes == nil:
 		return nil, fmt.Errorf("set %s (topic to API type) or %s", opFieldAPITypes, opFieldAPIType)
 	}
-	emit, err := conf.FieldString(opFieldEmit)
-	if err != nil {
-		return nil, err
-	}
 	if emit != emitNone {
 		return nil, fmt.Errorf("field %s: %q is not supported: the processor passes nothing on (%s) and an outbox_retry input delivers the rows; remove the field or set it to %s", opFieldEmit, emit, emitNone, emitNone)
-	}
-	if p.direct, err = conf.FieldBool(opFieldDirectDispatch); err != nil {
-		return nil, err
-	}
-	ordering, err := conf.FieldString(opFieldOrdering)
-	if err != nil {
-		return nil, err
 	}
 	switch ordering {
 	case orderingBerth, orderingOff:
 		p.orderBerth = ordering == orderingBerth
 	default:
 		return nil, fmt.Errorf("field %s (ORDERING in the shipped pipeline): %q is not %s or %s", opFieldOrdering, ordering, orderingBerth, orderingOff)
-	}
-	if p.maxPayload, err = conf.FieldInt(opFieldMaxPayloadBytes); err != nil {
-		return nil, err
 	}
 	if p.maxPayload < 1 {
 		return nil, fmt.Errorf("field %s: must be at least 1, got %d", opFieldMaxPayloadBytes, p.maxPayload)

@@ -18,6 +18,7 @@ import (
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
 	"github.com/forwarder/forwarder/internal/tracectx"
 )
@@ -65,61 +66,38 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		cfg dispatch.DispatcherConfig
 		err error
 	)
-	if cfg.BatchSize, err = conf.FieldInt(orFieldBatchSize); err != nil {
-		return nil, err
+	cfg.BatchSize = pluginconf.Field(&err, conf.FieldInt, orFieldBatchSize)
+	cfg.Lease = pluginconf.Field(&err, conf.FieldDuration, orFieldLease)
+	cfg.PollInterval = pluginconf.Field(&err, conf.FieldDuration, orFieldPollInterval)
+	cfg.Claimer = pluginconf.Field(&err, conf.FieldString, orFieldInstanceID)
+	cfg.MaxUnacked = pluginconf.Field(&err, conf.FieldInt, orFieldMaxUnacked)
+	cfg.MaxDirect = pluginconf.Field(&err, conf.FieldInt, orFieldMaxUnackedDirect)
+	maxBytes := pluginconf.Field(&err, conf.FieldString, orFieldMaxUnackedBytes)
+	if conf.Contains(orFieldMaxAttempts) {
+		cfg.MaxAttempts = pluginconf.Field(&err, conf.FieldInt, orFieldMaxAttempts)
 	}
-	if cfg.Lease, err = conf.FieldDuration(orFieldLease); err != nil {
-		return nil, err
-	}
-	if cfg.PollInterval, err = conf.FieldDuration(orFieldPollInterval); err != nil {
-		return nil, err
-	}
-	if cfg.Claimer, err = conf.FieldString(orFieldInstanceID); err != nil {
-		return nil, err
-	}
-	if cfg.MaxUnacked, err = conf.FieldInt(orFieldMaxUnacked); err != nil {
-		return nil, err
-	}
-	if cfg.MaxDirect, err = conf.FieldInt(orFieldMaxUnackedDirect); err != nil {
-		return nil, err
-	}
-	maxBytes, err := conf.FieldString(orFieldMaxUnackedBytes)
+	cfg.NackDelay = pluginconf.Field(&err, conf.FieldDuration, orFieldNackDelay)
+	rq := conf.Namespace(orFieldRequeue)
+	cfg.Compensation.After = pluginconf.Field(&err, rq.FieldDuration, orFieldRequeueAfter)
+	cfg.Compensation.Rounds = pluginconf.Field(&err, rq.FieldInt, orFieldRequeueRounds)
+	onFailed := pluginconf.Field(&err, conf.FieldString, orFieldOrderOnFailed)
+	width := pluginconf.Field(&err, conf.FieldString, orFieldPartitionWidth)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.MaxUnackedBytes, err = parseBytes(maxBytes); err != nil {
 		return nil, fmt.Errorf("field %s: %w", orFieldMaxUnackedBytes, err)
 	}
-	if conf.Contains(orFieldMaxAttempts) {
-		if cfg.MaxAttempts, err = conf.FieldInt(orFieldMaxAttempts); err != nil {
-			return nil, err
-		}
-		if cfg.MaxAttempts < 1 {
-			return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldMaxAttempts, cfg.MaxAttempts)
-		}
-	}
-	if cfg.NackDelay, err = conf.FieldDuration(orFieldNackDelay); err != nil {
-		return nil, err
-	}
-	rq := conf.Namespace(orFieldRequeue)
-	if cfg.Compensation.After, err = rq.FieldDuration(orFieldRequeueAfter); err != nil {
-		return nil, err
-	}
-	if cfg.Compensation.Rounds, err = rq.FieldInt(orFieldRequeueRounds); err != nil {
-		return nil, err
+	if cfg.OrderOnFailed, err = outboxdb.ParseOrderOnFailed(onFailed); err != nil {
+		return nil, fmt.Errorf("field %s (ORDER_ON_FAILED in the shipped pipeline): %w", orFieldOrderOnFailed, err)
 	}
 	if cfg.Compensation.After < 0 || cfg.Compensation.Rounds < 0 {
 		return nil, fmt.Errorf("field %s: after (%v) and rounds (%d) must not be negative (FAILED_REQUEUE_AFTER, FAILED_REQUEUE_ROUNDS)",
 			orFieldRequeue, cfg.Compensation.After, cfg.Compensation.Rounds)
 	}
-	onFailed, err := conf.FieldString(orFieldOrderOnFailed)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.OrderOnFailed, err = outboxdb.ParseOrderOnFailed(onFailed); err != nil {
-		return nil, fmt.Errorf("field %s (ORDER_ON_FAILED in the shipped pipeline): %w", orFieldOrderOnFailed, err)
-	}
 	switch {
+	case conf.Contains(orFieldMaxAttempts) && cfg.MaxAttempts < 1:
+		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldMaxAttempts, cfg.MaxAttempts)
 	case cfg.BatchSize < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldBatchSize, cfg.BatchSize)
 	case cfg.Lease < time.Second:
@@ -134,10 +112,6 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		return nil, fmt.Errorf("field %s: %v must not be negative", orFieldNackDelay, cfg.NackDelay)
 	}
 	in := &outboxRetry{log: mgr.Logger(), tracer: tracectx.Tracer(mgr)}
-	width, err := conf.FieldString(orFieldPartitionWidth)
-	if err != nil {
-		return nil, err
-	}
 	if in.width, err = outboxdb.ParsePartitionWidth(width); err != nil {
 		return nil, fmt.Errorf("field %s (OUTBOX_PARTITION in the shipped pipeline): %w", orFieldPartitionWidth, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
@@ -277,21 +278,20 @@ func parseBytes(s string) (int64, error) {
 
 // parseRetention reads the retention block; nil when older_than is empty.
 func parseRetention(conf *service.ParsedConfig) (*retentionConfig, error) {
-	olderThan, err := conf.FieldString(orFieldRetentionOlderThan)
-	if err != nil {
+	var (
+		rc  retentionConfig
+		err error
+	)
+	olderThan := pluginconf.Field(&err, conf.FieldString, orFieldRetentionOlderThan)
+	force := pluginconf.Field(&err, conf.FieldBool, orFieldRetentionForce)
+	interval := pluginconf.Field(&err, conf.FieldString, orFieldRetentionInterval)
+	rc.DeadLetter = pluginconf.Field(&err, conf.FieldBool, orFieldRetentionDeadLetter)
+	if err != nil || olderThan == "" {
 		return nil, err
-	}
-	if olderThan == "" {
-		return nil, nil
 	}
 	field := func(name string) string { return orFieldRetention + "." + name }
-	var rc retentionConfig
 	if rc.OlderThan, err = outboxdb.ParseDuration(olderThan); err != nil {
 		return nil, fmt.Errorf("field %s: %w", field(orFieldRetentionOlderThan), err)
-	}
-	force, err := conf.FieldBool(orFieldRetentionForce)
-	if err != nil {
-		return nil, err
 	}
 	if rc.OlderThan < outboxdb.MinPurgeAge && !force {
 		return nil, fmt.Errorf("field %s: %s is below the safe minimum of %s: a delivered row's key is what makes "+
@@ -300,18 +300,11 @@ func parseRetention(conf *service.ParsedConfig) (*retentionConfig, error) {
 			field(orFieldRetentionOlderThan), olderThan, outboxdb.FormatDuration(outboxdb.MinPurgeAge),
 			outboxdb.FormatDuration(outboxdb.MinPurgeAge), field(orFieldRetentionForce))
 	}
-	interval, err := conf.FieldString(orFieldRetentionInterval)
-	if err != nil {
-		return nil, err
-	}
 	if rc.Interval, err = outboxdb.ParseDuration(interval); err != nil {
 		return nil, fmt.Errorf("field %s: %w", field(orFieldRetentionInterval), err)
 	}
 	if rc.Interval <= 0 {
 		return nil, fmt.Errorf("field %s: %q must be positive", field(orFieldRetentionInterval), interval)
-	}
-	if rc.DeadLetter, err = conf.FieldBool(orFieldRetentionDeadLetter); err != nil {
-		return nil, err
 	}
 	return &rc, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/streamdb"
 )
 
@@ -178,25 +179,21 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 		dropped:    map[string]bool{},
 	}
 	var err error
-	if e.useHist, err = conf.FieldBool(pmFieldUseHistogramTiming); err != nil {
-		return nil, err
-	}
-	if e.buckets, err = conf.FieldFloatList(pmFieldHistogramBuckets); err != nil {
+	e.useHist = pluginconf.Field(&err, conf.FieldBool, pmFieldUseHistogramTiming)
+	e.buckets = pluginconf.Field(&err, conf.FieldFloatList, pmFieldHistogramBuckets)
+	objs := pluginconf.Field(&err, conf.FieldObjectList, pmFieldSummaryObjectives)
+	e.filePath = pluginconf.Field(&err, conf.FieldString, pmFieldFileOutputPath)
+	addProcess := pluginconf.Field(&err, conf.FieldBool, pmFieldAddProcessMetrics)
+	addGo := pluginconf.Field(&err, conf.FieldBool, pmFieldAddGoMetrics)
+	if err != nil {
 		return nil, err
 	}
 	if len(e.buckets) > 0 && !slices.IsSorted(e.buckets) {
 		return nil, fmt.Errorf("%s must be in increasing order, got %v", pmFieldHistogramBuckets, e.buckets)
 	}
-	objs, err := conf.FieldObjectList(pmFieldSummaryObjectives)
-	if err != nil {
-		return nil, err
-	}
 	for i, o := range objs {
-		q, err := o.FieldFloat(pmFieldObjQuantile)
-		if err != nil {
-			return nil, err
-		}
-		qe, err := o.FieldFloat(pmFieldObjError)
+		q := pluginconf.Field(&err, o.FieldFloat, pmFieldObjQuantile)
+		qe := pluginconf.Field(&err, o.FieldFloat, pmFieldObjError)
 		if err != nil {
 			return nil, err
 		}
@@ -205,18 +202,10 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 		}
 		e.objectives[q] = qe
 	}
-	if e.filePath, err = conf.FieldString(pmFieldFileOutputPath); err != nil {
-		return nil, err
-	}
-
-	if add, err := conf.FieldBool(pmFieldAddProcessMetrics); err != nil {
-		return nil, err
-	} else if add {
+	if addProcess {
 		e.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	if add, err := conf.FieldBool(pmFieldAddGoMetrics); err != nil {
-		return nil, err
-	} else if add {
+	if addGo {
 		e.reg.MustRegister(collectors.NewGoCollector())
 	}
 

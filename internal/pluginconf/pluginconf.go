@@ -1,0 +1,18 @@
+// Package pluginconf reads the fields of a plugin's parsed config without an
+// error check after each one: the first error is kept and the reads after it
+// do nothing, as a bufio.Writer keeps its first write error. A constructor
+// reads every field, checks the one error, then validates the values.
+package pluginconf
+
+// Field reads the field at path with read, a method value of the parsed
+// config such as conf.FieldInt or conf.Namespace("retry").FieldDuration.
+// When *err already holds an error it reads nothing; a failed read stores
+// its error in *err. It returns the value read, or T's zero value.
+func Field[T any](err *error, read func(path ...string) (T, error), path ...string) T {
+	var v T
+	if *err != nil {
+		return v
+	}
+	v, *err = read(path...)
+	return v
+}
