@@ -329,46 +329,41 @@ func (e *promExporter) dropOnce(name, why string) {
 // NewCounterCtor implements service.MetricsExporter.
 func (e *promExporter) NewCounterCtor(name string, labelKeys ...string) service.MetricsExporterCounterCtor {
 	f := e.getFamily("counter", name, labelKeys)
-	return func(labelValues ...string) service.MetricsExporterCounter {
-		if f == nil {
-			return noopMetric{}
-		}
-		c, err := f.counter.GetMetricWithLabelValues(labelValues...)
-		if err != nil {
-			return noopMetric{}
-		}
-		return promCounter{c}
-	}
+	return seriesCtor(f, func(v []string) (prometheus.Counter, error) { return f.counter.GetMetricWithLabelValues(v...) },
+		func(c prometheus.Counter) service.MetricsExporterCounter { return promCounter{c} })
 }
 
 // NewGaugeCtor implements service.MetricsExporter.
 func (e *promExporter) NewGaugeCtor(name string, labelKeys ...string) service.MetricsExporterGaugeCtor {
 	f := e.getFamily("gauge", name, labelKeys)
-	return func(labelValues ...string) service.MetricsExporterGauge {
-		if f == nil {
-			return noopMetric{}
-		}
-		g, err := f.gauge.GetMetricWithLabelValues(labelValues...)
-		if err != nil {
-			return noopMetric{}
-		}
-		return promGauge{g}
-	}
+	return seriesCtor(f, func(v []string) (prometheus.Gauge, error) { return f.gauge.GetMetricWithLabelValues(v...) },
+		func(g prometheus.Gauge) service.MetricsExporterGauge { return promGauge{g} })
 }
 
 // NewTimerCtor implements service.MetricsExporter; see getFamily for the
 // histogram or summary choice.
 func (e *promExporter) NewTimerCtor(name string, labelKeys ...string) service.MetricsExporterTimerCtor {
 	f := e.getFamily("timer", name, labelKeys)
-	return func(labelValues ...string) service.MetricsExporterTimer {
+	return seriesCtor(f, func(v []string) (prometheus.Observer, error) { return f.observer.GetMetricWithLabelValues(v...) },
+		func(o prometheus.Observer) service.MetricsExporterTimer { return promTimer{o, f.scale} })
+}
+
+// seriesCtor makes the series constructor Benthos asks for: the series of
+// some label values is looked up in f and wrapped in Benthos's interface S.
+// A family that is not exported (nil) or label values it refuses give a
+// series that does nothing, as a metric Benthos cannot export must not stop
+// the component that reports it.
+func seriesCtor[M, S any](f *family, lookup func(labelValues []string) (M, error), wrap func(M) S) func(labelValues ...string) S {
+	noop := any(noopMetric{}).(S)
+	return func(labelValues ...string) S {
 		if f == nil {
-			return noopMetric{}
+			return noop
 		}
-		o, err := f.observer.GetMetricWithLabelValues(labelValues...)
+		m, err := lookup(labelValues)
 		if err != nil {
-			return noopMetric{}
+			return noop
 		}
-		return promTimer{o, f.scale}
+		return wrap(m)
 	}
 }
 

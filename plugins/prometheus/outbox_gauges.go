@@ -32,28 +32,39 @@ const (
 	defaultRefreshTimeoutMax = 30 * time.Second
 )
 
-var (
-	descPending = prometheus.NewDesc(metricRecordsPending,
-		"Rows of forward_records in PENDING (exact, as of the last refresh).", nil, nil)
-	descInProgress = prometheus.NewDesc(metricRecordsInProgress,
-		"Rows of forward_records in IN_PROGRESS (exact, as of the last refresh).", nil, nil)
-	descSuccess = prometheus.NewDesc(metricRecordsSuccess,
-		"Rows of forward_records in SUCCESS (exact on small tables, else estimated from PostgreSQL's statistics; see plugins/prometheus/README.md).", nil, nil)
-	descFailed = prometheus.NewDesc(metricRecordsFailed,
-		"Rows of forward_records in FAILED (exact, as of the last refresh).", nil, nil)
-	descOldestPendingAge = prometheus.NewDesc(metricOldestPendingAge,
-		"Seconds the earliest-due row (PENDING past its next_retry_at, or IN_PROGRESS past its lease) has waited for a dispatcher; 0 when none is due.", nil, nil)
-	descOrderingHeld = prometheus.NewDesc(metricOrderingHeld,
-		"PENDING rows held behind an earlier row of their ordering key (a berth); they count in forwarder_records_pending too.", nil, nil)
-	descOrderingBlocked = prometheus.NewDesc(metricOrderingBlocked,
-		"Ordering keys blocked by a FAILED row (ORDER_ON_FAILED=block) until an operator requeues it or runs forwarder outbox release.", nil, nil)
-	descOrderingOldestHeld = prometheus.NewDesc(metricOrderingOldestHeld,
-		"Seconds the held row with the lowest id has waited behind its key (since it was persisted or requeued); 0 when no row is held.", nil, nil)
-	descOrderingBlockedAge = prometheus.NewDesc(metricOrderingBlockedAge,
-		"Seconds the longest blocked ordering key has been blocked (since its row became FAILED); 0 when none is.", nil, nil)
-	descLastRefresh = prometheus.NewDesc(metricGaugesLastRefresh,
-		"Unix time of the last successful refresh of the outbox record gauges.", nil, nil)
-)
+// snapshotGauges are the gauges a snapshot serves, each with what it reads of
+// it, in the order they are described and collected.
+var snapshotGauges = []struct {
+	desc  *prometheus.Desc
+	value func(outboxdb.RecordGauges) float64
+}{
+	{gaugeDesc(metricRecordsPending, "Rows of forward_records in PENDING (exact, as of the last refresh)."),
+		func(g outboxdb.RecordGauges) float64 { return float64(g.Pending) }},
+	{gaugeDesc(metricRecordsInProgress, "Rows of forward_records in IN_PROGRESS (exact, as of the last refresh)."),
+		func(g outboxdb.RecordGauges) float64 { return float64(g.InProgress) }},
+	{gaugeDesc(metricRecordsSuccess, "Rows of forward_records in SUCCESS (exact on small tables, else estimated from PostgreSQL's statistics; see plugins/prometheus/README.md)."),
+		func(g outboxdb.RecordGauges) float64 { return float64(g.Success) }},
+	{gaugeDesc(metricRecordsFailed, "Rows of forward_records in FAILED (exact, as of the last refresh)."),
+		func(g outboxdb.RecordGauges) float64 { return float64(g.Failed) }},
+	{gaugeDesc(metricOldestPendingAge, "Seconds the earliest-due row (PENDING past its next_retry_at, or IN_PROGRESS past its lease) has waited for a dispatcher; 0 when none is due."),
+		func(g outboxdb.RecordGauges) float64 { return g.OldestDueAge.Seconds() }},
+	{gaugeDesc(metricOrderingHeld, "PENDING rows held behind an earlier row of their ordering key (a berth); they count in forwarder_records_pending too."),
+		func(g outboxdb.RecordGauges) float64 { return float64(g.OrderHeld) }},
+	{gaugeDesc(metricOrderingBlocked, "Ordering keys blocked by a FAILED row (ORDER_ON_FAILED=block) until an operator requeues it or runs forwarder outbox release."),
+		func(g outboxdb.RecordGauges) float64 { return float64(g.OrderBlockedKeys) }},
+	{gaugeDesc(metricOrderingOldestHeld, "Seconds the held row with the lowest id has waited behind its key (since it was persisted or requeued); 0 when no row is held."),
+		func(g outboxdb.RecordGauges) float64 { return g.OldestHeldAge.Seconds() }},
+	{gaugeDesc(metricOrderingBlockedAge, "Seconds the longest blocked ordering key has been blocked (since its row became FAILED); 0 when none is."),
+		func(g outboxdb.RecordGauges) float64 { return g.OldestBlockedAge.Seconds() }},
+}
+
+// descLastRefresh is served beside snapshotGauges: it reads the refresh time,
+// not the snapshot.
+var descLastRefresh = gaugeDesc(metricGaugesLastRefresh, "Unix time of the last successful refresh of the outbox record gauges.")
+
+func gaugeDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, nil, nil)
+}
 
 // outboxGaugesConfig tunes the refresher.
 type outboxGaugesConfig struct {
@@ -181,10 +192,10 @@ func (o *outboxGauges) snapshot() (outboxdb.RecordGauges, time.Time, bool) {
 
 // Describe implements prometheus.Collector.
 func (o *outboxGauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descInProgress, descSuccess, descFailed, descOldestPendingAge,
-		descOrderingHeld, descOrderingBlocked, descOrderingOldestHeld, descOrderingBlockedAge, descLastRefresh} {
-		ch <- d
+	for _, r := range snapshotGauges {
+		ch <- r.desc
 	}
+	ch <- descLastRefresh
 }
 
 // Collect implements prometheus.Collector: it serves the snapshot, nothing
@@ -194,17 +205,8 @@ func (o *outboxGauges) Collect(ch chan<- prometheus.Metric) {
 	if !ok {
 		return
 	}
-	gauge := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	for _, r := range snapshotGauges {
+		ch <- prometheus.MustNewConstMetric(r.desc, prometheus.GaugeValue, r.value(g))
 	}
-	gauge(descPending, float64(g.Pending))
-	gauge(descInProgress, float64(g.InProgress))
-	gauge(descSuccess, float64(g.Success))
-	gauge(descFailed, float64(g.Failed))
-	gauge(descOldestPendingAge, g.OldestDueAge.Seconds())
-	gauge(descOrderingHeld, float64(g.OrderHeld))
-	gauge(descOrderingBlocked, float64(g.OrderBlockedKeys))
-	gauge(descOrderingOldestHeld, g.OldestHeldAge.Seconds())
-	gauge(descOrderingBlockedAge, g.OldestBlockedAge.Seconds())
-	gauge(descLastRefresh, float64(at.UnixNano())/float64(time.Second))
+	ch <- prometheus.MustNewConstMetric(descLastRefresh, prometheus.GaugeValue, float64(at.UnixNano())/float64(time.Second))
 }
