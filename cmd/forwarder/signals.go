@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,13 +19,18 @@ import (
 // reports the start, on the same goroutine.
 const launchGrace = 100 * time.Millisecond
 
+// abandonTimeout bounds what an exit while starting waits for: the Kafka
+// input's final commit and its leaving the group (launch.Gate.Abandon), so
+// that the partitions move on at once rather than after session_timeout.
+const abandonTimeout = 5 * time.Second
+
 // earlySignals ends the process while it starts. Benthos listens for
 // SIGTERM and SIGINT only once the stream is built, and until then Go's
 // default action would kill the process by signal. Nothing is claimed
 // before then (launch.Process), so a signal that arrives first shuts the
 // gate for good and the process exits 0 holding nothing: its inserts are
 // committed or rolled back, its uncommitted Kafka records are read again
-// and deduplicated by key.
+// and deduplicated by key, and its consumer group is left.
 var earlySignals struct {
 	once sync.Once
 	stop func()
@@ -41,6 +47,9 @@ func catchEarlySignals() {
 			case sig := <-ch:
 				if launch.Process.Cancel() {
 					fmt.Fprintf(os.Stderr, "forwarder: %v while starting, before any outbox row was claimed; exiting\n", sig)
+					ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+					launch.Process.Abandon(ctx)
+					cancel()
 					os.Exit(0)
 				}
 			case <-done:

@@ -8,6 +8,10 @@
 // therefore holds claims until the stream has started, and a signal that
 // comes first cancels the gate and ends the process with nothing held; a
 // component built any other way (a test, another program) is never held.
+//
+// What a component holds outside the process (a Kafka consumer group's
+// membership) would outlive such an exit until the broker times it out: the
+// component registers its release with OnCancel, and the exit runs Abandon.
 package launch
 
 import (
@@ -24,6 +28,9 @@ type Gate struct {
 	// shut is set by Cancel: the gate never opens.
 	shut bool
 	open chan struct{}
+	// onCancel are the releases Abandon runs, by registration number.
+	onCancel map[int]func(context.Context)
+	nextHook int
 }
 
 // NewGate returns a gate that nobody holds: Wait returns at once until Hold.
@@ -92,5 +99,64 @@ func (g *Gate) Wait(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// Cancelled reports whether Cancel shut the gate: the process is ending
+// before it started, and a component must not take anything new (a Kafka
+// input asked to connect again must not join its group again).
+func (g *Gate) Cancelled() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.shut
+}
+
+// OnCancel registers release to be run by Abandon should the process end
+// before it has started, and returns the function that unregisters it (for
+// the component's Close). Once the gate is open nothing is registered: the
+// process then stops through its components' Close.
+func (g *Gate) OnCancel(release func(ctx context.Context)) (forget func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.open:
+		return func() {}
+	default:
+	}
+	if g.onCancel == nil {
+		g.onCancel = map[int]func(context.Context){}
+	}
+	id := g.nextHook
+	g.nextHook++
+	g.onCancel[id] = release
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		delete(g.onCancel, id)
+	}
+}
+
+// Abandon runs every release registered with OnCancel, all at once, and
+// returns when they have all returned or ctx has ended. The process calls
+// it after Cancel reported true, just before it exits.
+func (g *Gate) Abandon(ctx context.Context) {
+	g.mu.Lock()
+	releases := make([]func(context.Context), 0, len(g.onCancel))
+	for _, r := range g.onCancel {
+		releases = append(releases, r)
+	}
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, r := range releases {
+		wg.Go(func() { r(ctx) })
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
 }

@@ -3,6 +3,7 @@ package launch
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -59,6 +60,53 @@ func TestGate(t *testing.T) {
 		defer cancel()
 		if err := g.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Wait on a cancelled gate: %v, want it to block until ctx ends", err)
+		}
+	})
+	t.Run("AbandonRunsTheReleasesStillRegistered", func(t *testing.T) {
+		g := NewGate()
+		g.Hold()
+		var ran []string
+		var mu sync.Mutex
+		release := func(name string) func(context.Context) {
+			return func(context.Context) {
+				mu.Lock()
+				defer mu.Unlock()
+				ran = append(ran, name)
+			}
+		}
+		g.OnCancel(release("kept"))
+		forget := g.OnCancel(release("closed"))
+		// Its component closed normally.
+		forget()
+		// A release that hangs (a broker that does not answer).
+		g.OnCancel(func(ctx context.Context) { <-ctx.Done() })
+		if g.Cancelled() {
+			t.Fatal("Cancelled before Cancel")
+		}
+		if !g.Cancel() || !g.Cancelled() {
+			t.Fatal("Cancel did not shut the gate")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		g.Abandon(ctx)
+		if ctx.Err() == nil {
+			t.Fatal("Abandon returned before the hanging release or its deadline")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ran) != 1 || ran[0] != "kept" {
+			t.Fatalf("Abandon ran %v, want only the release still registered", ran)
+		}
+	})
+	t.Run("NothingIsRegisteredOnceOpen", func(t *testing.T) {
+		g := NewGate()
+		g.Hold()
+		g.Open()
+		ran := false
+		g.OnCancel(func(context.Context) { ran = true })()
+		g.Abandon(context.Background())
+		if ran || g.Cancelled() {
+			t.Fatalf("on an open gate: release ran %v, Cancelled %v; want neither", ran, g.Cancelled())
 		}
 	})
 }

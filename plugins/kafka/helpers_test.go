@@ -310,3 +310,38 @@ func indent(s, prefix string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// newInput builds a kafka_franz input from its YAML, as the engine would
+// (res nil: mock resources); it is not connected.
+func newInput(t testing.TB, yaml string, res *service.Resources) *franzInput {
+	t.Helper()
+	conf, err := franzInputSpec().ParseYAML(yaml, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res == nil {
+		res = service.MockResources()
+	}
+	f, err := newFranzInputFromParsed(conf, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// readN reads batches from f until n records came, and returns their acks.
+func readN(t testing.TB, f *franzInput, n int) []service.AckFunc {
+	t.Helper()
+	var acks []service.AckFunc
+	for read := 0; read < n; {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		batch, ack, err := f.ReadBatch(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		read += len(batch)
+		acks = append(acks, ack)
+	}
+	return acks
+}

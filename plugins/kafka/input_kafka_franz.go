@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/forwarder/forwarder/internal/launch"
 	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
@@ -57,6 +58,10 @@ type franzInput struct {
 	commitTimeout    time.Duration // a third of rebalance_timeout
 	closeTimeout     time.Duration
 	outage           *outageLogger
+	// started is the process's launch gate: an exit while the process
+	// starts (launch.Gate.Abandon) closes the input, so that its group
+	// moves the partitions on at once, not after session_timeout.
+	started *launch.Gate
 
 	mu             sync.Mutex
 	client         *kgo.Client
@@ -68,6 +73,7 @@ type franzInput struct {
 	room           chan struct{}      // capacity 1: pending records were taken or dropped
 	runCancel      context.CancelFunc
 	commits        *periodic.Loop // commits every commit_period while connected
+	forgetRelease  func()         // unregisters the close on an early exit
 	wg             sync.WaitGroup
 
 	// readerMu is held by the reader while it uses batcher, and by Close
@@ -93,6 +99,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		parts:  make(map[topicPartition]*partitionState),
 		notify: make(chan struct{}, 1),
 		room:   make(chan struct{}, 1),
+
+		started: launch.Process,
 	}
 	f.outage = newOutageLogger(f.log)
 	f.shutdown = shutdownlog.New(f.log, shutdownlog.Interval, f.awaited)
@@ -244,6 +252,10 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 // does it keeps retrying with backoff (the outage is logged once), so a
 // broker that starts after us is picked up; it returns only when connected
 // or when ctx ends (at shutdown).
+// errExiting refuses a connection while the process exits before it
+// started: the input was closed to leave its group, and must not join again.
+var errExiting = errors.New("kafka_franz: not connecting: the process is exiting before it started")
+
 func (f *franzInput) Connect(ctx context.Context) error {
 	if f.connected() {
 		return nil
@@ -257,6 +269,9 @@ func (f *franzInput) Connect(ctx context.Context) error {
 		return err
 	}
 	probe.Close()
+	if f.started.Cancelled() {
+		return errExiting
+	}
 	cl, err := kgo.NewClient(f.clientOpts...)
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)
@@ -273,8 +288,10 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	f.wg.Add(1)
 	go f.pollLoop(runCtx, cl)
 	commits := f.commitLoop(runCtx, cl)
+	forget := f.started.OnCancel(func(ctx context.Context) { _ = f.Close(ctx) })
 	f.mu.Lock()
 	f.commits = commits
+	f.forgetRelease = forget
 	f.mu.Unlock()
 	f.log.Infof("kafka_franz: consuming as group %q", f.group)
 	return nil
@@ -354,9 +371,12 @@ func (f *franzInput) waitForWork(ctx context.Context, wait time.Duration) error 
 // with instance_id, stays until its session ends or it comes back).
 func (f *franzInput) Close(ctx context.Context) error {
 	f.mu.Lock()
-	cl, cancel, commits := f.client, f.runCancel, f.commits
-	f.client = nil
+	cl, cancel, commits, forget := f.client, f.runCancel, f.commits, f.forgetRelease
+	f.client, f.forgetRelease = nil, nil
 	f.mu.Unlock()
+	if forget != nil {
+		forget()
+	}
 	f.signal() // a waiting reader sees that we are closed
 
 	f.shutdown.Stop()

@@ -19,14 +19,7 @@ import (
 // config lines are appended.
 func fetchTestInput(t *testing.T, extra string) *franzInput {
 	t.Helper()
-	conf, err := franzInputSpec().ParseYAML("seed_brokers: [ a:1 ]\ntopics: [ t ]\nconsumer_group: g\n"+extra, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := newFranzInputFromParsed(conf, service.MockResources())
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := newInput(t, "seed_brokers: [ a:1 ]\ntopics: [ t ]\nconsumer_group: g\n"+extra, nil)
 	f.budget = &byteBudget{limit: f.maxBufferedBytes} // as Connect does
 	return f
 }

@@ -38,15 +38,7 @@ func TestInputByteBudget(t *testing.T) {
 	c.ProduceN(t, topic, 1, func(int) *kgo.Record { return &kgo.Record{Value: bytes.Repeat([]byte{'B'}, big)} })
 	const total = 25
 
-	conf, err := franzInputSpec().ParseYAML(inputConf(c, topic, group,
-		"checkpoint_limit: 1", fmt.Sprintf("max_buffered_bytes: %dB", budget)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := newFranzInputFromParsed(conf, service.MockResources())
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := newInput(t, inputConf(c, topic, group, "checkpoint_limit: 1", fmt.Sprintf("max_buffered_bytes: %dB", budget)), nil)
 	ctx := context.Background()
 	if err := f.Connect(ctx); err != nil {
 		t.Fatal(err)

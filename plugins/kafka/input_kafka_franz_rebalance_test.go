@@ -265,15 +265,8 @@ func TestInputRevokeAbandonsStalledPeriodicCommit(t *testing.T) {
 	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
 	c.ProduceN(t, topic, 10, nil)
 
-	conf, err := franzInputSpec().ParseYAML(inputConf(c, topic, group, "commit_period: 100ms",
+	f := newInput(t, inputConf(c, topic, group, "commit_period: 100ms",
 		"session_timeout: 60s", "heartbeat_interval: 1s", "rebalance_timeout: 6s"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := newFranzInputFromParsed(conf, service.MockResources())
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	if err := f.Connect(ctx); err != nil {
 		t.Fatal(err)
@@ -294,15 +287,7 @@ func TestInputRevokeAbandonsStalledPeriodicCommit(t *testing.T) {
 		return nil, nil, false
 	})
 
-	read := 0
-	for read < 10 {
-		rctx, cancel := context.WithTimeout(ctx, waitTimeout)
-		batch, ack, err := f.ReadBatch(rctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		read += len(batch)
+	for _, ack := range readN(t, f, 10) {
 		_ = ack(ctx, nil)
 	}
 	waitFor(t, "a periodic commit to stall", func() bool {

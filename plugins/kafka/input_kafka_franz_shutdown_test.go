@@ -25,29 +25,12 @@ func TestInputShutdownSaysWhatItWaitsFor(t *testing.T) {
 
 	var logs logbuf.Buffer
 	res := service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil)))))
-	conf, err := franzInputSpec().ParseYAML(inputConf(c, topic, group, "checkpoint_limit: 1024"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := newFranzInputFromParsed(conf, res)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := newInput(t, inputConf(c, topic, group, "checkpoint_limit: 1024"), res)
 	ctx := context.Background()
 	if err := f.Connect(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var acks []service.AckFunc
-	for read := 0; read < 7; {
-		rctx, cancel := context.WithTimeout(ctx, waitTimeout)
-		batch, ack, err := f.ReadBatch(rctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		read += len(batch)
-		acks = append(acks, ack)
-	}
+	acks := readN(t, f, 7)
 	if strings.Contains(logs.String(), "Shutting down") {
 		t.Fatalf("shutdown reported while reading:\n%s", logs.String())
 	}

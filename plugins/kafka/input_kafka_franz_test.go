@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/forwarder/forwarder/internal/launch"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
 )
@@ -549,6 +550,62 @@ func TestInputCloseLeavesGroup(t *testing.T) {
 	}
 	if got := c.Committed(t, group)[topic]; got[0]+got[1] != 10 {
 		t.Fatalf("committed %v, want 10 records in total", got)
+	}
+}
+
+// TestInputEarlyExitLeavesGroup: a process that ends while it starts
+// (SIGTERM before the stream runs; internal/launch) closes its input through
+// the launch gate: the acknowledged offsets are committed and the group is
+// left at once, so its partitions move on without waiting for
+// session_timeout, and the input does not join again.
+func TestInputEarlyExitLeavesGroup(t *testing.T) {
+	t.Parallel()
+	const topic, group = "early-exit", "g-early-exit"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	c.ProduceN(t, topic, 5, nil)
+
+	f := newInput(t, inputConf(c, topic, group, "session_timeout: 60s", "heartbeat_interval: 1s"), nil)
+	gate := launch.NewGate()
+	gate.Hold()
+	f.started = gate
+	ctx := context.Background()
+	if err := f.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close(ctx) })
+	for _, ack := range readN(t, f, 5) {
+		if err := ack(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	members := func() int {
+		d, err := c.Admin(t).DescribeGroups(ctx, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(d[group].Members)
+	}
+	if n := members(); n != 1 {
+		t.Fatalf("group has %d members while consuming, want 1", n)
+	}
+
+	if !gate.Cancel() {
+		t.Fatal("the held gate was already open")
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	gate.Abandon(actx)
+	if n := members(); n != 0 {
+		t.Fatalf("group has %d members after the early exit, want 0 (left, not expired after 60s)", n)
+	}
+	if got := c.Committed(t, group)[topic][0]; got != 5 {
+		t.Errorf("committed offset %d after the early exit, want the 5 acknowledged records", got)
+	}
+	if err := f.Connect(ctx); !errors.Is(err, errExiting) {
+		t.Fatalf("Connect after the early exit: %v, want %v", err, errExiting)
+	}
+	if n := members(); n != 0 {
+		t.Fatalf("group has %d members after a refused Connect, want 0", n)
 	}
 }
 

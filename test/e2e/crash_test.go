@@ -393,10 +393,13 @@ func grepLines(b []byte, substrs ...string) []string {
 
 // TestSigtermWhileStarting stops forwarders with SIGTERM while they start,
 // with a backlog in Kafka and the outbox: at once when they answer /ping
-// (before Benthos listens for SIGTERM), and the moment they first claim a
-// row. The forwarder claims nothing before Benthos listens, so either way it
-// must exit 0 and leave no row IN_PROGRESS; stopped at its first claim it
-// stops gracefully. Nothing is lost.
+// (before Benthos listens for SIGTERM), the moment their Kafka input has
+// joined the consumer group (Benthos may or may not listen yet), and the
+// moment they first claim a row. The forwarder claims nothing before Benthos
+// listens, so every time it must exit 0 and leave no row IN_PROGRESS, and
+// no member in the consumer group: an exit while starting leaves the group
+// as a graceful stop does, so the partitions move on at once. Nothing is
+// lost.
 func TestSigtermWhileStarting(t *testing.T) {
 	scenario(t, light, 15*time.Second)
 	s := newStack(t, stackOptions{faults: mockplatform.Faults{Latency: 50 * time.Millisecond}})
@@ -412,10 +415,20 @@ func TestSigtermWhileStarting(t *testing.T) {
 		}
 		return all, its
 	}
+	admin := s.kafka.Admin(t)
 	for i := range 16 {
 		p := s.start(fmt.Sprintf("forwarder-%d", i), nil) // answers /ping before the stream is built
 		when := "at /ping"
-		if i >= 4 {
+		if i >= 4 && i < 8 {
+			when = "as it joins the consumer group"
+			for p.countLines(joinedLine) == 0 {
+				if p.Exited() || ctx.Err() != nil {
+					t.Fatalf("%s never joined the consumer group (%s):\n%s", p.name, p.state(), p.tail(4000))
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		if i >= 8 {
 			when = "at the first claim"
 			// Polled every few ms: a claimed row stays IN_PROGRESS for the
 			// platform's 50 ms at least, and a loaded CI machine needs the
@@ -435,9 +448,16 @@ func TestSigtermWhileStarting(t *testing.T) {
 			t.Fatalf("%s still running after SIGTERM:\n%s", p.name, p.tail(4000))
 		}
 		left, _ := inProgress(p)
-		t.Logf("SIGTERM %s: %s, launched %v, %d rows IN_PROGRESS after", when, p.state(), p.countLines(launchedLine) > 0, left)
-		if code != 0 || left > 0 {
-			t.Errorf("%s stopped %s: %s with %d rows left IN_PROGRESS; want exit 0 and none left:\n%s", p.name, when, p.state(), left, p.tail(4000))
+		gs, err := admin.DescribeGroups(ctx, s.group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		members := len(gs[s.group].Members)
+		t.Logf("SIGTERM %s: %s, launched %v, %d rows IN_PROGRESS and %d group members after", when, p.state(),
+			p.countLines(launchedLine) > 0, left, members)
+		if code != 0 || left > 0 || members > 0 {
+			t.Errorf("%s stopped %s: %s with %d rows left IN_PROGRESS and %d members in the group; want exit 0 and none left:\n%s",
+				p.name, when, p.state(), left, members, p.tail(4000))
 		}
 	}
 	s.start("forwarder", nil)

@@ -166,6 +166,9 @@ func (p *proc) term(t *testing.T) {
 // handler.
 const launchedLine = "Launching a forwarder instance"
 
+// joinedLine is logged once the Kafka input has joined its consumer group.
+const joinedLine = "kafka_franz: consuming as group"
+
 // state says whether the process runs, and how it ended if not.
 func (p *proc) state() string {
 	if !p.Exited() {
