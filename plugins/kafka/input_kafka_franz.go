@@ -269,9 +269,6 @@ func (f *franzInput) Connect(ctx context.Context) error {
 		return err
 	}
 	probe.Close()
-	if f.started.Cancelled() {
-		return errExiting
-	}
 	cl, err := kgo.NewClient(f.clientOpts...)
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)
@@ -293,6 +290,13 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	f.commits = commits
 	f.forgetRelease = forget
 	f.mu.Unlock()
+	if f.started.Cancelled() {
+		// The process is exiting before it started (launch.Gate.Abandon
+		// closed this input, or began before this connection registered
+		// its release): leave at once rather than join again.
+		_ = f.Close(ctx)
+		return errExiting
+	}
 	f.log.Infof("kafka_franz: consuming as group %q", f.group)
 	return nil
 }
