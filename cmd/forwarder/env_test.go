@@ -51,7 +51,10 @@ func TestEnvironmentErrors(t *testing.T) {
 		// secret must not appear in the output.
 		secret string
 	}{
-		{name: "Duration", env: []string{"FORWARD_TIMEOUT=abc"}, want: "FORWARD_TIMEOUT=abc: not a duration, e.g. 10s"},
+		{name: "Duration", env: []string{"FORWARD_RETRY_INITIAL=abc"}, want: "FORWARD_RETRY_INITIAL=abc: not a duration, e.g. 5s"},
+		{name: "ZeroTimeout", env: []string{"FORWARD_TIMEOUT=0s"}, want: "FORWARD_TIMEOUT=0s: not a duration above zero, e.g. 10s"},
+		{name: "ZeroProbeInterval", env: []string{"PLATFORM_PROBE_INTERVAL=0s"}, want: "PLATFORM_PROBE_INTERVAL=0s: not a duration above zero"},
+		{name: "RetryCapBelowFirstDelay", env: []string{"FORWARD_RETRY_MAX=1s"}, want: "FORWARD_RETRY_MAX=1s must not be less than FORWARD_RETRY_INITIAL=5s"},
 		{name: "PositiveInt", env: []string{"FORWARD_MAX_IN_FLIGHT=abc"}, want: "FORWARD_MAX_IN_FLIGHT=abc: not a whole number of at least 1, e.g. 100"},
 		{name: "Zero", env: []string{"OUTBOX_BATCH_SIZE=0"}, want: "OUTBOX_BATCH_SIZE=0: not a whole number of at least 1"},
 		{name: "Zone", env: []string{"PLATFORM_TZ=Nowhere/City"}, want: "PLATFORM_TZ=Nowhere/City: not a time zone name, e.g. Asia/Shanghai"},

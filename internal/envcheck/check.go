@@ -56,7 +56,7 @@ func Check(refs Refs, mode Mode, getenv func(string) string) Result {
 			res.Problems = append(res.Problems, fmt.Errorf("%w (%s)", err, ref.File))
 		}
 	}
-	for _, cross := range []func(Refs, func(string) string) error{leaseProblem, retentionProblem} {
+	for _, cross := range []func(Refs, func(string) string) error{leaseProblem, retryProblem, retentionProblem} {
 		if err := cross(refs, getenv); err != nil {
 			res.Problems = append(res.Problems, err)
 		}
@@ -118,4 +118,23 @@ func leaseProblem(refs Refs, getenv func(string) string) error {
 		return nil // reported as problems of their own, or fine
 	}
 	return fmt.Errorf("CLAIM_LEASE=%s must exceed FORWARD_TIMEOUT=%s: set CLAIM_LEASE to at least %s", lease, timeout, t+time.Second)
+}
+
+// retryProblem refuses a retry backoff whose cap is below its first delay:
+// FORWARD_RETRY_MAX must not be less than FORWARD_RETRY_INITIAL (the
+// environment's values or the file's defaults), as http_forwarder refuses
+// at start-up.
+func retryProblem(refs Refs, getenv func(string) string) error {
+	initial, ok1 := value(refs, getenv, "FORWARD_RETRY_INITIAL")
+	maximum, ok2 := value(refs, getenv, "FORWARD_RETRY_MAX")
+	if !ok1 || !ok2 {
+		return nil
+	}
+	i, err1 := time.ParseDuration(initial)
+	m, err2 := time.ParseDuration(maximum)
+	if err1 != nil || err2 != nil || m >= i {
+		return nil // reported as problems of their own, or fine
+	}
+	return fmt.Errorf("FORWARD_RETRY_MAX=%s must not be less than FORWARD_RETRY_INITIAL=%s: set FORWARD_RETRY_MAX to at least %s, or lower FORWARD_RETRY_INITIAL",
+		maximum, initial, initial)
 }

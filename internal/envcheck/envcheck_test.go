@@ -15,8 +15,18 @@ func TestVarCheck(t *testing.T) {
 		want        string // "" when the value is accepted
 	}{
 		{"FORWARD_TIMEOUT", "10s", ""},
-		{"FORWARD_TIMEOUT", "abc", "FORWARD_TIMEOUT=abc: not a duration, e.g. 10s"},
+		{"FORWARD_TIMEOUT", "abc", "FORWARD_TIMEOUT=abc: not a duration above zero, e.g. 10s"},
+		{"FORWARD_RETRY_MAX", "abc", "FORWARD_RETRY_MAX=abc: not a duration, e.g. 300s"},
 		{"FORWARD_TIMEOUT", "-1s", "FORWARD_TIMEOUT=-1s: not a duration"},
+		// A request needs time, probes and polls an interval: zero is refused
+		// by lint as http_forwarder and the dead-letter input refuse it at
+		// start-up; a backoff or a batching period may be zero.
+		{"FORWARD_TIMEOUT", "0s", "FORWARD_TIMEOUT=0s: not a duration above zero, e.g. 10s"},
+		{"FORWARD_TIMEOUT", "1ns", ""},
+		{"PLATFORM_PROBE_INTERVAL", "0s", "PLATFORM_PROBE_INTERVAL=0s: not a duration above zero, e.g. 5s"},
+		{"DEAD_LETTER_POLL_INTERVAL", "0", "DEAD_LETTER_POLL_INTERVAL=0: not a duration above zero"},
+		{"FORWARD_RETRY_INITIAL", "0s", ""},
+		{"KAFKA_BATCH_PERIOD", "0s", ""},
 		{"OUTBOX_RETENTION", "7d", ""},
 		{"OUTBOX_RETENTION", "1d12h", ""},
 		{"OUTBOX_RETENTION", "7 days", `OUTBOX_RETENTION="7 days": not a duration (Go's syntax plus days`},
@@ -233,6 +243,9 @@ output:
   http_forwarder:
     timeout: ${FORWARD_TIMEOUT:10s}
     max_in_flight: ${FORWARD_MAX_IN_FLIGHT:100}
+    retry:
+      initial: ${FORWARD_RETRY_INITIAL:5s}
+      max: ${FORWARD_RETRY_MAX:300s}
     lease: ${CLAIM_LEASE:60s}
     access_name: ${PLATFORM_ACCESS_NAME:}
     access_pwd: ${PLATFORM_ACCESS_PWD:}
@@ -264,7 +277,7 @@ input:
 		t.Errorf("run without credentials: %v", err)
 	}
 	res = Check(refs, Run, env("PLATFORM_ACCESS_NAME=n", "PLATFORM_ACCESS_PWD=p", "FORWARD_TIMEOUT=abc"))
-	if err := res.Err(); err == nil || err.Error() != "FORWARD_TIMEOUT=abc: not a duration, e.g. 10s ("+p+")" {
+	if err := res.Err(); err == nil || err.Error() != "FORWARD_TIMEOUT=abc: not a duration above zero, e.g. 10s ("+p+")" {
 		t.Errorf("run with FORWARD_TIMEOUT=abc: %v", err)
 	}
 
@@ -275,6 +288,22 @@ input:
 	}
 	if res = Check(refs, Lint, env("CLAIM_LEASE=3s", "FORWARD_TIMEOUT=2s")); res.Err() != nil {
 		t.Errorf("a lease a second above the timeout: %v", res.Err())
+	}
+
+	// The backoff's cap may not be below its first delay, with the file's
+	// defaults for what is not set (5s, 300s).
+	for _, ok := range [][]string{{"FORWARD_RETRY_MAX=5s"}, {"FORWARD_RETRY_INITIAL=0s", "FORWARD_RETRY_MAX=0s"}, {"FORWARD_RETRY_INITIAL=300s"}} {
+		if res = Check(refs, Lint, env(ok...)); res.Err() != nil {
+			t.Errorf("%v: %v", ok, res.Err())
+		}
+	}
+	res = Check(refs, Lint, env("FORWARD_RETRY_MAX=0s"))
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "FORWARD_RETRY_MAX=0s must not be less than FORWARD_RETRY_INITIAL=5s: set FORWARD_RETRY_MAX to at least 5s") {
+		t.Errorf("FORWARD_RETRY_MAX below the file's FORWARD_RETRY_INITIAL: %v", err)
+	}
+	res = Check(refs, Lint, env("FORWARD_RETRY_INITIAL=10m"))
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "FORWARD_RETRY_MAX=300s must not be less than FORWARD_RETRY_INITIAL=10m") {
+		t.Errorf("FORWARD_RETRY_INITIAL above the file's FORWARD_RETRY_MAX: %v", err)
 	}
 
 	// A retention below a day deletes the keys that make redeliveries

@@ -1,6 +1,6 @@
 // Package envcheck checks the environment variables a pipeline config uses
 // before Benthos reads the config, so that a bad value is reported by the
-// variable the user set (`FORWARD_TIMEOUT=abc: not a duration, e.g. 10s`)
+// variable the user set (`FORWARD_TIMEOUT=abc: not a duration above zero, e.g. 10s`)
 // rather than by the YAML field it lands in, and before anything connects.
 //
 // Only variables that the config files reference are checked (`${NAME…}` in
@@ -37,6 +37,8 @@ const (
 	Text Kind = iota
 	// Duration is Go's syntax (time.ParseDuration), not negative.
 	Duration
+	// PositiveDuration is Go's syntax, above zero.
+	PositiveDuration
 	// DurationDays is Go's syntax plus days (outboxdb.ParseDuration).
 	DurationDays
 	// PositiveInt is a whole number ≥ 1.
@@ -115,7 +117,7 @@ var Vars = []Var{
 	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
 	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4197"},
 	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100"},
-	{Name: "FORWARD_TIMEOUT", Kind: Duration, Example: "10s"},
+	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s"},
 	{Name: "FORWARD_MAX_ATTEMPTS", Kind: PositiveInt, Example: "5"},
 	{Name: "FORWARD_RETRY_INITIAL", Kind: Duration, Example: "5s"},
 	{Name: "FORWARD_RETRY_MAX", Kind: Duration, Example: "300s"},
@@ -128,10 +130,10 @@ var Vars = []Var{
 	{Name: "OUTBOX_RETENTION", Kind: DurationDays, Example: "7d"},
 	{Name: "OUTBOX_RETENTION_FORCE", Kind: Enum, Options: []string{"false", "true"}},
 	{Name: "OUTBOX_RETENTION_DEAD_LETTER", Kind: Enum, Options: []string{"false", "true"}},
-	{Name: "DEAD_LETTER_POLL_INTERVAL", Kind: Duration, Example: "5s"},
+	{Name: "DEAD_LETTER_POLL_INTERVAL", Kind: PositiveDuration, Example: "5s"},
 	{Name: "LOG_LEVEL", Kind: LogLevel, Options: logLevels},
 	{Name: "SHUTDOWN_TIMEOUT", Kind: Duration, Example: "30s"},
-	{Name: "PLATFORM_PROBE_INTERVAL", Kind: Duration, Example: "5s"},
+	{Name: "PLATFORM_PROBE_INTERVAL", Kind: PositiveDuration, Example: "5s"},
 	{Name: "FORWARD_RATE_LIMIT", Kind: NonNegativeNumber, Example: "50"},
 	{Name: "FAILED_REQUEUE_AFTER", Kind: Duration, Example: "1h"},
 	{Name: "FAILED_REQUEUE_ROUNDS", Kind: NonNegativeInt, Example: "3"},
@@ -184,6 +186,10 @@ func (v Var) problem(value string) string {
 	case Duration:
 		if d, err := time.ParseDuration(value); err != nil || d < 0 {
 			return "not a duration" + eg
+		}
+	case PositiveDuration:
+		if d, err := time.ParseDuration(value); err != nil || d <= 0 {
+			return "not a duration above zero" + eg
 		}
 	case DurationDays:
 		if _, err := outboxdb.ParseDuration(value); err != nil {

@@ -134,7 +134,7 @@ func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources)
 	case in.batchSize < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", dlFieldBatchSize, in.batchSize)
 	case in.pollInterval <= 0:
-		return nil, fmt.Errorf("field %s: %v must be positive", dlFieldPollInterval, in.pollInterval)
+		return nil, fmt.Errorf("field %s: %v must be positive (DEAD_LETTER_POLL_INTERVAL)", dlFieldPollInterval, in.pollInterval)
 	case in.lease < time.Second:
 		return nil, fmt.Errorf("field %s: %v must be at least 1s", dlFieldLease, in.lease)
 	}

@@ -43,7 +43,7 @@ func parseConfig(conf *service.ParsedConfig) (c config, err error) {
 		return c, err
 	}
 	if c.policy.timeout <= 0 {
-		return c, fmt.Errorf("field %s: must be positive, got %v", hfFieldTimeout, c.policy.timeout)
+		return c, fmt.Errorf("field %s: must be positive, got %v (FORWARD_TIMEOUT)", hfFieldTimeout, c.policy.timeout)
 	}
 	if c.lease, err = parseLease(conf); err != nil {
 		return c, err
@@ -172,7 +172,7 @@ func parseRetry(conf *service.ParsedConfig) (b backoff, maxAttempts int, err err
 	case b.initial < 0:
 		err = fmt.Errorf("field retry.initial: must not be negative, got %v", b.initial)
 	case b.max < b.initial:
-		err = fmt.Errorf("field retry.max (%v) must not be less than retry.initial (%v)", b.max, b.initial)
+		err = fmt.Errorf("field retry.max (%v) must not be less than retry.initial (%v) (FORWARD_RETRY_MAX, FORWARD_RETRY_INITIAL)", b.max, b.initial)
 	case b.multiplier < 1:
 		err = fmt.Errorf("field retry.multiplier: must be at least 1, got %v", b.multiplier)
 	case b.jitter < 0 || b.jitter >= 1:

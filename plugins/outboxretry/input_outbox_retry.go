@@ -101,7 +101,7 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 	case cfg.BatchSize < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldBatchSize, cfg.BatchSize)
 	case cfg.Lease < time.Second:
-		return nil, fmt.Errorf("field %s: %v must be at least 1s", orFieldLease, cfg.Lease)
+		return nil, fmt.Errorf("field %s: %v must be at least 1s (CLAIM_LEASE)", orFieldLease, cfg.Lease)
 	case cfg.PollInterval <= 0:
 		return nil, fmt.Errorf("field %s: %v must be positive", orFieldPollInterval, cfg.PollInterval)
 	case cfg.MaxUnacked < 1:
