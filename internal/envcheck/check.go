@@ -107,15 +107,9 @@ func retentionProblem(refs Refs, getenv func(string) string) error {
 // rows wait; below the request timeout another instance would take them
 // while their requests may still be under way.
 func leaseProblem(refs Refs, getenv func(string) string) error {
-	lease, ok1 := value(refs, getenv, "CLAIM_LEASE")
-	timeout, ok2 := value(refs, getenv, "FORWARD_TIMEOUT")
-	if !ok1 || !ok2 {
+	lease, timeout, l, t, ok := durations(refs, getenv, "CLAIM_LEASE", "FORWARD_TIMEOUT")
+	if !ok || l > t {
 		return nil
-	}
-	l, err1 := time.ParseDuration(lease)
-	t, err2 := time.ParseDuration(timeout)
-	if err1 != nil || err2 != nil || l > t {
-		return nil // reported as problems of their own, or fine
 	}
 	return fmt.Errorf("CLAIM_LEASE=%s must exceed FORWARD_TIMEOUT=%s: set CLAIM_LEASE to at least %s", lease, timeout, t+time.Second)
 }
@@ -125,16 +119,25 @@ func leaseProblem(refs Refs, getenv func(string) string) error {
 // environment's values or the file's defaults), as http_forwarder refuses
 // at start-up.
 func retryProblem(refs Refs, getenv func(string) string) error {
-	initial, ok1 := value(refs, getenv, "FORWARD_RETRY_INITIAL")
-	maximum, ok2 := value(refs, getenv, "FORWARD_RETRY_MAX")
-	if !ok1 || !ok2 {
+	maximum, initial, m, i, ok := durations(refs, getenv, "FORWARD_RETRY_MAX", "FORWARD_RETRY_INITIAL")
+	if !ok || m >= i {
 		return nil
-	}
-	i, err1 := time.ParseDuration(initial)
-	m, err2 := time.ParseDuration(maximum)
-	if err1 != nil || err2 != nil || m >= i {
-		return nil // reported as problems of their own, or fine
 	}
 	return fmt.Errorf("FORWARD_RETRY_MAX=%s must not be less than FORWARD_RETRY_INITIAL=%s: set FORWARD_RETRY_MAX to at least %s, or lower FORWARD_RETRY_INITIAL",
 		maximum, initial, initial)
+}
+
+// durations reads the duration variables a and b for a check between them:
+// their values (the environment's, else the file's defaults) and what they
+// parse to. ok is false when the config does not use both or one does not
+// parse, which is reported as a problem of its own.
+func durations(refs Refs, getenv func(string) string, a, b string) (va, vb string, da, db time.Duration, ok bool) {
+	va, okA := value(refs, getenv, a)
+	vb, okB := value(refs, getenv, b)
+	if !okA || !okB {
+		return va, vb, 0, 0, false
+	}
+	da, errA := time.ParseDuration(va)
+	db, errB := time.ParseDuration(vb)
+	return va, vb, da, db, errA == nil && errB == nil
 }
