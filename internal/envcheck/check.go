@@ -100,18 +100,27 @@ func retentionProblem(refs Refs, getenv func(string) string) error {
 		retention, minimum, minimum)
 }
 
+// minLease is the shortest lease outbox_retry accepts.
+const minLease = time.Second
+
 // leaseProblem refuses a claim lease that a request could outlive:
 // CLAIM_LEASE must exceed FORWARD_TIMEOUT, the values being the
 // environment's or the file's defaults. The dispatcher renews the leases of
 // the rows it holds, so the lease only bounds how long a crashed instance's
 // rows wait; below the request timeout another instance would take them
-// while their requests may still be under way.
+// while their requests may still be under way. Nor may it be below a
+// second, which outbox_retry refuses at start-up.
 func leaseProblem(refs Refs, getenv func(string) string) error {
 	lease, timeout, l, t, ok := durations(refs, getenv, "CLAIM_LEASE", "FORWARD_TIMEOUT")
-	if !ok || l > t {
+	switch {
+	case !ok:
 		return nil
+	case l <= t:
+		return fmt.Errorf("CLAIM_LEASE=%s must exceed FORWARD_TIMEOUT=%s: set CLAIM_LEASE to at least %s", lease, timeout, max(t+time.Second, minLease))
+	case l < minLease:
+		return fmt.Errorf("CLAIM_LEASE=%s is below %s, the shortest lease outbox_retry takes", lease, minLease)
 	}
-	return fmt.Errorf("CLAIM_LEASE=%s must exceed FORWARD_TIMEOUT=%s: set CLAIM_LEASE to at least %s", lease, timeout, t+time.Second)
+	return nil
 }
 
 // retryProblem refuses a retry backoff whose cap is below its first delay:

@@ -289,6 +289,14 @@ input:
 	if res = Check(refs, Lint, env("CLAIM_LEASE=3s", "FORWARD_TIMEOUT=2s")); res.Err() != nil {
 		t.Errorf("a lease a second above the timeout: %v", res.Err())
 	}
+	// Above a short timeout, the lease still has outbox_retry's minimum.
+	res = Check(refs, Lint, env("CLAIM_LEASE=500ms", "FORWARD_TIMEOUT=100ms"))
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "CLAIM_LEASE=500ms is below 1s, the shortest lease outbox_retry takes") {
+		t.Errorf("a lease below a second: %v", err)
+	}
+	if res = Check(refs, Lint, env("CLAIM_LEASE=1s", "FORWARD_TIMEOUT=100ms")); res.Err() != nil {
+		t.Errorf("a one-second lease above the timeout: %v", res.Err())
+	}
 
 	// The backoff's cap may not be below its first delay, with the file's
 	// defaults for what is not set (5s, 300s).
