@@ -29,8 +29,8 @@ type Gate struct {
 	shut bool
 	open chan struct{}
 	// onCancel are the releases Abandon runs, by registration number.
-	onCancel map[int]func(context.Context)
-	nextHook int
+	onCancel    map[int]func(context.Context)
+	nextRelease int
 }
 
 // NewGate returns a gate that nobody holds: Wait returns at once until Hold.
@@ -126,8 +126,8 @@ func (g *Gate) OnCancel(release func(ctx context.Context)) (forget func()) {
 	if g.onCancel == nil {
 		g.onCancel = map[int]func(context.Context){}
 	}
-	id := g.nextHook
-	g.nextHook++
+	id := g.nextRelease
+	g.nextRelease++
 	g.onCancel[id] = release
 	return func() {
 		g.mu.Lock()
