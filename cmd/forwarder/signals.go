@@ -24,6 +24,18 @@ const launchGrace = 100 * time.Millisecond
 // that the partitions move on at once rather than after session_timeout.
 const abandonTimeout = 5 * time.Second
 
+// abandonBound is how long an exit while starting may wait: abandonTimeout,
+// or SHUTDOWN_TIMEOUT (the shipped pipeline's shutdown_timeout) when that is
+// shorter, so that the process never takes longer to exit than the operator
+// allowed its graceful stop (0: it exits at once, leaving the group to
+// expire).
+func abandonBound(getenv func(string) string) time.Duration {
+	if d, err := time.ParseDuration(getenv("SHUTDOWN_TIMEOUT")); err == nil && d >= 0 && d < abandonTimeout {
+		return d
+	}
+	return abandonTimeout
+}
+
 // earlySignals ends the process while it starts. Benthos listens for
 // SIGTERM and SIGINT only once the stream is built, and until then Go's
 // default action would kill the process by signal. Nothing is claimed
@@ -47,7 +59,7 @@ func catchEarlySignals() {
 			case sig := <-ch:
 				if launch.Process.Cancel() {
 					fmt.Fprintf(os.Stderr, "forwarder: %v while starting, before any outbox row was claimed; exiting\n", sig)
-					ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+					ctx, cancel := context.WithTimeout(context.Background(), abandonBound(os.Getenv))
 					launch.Process.Abandon(ctx)
 					cancel()
 					os.Exit(0)

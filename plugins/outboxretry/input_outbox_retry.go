@@ -73,7 +73,8 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 	cfg.MaxUnacked = pluginconf.Field(&err, conf.FieldInt, orFieldMaxUnacked)
 	cfg.MaxDirect = pluginconf.Field(&err, conf.FieldInt, orFieldMaxUnackedDirect)
 	maxBytes := pluginconf.Field(&err, conf.FieldString, orFieldMaxUnackedBytes)
-	if conf.Contains(orFieldMaxAttempts) {
+	ownAttempts := conf.Contains(orFieldMaxAttempts) // else the output's
+	if ownAttempts {
 		cfg.MaxAttempts = pluginconf.Field(&err, conf.FieldInt, orFieldMaxAttempts)
 	}
 	cfg.NackDelay = pluginconf.Field(&err, conf.FieldDuration, orFieldNackDelay)
@@ -96,7 +97,7 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 			orFieldRequeue, cfg.Compensation.After, cfg.Compensation.Rounds)
 	}
 	switch {
-	case conf.Contains(orFieldMaxAttempts) && cfg.MaxAttempts < 1:
+	case ownAttempts && cfg.MaxAttempts < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldMaxAttempts, cfg.MaxAttempts)
 	case cfg.BatchSize < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldBatchSize, cfg.BatchSize)

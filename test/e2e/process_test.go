@@ -166,7 +166,8 @@ func (p *proc) term(t *testing.T) {
 // handler.
 const launchedLine = "Launching a forwarder instance"
 
-// joinedLine is logged once the Kafka input has joined its consumer group.
+// joinedLine is logged once the Kafka input has connected: it is joining its
+// consumer group, or has joined.
 const joinedLine = "kafka_franz: consuming as group"
 
 // state says whether the process runs, and how it ended if not.
