@@ -631,7 +631,7 @@ func (d *Dispatcher) logExhausted(rows []outboxdb.Record) {
 		ids = append(ids, r.ID)
 	}
 	d.log.Warnf("Marked %d due rows FAILED: out of attempts (max_attempts %d); ids %v; first: %s",
-		len(rows), d.MaxAttempts(), ids, rows[0].LastError)
+		len(rows), d.MaxAttempts(), ids, rows[0].LastErrorText())
 }
 
 func signal(c chan struct{}) {
