@@ -13,6 +13,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/launch"
+	"github.com/forwarder/forwarder/internal/lograte"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/forwarder/forwarder/internal/protection"
@@ -114,6 +115,9 @@ type Dispatcher struct {
 	log    *service.Logger
 	m      DispatcherMetrics
 	ledger *Ledger
+	// dropped logs the rows failed because the pipeline dropped their
+	// messages, a line per burst.
+	dropped *lograte.Burst
 
 	// acked receives a value after every ack or nack: room may have come back.
 	acked chan struct{}
@@ -162,6 +166,7 @@ func NewDispatcher(hub *Hub, cfg DispatcherConfig, log *service.Logger, m Dispat
 		log:     log,
 		m:       m,
 		ledger:  NewLedger(Limits{Rows: cfg.MaxUnacked, Bytes: cfg.MaxUnackedBytes, DirectRows: cfg.MaxDirect}),
+		dropped: lograte.New(log, 10*time.Second),
 		acked:   make(chan struct{}, 1),
 		nudge:   make(chan struct{}, 1),
 		started: launch.Process,
@@ -447,14 +452,21 @@ func (d *Dispatcher) giveBackUnsent(ctx context.Context, pool *pgxpool.Pool, row
 
 // Done settles the outcome of a batch handed out by Next. On success the
 // output has written every row's result already, so the rows are only
-// forgotten. On a failure the rows still held (no result written) go back
-// to PENDING at once: releasing is fenced by claim token and status, so rows
-// whose result was written, in a partly failed batch, are left alone.
+// forgotten; a row without a result had its message dropped before the
+// output, and fails (failDropped). On a failure the rows still held (no
+// result written) go back to PENDING at once: releasing is fenced by claim
+// token and status, so rows whose result was written, in a partly failed
+// batch, are left alone.
 func (d *Dispatcher) Done(ctx context.Context, refs []outboxdb.ClaimRef, ackErr error) error {
 	defer signal(d.acked)
 	if ackErr == nil {
-		d.ledger.Settle(refs)
-		return nil
+		dropped := d.ledger.SettleAcked(refs)
+		if len(dropped) == 0 || d.hub.attached() == nil {
+			// Without the stream's output nothing writes results: the
+			// rows wait for their lease, as they always did.
+			return nil
+		}
+		return d.failDropped(ctx, dropped)
 	}
 	pool := d.Pool()
 	if pool == nil {
@@ -478,6 +490,35 @@ func (d *Dispatcher) Done(ctx context.Context, refs []outboxdb.ClaimRef, ackErr 
 		return fmt.Errorf("releasing %d nacked rows (they come back when their lease expires): %w", len(refs), err)
 	}
 	d.log.Debugf("Released %d of %d nacked rows: %v", n, len(refs), ackErr)
+	return nil
+}
+
+// droppedReason is the last_error of a row whose message the pipeline
+// dropped.
+const droppedReason = "not sent: the pipeline dropped the message before the output (a processor deleted it, e.g. root = deleted() in a mapping)"
+
+// failDropped fails, as invalid, the rows of an acknowledged batch that got
+// no result: a processor dropped their messages, so the output never saw
+// them. Left alone they would come back at every lease expiry, each time
+// dropped again and holding their berth meanwhile, until out of attempts.
+// The write is fenced by claim token, like the output's.
+func (d *Dispatcher) failDropped(ctx context.Context, refs []outboxdb.ClaimRef) error {
+	pool := d.Pool()
+	if pool == nil {
+		return nil
+	}
+	results := make([]outboxdb.Result, len(refs))
+	ids := make([]int64, len(refs))
+	for i, r := range refs {
+		results[i] = outboxdb.Result{ID: r.ID, ClaimToken: r.ClaimToken, Status: outboxdb.StatusFailed, Class: outboxdb.ClassInvalid, Error: droppedReason}
+		ids[i] = r.ID
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if _, err := RecordResults(rctx, pool, d, results); err != nil {
+		return fmt.Errorf("failing %d rows whose messages the pipeline dropped (they come back when their lease expires): %w", len(refs), err)
+	}
+	d.dropped.Warn("dropped", fmt.Sprintf("Outbox rows %v FAILED: the pipeline dropped their messages before the output (a processor deleted them); they are never sent", ids))
 	return nil
 }
 
@@ -588,6 +629,7 @@ func (d *Dispatcher) Close(ctx context.Context) error {
 	pool, stop, loops := d.pool, d.stop, d.loops
 	d.mu.Unlock()
 	d.hub.dropDispatcher(d)
+	d.dropped.Flush()
 	unsent, others := d.ledger.Close()
 	if stop != nil {
 		stop()

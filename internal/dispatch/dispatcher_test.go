@@ -93,6 +93,55 @@ func TestDispatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("AnAcknowledgedRowWithoutAResultFails", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.db.InsertDue("d", 2)
+		d := b.dispatcher(t, DispatcherConfig{})
+		if err := b.hub.AttachOutput(Output{Timeout: time.Second}); err != nil {
+			t.Fatal(err)
+		}
+		rows := b.next(t, d)
+		if len(rows) != 2 {
+			t.Fatalf("claimed %d rows, want 2", len(rows))
+		}
+		// The output records the first; the pipeline dropped the second.
+		sent := outboxdb.Result{ID: rows[0].ID, ClaimToken: rows[0].ClaimToken, Status: outboxdb.StatusSuccess, Sent: true}
+		if _, err := RecordResults(b.ctx, d.Pool(), d, []outboxdb.Result{sent}); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Done(b.ctx, []outboxdb.ClaimRef{rows[0].Ref(), rows[1].Ref()}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if s := b.db.State(rows[0].ID); s.Status != "SUCCESS" {
+			t.Fatalf("the recorded row is %s, want SUCCESS", s.Status)
+		}
+		s := b.db.State(rows[1].ID)
+		if s.Status != "FAILED" || fixture.Str(s.FailureClass) != "INVALID" || fixture.Str(s.LastError) != droppedReason || s.AttemptCount != 1 {
+			t.Fatalf("the dropped row: %+v (last_error %q); want FAILED INVALID at attempt 1, never to come back", s, fixture.Str(s.LastError))
+		}
+		if logs := b.db.Logs(rows[1].ID); len(logs) != 1 || logs[0].Status != "FAILED" {
+			t.Fatalf("attempt log %+v, want the one FAILED attempt", logs)
+		}
+		if n := d.Ledger().Held(); n != 0 {
+			t.Fatalf("%d rows still held", n)
+		}
+	})
+
+	t.Run("WithoutAnOutputAnAcknowledgedRowWaitsForItsLease", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.db.InsertDue("w", 1)
+		d := b.dispatcher(t, DispatcherConfig{})
+		rows := b.next(t, d)
+		if err := d.Done(b.ctx, []outboxdb.ClaimRef{rows[0].Ref()}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if s := b.db.State(rows[0].ID); s.Status != "IN_PROGRESS" {
+			t.Fatalf("row %+v, want IN_PROGRESS: nothing in the stream writes results, so its output may have taken it", s)
+		}
+	})
+
 	t.Run("NoClaimBeforeTheProcessHasStarted", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

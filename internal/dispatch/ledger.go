@@ -51,6 +51,9 @@ type heldRow struct {
 	// run out and another dispatcher took the row): the row must not be
 	// sent any more, its result would be fenced out.
 	lost bool
+	// recorded is set once a result of this claim was written (matched
+	// or fenced out): the output has dealt with it.
+	recorded bool
 }
 
 // Limits bound what a ledger holds.
@@ -245,10 +248,45 @@ func (l *Ledger) Settle(refs []outboxdb.ClaimRef) {
 	defer l.mu.Unlock()
 	for _, r := range refs {
 		if h, ok := l.held[r.ID]; ok && h.token == r.ClaimToken {
-			l.heldBytes -= h.size
-			delete(l.held, r.ID)
+			l.forgetLocked(r.ID, h)
 		}
 	}
+}
+
+func (l *Ledger) forgetLocked(id int64, h *heldRow) {
+	l.heldBytes -= h.size
+	delete(l.held, id)
+}
+
+// Recorded notes that results of these claims were written.
+func (l *Ledger) Recorded(results []outboxdb.Result) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range results {
+		if h, ok := l.held[r.ID]; ok && h.token == r.ClaimToken {
+			h.recorded = true
+		}
+	}
+}
+
+// SettleAcked settles the claims of an acknowledged batch, and returns
+// those that got no result: held under that claim, not lost, and never
+// recorded. Their messages did not reach the output (a processor dropped
+// them), yet the batch was acknowledged.
+func (l *Ledger) SettleAcked(refs []outboxdb.ClaimRef) (unrecorded []outboxdb.ClaimRef) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range refs {
+		h, ok := l.held[r.ID]
+		if !ok || h.token != r.ClaimToken {
+			continue
+		}
+		if !h.recorded && !h.lost {
+			unrecorded = append(unrecorded, r)
+		}
+		l.forgetLocked(r.ID, h)
+	}
+	return unrecorded
 }
 
 // Lease says until when the claim ref holds its row, as far as the ledger

@@ -142,6 +142,27 @@ func TestLedger(t *testing.T) {
 		}
 	})
 
+	t.Run("AnAckNamesTheClaimsNoResultWasWrittenFor", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(Limits{Rows: 10})
+		recorded, dropped, lost, fenced := row(1, 1), row(2, 1), row(3, 1), row(4, 1)
+		l.Hold([]outboxdb.Record{recorded, dropped, lost, fenced})
+		l.Recorded([]outboxdb.Result{
+			{ID: recorded.ID, ClaimToken: recorded.ClaimToken},
+			// A result of an earlier claim of row 2 is not this claim's.
+			{ID: dropped.ID, ClaimToken: "an earlier claim"},
+		})
+		l.Renewed([]outboxdb.ClaimRef{lost.Ref()}, nil) // another instance took row 3
+		l.Settle([]outboxdb.ClaimRef{fenced.Ref()})     // row 4: given back meanwhile
+		got := l.SettleAcked([]outboxdb.ClaimRef{recorded.Ref(), dropped.Ref(), lost.Ref(), fenced.Ref()})
+		if !slices.Equal(ids(got), []int64{2}) {
+			t.Fatalf("unrecorded %v, want [2]: only a held claim, not lost, without a result", ids(got))
+		}
+		if l.Held() != 0 {
+			t.Fatalf("%d claims still held after the ack", l.Held())
+		}
+	})
+
 	t.Run("RenewalsMoveLeasesAndMarkLostClaims", func(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10})

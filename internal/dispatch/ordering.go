@@ -25,7 +25,8 @@ const (
 // the rows the write releases to d at once, claimed in the same statement
 // (chained dispatch, see outboxdb.RecordOptions.Chain): the next event of a
 // berth costs no claim and no wake-up. Without a dispatcher the released
-// rows are only made due.
+// rows are only made due. d's ledger notes the claims written, so that
+// their acknowledgement settles them (Dispatcher.Done).
 func RecordResults(ctx context.Context, q outboxdb.Querier, d *Dispatcher, results []outboxdb.Result) ([]int64, error) {
 	if d == nil {
 		return outboxdb.RecordResults(ctx, q, results, outboxdb.RecordOptions{})
@@ -45,6 +46,7 @@ func RecordResults(ctx context.Context, q outboxdb.Querier, d *Dispatcher, resul
 		d.ledger.Deliver(g, nil)
 		return nil, err
 	}
+	d.ledger.Recorded(results)
 	if !d.Deliver(g, out.Claimed) && len(out.Claimed) > 0 {
 		// Closed meanwhile: give them back as if never claimed.
 		refs := make([]outboxdb.ClaimRef, len(out.Claimed))

@@ -92,7 +92,10 @@ keys they finish (see Ordering), are handed over the same way and counted there 
 ### Acknowledgements
 
 The output writes each row's outcome itself, fenced by `+"`outbox_id`"+` and `+"`claim_token`"+`, before it
-acks. On a nack the batch's rows that are still held go back to `+"`PENDING`"+` at once (after
+acks. A row of an acknowledged batch that got no outcome had its message dropped on the way (a
+processor deleted it, e.g. `+"`root = deleted()`"+` in a mapping): while the stream has an
+`+"`http_forwarder`"+` output it becomes `+"`FAILED`"+` at once (failure class `+"`INVALID`"+`, never sent), rather than
+coming back at every lease expiry until out of attempts. On a nack the batch's rows that are still held go back to `+"`PENDING`"+` at once (after
 `+"`nack_delay`"+`), instead of waiting for the lease. On shutdown every claim not yet acknowledged is
 released the same way, so a graceful stop leaves nothing `+"`IN_PROGRESS`"+`.
 

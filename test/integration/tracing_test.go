@@ -119,7 +119,7 @@ func runTraced(t *testing.T, endpoint string) (*flakyPlatform, *string) {
 	kc := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
 	platform, url := newFlakyPlatform(t)
 	logs := &logbuf.Buffer{}
-	stop := startStream(t, logs, slog.LevelInfo, fullStream(kc.Brokers(), topic, dsn, url, tracedConfig))
+	stop := startStream(t, logs, slog.LevelInfo, fullStream(kc.Brokers(), topic, dsn, url, passThrough, tracedConfig))
 	kc.Produce(t, &kgo.Record{Topic: topic, Key: []byte("CAM-0001"), Value: vehicle("traced-1"),
 		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte(producerHeader)}}})
 	waitFor(t, "the platform to accept the message on its second attempt", func() bool {

@@ -56,11 +56,11 @@ func (p *platformLog) snapshot() map[string]int {
 
 // fullStream is the config of pipelines/forwarder.yaml reduced to what routing depends
 // on: ingest (kafka_franz → outbox), dispatch (outbox_retry, direct
-// dispatch included), a pass-through mapping and http_forwarder, all on
-// the database dsn names. extra holds more of the stream's config: fields
-// of http_forwarder (indented by four spaces) and top-level sections after
-// them (not indented).
-func fullStream(brokers, topic, dsn, platformURL, extra string) string {
+// dispatch included), one mapping (passThrough, or one of the test's) and
+// http_forwarder, all on the database dsn names. extra holds more of the
+// stream's config: fields of http_forwarder (indented by four spaces) and
+// top-level sections after them (not indented).
+func fullStream(brokers, topic, dsn, platformURL, mapping, extra string) string {
 	return fmt.Sprintf(`
 http:
   enabled: false
@@ -83,7 +83,7 @@ input:
           lease: 30s
 pipeline:
   processors:
-    - mapping: root = this
+    - mapping: %[6]q
 output:
   http_forwarder:
     dsn: %[3]q
@@ -95,8 +95,11 @@ output:
 metrics:
   none: {}
 shutdown_timeout: 20s
-`, brokers, topic, dsn, platformURL+"/mch/business", extra)
+`, brokers, topic, dsn, platformURL+"/mch/business", extra, mapping)
 }
+
+// passThrough is the mapping that sends each message as it came.
+const passThrough = "root = this"
 
 // TestTwoStreamsTwoDatabases runs two complete forwarder streams in one
 // process, each with its own topic, database and platform. The dispatch
@@ -122,7 +125,7 @@ func TestTwoStreamsTwoDatabases(t *testing.T) {
 		p, url := newPlatformLog(t)
 		dsn, pool := pgtest.NewDBPool(t)
 		sides[i] = side{platform: p, dsn: dsn, pool: pool, logs: &logbuf.Buffer{}}
-		startStream(t, sides[i].logs, slog.LevelInfo, fullStream(kc.Brokers(), name, sides[i].dsn, url, ""))
+		startStream(t, sides[i].logs, slog.LevelInfo, fullStream(kc.Brokers(), name, sides[i].dsn, url, passThrough, ""))
 	}
 	for _, name := range names {
 		kc.ProduceN(t, name, perStream, func(i int) *kgo.Record {
