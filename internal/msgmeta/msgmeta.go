@@ -175,7 +175,7 @@ func ReadClaim(msg *service.Message) (Claim, error) {
 	required := func(key string) (string, error) {
 		v, ok := msg.MetaGet(key)
 		if !ok || v == "" {
-			return "", fmt.Errorf("metadata %s is missing: http_forwarder must be fed by the outbox_retry input", key)
+			return "", fmt.Errorf("metadata %s is missing: http_forwarder must be fed by the outbox_retry input, and no processor may remove its metadata (meta = deleted())", key)
 		}
 		return v, nil
 	}

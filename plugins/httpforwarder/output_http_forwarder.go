@@ -213,7 +213,9 @@ func (h *httpForwarder) WriteBatch(ctx context.Context, batch service.MessageBat
 		}
 		if err != nil {
 			if batchErr == nil {
-				batchErr = service.NewBatchError(batch, errors.New("http_forwarder: messages without a valid outbox claim cannot be forwarded"))
+				// The nack's error becomes the row's last_error: it
+				// says why, from the first such message.
+				batchErr = service.NewBatchError(batch, fmt.Errorf("http_forwarder: messages without a valid outbox claim cannot be forwarded: %w", err))
 			}
 			batchErr.Failed(i, err)
 			continue

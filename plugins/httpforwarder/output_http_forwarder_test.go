@@ -419,6 +419,10 @@ func TestNotSent(t *testing.T) {
 		if !errors.As(err, &berr) || berr.IndexedErrors() != 1 {
 			t.Fatalf("WriteBatch = %v, want a batch error for the stray message only", err)
 		}
+		// The nack's error is what the rows' last_error will say.
+		if !strings.Contains(err.Error(), "metadata outbox_id is missing") {
+			t.Errorf("WriteBatch = %v, want it to say what is missing", err)
+		}
 		berr.WalkMessagesIndexedBy(index, func(i int, _ *service.Message, err error) bool {
 			if i == 0 && (err == nil || !strings.Contains(err.Error(), "metadata outbox_id is missing")) {
 				t.Errorf("stray message error: %v", err)
