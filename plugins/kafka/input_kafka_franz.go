@@ -390,9 +390,15 @@ func (f *franzInput) Close(ctx context.Context) error {
 		f.wg.Wait()
 
 		// Said before it starts: with the brokers gone this waits the
-		// whole timeout, which would otherwise pass unexplained.
-		f.log.Infof("kafka_franz: committing the final offsets of group %q and leaving it (waiting at most %v for the brokers)", f.group, f.closeTimeout)
+		// whole timeout (or what is left of ctx's, if less, as when a
+		// stop while starting bounds it), which would otherwise pass
+		// unexplained.
 		cctx, done := context.WithTimeout(ctx, f.closeTimeout)
+		wait := f.closeTimeout
+		if dl, ok := cctx.Deadline(); ok {
+			wait = max(time.Until(dl), 0).Round(100 * time.Millisecond)
+		}
+		f.log.Infof("kafka_franz: committing the final offsets of group %q and leaving it (waiting at most %v for the brokers)", f.group, wait)
 		f.commitAll(cctx, cl, "final")
 		cl.AllowRebalance()
 		if err := cl.LeaveGroupContext(cctx); err != nil && !errors.Is(err, context.Canceled) {

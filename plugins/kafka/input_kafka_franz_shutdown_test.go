@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
@@ -55,5 +56,22 @@ func TestInputShutdownSaysWhatItWaitsFor(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `committing the final offsets of group \"g-shutdown\" and leaving it (waiting at most 10s for the brokers)`) {
 		t.Errorf("Close does not say it commits and leaves the group:\n%s", logs.String())
+	}
+
+	// A Close given less time (a stop while starting waits at most 5 s)
+	// says so.
+	var shortLogs logbuf.Buffer
+	res = service.MockResources(service.MockResourcesOptUseLogger(service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&shortLogs, nil)))))
+	f = newInput(t, inputConf(c, topic, group+"-short", ""), res)
+	if err := f.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := f.Close(short); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(shortLogs.String(), `leaving it (waiting at most 3s for the brokers)`) {
+		t.Errorf("Close within 3 s does not say it waits at most 3s:\n%s", shortLogs.String())
 	}
 }
