@@ -81,6 +81,10 @@ func CheckKey(key string) error {
 // InsertCounts says how many rows InsertBatchCount created, by status.
 type InsertCounts struct {
 	Pending, Failed int
+	// Existing is how many records created no row: their key was stored
+	// already (Kafka redelivered them, or a producer reused the key; see
+	// KeyConflicts), or an earlier record of the batch had it.
+	Existing int
 }
 
 // InsertBatchCount persists recs idempotently and returns how many rows it
@@ -205,7 +209,33 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 		return InsertCounts{}, nil, err
 	}
 	slices.SortFunc(claimed, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
+	counts.Existing = max(len(recs)-counts.Pending-counts.Failed-len(claimed), 0)
 	return counts, claimed, nil
+}
+
+// KeyConflicts returns the indexes in recs, a batch inserted already, of the
+// records whose key is stored with a different payload (keyConflictsSQL):
+// messages that reused another's key and were not stored, where a
+// redelivery of the stored message would be byte for byte the same.
+func KeyConflicts(ctx context.Context, q Querier, recs []NewRecord) ([]int, error) {
+	keys := make([]string, len(recs))
+	payloads := make([][]byte, len(recs))
+	for i := range recs {
+		keys[i], payloads[i] = recs[i].MessageKey, recs[i].Payload
+	}
+	rows, err := q.Query(ctx, keyConflictsSQL, keys, payloads)
+	if err != nil {
+		return nil, fmt.Errorf("comparing the payloads of duplicate keys: %w", err)
+	}
+	positions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("comparing the payloads of duplicate keys: %w", err)
+	}
+	idx := make([]int, len(positions))
+	for i, n := range positions {
+		idx[i] = int(n) - 1
+	}
+	return idx, nil
 }
 
 // maxOrderConflictTries bounds the attempts of one insert that keeps

@@ -161,8 +161,8 @@ func TestInsertBatchCount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c != (outboxdb.InsertCounts{Pending: 1}) {
-			t.Errorf("inserted %+v, want only the new key", c)
+		if c != (outboxdb.InsertCounts{Pending: 1, Existing: 3}) {
+			t.Errorf("inserted %+v, want only the new key, and the 3 others counted existing", c)
 		}
 		after := readRows(t, pool)
 		if _, ok := after["new"]; !ok {
@@ -271,15 +271,15 @@ func TestInsertBatchCount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c != (outboxdb.InsertCounts{Pending: 2, Failed: 1}) {
-			t.Fatalf("counts %+v, want 2 pending 1 failed", c)
+		if c != (outboxdb.InsertCounts{Pending: 2, Failed: 1, Existing: 1}) {
+			t.Fatalf("counts %+v, want 2 pending 1 failed, and the second a existing", c)
 		}
 		c, err = outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{pendingRec("b", 5), pendingRec("c", 6)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c != (outboxdb.InsertCounts{Pending: 1}) {
-			t.Fatalf("counts %+v, want only c", c)
+		if c != (outboxdb.InsertCounts{Pending: 1, Existing: 1}) {
+			t.Fatalf("counts %+v, want only c, and b existing", c)
 		}
 		rows := readRows(t, pool)
 		if len(rows) != 4 || rows["a"].KafkaOffset != 1 || rows["b"].KafkaOffset != 2 || rows["f"].NextRetryAt != nil {
@@ -378,5 +378,46 @@ func TestInsertBackstopReadsTheKeyIndex(t *testing.T) {
 	err = conn.QueryRow(b.Ctx, mustReadSQL(t, "insert_backstop.sql"), keys).Scan(&n)
 	if !strings.Contains(fmt.Sprint(err), "message key stored-2 was stored by another transaction") {
 		t.Fatalf("backstop over a key stored twice: %v (count %d), want a serialization failure naming it", err, n)
+	}
+}
+
+// TestKeyConflicts: records a batch skips because their key is stored are
+// counted, and KeyConflicts names those among them whose payload differs
+// from the stored one: not a redelivery (the same bytes, an absent payload
+// again absent) but another message under the key, in an earlier batch or
+// earlier in the same one.
+func TestKeyConflicts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	empty := outboxdb.NewRecord{MessageKey: "device-heartbeat-0-12", APIType: outboxdb.APITypeHeartbeat,
+		KafkaTopic: "device-heartbeat", KafkaOffset: 12, Status: outboxdb.StatusFailed, LastError: "payload is empty"}
+	if _, err := outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{pendingRec("k1", 1), pendingRec("k2", 2), empty}); err != nil {
+		t.Fatal(err)
+	}
+	other := func(r outboxdb.NewRecord) outboxdb.NewRecord {
+		r.Payload = append(r.Payload[:len(r.Payload):len(r.Payload)], ' ')
+		return r
+	}
+	batch := []outboxdb.NewRecord{
+		pendingRec("k1", 1),        // redelivered
+		other(pendingRec("k2", 3)), // k2 reused
+		pendingRec("k3", 4),        // new
+		other(pendingRec("k3", 5)), // k3 reused within the batch
+		empty,                      // redelivered, still without payload
+	}
+	c, err := outboxdb.InsertBatchCount(ctx, pool, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != (outboxdb.InsertCounts{Pending: 1, Existing: 4}) {
+		t.Fatalf("counts %+v, want 1 pending and 4 existing", c)
+	}
+	idx, err := outboxdb.KeyConflicts(ctx, pool, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(idx) != "[1 3]" {
+		t.Fatalf("conflicts at %v, want [1 3]: k2 and the second k3", idx)
 	}
 }

@@ -35,6 +35,7 @@ var (
 	// The write path: insert, claim, lease renewal, result write.
 	insertSQL         = mustSQL("insert.sql")
 	insertBackstopSQL = mustSQL("insert_backstop.sql")
+	keyConflictsSQL   = mustSQL("insert_conflicts.sql")
 	claimSQL          = mustSQL("claim.sql")
 	claimProbeSQL     = spliceLocked(claimSQL, mustSQL("claim_probe.sql"))
 	nextDueSQL        = mustSQL("next_due.sql")

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/dispatch"
+	"github.com/forwarder/forwarder/internal/lograte"
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pluginconf"
@@ -57,8 +58,12 @@ type outboxProcessor struct {
 	retryInitial, retryMax time.Duration
 	chunkBytes             int
 
-	mMissingID *service.MetricCounter
-	mPersisted *service.MetricCounter
+	mMissingID    *service.MetricCounter
+	mPersisted    *service.MetricCounter
+	mKeyConflicts *service.MetricCounter
+	// conflicts logs the messages skipped under another message's key, a
+	// line per burst.
+	conflicts *lograte.Burst
 
 	outageMu     sync.Mutex
 	outageSince  time.Time // zero while the database is reachable
@@ -84,6 +89,8 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		outageLogEvery: defaultOutageLogEvery,
 		mMissingID:     mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
 		mPersisted:     persistedCounter(mgr),
+		mKeyConflicts:  mgr.Metrics().NewCounter("forwarder_key_conflicts_total"),
+		conflicts:      lograte.New(mgr.Logger(), 10*time.Second),
 		tracer:         tracectx.Tracer(mgr),
 	}
 	var err error
@@ -131,6 +138,7 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 	}
 
 	metricseries.Counter(p.mMissingID)
+	metricseries.Counter(p.mKeyConflicts)
 	p.mIngestFails = mgr.Metrics().NewCounter("forwarder_ingest_errors_total")
 	metricseries.Counter(p.mIngestFails)
 	if p.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
@@ -193,17 +201,24 @@ func (p *outboxProcessor) persistAll(ctx context.Context, recs []outboxdb.NewRec
 			end++
 		}
 		chunk := recs[start:end]
-		var hand handover
+		var (
+			hand     handover
+			existing int
+		)
 		err := p.persist(ctx, func(ctx context.Context) error {
 			c, err := p.insertChunk(ctx, chunk, &hand)
 			if err == nil {
 				counts.Pending += c.Pending
 				counts.Failed += c.Failed
+				existing = c.Existing
 			}
 			return err
 		})
 		if err != nil {
 			return nil, err
+		}
+		if existing > 0 {
+			p.checkKeyConflicts(ctx, chunk)
 		}
 		start = end
 	}
@@ -216,6 +231,32 @@ func (p *outboxProcessor) persistAll(ctx context.Context, recs []outboxdb.NewRec
 	// Nothing is passed on: Benthos acknowledges the batch now that every
 	// row is committed.
 	return nil, nil
+}
+
+// checkKeyConflicts looks, once chunk is stored, for its records that were
+// skipped as duplicates though their payload differs from the stored one's:
+// a Kafka redelivery is byte for byte the same, so these are other messages
+// reusing a key (docs/guarantees.md, idempotency), which the forwarder
+// never sends. Each is counted and logged with its Kafka coordinates, to be
+// found there; the batch is acknowledged either way.
+func (p *outboxProcessor) checkKeyConflicts(ctx context.Context, chunk []outboxdb.NewRecord) {
+	cctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	idx, err := outboxdb.KeyConflicts(cctx, p.pool, chunk)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.conflicts.Warn("check", "Could not check the duplicate keys of a batch for other payloads: "+err.Error())
+		}
+		return
+	}
+	if len(idx) > 0 {
+		p.mKeyConflicts.Incr(int64(len(idx)))
+	}
+	for _, i := range idx {
+		r := &chunk[i]
+		p.conflicts.Warn("conflict", fmt.Sprintf("Message %s[%d]@%d not stored: its key %q is stored already with a different payload (a redelivery would be identical: does the producer reuse messageId?); the stored one: forwarder outbox show %q",
+			r.KafkaTopic, r.KafkaPartition, r.KafkaOffset, r.MessageKey, r.MessageKey))
+	}
 }
 
 // handover is what a chunk's attempts at direct dispatch share: the claim
@@ -375,5 +416,6 @@ func (p *outboxProcessor) recovered() {
 // Close releases the pool's connections.
 func (p *outboxProcessor) Close(context.Context) error {
 	p.closeOnce.Do(p.hub.Release)
+	p.conflicts.Flush()
 	return nil
 }

@@ -270,6 +270,37 @@ func TestOutboxProcessor(t *testing.T) {
 		}
 	})
 
+	t.Run("AKeyReusedWithAnotherPayloadIsReported", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p := b.processor(t, defaultYAML)
+		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("a")), kmsg(topicVehicle, 0, 2, vehicle("b")))
+		process(t, p,
+			kmsg(topicVehicle, 0, 1, vehicle("a")), // redelivered: the same bytes
+			kmsg(topicVehicle, 1, 5, []byte(`{"messageId":"b","deviceId":"CAM-0002"}`)),
+			kmsg(topicVehicle, 1, 6, vehicle("c")),
+			kmsg(topicVehicle, 1, 7, []byte(`{"messageId":"c","deviceId":"CAM-0003"}`)),
+		)
+		if rows := b.rows(t); len(rows) != 3 || rows["b"].KafkaOffset != 2 || rows["c"].KafkaOffset != 6 {
+			t.Fatalf("rows %+v, want a, b and c as first stored", rows)
+		}
+		if err := p.Close(context.Background()); err != nil { // flushes the log's burst
+			t.Fatal(err)
+		}
+		logs := b.logs.all()
+		for _, want := range []string{
+			`Message device-vehicle-event[1]@5 not stored: its key "b" is stored already with a different payload`,
+			`Message device-vehicle-event[1]@7 not stored: its key "c"`,
+		} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("the log does not say %q:\n%s", want, logs)
+			}
+		}
+		if strings.Contains(logs, "@1 not stored") {
+			t.Errorf("a redelivery of the same bytes was reported:\n%s", logs)
+		}
+	})
+
 	t.Run("RedeliveryOfAFinishedRowChangesNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -75,6 +75,9 @@ missing, null or empty, or the payload is not a JSON object, the key is
 ^<kafka_topic>-<kafka_partition>-<kafka_offset>^, stable across redeliveries of the same record; a
 missing id is logged as a warning and counted in ^forwarder_missing_message_id_total^. A key that
 PostgreSQL cannot index (over 1024 bytes, NUL characters) fails the message with the fallback key.
+A message whose key is stored already is not stored again; when its payload differs from the stored
+one it is not a redelivery but another message reusing the key, and it is counted in
+^forwarder_key_conflicts_total^ and logged with its Kafka coordinates.
 
 ### Direct dispatch
 
@@ -103,6 +106,9 @@ has to wait is not handed over by direct dispatch.
 ^forwarder_rows_persisted_total{status}^ counts new rows by status (PENDING, FAILED; rows handed
 over directly count as PENDING);
 ^forwarder_missing_message_id_total^ counts messages stored under the fallback key;
+^forwarder_key_conflicts_total^ counts messages not stored because their key was stored already with a
+different payload (a redelivery is the same bytes: this is another message reusing the key), each
+also logged as a warning with its Kafka coordinates;
 ^forwarder_ingest_errors_total^ counts failed attempts to persist a batch (the batch is held and
 retried, and a failure that lasts is logged again at ERROR every minute).`)).
 		Fields(streamdb.DSNFields()...).

@@ -436,6 +436,36 @@ func TestStreamStoppedWhileDatabaseDown(t *testing.T) {
 	}
 }
 
+// TestStreamCountsKeyConflicts: every odd record reuses the key of the
+// record before it with another payload (in the same batch or the next);
+// each is skipped as a duplicate, counted in forwarder_key_conflicts_total
+// and logged with its Kafka coordinates, and the batches are acknowledged.
+func TestStreamCountsKeyConflicts(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	in := newFakeKafka(topicVehicle, 3)
+	in.body = func(offset int64) []byte {
+		if offset%2 == 1 {
+			return []byte(`{"messageId":"` + messageIDAt(offset-1) + `","deviceId":"CAM-0009"}`)
+		}
+		return vehicle(messageIDAt(offset))
+	}
+	s := startStream(t, dsn, in, 1)
+	in.release(12)
+	waitFor(t, "all commits", func() bool { return len(in.committed()) == 12 })
+	for name, want := range map[string]int64{
+		"forwarder_key_conflicts_total":                 6,
+		"forwarder_rows_persisted_total,status=PENDING": 6,
+	} {
+		if got := s.metrics.get(name); got != want {
+			t.Errorf("%s = %d, want %d", name, got, want)
+		}
+	}
+	if n := s.logs.count(slog.LevelWarn, "device-vehicle-event[0]@1 not stored"); n != 1 {
+		t.Errorf("the first conflict was logged %d times, want once:\n%s", n, s.logs.all())
+	}
+}
+
 // TestStreamCountsMissingMessageIDs checks the metrics through a real
 // stream's metrics exporter.
 func TestStreamCountsMissingMessageIDs(t *testing.T) {
