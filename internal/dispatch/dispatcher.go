@@ -462,8 +462,9 @@ func (d *Dispatcher) Done(ctx context.Context, refs []outboxdb.ClaimRef, ackErr 
 	if ackErr == nil {
 		dropped := d.ledger.SettleAcked(refs)
 		if len(dropped) == 0 || d.hub.attached() == nil {
-			// Without the stream's output nothing writes results: the
-			// rows wait for their lease, as they always did.
+			// Without the stream's output nothing here writes results
+			// (another output took the messages): the rows wait for
+			// their lease.
 			return nil
 		}
 		return d.failDropped(ctx, dropped)

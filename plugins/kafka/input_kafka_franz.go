@@ -394,10 +394,8 @@ func (f *franzInput) Close(ctx context.Context) error {
 		// stop while starting bounds it), which would otherwise pass
 		// unexplained.
 		cctx, done := context.WithTimeout(ctx, f.closeTimeout)
-		wait := f.closeTimeout
-		if dl, ok := cctx.Deadline(); ok {
-			wait = max(time.Until(dl), 0).Round(100 * time.Millisecond)
-		}
+		dl, _ := cctx.Deadline() // WithTimeout sets one
+		wait := max(time.Until(dl), 0).Round(100 * time.Millisecond)
 		f.log.Infof("kafka_franz: committing the final offsets of group %q and leaving it (waiting at most %v for the brokers)", f.group, wait)
 		f.commitAll(cctx, cl, "final")
 		cl.AllowRebalance()
