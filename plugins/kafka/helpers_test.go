@@ -171,9 +171,9 @@ func (l *logBuffer) firstLine(substr string) (string, time.Time, bool) {
 	return "", time.Time{}, false
 }
 
-// gauges is a metrics exporter that keeps the last value of every gauge,
-// by name and labels ("name,key=value,..."; Benthos's own label and path
-// are left out).
+// gauges is a metrics exporter that keeps the last value of every gauge
+// and the sum of every counter, by name and labels ("name,key=value,...";
+// Benthos's own label and path are left out).
 type gauges struct {
 	mu sync.Mutex
 	v  map[string]int64
@@ -185,11 +185,21 @@ func (g gaugeFn) Set(v int64) { g(v) }
 
 type noopMetric struct{}
 
-func (noopMetric) Incr(int64)   {}
 func (noopMetric) Timing(int64) {}
 
-func (g *gauges) NewCounterCtor(string, ...string) service.MetricsExporterCounterCtor {
-	return func(...string) service.MetricsExporterCounter { return noopMetric{} }
+type counterFn func(int64)
+
+func (c counterFn) Incr(n int64) { c(n) }
+
+func (g *gauges) NewCounterCtor(name string, labelKeys ...string) service.MetricsExporterCounterCtor {
+	return func(labelValues ...string) service.MetricsExporterCounter {
+		id := metricID(name, labelKeys, labelValues)
+		return counterFn(func(n int64) {
+			g.mu.Lock()
+			g.v[id] += n
+			g.mu.Unlock()
+		})
+	}
 }
 
 func (g *gauges) NewTimerCtor(string, ...string) service.MetricsExporterTimerCtor {
@@ -198,18 +208,23 @@ func (g *gauges) NewTimerCtor(string, ...string) service.MetricsExporterTimerCto
 
 func (g *gauges) NewGaugeCtor(name string, labelKeys ...string) service.MetricsExporterGaugeCtor {
 	return func(labelValues ...string) service.MetricsExporterGauge {
-		id := name
-		for i, k := range labelKeys {
-			if k != "label" && k != "path" {
-				id += fmt.Sprintf(",%s=%s", k, labelValues[i])
-			}
-		}
+		id := metricID(name, labelKeys, labelValues)
 		return gaugeFn(func(v int64) {
 			g.mu.Lock()
 			g.v[id] = v
 			g.mu.Unlock()
 		})
 	}
+}
+
+func metricID(name string, labelKeys, labelValues []string) string {
+	id := name
+	for i, k := range labelKeys {
+		if k != "label" && k != "path" {
+			id += fmt.Sprintf(",%s=%s", k, labelValues[i])
+		}
+	}
+	return id
 }
 
 func (g *gauges) Close(context.Context) error { return nil }

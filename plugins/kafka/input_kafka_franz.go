@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/launch"
+	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
@@ -58,6 +59,7 @@ type franzInput struct {
 	commitTimeout    time.Duration // a third of rebalance_timeout
 	closeTimeout     time.Duration
 	outage           *outageLogger
+	expired          *expiredCheck
 	// started is the process's launch gate: an exit while the process
 	// starts (launch.Gate.Abandon) closes the input, so that its group
 	// moves the partitions on at once, not after session_timeout.
@@ -103,6 +105,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		started: launch.Process,
 	}
 	f.outage = newOutageLogger(f.log)
+	f.expired = &expiredCheck{log: f.log, expired: res.Metrics().NewCounter(metricRecordsExpired)}
+	metricseries.Counter(f.expired.expired)
 	f.shutdown = shutdownlog.New(f.log, shutdownlog.Interval, f.awaited)
 
 	topics, err := parseList(conf, kfiFieldTopics, "topic")
@@ -131,6 +135,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if f.group = strings.TrimSpace(f.group); f.group == "" {
 		return nil, fmt.Errorf("field %s: a consumer group is required: offsets are committed to it", kfiFieldConsumerGroup)
 	}
+	f.expired.group = f.group
 	if f.checkpointLimit < 1 {
 		return nil, fmt.Errorf("field %s: must be at least 1, got %d", kfiFieldCheckpointLimit, f.checkpointLimit)
 	}
@@ -226,6 +231,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		kgo.OnPartitionsAssigned(f.onAssigned),
 		kgo.OnPartitionsRevoked(f.onRevoked),
 		kgo.OnPartitionsLost(f.onLost),
+		kgo.AdjustFetchOffsetsFn(f.expired.adjust),
 		kgo.SessionTimeout(session),
 		kgo.HeartbeatInterval(heartbeat),
 		kgo.RebalanceTimeout(rebalance),

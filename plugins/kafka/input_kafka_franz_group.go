@@ -282,7 +282,8 @@ func (f *franzInput) commit(ctx context.Context, cl *kgo.Client, offsets map[str
 	f.log.Tracef("kafka_franz: %s commit of %v", why, done)
 }
 
-func (f *franzInput) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (f *franzInput) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	f.expired.assigned(cl)
 	if len(assigned) > 0 {
 		f.logRebalance("assigned", assigned)
 	}

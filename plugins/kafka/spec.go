@@ -68,7 +68,9 @@ A record read from a batch within the bound whose value, or whose key and header
 
 ### Metrics
 
-`+"`"+metricConsumerLag+"{topic, partition}`"+`: for each partition this member consumes, the partition's high watermark minus the next offset the input will read, from every fetch (and from a ListOffsets request every `+"`commit_period`"+` while no records are fetched, so the gauge keeps up while the pipeline is stalled). A partition shows up once it has delivered a record; it drops to 0 when the partition moves to another member.`).
+`+"`"+metricConsumerLag+"{topic, partition}`"+`: for each partition this member consumes, the partition's high watermark minus the next offset the input will read, from every fetch (and from a ListOffsets request every `+"`commit_period`"+` while no records are fetched, so the gauge keeps up while the pipeline is stalled). A partition shows up once it has delivered a record; it drops to 0 when the partition moves to another member.
+
+`+"`"+metricRecordsExpired+"`"+`: records Kafka deleted before the group read them. When a partition is assigned, the group's committed offset is compared with the partition's log start; a commit below it means the topic's retention removed records the group never read (the forwarder was stopped, or behind, for longer than the retention). They cannot be read any more: each such partition is logged at ERROR with the offsets lost, they are counted here, and consuming resumes at the log start, whatever `+"`start_from_oldest`"+` says (it is for a group without a commit). Records deleted under a partition while it is being consumed (a consumer slower than the retention) are not counted; franz-go logs a warning and resumes at the log start.`).
 		Fields(
 			seedBrokersField(),
 			service.NewStringListField(kfiFieldTopics).
