@@ -105,8 +105,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		started: launch.Process,
 	}
 	f.outage = newOutageLogger(f.log)
-	f.expired = &expiredCheck{log: f.log, expired: res.Metrics().NewCounter(metricRecordsExpired)}
-	metricseries.Counter(f.expired.expired)
+	f.expired = &expiredCheck{log: f.log, lost: res.Metrics().NewCounter(metricRecordsExpired)}
+	metricseries.Counter(f.expired.lost)
 	f.shutdown = shutdownlog.New(f.log, shutdownlog.Interval, f.awaited)
 
 	topics, err := parseList(conf, kfiFieldTopics, "topic")

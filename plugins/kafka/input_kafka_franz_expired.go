@@ -28,9 +28,10 @@ const expiredCheckTimeout = 5 * time.Second
 // start, whatever start_from_oldest says (it is for a group without a
 // commit).
 type expiredCheck struct {
-	log     *service.Logger
-	group   string
-	expired *service.MetricCounter
+	log   *service.Logger
+	group string
+	// lost counts the records deleted before they were read.
+	lost *service.MetricCounter
 	// client is the group's client, kept by the assignment callback that
 	// franz-go runs just before adjust.
 	client atomic.Pointer[kgo.Client]
@@ -62,7 +63,7 @@ func (e *expiredCheck) adjust(ctx context.Context, offsets map[string]map[int32]
 				continue
 			}
 			lost := start.Offset - committed
-			e.expired.Incr(lost)
+			e.lost.Incr(lost)
 			e.log.Errorf("kafka_franz: %s[%d]: Kafka deleted offsets %d to %d before group %q read them (the topic's retention ran out): %d messages never reached the outbox; consuming resumes at %d",
 				topic, p, committed, start.Offset-1, e.group, lost, start.Offset)
 			parts[p] = kgo.NewOffset().At(start.Offset)
