@@ -2,8 +2,11 @@ package kafka
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -51,15 +54,29 @@ func (e *expiredCheck) adjust(ctx context.Context, offsets map[string]map[int32]
 	cctx, cancel := context.WithTimeout(ctx, expiredCheckTimeout)
 	defer cancel()
 	starts, err := kadm.NewClient(cl).ListStartOffsets(cctx, topics...)
-	if err != nil {
-		e.log.Warnf("kafka_franz: could not read where %v start, to check for records deleted before group %q read them: %v", topics, e.group, err)
+	// A broker that does not answer fails its share of the listing only
+	// (*kadm.ShardErrors): the partitions of the others are still checked.
+	var shards *kadm.ShardErrors
+	if err != nil && (!errors.As(err, &shards) || shards.AllFailed) {
+		e.warnUnchecked(topics, err)
 		return offsets, nil
 	}
+	var unchecked []string
 	for topic, parts := range offsets {
 		for p, o := range parts {
 			committed := o.EpochOffset().Offset
+			if committed < 0 {
+				continue
+			}
 			start, ok := starts.Lookup(topic, p)
-			if !ok || start.Err != nil || committed < 0 || start.Offset <= committed {
+			if !ok || start.Err != nil {
+				unchecked = append(unchecked, fmt.Sprintf("%s[%d]", topic, p))
+				if err == nil {
+					err = start.Err
+				}
+				continue
+			}
+			if start.Offset <= committed {
 				continue
 			}
 			lost := start.Offset - committed
@@ -69,5 +86,19 @@ func (e *expiredCheck) adjust(ctx context.Context, offsets map[string]map[int32]
 			parts[p] = kgo.NewOffset().At(start.Offset)
 		}
 	}
+	if len(unchecked) > 0 {
+		slices.Sort(unchecked)
+		e.warnUnchecked(unchecked, err)
+	}
 	return offsets, nil
+}
+
+// warnUnchecked says which topics or partitions could not be checked: their
+// consumption goes on from the committed offset, and records deleted below
+// it would pass with franz-go's reset alone.
+func (e *expiredCheck) warnUnchecked(what []string, cause error) {
+	if cause == nil {
+		cause = errors.New("the brokers did not list them")
+	}
+	e.log.Warnf("kafka_franz: could not read the log start of %s to check for records deleted before group %q read them: %v", strings.Join(what, ", "), e.group, cause)
 }
