@@ -167,6 +167,32 @@ func SetClaim(msg *service.Message, c Claim) {
 	}
 }
 
+// claimKeys are the keys SetClaim sets.
+var claimKeys = [...]string{
+	OutboxID, MessageKey, APIType, KafkaTopic, KafkaPartition, KafkaOffset, KafkaKey, CreatedAtMs,
+	Attempt, ClaimToken, LeaseExpiresAtMs, PreviousFailureAtMs,
+}
+
+// KeepClaim gives mapped back the claim metadata of orig that a mapping
+// removed (meta = deleted() is a common way to keep metadata out of a
+// request). The claim is the dispatcher's, not the mapping's: without it the
+// output cannot name the row to record a result for. A key the mapping set
+// to another value keeps that value; a message that carries no claim (a
+// dead-lettered row, a Kafka record) is left alone.
+func KeepClaim(orig, mapped *service.Message) {
+	if _, ok := orig.MetaGetMut(ClaimToken); !ok {
+		return
+	}
+	for _, key := range claimKeys {
+		if _, ok := mapped.MetaGetMut(key); ok {
+			continue
+		}
+		if v, ok := orig.MetaGetMut(key); ok {
+			mapped.MetaSetMut(key, v)
+		}
+	}
+}
+
 // ReadClaim reads the claim a message carries. The id, token and attempt
 // are required: a message without them was not handed out by the
 // dispatcher, and its result could not be recorded.

@@ -44,6 +44,46 @@ func TestClaimWithoutPreviousFailure(t *testing.T) {
 	}
 }
 
+// TestKeepClaim: every key SetClaim sets comes back, with its value, on a
+// message a mapping stripped; a key the mapping changed, or a key outside
+// the claim, is the mapping's; a message without a claim is left alone.
+func TestKeepClaim(t *testing.T) {
+	created := time.UnixMilli(1779330600123)
+	orig := service.NewMessage(nil)
+	msgmeta.SetClaim(orig, msgmeta.Claim{
+		ID: 42, MessageKey: "8f14e45f", APIType: "VEHICLE_EVENT", Attempt: 3, Token: "tok",
+		Kafka:     msgmeta.Kafka{Topic: "device-vehicle-event", Partition: 2, Offset: 99, Key: []byte("CAM-1")},
+		CreatedAt: created, LeaseExpiresAt: created.Add(time.Minute), PreviousFailure: created,
+	})
+	set := map[string]any{}
+	_ = orig.MetaWalkMut(func(k string, v any) error { set[k] = v; return nil })
+	orig.MetaSetMut("x_custom", "1")
+
+	stripped := service.NewMessage(nil)
+	stripped.MetaSetMut(msgmeta.APIType, "HEARTBEAT")
+	msgmeta.KeepClaim(orig, stripped)
+	got := map[string]any{}
+	_ = stripped.MetaWalkMut(func(k string, v any) error { got[k] = v; return nil })
+	set[msgmeta.APIType] = "HEARTBEAT"
+	if len(got) != len(set) {
+		t.Errorf("kept %v, want exactly %v", got, set)
+	}
+	for k, want := range set {
+		if got[k] != want {
+			t.Errorf("metadata %s = %v, want %v", k, got[k], want)
+		}
+	}
+
+	deadLettered := service.NewMessage(nil)
+	msgmeta.SetFailed(deadLettered, msgmeta.Failed{Claim: msgmeta.Claim{ID: 42, MessageKey: "k"}, LastError: "x"})
+	empty := service.NewMessage(nil)
+	msgmeta.KeepClaim(deadLettered, empty)
+	_ = empty.MetaWalkMut(func(k string, _ any) error {
+		t.Errorf("a message without a claim gave %s", k)
+		return nil
+	})
+}
+
 func TestReadClaimNamesWhatIsWrong(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -17,6 +17,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/mappingfile"
+	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/periodic"
 )
 
@@ -35,6 +36,8 @@ func mappingFileSpec() *service.ConfigSpec {
 		Summary("Executes a Bloblang mapping read from a file, and reloads it without a restart when the file changes.").
 		Description(`
 Works like the `+"`mapping`"+` processor (the result replaces the message, metadata is kept, a failing mapping leaves the message unchanged and flags it with the error) except that the mapping lives in a file which is watched while the stream runs.
+
+The claim of a message handed out by `+"`outbox_retry`"+` survives the mapping: the metadata it set (`+"`outbox_id`"+`, `+"`claim_token`"+`, `+"`attempt`"+`, `+"`api_type`"+`, `+"`message_key`"+`, the `+"`kafka_*`"+` origin and the lease and creation times) comes back when the mapping removed it, so `+"`meta = deleted()`"+`, a common way to keep metadata out of a request, does not keep `+"`http_forwarder`"+` from recording the result or an `+"`@api_type`"+` interpolation from choosing the endpoint. A key the mapping set to another value keeps that value; other metadata stays deleted. Benthos's own `+"`mapping`"+` and `+"`bloblang`"+` processors have no such protection: there, a stripped claim makes the output nack the message, and its row ends `+"`FAILED`"+` once out of attempts, saying which key is missing.
 
 Every `+"`reload_interval`"+` the processor checks the file and every file it imports (modification time and size, then content). When the content changed and stays the same for a short settle period, the new mapping is compiled and swapped in atomically. An edit that does not compile, or a file that disappears, is rejected: the error is logged with the file it is in (the imported file, when the mistake is in an import), its line and its column, the counter `+"`forwarder_mapping_reloads_total{result=\"error\"}`"+` goes up, and the previous mapping keeps serving until a later edit compiles. Each batch is mapped by one compiled mapping, taken once per batch, so no message is ever mapped half by the old and half by the new version. Prefer saving with an atomic rename (most editors do); a file written in place is still only read once it has settled.
 
@@ -159,6 +162,7 @@ func (p *mappingFileProc) ProcessBatch(_ context.Context, batch service.MessageB
 			continue
 		}
 		if res != nil {
+			msgmeta.KeepClaim(msg, res)
 			out = append(out, res)
 		}
 	}

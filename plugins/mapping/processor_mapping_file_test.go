@@ -434,6 +434,30 @@ root.extra = {"state": {"field": "extraType", "value": this.extraType.or(1)}.app
 			}
 		}
 	})
+
+	t.Run("TheClaimSurvivesMetaDeleted", func(t *testing.T) {
+		t.Parallel()
+		// meta = deleted() keeps metadata out of a request; the claim the
+		// output needs to record a result comes back, the rest stays gone.
+		tb := setup(t, "root = this\nmeta = deleted()\nmeta note = \"mapped\"\n")
+		claimed := tb.mapOne(`{"n":1}`, "outbox_id", "42", "claim_token", "tok", "attempt", "2", "message_key", "k1", "x_custom", "1")
+		unclaimed := tb.mapOne(`{"n":1}`, "message_key", "k1", "x_custom", "1")
+		for k, want := range map[string]string{"outbox_id": "42", "claim_token": "tok", "attempt": "2", "message_key": "k1", "note": "mapped"} {
+			if got, _ := claimed.MetaGet(k); got != want {
+				t.Errorf("claimed message: metadata %s = %q, want %q", k, got, want)
+			}
+		}
+		for _, k := range []string{"x_custom", "kafka_topic"} {
+			if v, ok := claimed.MetaGet(k); ok {
+				t.Errorf("claimed message: metadata %s = %q, want it deleted (not part of the claim, or not set)", k, v)
+			}
+		}
+		for _, k := range []string{"message_key", "x_custom"} {
+			if v, ok := unclaimed.MetaGet(k); ok {
+				t.Errorf("message without a claim: metadata %s = %q, want it deleted", k, v)
+			}
+		}
+	})
 }
 
 // A batch is always mapped by a single version of the mapping, however the

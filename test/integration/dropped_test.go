@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -72,6 +74,54 @@ func TestDroppedMessagesFail(t *testing.T) {
 		key := fmt.Sprintf("%s-%02d", topic, i)
 		if want := map[bool]int{true: 0, false: 1}[dropped[key]]; got[key] != want {
 			t.Errorf("the platform received %s %d times, want %d", key, got[key], want)
+		}
+	}
+}
+
+// TestMetadataDeletedByTheMappingKeepsTheClaim: a mapping file ending in
+// meta = deleted() (to keep metadata out of a request) still has every
+// message delivered at its first attempt: the claim the output records the
+// result by survives the mapping_file processor.
+func TestMetadataDeletedByTheMappingKeepsTheClaim(t *testing.T) {
+	t.Parallel()
+	const (
+		topic = "stripped"
+		n     = 6
+	)
+	kc := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	platform, url := newPlatformLog(t)
+	dsn, pool := pgtest.NewDBPool(t)
+	path := filepath.Join(t.TempDir(), "stripped.blobl")
+	if err := os.WriteFile(path, []byte("root = this\nmeta = deleted()\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	conf := fullStream(kc.Brokers(), topic, dsn, url, passThrough, "")
+	withFile := strings.Replace(conf, fmt.Sprintf("- mapping: %q", passThrough), fmt.Sprintf("- mapping_file:\n        path: %q", path), 1)
+	if withFile == conf {
+		t.Fatal("the stream has no mapping processor to replace")
+	}
+	startStream(t, &logbuf.Buffer{}, slog.LevelInfo, withFile)
+	kc.ProduceN(t, topic, n, func(i int) *kgo.Record {
+		return &kgo.Record{Value: vehicle(fmt.Sprintf("%s-%02d", topic, i))}
+	})
+
+	ctx := context.Background()
+	waitFor(t, "every row finished", func() bool {
+		var finished int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status IN ('SUCCESS', 'FAILED')`).Scan(&finished)
+		return err == nil && finished == n
+	})
+	var delivered int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status = 'SUCCESS' AND attempt_count = 1`).Scan(&delivered); err != nil {
+		t.Fatal(err)
+	}
+	if delivered != n {
+		t.Errorf("%d of %d rows SUCCESS at their first attempt", delivered, n)
+	}
+	got := platform.snapshot()
+	for i := range n {
+		if key := fmt.Sprintf("%s-%02d", topic, i); got[key] != 1 {
+			t.Errorf("the platform received %s %d times, want 1", key, got[key])
 		}
 	}
 }
