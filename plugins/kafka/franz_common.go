@@ -209,11 +209,36 @@ func parseBytes(conf *service.ParsedConfig, field string, max uint64, bounds str
 // kgoLogger passes franz-go's own logs to Benthos at debug (and trace)
 // level: franz-go logs every retry, which is noise at info level, while our
 // components log what an operator acts on (assignments, outages) themselves.
-type kgoLogger struct{ log *service.Logger }
+// The one franz-go line that means lost records (franzOutOfRange) goes to
+// outOfRange too, when set.
+type kgoLogger struct {
+	log        *service.Logger
+	outOfRange func(topic string, partition int32, prior int64)
+}
 
 func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
 
 func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if l.outOfRange != nil && strings.HasPrefix(msg, franzOutOfRange) {
+		var (
+			topic     string
+			partition int32
+			prior     int64 = -1
+		)
+		for i := 0; i+1 < len(keyvals); i += 2 {
+			switch v := keyvals[i+1]; keyvals[i] {
+			case "topic":
+				topic, _ = v.(string)
+			case "partition":
+				partition, _ = v.(int32)
+			case "prior_offset":
+				prior, _ = v.(int64)
+			}
+		}
+		if topic != "" && prior >= 0 {
+			l.outOfRange(topic, partition, prior)
+		}
+	}
 	var b strings.Builder
 	b.WriteString(msg)
 	for i := 0; i+1 < len(keyvals); i += 2 {

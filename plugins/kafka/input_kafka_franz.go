@@ -245,7 +245,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		// record is read; ours bounds it by max_message_bytes (see
 		// boundedDecompressor and refusedBatch; docs/guarantees.md #17).
 		kgo.WithDecompressor(dec),
-		kgo.WithLogger(kgoLogger{log: f.log}),
+		kgo.WithLogger(kgoLogger{log: f.log, outOfRange: f.expired.outOfRange}),
 		kgo.WithHooks(f.outage),
 	)
 	if instanceID != "" {

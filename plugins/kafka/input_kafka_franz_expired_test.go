@@ -3,8 +3,10 @@ package kafka
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -111,5 +113,64 @@ func TestInputChecksThePartitionsOfTheBrokersThatAnswer(t *testing.T) {
 	const lost = `expired[0]: Kafka deleted offsets 5 to 7 before group \"g-expired\" read them`
 	if ts.logs.count(lost) != 1 || ts.logs.count("level=ERROR") != 1 || ts.logs.count("check for records deleted") != 1 {
 		t.Errorf("want one ERROR line for partition 0 and one warning for partition 1 only:\n%s", ts.logs.String())
+	}
+}
+
+// TestInputReportsRecordsDeletedWhileItReads: the group has read offsets
+// 0 to 4 when the retention deletes everything below 8 before its next
+// fetch (held by the broker until then). franz-go resumes at the log start
+// with a line of its own; the input says at ERROR which offsets were lost
+// and counts them.
+func TestInputReportsRecordsDeletedWhileItReads(t *testing.T) {
+	t.Parallel()
+	const topic, group = "overtaken", "g-overtaken"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	c.ProduceN(t, topic, 5, nil)
+
+	// The fetch at offset 5 waits until records 5 to 9 exist and 0 to 7
+	// are deleted.
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		for _, rt := range req.(*kmsg.FetchRequest).Topics {
+			for _, rp := range rt.Partitions {
+				if rp.FetchOffset == 5 {
+					once.Do(func() {
+						close(held)
+						c.SleepControl(func() { <-release })
+					})
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	s := newSink(t)
+	ts := startStream(t, s, 1, inputConf(c, topic, group))
+	waitFor(t, "offsets 0 to 4", func() bool { return s.ackedCount() == 5 })
+	select {
+	case <-held:
+	case <-time.After(waitTimeout):
+		t.Fatal("no fetch at offset 5")
+	}
+	c.ProduceN(t, topic, 5, nil)
+	var deleteBelow kadm.Offsets
+	deleteBelow.Add(kadm.Offset{Topic: topic, Partition: 0, At: 8})
+	if resp, err := c.Admin(t).DeleteRecords(context.Background(), deleteBelow); err != nil || resp.Error() != nil {
+		t.Fatalf("deleting records below 8: %v %v", err, resp.Error())
+	}
+	close(release)
+
+	waitFor(t, "offsets 8 and 9", func() bool { return s.ackedCount() == 7 })
+	for o := int64(8); o < 10; o++ {
+		if !s.isAcked(offsetKey{topic, 0, o}) {
+			t.Errorf("offset %d not delivered", o)
+		}
+	}
+	if n, _ := ts.gauges.get(metricRecordsExpired); n != 3 {
+		t.Errorf("%s = %d, want 3 (offsets 5 to 7)", metricRecordsExpired, n)
+	}
+	const want = `overtaken[0]: Kafka deleted offsets 5 to 7 before group \"g-overtaken\" read them (the topic's retention overtook the consumer): 3 messages never reached the outbox; consuming resumed at 8`
+	if ts.logs.count(want) != 1 || ts.logs.count("level=ERROR") != 1 {
+		t.Errorf("want one ERROR line saying %s:\n%s", want, ts.logs.String())
 	}
 }

@@ -52,6 +52,7 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
 			var recs []fetched
 			if len(fp.Records) > 0 {
+				f.expired.resumed(fp.Topic, fp.Partition, fp.Records[0].Offset)
 				recs = buildMessages(fp.Records, f.maxMessageBytes)
 			}
 			if tooLarge, ok := errors.AsType[*kgo.ErrDecompressTooLarge](fp.Err); ok {
@@ -317,6 +318,7 @@ func (f *franzInput) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[
 	}
 	// Take the commit points and forget the partitions at once: an ack
 	// arriving after this is not committed by us.
+	f.expired.forget(revoked)
 	f.mu.Lock()
 	offsets := f.committableLocked(revoked)
 	f.dropLocked(revoked)
@@ -338,6 +340,7 @@ func (f *franzInput) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	if len(lost) == 0 {
 		return
 	}
+	f.expired.forget(lost)
 	f.mu.Lock()
 	f.dropLocked(lost)
 	f.mu.Unlock()
