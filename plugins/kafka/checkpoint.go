@@ -88,6 +88,9 @@ type partitionState struct {
 	nextFetch int64           // offset after the last record fetched, -1 before the first
 
 	dead bool // revoked or lost: nothing may be committed or handed out for it any more
+	// stale: the topic was deleted and created again, and this is the old
+	// topic's partition: its offsets would land on the new topic's.
+	stale bool
 }
 
 func newPartitionState(tp topicPartition, budget *byteBudget) *partitionState {
@@ -188,7 +191,7 @@ func (p *partitionState) ack(b *trackedBatch) bool {
 
 // committable returns the commit point when it is ahead of the last commit.
 func (p *partitionState) committable() (kgo.EpochOffset, bool) {
-	if p.dead || p.next.Offset < 0 || p.next.Offset <= p.committed {
+	if p.dead || p.stale || p.next.Offset < 0 || p.next.Offset <= p.committed {
 		return kgo.EpochOffset{}, false
 	}
 	return p.next, true

@@ -214,11 +214,19 @@ func parseBytes(conf *service.ParsedConfig, field string, max uint64, bounds str
 type kgoLogger struct {
 	log        *service.Logger
 	outOfRange func(topic string, partition int32, prior int64)
+	recreated  func(topic string)
 }
 
 func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
 
 func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if l.recreated != nil && strings.HasPrefix(msg, franzRecreated) {
+		for i := 0; i+1 < len(keyvals); i += 2 {
+			if topic, ok := keyvals[i+1].(string); ok && keyvals[i] == "topic" {
+				l.recreated(topic)
+			}
+		}
+	}
 	if l.outOfRange != nil && strings.HasPrefix(msg, franzOutOfRange) {
 		var (
 			topic     string

@@ -60,6 +60,7 @@ type franzInput struct {
 	closeTimeout     time.Duration
 	outage           *outageLogger
 	expired          *expiredCheck
+	recreated        *recreatedTopics
 	// started is the process's launch gate: an exit while the process
 	// starts (launch.Gate.Abandon) closes the input, so that its group
 	// moves the partitions on at once, not after session_timeout.
@@ -107,6 +108,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	f.outage = newOutageLogger(f.log)
 	f.expired = &expiredCheck{log: f.log, lost: res.Metrics().NewCounter(metricRecordsExpired)}
 	metricseries.Counter(f.expired.lost)
+	f.recreated = &recreatedTopics{signal: make(chan struct{}, 1)}
 	f.shutdown = shutdownlog.New(f.log, shutdownlog.Interval, f.awaited)
 
 	topics, err := parseList(conf, kfiFieldTopics, "topic")
@@ -231,7 +233,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		kgo.OnPartitionsAssigned(f.onAssigned),
 		kgo.OnPartitionsRevoked(f.onRevoked),
 		kgo.OnPartitionsLost(f.onLost),
-		kgo.AdjustFetchOffsetsFn(f.expired.adjust),
+		kgo.AdjustFetchOffsetsFn(f.adjustFetchOffsets),
 		kgo.SessionTimeout(session),
 		kgo.HeartbeatInterval(heartbeat),
 		kgo.RebalanceTimeout(rebalance),
@@ -245,7 +247,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		// record is read; ours bounds it by max_message_bytes (see
 		// boundedDecompressor and refusedBatch; docs/guarantees.md #17).
 		kgo.WithDecompressor(dec),
-		kgo.WithLogger(kgoLogger{log: f.log, outOfRange: f.expired.outOfRange}),
+		kgo.WithLogger(kgoLogger{log: f.log, outOfRange: f.expired.outOfRange, recreated: f.recreated.add}),
 		kgo.WithHooks(f.outage),
 	)
 	if instanceID != "" {
@@ -288,8 +290,9 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	f.budget = &byteBudget{limit: f.maxBufferedBytes}
 	f.mu.Unlock()
 
-	f.wg.Add(1)
+	f.wg.Add(2)
 	go f.pollLoop(runCtx, cl)
+	go f.resubscribeLoop(runCtx, cl)
 	commits := f.commitLoop(runCtx, cl)
 	forget := f.started.OnCancel(func(ctx context.Context) { _ = f.Close(ctx) })
 	f.mu.Lock()

@@ -46,6 +46,8 @@ A new consumer group starts at the oldest offset (`+"`start_from_oldest`"+`). On
 
 If no broker is reachable at start, connecting waits and retries with backoff; an unreachable broker is logged once per outage, not once per attempt.
 
+A topic deleted and created again under the same name is read again without a restart (franz-go alone would stop reading it): the input logs a warning, leaves the old topic's partitions without committing their offsets, and reads the new topic from its oldest record.
+
 ### Metadata
 
 Each message carries:

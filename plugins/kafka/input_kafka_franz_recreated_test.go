@@ -1,0 +1,110 @@
+package kafka
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
+)
+
+// TestInputReadsATopicCreatedAgain: the group has read and committed five
+// records when the topic is deleted and created again, and three records
+// are written to the new topic. franz-go alone would never read the new
+// topic (it keeps the old topic's ID); the input subscribes to it again,
+// reads it from its oldest record (the old partition's offset 5, committed
+// as it is revoked, would land on the new topic and skip them), and commits
+// its progress there (at shutdown: the commit period is an hour).
+func TestInputReadsATopicCreatedAgain(t *testing.T) {
+	t.Parallel()
+	const topic, group = "recreated", "g-recreated"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	c.ProduceN(t, topic, 5, nil)
+	s := newSink(t)
+	// Nothing is committed before the revoke.
+	ts := startStream(t, s, 1, strings.Replace(inputConf(c, topic, group), "commit_period: 50ms", "commit_period: 1h", 1))
+	waitFor(t, "offsets 0 to 4", func() bool { return s.ackedCount() == 5 })
+
+	ctx := context.Background()
+	if _, err := c.Admin(t).DeleteTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Admin(t).CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	// A client that never saw the old topic: the cluster's producer keeps
+	// its ID.
+	producer := c.Client(t)
+	for range 3 {
+		if err := producer.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte("new")}).FirstErr(); err != nil {
+			t.Fatalf("producing to the new topic: %v", err)
+		}
+	}
+
+	waitFor(t, "the new topic assigned", func() bool {
+		return ts.logs.count("reading the new topic recreated from its oldest record") == 1
+	})
+	if got, ok := c.Committed(t, group)[topic][0]; ok {
+		t.Errorf("the old partition's offset %d was committed, for the new topic", got)
+	}
+	waitFor(t, "the new topic's offsets 0 to 2", func() bool {
+		for o := range int64(3) {
+			if s.deliveries(offsetKey{topic, 0, o}) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	if n := s.deliveries(offsetKey{topic, 0, 3}); n != 1 {
+		t.Errorf("offset 3 delivered %d times, want once (the old topic's)", n)
+	}
+	if n := ts.logs.count("kafka_franz: topic recreated was deleted and created again"); n != 1 {
+		t.Errorf("want one warning saying the topic was created again, got %d:\n%s", n, ts.logs.String())
+	}
+	ts.stop(waitTimeout)
+	if got := c.Committed(t, group)[topic][0]; got != 3 {
+		t.Errorf("the group committed %d for the new topic, want 3 (its progress)", got)
+	}
+}
+
+// TestRecreatedTopicsStartOver: a topic subscribed to again is read from
+// the log start when assigned within startOverWindow, whatever the group
+// committed for it; other topics, and the same topic after the window, keep
+// their offsets.
+func TestRecreatedTopicsStartOver(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	r := &recreatedTopics{now: func() time.Time { return now }}
+	r.add("vehicle")
+	r.add("vehicle")
+	if got := r.take(); !slices.Equal(got, []string{"vehicle"}) {
+		t.Fatalf("take() = %v, want [vehicle] once", got)
+	}
+	committed := func() map[string]map[int32]kgo.Offset {
+		return map[string]map[int32]kgo.Offset{
+			"vehicle":   {0: kgo.NewOffset().At(5), 1: kgo.NewOffset().At(7)},
+			"heartbeat": {0: kgo.NewOffset().At(9)},
+		}
+	}
+	for _, tc := range []struct {
+		after time.Duration
+		want  []string
+	}{{0, []string{"vehicle"}}, {startOverWindow - time.Second, []string{"vehicle"}}, {startOverWindow, nil}} {
+		now = time.Unix(1_800_000_000, 0).Add(tc.after)
+		offsets := committed()
+		if got := r.startOver(offsets); !slices.Equal(got, tc.want) {
+			t.Fatalf("%v after: startOver restarted %v, want %v", tc.after, got, tc.want)
+		}
+		for topic, parts := range offsets {
+			for p, o := range parts {
+				atStart := o.EpochOffset().Offset == -2
+				if want := slices.Contains(tc.want, topic); atStart != want {
+					t.Errorf("%v after: %s[%d] at %v, want the log start: %v", tc.after, topic, p, o, want)
+				}
+			}
+		}
+	}
+}
