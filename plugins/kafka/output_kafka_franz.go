@@ -2,12 +2,16 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/pluginconf"
@@ -236,16 +240,34 @@ func (o *franzOutput) WriteBatch(ctx context.Context, batch service.MessageBatch
 	if len(records) > 0 {
 		ctx, cancel := context.WithTimeout(ctx, o.timeout)
 		defer cancel()
+		var recreated []string
 		for _, res := range cl.ProduceSync(ctx, records...) {
 			if res.Err != nil {
 				fail(index[res.Record], fmt.Errorf("writing to %s: %w", res.Record.Topic, res.Err))
+				if errors.Is(res.Err, kerr.UnknownTopicID) && !slices.Contains(recreated, res.Record.Topic) {
+					recreated = append(recreated, res.Record.Topic)
+				}
 			}
 		}
+		o.forgetRecreated(cl, recreated)
 	}
 	if batchErr != nil {
 		return batchErr
 	}
 	return nil
+}
+
+// forgetRecreated purges topics from the producer. franz-go answers
+// UNKNOWN_TOPIC_ID for a topic deleted and created again under its name
+// (it keeps the ID it first saw) until the topic is purged, after which the
+// next write goes to the new topic; without it every retry of the messages
+// would fail the same way, for good.
+func (o *franzOutput) forgetRecreated(cl *kgo.Client, topics []string) {
+	if len(topics) == 0 {
+		return
+	}
+	o.log.Warnf("kafka_franz: topic %s was deleted and created again: the messages that failed are written to the new topic when retried", strings.Join(topics, ", "))
+	cl.PurgeTopicsFromClient(topics...)
 }
 
 func (o *franzOutput) toRecord(batch service.MessageBatch, i int, msg *service.Message) (*kgo.Record, error) {

@@ -180,3 +180,36 @@ func TestOutputConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestOutputWritesToATopicCreatedAgain: after its topic is deleted and
+// created again, the write that meets the new topic fails once
+// (UNKNOWN_TOPIC_ID: franz-go keeps the old topic's ID) and its retry goes
+// to the new topic. Without the purge every retry failed the same way.
+func TestOutputWritesToATopicCreatedAgain(t *testing.T) {
+	t.Parallel()
+	const topic = "recreated-out"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	produce := startOutput(t, fmt.Sprintf("seed_brokers: [ %q ]\ntopic: %s\ntimeout: 20s\n", c.Brokers(), topic))
+	ctx := context.Background()
+	if err := produce(ctx, service.MessageBatch{service.NewMessage([]byte("old"))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Admin(t).DeleteTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Admin(t).CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	err := produce(ctx, service.MessageBatch{service.NewMessage([]byte("new"))})
+	if err != nil && !strings.Contains(err.Error(), "UNKNOWN_TOPIC_ID") {
+		t.Fatalf("the first write after the topic was created again: %v, want nil or UNKNOWN_TOPIC_ID", err)
+	}
+	if err != nil {
+		if err := produce(ctx, service.MessageBatch{service.NewMessage([]byte("new"))}); err != nil {
+			t.Fatalf("the retry of a write that met the new topic: %v", err)
+		}
+	}
+	if recs := readAll(t, c, topic, 1); len(recs) != 1 || string(recs[0].Value) != "new" {
+		t.Fatalf("the new topic holds %d records, want just %q", len(recs), "new")
+	}
+}
