@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
@@ -35,16 +36,8 @@ func TestDroppedMessagesFail(t *testing.T) {
 	dsn, pool := pgtest.NewDBPool(t)
 	mapping := `root = if ["dropped-03", "dropped-07"].contains(this.messageId) { deleted() } else { this }`
 	startStream(t, &logbuf.Buffer{}, slog.LevelInfo, fullStream(kc.Brokers(), topic, dsn, url, mapping, ""))
-	kc.ProduceN(t, topic, n, func(i int) *kgo.Record {
-		return &kgo.Record{Value: vehicle(fmt.Sprintf("%s-%02d", topic, i))}
-	})
-
+	produceAndFinish(t, kc, pool, topic, n)
 	ctx := context.Background()
-	waitFor(t, "every row finished", func() bool {
-		var finished int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status IN ('SUCCESS', 'FAILED')`).Scan(&finished)
-		return err == nil && finished == n
-	})
 	rows, err := pool.Query(ctx, `SELECT message_key, status, coalesce(failure_class, ''), coalesce(last_error, ''), attempt_count
 		FROM forward_records ORDER BY id`)
 	if err != nil {
@@ -101,16 +94,8 @@ func TestMetadataDeletedByTheMappingKeepsTheClaim(t *testing.T) {
 		t.Fatal("the stream has no mapping processor to replace")
 	}
 	startStream(t, &logbuf.Buffer{}, slog.LevelInfo, withFile)
-	kc.ProduceN(t, topic, n, func(i int) *kgo.Record {
-		return &kgo.Record{Value: vehicle(fmt.Sprintf("%s-%02d", topic, i))}
-	})
-
+	produceAndFinish(t, kc, pool, topic, n)
 	ctx := context.Background()
-	waitFor(t, "every row finished", func() bool {
-		var finished int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status IN ('SUCCESS', 'FAILED')`).Scan(&finished)
-		return err == nil && finished == n
-	})
 	var delivered int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status = 'SUCCESS' AND attempt_count = 1`).Scan(&delivered); err != nil {
 		t.Fatal(err)
@@ -124,4 +109,18 @@ func TestMetadataDeletedByTheMappingKeepsTheClaim(t *testing.T) {
 			t.Errorf("the platform received %s %d times, want 1", key, got[key])
 		}
 	}
+}
+
+// produceAndFinish writes n vehicle events, <topic>-00 on, to topic and
+// waits until each has a finished row.
+func produceAndFinish(t *testing.T, kc *kafkatest.Cluster, pool *pgxpool.Pool, topic string, n int) {
+	t.Helper()
+	kc.ProduceN(t, topic, n, func(i int) *kgo.Record {
+		return &kgo.Record{Value: vehicle(fmt.Sprintf("%s-%02d", topic, i))}
+	})
+	waitFor(t, "every row finished", func() bool {
+		var finished int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM forward_records WHERE status IN ('SUCCESS', 'FAILED')`).Scan(&finished)
+		return err == nil && finished == n
+	})
 }
