@@ -29,6 +29,14 @@ const (
 	kfFieldSASLMech    = "mechanism"
 	kfFieldSASLUser    = "username"
 	kfFieldSASLPass    = "password"
+	kfFieldMetadataAge = "metadata_max_age"
+)
+
+// franz-go's bounds of metadata_max_age: its minimum age between two
+// metadata requests, and its ceiling.
+const (
+	minMetadataMaxAge = 5 * time.Second
+	maxMetadataMaxAge = time.Hour
 )
 
 func seedBrokersField() *service.ConfigField {
@@ -43,6 +51,13 @@ func clientIDField() *service.ConfigField {
 	return service.NewStringField(kfFieldClientID).
 		Description("An identifier for the client connection, visible in broker logs and quotas.").
 		Default("forwarder").
+		Advanced()
+}
+
+func metadataMaxAgeField() *service.ConfigField {
+	return service.NewDurationField(kfFieldMetadataAge).
+		Description("How old the client's view of the cluster may get before it is refreshed: a partition added to a topic is read (or written) within this. From 5s to 1h. franz-go's and Kafka's default is 5m; ours is shorter because the records of an added partition wait until it is seen, and a refresh is one small request.").
+		Default("30s").
 		Advanced()
 }
 
@@ -102,7 +117,7 @@ func parseList(conf *service.ParsedConfig, field, what string) ([]string, error)
 }
 
 // parseCommonOpts reads the connection fields every kafka_franz component
-// has: seed brokers, client id, TLS and SASL.
+// has: seed brokers, client id, metadata age, TLS and SASL.
 func parseCommonOpts(conf *service.ParsedConfig) ([]kgo.Opt, error) {
 	brokers, err := parseSeedBrokers(conf)
 	if err != nil {
@@ -112,7 +127,14 @@ func parseCommonOpts(conf *service.ParsedConfig) ([]kgo.Opt, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID)}
+	age, err := conf.FieldDuration(kfFieldMetadataAge)
+	if err != nil {
+		return nil, err
+	}
+	if age < minMetadataMaxAge || age > maxMetadataMaxAge {
+		return nil, fmt.Errorf("field %s: %s is not from %s to %s", kfFieldMetadataAge, age, minMetadataMaxAge, maxMetadataMaxAge)
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.MetadataMaxAge(age)}
 
 	tlsConf, tlsOn, err := conf.FieldTLSToggled(kfFieldTLS)
 	if err != nil {

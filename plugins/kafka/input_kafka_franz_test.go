@@ -626,6 +626,8 @@ func TestInputConfigErrors(t *testing.T) {
 		"ZeroBufferedBytes": {base + "consumer_group: g\nmax_buffered_bytes: 0B", "max_buffered_bytes"},
 		"BadBufferedBytes":  {base + "consumer_group: g\nmax_buffered_bytes: lots", "max_buffered_bytes"},
 		"NoReplayOfNacks":   {base + "consumer_group: g\nauto_replay_nacks: false", "auto_replay_nacks"},
+		"MetadataTooYoung":  {base + "consumer_group: g\nmetadata_max_age: 4s", "metadata_max_age: 4s is not from 5s to 1h0m0s"},
+		"MetadataTooOld":    {base + "consumer_group: g\nmetadata_max_age: 61m", "metadata_max_age: 1h1m0s is not from 5s to 1h0m0s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -733,4 +735,29 @@ func TestOutageLoggerIgnoresCancelledDials(t *testing.T) {
 	if u, r := logs.count("is unreachable"), logs.count("is reachable again"); u != 1 || r != 1 {
 		t.Fatalf("outage logged %d times, recovery %d times; want once each:\n%s", u, r, logs.String())
 	}
+}
+
+// TestInputReadsAPartitionAddedToItsTopic: a partition added to a topic
+// while the group reads it is read within metadata_max_age (its minimum,
+// 5s, here): with franz-go's 5-minute default its records would wait that
+// long.
+func TestInputReadsAPartitionAddedToItsTopic(t *testing.T) {
+	t.Parallel()
+	const topic, group = "grown", "g-grown"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	c.ProduceN(t, topic, 2, nil)
+	s := newSink(t)
+	startStream(t, s, 1, inputConf(c, topic, group, "metadata_max_age: 5s"))
+	waitFor(t, "offsets 0 and 1", func() bool { return s.ackedCount() == 2 })
+
+	ctx := context.Background()
+	if _, err := c.Admin(t).CreatePartitions(ctx, 1, topic); err != nil {
+		t.Fatal(err)
+	}
+	producer := c.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err := producer.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 1, Value: []byte("p1")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	// waitFor gives up after a minute, well before five.
+	waitFor(t, "the added partition's first record", func() bool { return s.isAcked(offsetKey{topic, 1, 0}) })
 }

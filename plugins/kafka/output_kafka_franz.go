@@ -58,6 +58,7 @@ Used for the optional dead-letter topic and by the dev stack's event generator.`
 				Description("Which metadata keys are written as record headers. By default none are.").
 				Optional(),
 			clientIDField(),
+			metadataMaxAgeField(),
 			service.NewIntField(kfoFieldMaxInFlight).
 				Description("The most batches written at the same time.").
 				Default(10),

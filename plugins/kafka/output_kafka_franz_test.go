@@ -167,6 +167,7 @@ func TestOutputConfigErrors(t *testing.T) {
 		"NoBrokers":    {"seed_brokers: [ ' , ' ]\ntopic: x", "seed_brokers"},
 		"BadSize":      {"seed_brokers: [ a:1 ]\ntopic: x\nmax_message_bytes: lots", "max_message_bytes"},
 		"BadMechanism": {"seed_brokers: [ a:1 ]\ntopic: x\nsasl:\n  - mechanism: GSSAPI", "mechanism"},
+		"MetadataAge":  {"seed_brokers: [ a:1 ]\ntopic: x\nmetadata_max_age: 0s", "metadata_max_age: 0s is not from 5s to 1h0m0s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

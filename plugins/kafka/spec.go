@@ -82,6 +82,7 @@ A record read from a batch within the bound whose value, or whose key and header
 				Description("The consumer group whose offsets are committed. Every instance of the service uses the same group so partitions are shared between them.").
 				Example("forwarder"),
 			clientIDField(),
+			metadataMaxAgeField(),
 			service.NewStringField(kfiFieldInstanceID).
 				Description("Makes this member static (Kafka's `group.instance.id`): it must be unique within the group and stable across restarts. A restarted member with the same id gets its partitions back without a rebalance, provided it returns within `session_timeout`. Leave empty for dynamic membership.").
 				Example("forwarder-0").
