@@ -104,6 +104,11 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 				return // nothing to retry, or skipped above
 			}
 			msg := fmt.Sprintf("fetching %s/%d: %v", topic, partition, err)
+			if topic == "" {
+				// Not a partition's: franz-go passes the group's
+				// errors (a join the broker refuses) this way.
+				msg = fmt.Sprintf("group %q: %v", f.group, err)
+			}
 			if loggedErrs[msg] {
 				f.log.Debugf("kafka_franz: %s", msg)
 				return

@@ -761,3 +761,21 @@ func TestInputReadsAPartitionAddedToItsTopic(t *testing.T) {
 	// waitFor gives up after a minute, well before five.
 	waitFor(t, "the added partition's first record", func() bool { return s.isAcked(offsetKey{topic, 1, 0}) })
 }
+
+// TestInputSaysWhyItCannotJoin: a broker that refuses the group's session
+// timeout (above its group.max.session.timeout.ms) leaves the input with
+// nothing to read; one warning names the group and the broker's reason,
+// however often franz-go tries again.
+func TestInputSaysWhyItCannotJoin(t *testing.T) {
+	t.Parallel()
+	const topic, group = "refused", "g-refused"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}},
+		kfake.BrokerConfigs(map[string]string{"group.max.session.timeout.ms": "5000"}))
+	ts := startStream(t, newSink(t), 1, inputConf(c, topic, group, "session_timeout: 10s"))
+	const want = `kafka_franz: group \"g-refused\": unable to join group session: INVALID_SESSION_TIMEOUT`
+	// franz-go retries the join with backoff; the repeats go to DEBUG.
+	waitFor(t, "the warning and two repeats", func() bool { return ts.logs.count(want) == 3 })
+	if n := ts.logs.count("level=WARN"); n != 1 {
+		t.Errorf("want the one warning, got %d:\n%s", n, ts.logs.String())
+	}
+}
