@@ -59,6 +59,7 @@ type franzInput struct {
 	commitTimeout    time.Duration // a third of rebalance_timeout
 	closeTimeout     time.Duration
 	outage           *outageLogger
+	topics           []string
 	expired          *expiredCheck
 	recreated        *recreatedTopics
 	// started is the process's launch gate: an exit while the process
@@ -115,6 +116,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if err != nil {
 		return nil, err
 	}
+	f.topics = topics
 
 	f.group = pluginconf.Field(&err, conf.FieldString, kfiFieldConsumerGroup)
 	f.checkpointLimit = pluginconf.Field(&err, conf.FieldInt, kfiFieldCheckpointLimit)
@@ -307,6 +309,7 @@ func (f *franzInput) Connect(ctx context.Context) error {
 		return errExiting
 	}
 	f.log.Infof("kafka_franz: consuming as group %q", f.group)
+	f.warnMissingTopics(ctx, cl)
 	return nil
 }
 

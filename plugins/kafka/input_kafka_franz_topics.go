@@ -2,12 +2,15 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -155,4 +158,27 @@ func (f *franzInput) adjustFetchOffsets(ctx context.Context, offsets map[string]
 		f.log.Infof("kafka_franz: reading the new topic %s from its oldest record", strings.Join(restarted, ", "))
 	}
 	return f.expired.adjust(ctx, offsets)
+}
+
+// topicCheckTimeout bounds the look at which configured topics exist.
+const topicCheckTimeout = 5 * time.Second
+
+// warnMissingTopics warns of each configured topic the cluster does not
+// have (a typo in KAFKA_TOPIC_VEHICLE, a topic not created yet). The group
+// waits for it without a word from franz-go: nothing would be read from it
+// and nothing would say so. It is read once it exists, within
+// metadata_max_age.
+func (f *franzInput) warnMissingTopics(ctx context.Context, cl *kgo.Client) {
+	cctx, cancel := context.WithTimeout(ctx, topicCheckTimeout)
+	defer cancel()
+	details, err := kadm.NewClient(cl).ListTopics(cctx, f.topics...)
+	if err != nil {
+		f.log.Debugf("kafka_franz: could not check that topics %s exist: %v", strings.Join(f.topics, ", "), err)
+		return
+	}
+	for _, topic := range f.topics {
+		if td, ok := details[topic]; ok && errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
+			f.log.Warnf("kafka_franz: topic %q does not exist: group %q reads nothing from it until it is created (check the topic's name)", topic, f.group)
+		}
+	}
 }

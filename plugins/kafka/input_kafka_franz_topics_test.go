@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -107,4 +108,29 @@ func TestRecreatedTopicsStartOver(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestInputWarnsOfATopicThatDoesNotExist: of two configured topics, one
+// does not exist (a typo, or not created yet). The input says so once at
+// start, reads the other, and reads the missing one once it is created,
+// within metadata_max_age.
+func TestInputWarnsOfATopicThatDoesNotExist(t *testing.T) {
+	t.Parallel()
+	const group = "g-missing"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: "present", Partitions: 1}})
+	c.ProduceN(t, "present", 1, nil)
+	s := newSink(t)
+	conf := fmt.Sprintf("seed_brokers: [ %q ]\ntopics: [ present, absent ]\nconsumer_group: %s\ncommit_period: 50ms\nmetadata_max_age: 5s\n", c.Brokers(), group)
+	ts := startStream(t, s, 1, conf)
+	waitFor(t, "the present topic's record", func() bool { return s.isAcked(offsetKey{"present", 0, 0}) })
+	const want = `kafka_franz: topic \"absent\" does not exist: group \"g-missing\" reads nothing from it until it is created`
+	if ts.logs.count(want) != 1 || ts.logs.count("level=WARN") != 1 {
+		t.Errorf("want one warning saying %s:\n%s", want, ts.logs.String())
+	}
+
+	if _, err := c.Admin(t).CreateTopic(context.Background(), 1, 1, nil, "absent"); err != nil {
+		t.Fatal(err)
+	}
+	c.ProduceN(t, "absent", 1, nil)
+	waitFor(t, "the created topic's record", func() bool { return s.isAcked(offsetKey{"absent", 0, 0}) })
 }
