@@ -26,6 +26,11 @@ import (
 // metricConsumerLag is the per-partition lag gauge (docs/components.md).
 const metricConsumerLag = "forwarder_kafka_consumer_lag"
 
+// metricPartitionsAssigned counts, per configured topic, the partitions
+// assigned to this member: 0 for a topic on every instance means nothing
+// reads it.
+const metricPartitionsAssigned = "forwarder_kafka_partitions_assigned"
+
 // batchBytesPerMessage is how many times max_message_bytes a compressed
 // record batch may decompress to. Producers put a record larger than their
 // batch size in a batch of its own, so a batch past this holds a record far
@@ -43,8 +48,9 @@ const maxFetchWait = math.MaxInt32 * time.Millisecond
 // whoever calls the ack functions, the commit loop and franz-go's rebalance
 // callbacks. No network call is made with mu held.
 type franzInput struct {
-	log *service.Logger
-	lag *service.MetricGauge
+	log      *service.Logger
+	lag      *service.MetricGauge
+	assigned *service.MetricGauge
 	// tracer starts each message's kafka.consume span; nil when the
 	// stream does not trace.
 	tracer trace.Tracer
@@ -70,6 +76,7 @@ type franzInput struct {
 	mu             sync.Mutex
 	client         *kgo.Client
 	parts          map[topicPartition]*partitionState
+	owned          map[string]int // partitions assigned, per configured topic
 	budget         *byteBudget
 	polls          uint64             // polls that returned records, for the lag refresh
 	cancelPeriodic context.CancelFunc // abandons the periodic commit in flight, if any
@@ -97,12 +104,14 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		return nil, err
 	}
 	f := &franzInput{
-		log:    res.Logger(),
-		lag:    res.Metrics().NewGauge(metricConsumerLag, "topic", "partition"),
-		tracer: tracectx.Tracer(res),
-		parts:  make(map[topicPartition]*partitionState),
-		notify: make(chan struct{}, 1),
-		room:   make(chan struct{}, 1),
+		log: res.Logger(),
+		lag: res.Metrics().NewGauge(metricConsumerLag, "topic", "partition"),
+
+		assigned: res.Metrics().NewGauge(metricPartitionsAssigned, "topic"),
+		tracer:   tracectx.Tracer(res),
+		parts:    make(map[topicPartition]*partitionState),
+		notify:   make(chan struct{}, 1),
+		room:     make(chan struct{}, 1),
 
 		started: launch.Process,
 	}
@@ -290,6 +299,7 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	f.runCancel = cancel
 	f.parts = make(map[topicPartition]*partitionState)
 	f.budget = &byteBudget{limit: f.maxBufferedBytes}
+	f.resetOwnedLocked()
 	f.mu.Unlock()
 
 	f.wg.Add(2)

@@ -290,6 +290,9 @@ func (f *franzInput) commit(ctx context.Context, cl *kgo.Client, offsets map[str
 
 func (f *franzInput) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	f.expired.assigned(cl)
+	f.mu.Lock()
+	f.countOwnedLocked(assigned, 1)
+	f.mu.Unlock()
 	if len(assigned) > 0 {
 		f.logRebalance("assigned", assigned)
 	}
@@ -327,6 +330,7 @@ func (f *franzInput) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[
 	f.mu.Lock()
 	offsets := f.committableLocked(revoked)
 	f.dropLocked(revoked)
+	f.countOwnedLocked(revoked, -1)
 	abandonPeriodic := f.cancelPeriodic
 	f.mu.Unlock()
 	if abandonPeriodic != nil {
@@ -348,8 +352,29 @@ func (f *franzInput) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	f.expired.forget(lost)
 	f.mu.Lock()
 	f.dropLocked(lost)
+	f.countOwnedLocked(lost, -1)
 	f.mu.Unlock()
 	f.logRebalance("lost", lost)
+}
+
+// resetOwnedLocked sets every configured topic's count of assigned
+// partitions to 0 (a member that has not joined, or has left).
+func (f *franzInput) resetOwnedLocked() {
+	f.owned = make(map[string]int, len(f.topics))
+	for _, t := range f.topics {
+		f.owned[t] = 0
+		f.assigned.Set(0, t)
+	}
+}
+
+// countOwnedLocked adds (sign 1) or takes away (-1) partitions from the
+// counts of assigned partitions.
+func (f *franzInput) countOwnedLocked(parts map[string][]int32, sign int) {
+	for topic, ps := range parts {
+		n := max(f.owned[topic]+sign*len(ps), 0)
+		f.owned[topic] = n
+		f.assigned.Set(int64(n), topic)
+	}
 }
 
 // dropLocked forgets the partitions. Their lag drops to 0: it is another

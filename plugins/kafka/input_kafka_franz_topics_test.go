@@ -113,7 +113,9 @@ func TestRecreatedTopicsStartOver(t *testing.T) {
 // TestInputWarnsOfATopicThatDoesNotExist: of two configured topics, one
 // does not exist (a typo, or not created yet). The input says so once at
 // start, reads the other, and reads the missing one once it is created,
-// within metadata_max_age.
+// within metadata_max_age. The partitions-assigned gauge shows each
+// topic's count, 0 for the missing one, and 0 again for both once the
+// member has left.
 func TestInputWarnsOfATopicThatDoesNotExist(t *testing.T) {
 	t.Parallel()
 	const group = "g-missing"
@@ -127,10 +129,27 @@ func TestInputWarnsOfATopicThatDoesNotExist(t *testing.T) {
 	if ts.logs.count(want) != 1 || ts.logs.count("level=WARN") != 1 {
 		t.Errorf("want one warning saying %s:\n%s", want, ts.logs.String())
 	}
+	assigned := func(topic string) int64 {
+		n, ok := ts.gauges.get(metricID(metricPartitionsAssigned, []string{"topic"}, []string{topic}))
+		if !ok {
+			return -1
+		}
+		return n
+	}
+	if p, a := assigned("present"), assigned("absent"); p != 1 || a != 0 {
+		t.Errorf("partitions assigned: present %d, absent %d; want 1 and 0", p, a)
+	}
 
 	if _, err := c.Admin(t).CreateTopic(context.Background(), 1, 1, nil, "absent"); err != nil {
 		t.Fatal(err)
 	}
 	c.ProduceN(t, "absent", 1, nil)
 	waitFor(t, "the created topic's record", func() bool { return s.isAcked(offsetKey{"absent", 0, 0}) })
+	if a := assigned("absent"); a != 1 {
+		t.Errorf("partitions assigned of the created topic: %d, want 1", a)
+	}
+	ts.stop(waitTimeout)
+	if p, a := assigned("present"), assigned("absent"); p != 0 || a != 0 {
+		t.Errorf("partitions assigned after leaving: present %d, absent %d; want 0 and 0", p, a)
+	}
 }

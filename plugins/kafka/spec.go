@@ -72,6 +72,8 @@ A record read from a batch within the bound whose value, or whose key and header
 
 `+"`"+metricConsumerLag+"{topic, partition}`"+`: for each partition this member consumes, the partition's high watermark minus the next offset the input will read, from every fetch (and from a ListOffsets request every `+"`commit_period`"+` while no records are fetched, so the gauge keeps up while the pipeline is stalled). A partition shows up once it has delivered a record; it drops to 0 when the partition moves to another member.
 
+`+"`"+metricPartitionsAssigned+"{topic}`"+`: the partitions of each configured topic assigned to this member, 0 until the group assigns it some (and for a topic that does not exist). Summed over the instances, 0 for a topic means nothing reads it: a refused join, a missing topic, a stuck group.
+
 `+"`"+metricRecordsExpired+"`"+`: records Kafka deleted before the group read them. When a partition is assigned, the group's committed offset is compared with the partition's log start; a commit below it means the topic's retention removed records the group never read (the forwarder was stopped, or behind, for longer than the retention). They cannot be read any more: each such partition is logged at ERROR with the offsets lost, they are counted here, and consuming resumes at the log start, whatever `+"`start_from_oldest`"+` says (it is for a group without a commit). Records deleted under a partition while it is being read (the retention overtook a consumer far behind) are logged and counted the same way: franz-go resumes at the log start, and the first record read after it gives the range lost.`).
 		Fields(
 			seedBrokersField(),
