@@ -231,8 +231,10 @@ func parseBytes(conf *service.ParsedConfig, field string, max uint64, bounds str
 // kgoLogger passes franz-go's own logs to Benthos at debug (and trace)
 // level: franz-go logs every retry, which is noise at info level, while our
 // components log what an operator acts on (assignments, outages) themselves.
-// The one franz-go line that means lost records (franzOutOfRange) goes to
-// outOfRange too, when set.
+// Two franz-go lines call for more than a log line, and go to a function
+// too when it is set: records deleted under the consumer (franzOutOfRange,
+// to outOfRange) and a topic deleted and created again (franzRecreated, to
+// recreated).
 type kgoLogger struct {
 	log        *service.Logger
 	outOfRange func(topic string, partition int32, prior int64)

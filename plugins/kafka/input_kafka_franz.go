@@ -104,9 +104,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		return nil, err
 	}
 	f := &franzInput{
-		log: res.Logger(),
-		lag: res.Metrics().NewGauge(metricConsumerLag, "topic", "partition"),
-
+		log:      res.Logger(),
+		lag:      res.Metrics().NewGauge(metricConsumerLag, "topic", "partition"),
 		assigned: res.Metrics().NewGauge(metricPartitionsAssigned, "topic"),
 		tracer:   tracectx.Tracer(res),
 		parts:    make(map[topicPartition]*partitionState),
