@@ -16,12 +16,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/forwarder/forwarder/internal/launch"
+	"github.com/forwarder/forwarder/internal/lograte"
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
 	"github.com/forwarder/forwarder/internal/tracectx"
 )
+
+// commitWarnWindow is the least time between two warnings of failed commits
+// of one kind (periodic, revoke, final); the ones in between are counted.
+const commitWarnWindow = time.Minute
 
 // metricConsumerLag is the per-partition lag gauge (docs/components.md).
 const metricConsumerLag = "forwarder_kafka_consumer_lag"
@@ -65,9 +70,12 @@ type franzInput struct {
 	commitTimeout    time.Duration // a third of rebalance_timeout
 	closeTimeout     time.Duration
 	outage           *outageLogger
-	topics           []string
-	expired          *expiredCheck
-	recreated        *recreatedTopics
+	// commitWarns holds failed commits to a line per kind a minute: a
+	// deleted topic fails every periodic commit until it is back.
+	commitWarns *lograte.Burst
+	topics      []string
+	expired     *expiredCheck
+	recreated   *recreatedTopics
 	// started is the process's launch gate: an exit while the process
 	// starts (launch.Gate.Abandon) closes the input, so that its group
 	// moves the partitions on at once, not after session_timeout.
@@ -115,6 +123,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		started: launch.Process,
 	}
 	f.outage = newOutageLogger(f.log)
+	f.commitWarns = lograte.New(f.log, commitWarnWindow)
 	f.expired = &expiredCheck{log: f.log, lost: res.Metrics().NewCounter(metricRecordsExpired)}
 	metricseries.Counter(f.expired.lost)
 	f.recreated = &recreatedTopics{signal: make(chan struct{}, 1)}
@@ -425,6 +434,7 @@ func (f *franzInput) Close(ctx context.Context) error {
 		}
 		done()
 		cl.Close()
+		f.commitWarns.Flush() // the failed commits not logged yet
 	}
 
 	f.readerMu.Lock()

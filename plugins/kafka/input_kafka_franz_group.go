@@ -271,9 +271,9 @@ func (f *franzInput) commit(ctx context.Context, cl *kgo.Client, offsets map[str
 	case reqErr != nil && (errors.Is(reqErr, context.Canceled) || errors.Is(reqErr, kgo.ErrClientClosed)):
 		f.log.Debugf("kafka_franz: %s commit abandoned: %v", why, reqErr)
 	case reqErr != nil:
-		f.log.Warnf("kafka_franz: %s commit of group %q failed: %v", why, f.group, reqErr)
+		f.commitWarns.Warn(why, fmt.Sprintf("kafka_franz: %s commit of group %q failed: %v", why, f.group, reqErr))
 	case len(failed) > 0:
-		f.log.Warnf("kafka_franz: %s commit of group %q failed for %s", why, f.group, strings.Join(failed, ", "))
+		f.commitWarns.Warn(why, fmt.Sprintf("kafka_franz: %s commit of group %q failed for %s", why, f.group, strings.Join(failed, ", ")))
 	}
 	if len(done) == 0 {
 		return

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redpanda-data/benthos/v4/public/service"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/testsupport/kafkatest"
@@ -151,5 +152,44 @@ func TestInputWarnsOfATopicThatDoesNotExist(t *testing.T) {
 	ts.stop(waitTimeout)
 	if p, a := assigned("present"), assigned("absent"); p != 0 || a != 0 {
 		t.Errorf("partitions assigned after leaving: present %d, absent %d; want 0 and 0", p, a)
+	}
+}
+
+// TestInputWarnsOnceAMinuteOfCommitsToADeletedTopic: while a topic is
+// deleted, every periodic commit of its partitions fails (here every
+// 50ms); the first failure is a warning, the next ones within the minute
+// are counted and summed up when the member leaves.
+func TestInputWarnsOnceAMinuteOfCommitsToADeletedTopic(t *testing.T) {
+	t.Parallel()
+	const topic, group = "deleted", "g-deleted"
+	c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 1}})
+	c.ProduceN(t, topic, 2, nil)
+	s := newSink(t)
+	// The sink holds the ack of a third record until the topic is gone,
+	// so that the commit point moves when no commit can succeed.
+	deleted := make(chan struct{})
+	s.write = func(_ context.Context, _ service.MessageBatch, offsets []offsetKey) error {
+		if slices.Contains(offsets, offsetKey{topic, 0, 2}) {
+			<-deleted
+		}
+		return nil
+	}
+	ts := startStream(t, s, 1, inputConf(c, topic, group))
+	waitFor(t, "offsets 0 and 1 committed", func() bool { return c.Committed(t, group)[topic][0] == 2 })
+	c.ProduceN(t, topic, 1, nil)
+	waitFor(t, "offset 2 read", func() bool { return s.deliveries(offsetKey{topic, 0, 2}) == 1 })
+	if _, err := c.Admin(t).DeleteTopic(context.Background(), topic); err != nil {
+		t.Fatal(err)
+	}
+	close(deleted)
+	const failed = `kafka_franz: periodic commit of group \"g-deleted\" failed`
+	waitFor(t, "the first failed commit", func() bool { return ts.logs.count(failed) == 1 })
+	time.Sleep(time.Second) // twenty more commit periods
+	if n := ts.logs.count(failed); n != 1 {
+		t.Errorf("%d warnings of failed periodic commits in a second, want 1", n)
+	}
+	ts.stop(waitTimeout)
+	if n := ts.logs.count("more like it"); n == 0 {
+		t.Errorf("the failed commits after the first were not summed up at close:\n%s", ts.logs.String())
 	}
 }
