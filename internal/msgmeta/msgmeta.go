@@ -201,7 +201,7 @@ func ReadClaim(msg *service.Message) (Claim, error) {
 	required := func(key string) (string, error) {
 		v, ok := msg.MetaGet(key)
 		if !ok || v == "" {
-			return "", fmt.Errorf("metadata %s is missing: http_forwarder must be fed by the outbox_retry input, and no processor may remove its metadata (meta = deleted())", key)
+			return "", fmt.Errorf("metadata %s is missing: http_forwarder must be fed by the outbox_retry input, and no processor may remove its metadata (meta = deleted() in a mapping or bloblang processor; mapping_file keeps it)", key)
 		}
 		return v, nil
 	}
