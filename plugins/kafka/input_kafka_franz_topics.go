@@ -3,7 +3,6 @@ package kafka
 import (
 	"context"
 	"errors"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -104,8 +103,8 @@ func (r *recreatedTopics) startOver(offsets map[string]map[int32]kgo.Offset) []s
 		if !r.isOld(topic) {
 			continue
 		}
-		for _, p := range slices.Collect(maps.Keys(parts)) {
-			parts[p] = kgo.NewOffset().AtStart()
+		for p := range parts {
+			parts[p] = kgo.NewOffset().AtStart() // an existing key: safe while ranging
 		}
 		restarted = append(restarted, topic)
 	}
