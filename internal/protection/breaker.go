@@ -77,7 +77,7 @@ func (c BreakerConfig) withDefaults() BreakerConfig {
 // breaker is one instance's judgement of the platform from the replies it
 // sees. It judges the platform, not a message (docs/architecture.md,
 // "Protecting the platform"): the platform is down when failures span
-// distinct fresh messages (their attempts unspent) and healthy replies have
+// distinct fresh messages (not failing on their own) and healthy replies have
 // stopped; a message that fails while others are answered is failing on
 // its own, its attempts count, and its retries are no evidence of an
 // outage. It does no I/O and keeps no clock (the caller passes now), so it
@@ -114,8 +114,9 @@ type failure struct {
 	id  int64
 	at  time.Time
 	seq uint64
-	// fresh: the message's attempts were unspent (its first attempt, or
-	// its earlier failures found the platform down and did not count).
+	// fresh: evidence of an outage. The message's attempts were unspent
+	// (its first attempt, or its earlier failures did not count) and
+	// nothing sent after its previous failure was answered.
 	fresh bool
 }
 
@@ -136,8 +137,8 @@ const (
 // probe) for the message of row id. For an unavailable reply, counts says
 // whether it may spend the row's attempt: only while the platform is
 // evidently up, that is the breaker is closed, another message was
-// answered within the window, fewer than Messages distinct messages failed
-// since, and a request sent after this message's own previous failure was
+// answered within the window, fewer than Messages distinct messages not
+// failing on their own failed since, and a request sent after this message's own previous failure was
 // answered healthy (a message failing again before anything else got
 // through says nothing about itself; and at the start of an outage the
 // requests sent before it are still answered for a moment, so that a
@@ -172,11 +173,21 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 	if prev, ok := b.latest[id]; ok && prev.at.After(previous) {
 		previous = prev.at
 	}
-	f := failure{id: id, at: now, seq: b.seq, fresh: r.Fresh}
+	// ownFailure: the message failed before and the platform has since
+	// answered a request sent after that failure: it fails again while
+	// others get through.
+	ownFailure := !previous.IsZero() && previous.Before(b.healthySent)
+	// Its failure is evidence of an outage only when its attempts are
+	// unspent and it is not failing on its own: a message whose earlier
+	// failure did not count (too many failed at once) is not fresh once
+	// the platform has answered others since. Taken as fresh, such retries
+	// came back each retry delay as new evidence and, at the end of a
+	// burst with little else to send, opened the breaker.
+	f := failure{id: id, at: now, seq: b.seq, fresh: r.Fresh && !ownFailure}
 	b.latest[id] = f
 	b.failures = append(b.failures, f)
 	counts = b.state == BreakerClosed && b.evidentlyUp(now) &&
-		(previous.IsZero() || now.Sub(previous) > b.cfg.Window || previous.Before(b.healthySent))
+		(previous.IsZero() || ownFailure || now.Sub(previous) > b.cfg.Window)
 	if b.state != BreakerOpen && b.judgedDown(now) {
 		b.set(BreakerOpen, now)
 		return trip, false
@@ -185,34 +196,37 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 }
 
 // evidentlyUp: the platform answered a message within the window, and
-// fewer than Messages distinct messages have failed since.
+// fewer than Messages distinct messages not failing on their own have
+// failed since. Retries of messages that fail on their own say nothing of
+// the platform: counted here, when they were all that was sent (the end of
+// a burst, the rest held behind them), none of their attempts counted.
 func (b *breaker) evidentlyUp(now time.Time) bool {
 	return !b.lastHealthy.IsZero() && now.Sub(b.lastHealthy) <= b.cfg.Window &&
-		b.failingSinceHealthy(false) < b.cfg.Messages
+		b.failingSinceHealthy() < b.cfg.Messages
 }
 
-// judgedDown: failures of fresh messages span Messages distinct ones, and
-// nothing has been answered for Silence. Retries of messages that have
-// failed on their own are no evidence: when they are all that is due (the
-// other messages delivered, or held behind them by ordering), nothing else
-// can be answered, and that silence says nothing of the platform.
+// judgedDown: fresh failures span Messages distinct messages, and nothing
+// has been answered for Silence. Retries of messages that have failed on
+// their own are no evidence: when they are all that is due (the other
+// messages delivered, or held behind them by ordering), nothing else can be
+// answered, and that silence says nothing of the platform.
 func (b *breaker) judgedDown(now time.Time) bool {
 	answered := b.lastHealthy
 	if answered.IsZero() {
 		answered = b.first
 	}
-	return now.Sub(answered) >= b.cfg.Silence && b.failingSinceHealthy(true) >= b.cfg.Messages
+	return now.Sub(answered) >= b.cfg.Silence && b.failingSinceHealthy() >= b.cfg.Messages
 }
 
-// failingSinceHealthy counts, up to Messages, the distinct messages that
-// failed after the last healthy reply (only fresh failures when fresh).
+// failingSinceHealthy counts, up to Messages, the distinct messages not
+// failing on their own (fresh) that failed after the last healthy reply.
 // It reads the failures newest first and stops at Messages, so that it
 // costs a few steps whatever the load.
-func (b *breaker) failingSinceHealthy(fresh bool) int {
+func (b *breaker) failingSinceHealthy() int {
 	var seen []int64
 	for i := len(b.failures) - 1; i >= 0 && b.failures[i].seq > b.healthySeq; i-- {
 		f := b.failures[i]
-		if (fresh && !f.fresh) || slices.Contains(seen, f.id) {
+		if !f.fresh || slices.Contains(seen, f.id) {
 			continue
 		}
 		if seen = append(seen, f.id); len(seen) >= b.cfg.Messages {

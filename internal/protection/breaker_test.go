@@ -119,6 +119,44 @@ func TestBreaker(t *testing.T) {
 		}
 	})
 
+	t.Run("MessagesWhoseFailuresDidNotCountNeverOpenItWhenTheyAreAllThatIsLeft", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		// Late in a burst, nine messages fail at once among healthy
+		// replies: the first four failures count, the rest come after five
+		// distinct failures and do not (the platform may be going down).
+		healthyEvery(b, t0, t0.Add(time.Second), 50*time.Millisecond)
+		spent := map[int64]bool{}
+		for id := range int64(9) {
+			_, counts := b.observe(t0.Add(time.Second), id, true, true)
+			if counts != (id < 4) {
+				t.Fatalf("failure of message %d, the %d-th distinct since the last answer: counts %v", id, id+1, counts)
+			}
+			spent[id] = counts
+		}
+		for i, at := 0, t0.Add(time.Second+50*time.Millisecond); at.Before(t0.Add(2 * time.Second)); i, at = i+1, at.Add(50*time.Millisecond) {
+			b.observe(at, int64(2_000_000+i), true, false)
+		}
+		// Then the burst is over and ordering holds everything else behind
+		// them: their retries, every 5 s, are all that is sent. The
+		// platform answered others after they failed, so they fail on
+		// their own, whatever their attempts say; their attempts count
+		// from their first retry.
+		for round := range 12 {
+			at := t0.Add(6*time.Second + time.Duration(round)*5*time.Second)
+			for id := range int64(9) {
+				tr, counts := b.observe(at, id, !spent[id], true)
+				if tr != stay {
+					t.Fatalf("retry %d of message %d at %v: %v; nine messages failing on their own are no outage", round+1, id, at.Sub(t0), tr)
+				}
+				if round == 0 && !counts {
+					t.Fatalf("first retry of message %d, the platform having answered others since its failure: not counted", id)
+				}
+				spent[id] = spent[id] || counts
+			}
+		}
+	})
+
 	t.Run("SomeMessagesFailingUnderLoadNeverOpenIt", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
@@ -251,7 +289,7 @@ func TestBreaker(t *testing.T) {
 		if tr, _ := b.observe(late, 4, true, true); tr != stay {
 			t.Fatalf("failures older than the window still count: %v", tr)
 		}
-		if n := b.failingSinceHealthy(false); n != 1 || len(b.latest) != 1 || len(b.failures) != 1 {
+		if n := b.failingSinceHealthy(); n != 1 || len(b.latest) != 1 || len(b.failures) != 1 {
 			t.Fatalf("kept %d failing messages (%d counted, %d replies), want the recent one", len(b.latest), n, len(b.failures))
 		}
 	})
