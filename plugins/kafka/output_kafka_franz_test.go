@@ -214,3 +214,28 @@ func TestOutputWritesToATopicCreatedAgain(t *testing.T) {
 		t.Fatalf("the new topic holds %d records, want just %q", len(recs), "new")
 	}
 }
+
+// TestMetadataMaxAgeBounds: the input reads and the output writes with the
+// smallest and the largest metadata_max_age the config accepts.
+func TestMetadataMaxAgeBounds(t *testing.T) {
+	t.Parallel()
+	for _, age := range []string{"5s", "1h"} {
+		t.Run(age, func(t *testing.T) {
+			t.Parallel()
+			in, out, group := "age-in-"+age, "age-out-"+age, "g-age-"+age
+			c := kafkatest.New(t, []kafkatest.Topic{{Name: in, Partitions: 2}, {Name: out, Partitions: 1}})
+			c.ProduceN(t, in, 4, nil)
+			s := newSink(t)
+			startStream(t, s, 1, inputConf(c, in, group, "metadata_max_age: "+age))
+			waitFor(t, "the 4 records", func() bool { return s.ackedCount() == 4 })
+
+			produce := startOutput(t, fmt.Sprintf("seed_brokers: [ %q ]\ntopic: %s\nmetadata_max_age: %s\n", c.Brokers(), out, age))
+			if err := produce(context.Background(), service.MessageBatch{service.NewMessage([]byte("x"))}); err != nil {
+				t.Fatal(err)
+			}
+			if recs := readAll(t, c, out, 1); len(recs) != 1 || string(recs[0].Value) != "x" {
+				t.Fatalf("the topic holds %d records, want the one written", len(recs))
+			}
+		})
+	}
+}
