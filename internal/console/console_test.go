@@ -343,6 +343,38 @@ func TestConsole(t *testing.T) {
 		}
 	})
 
+	t.Run("AHeldRowLinksTheRowItWaitsBehind", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		db := fixture.New(t, b.pool)
+		head := db.Insert(fixture.Row{Key: "enter-<b>", Attempts: 3, LastError: "http 500: <script>", OrderingKey: "P1001/B-012"})[0]
+		held := db.Insert(fixture.Row{Key: "exit", OrderingKey: "P1001/B-012", OrderHeld: true})[0]
+		c := b.start(t, console.Config{})
+		record := c.get(fmt.Sprintf("/records/%d", held))
+		for _, want := range []string{fmt.Sprintf(`<a href="/records/%d">row %d</a>`, head, head), `<code>enter-&lt;b&gt;</code>: PENDING, 3 attempts, next attempt`,
+			`<span class="reason">http 500: &lt;script&gt;</span>`} {
+			if !strings.Contains(record, want) {
+				t.Errorf("the held row's page lacks %s", want)
+			}
+		}
+		if page := c.get(fmt.Sprintf("/records/%d", head)); strings.Contains(page, `id="held-behind"`) {
+			t.Errorf("the head's page says it is held")
+		}
+		if strings.Contains(record, `id="platform-stopped"`) {
+			t.Errorf("with the breaker closed, the page says the row is not sent for now")
+		}
+		if ok, err := outboxdb.SetBreaker(context.Background(), b.pool, []string{"CLOSED"}, "OPEN", "test", "http 503", time.Second); err != nil || !ok {
+			t.Fatalf("opening the breaker: %v, %v", ok, err)
+		}
+		if page := c.get(fmt.Sprintf("/records/%d", held)); !strings.Contains(page, `id="platform-stopped"`) ||
+			!strings.Contains(page, "circuit breaker is OPEN since") {
+			t.Errorf("with the breaker open, the unfinished row's page does not say it waits:\n%s", page)
+		}
+		if page := c.get(fmt.Sprintf("/records/%d", b.ids["m-1"])); strings.Contains(page, `id="platform-stopped"`) {
+			t.Errorf("a FAILED row's page says it waits for the platform")
+		}
+	})
+
 	t.Run("ReadOnly", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -39,6 +39,12 @@ func showCommand() *cli.Command {
 		Description: `The argument is a message_key; a number is tried as a message_key and as an
 id (the key's row wins when both exist). Exit status 1 when no row matches.
 
+A row held behind an earlier event of its ordering key (its berth) says which
+row it waits behind ("held behind"): that row's status, attempts, next attempt
+and last error, or that it is FAILED and blocks the key. While the breaker is
+open or delivery is paused, an unfinished row says it is not sent for now, and
+why, as "outbox stats" does.
+
 The payload is printed as indented JSON when it is JSON; text that is not
 valid UTF-8, and control characters, are printed as escapes (\xNN,
 \u{NNNN}), never raw. At most 256 KiB of it is printed, objects and
@@ -135,6 +141,9 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 		fmt.Fprintf(tw, "claimed by\t%s at %s\n", str(r.ClaimedBy), fmtTime(r.ClaimedAt))
 	}
 	fmt.Fprintf(tw, "ordering key\t%s (held: %s, blocking its key: %s)\n", str(r.OrderingKey), yesNo(r.OrderHeld), yesNo(r.OrderBlocked))
+	if h := v.HeldBehind; h != nil {
+		fmt.Fprintf(tw, "held behind\t%s\n", holderLine(h))
+	}
 	fmt.Fprintf(tw, "plate / park / berth / device\t%s / %s / %s / %s\n", str(r.PlateNo), str(r.ParkCode), str(r.BerthCode), str(r.DeviceID))
 	kafkaKey := "(none)"
 	if r.KafkaKey != nil {
@@ -145,6 +154,10 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 		fmt.Fprintf(tw, "dead-lettered\t%s\n", fmtTime(r.DeadLetteredAt))
 	}
 	_ = tw.Flush()
+	if p := v.Platform; p != nil && p.Stopped() {
+		fmt.Fprintln(w, "not sent for now, like every unfinished row:")
+		writePlatform(w, *p)
+	}
 	if v.OtherID != nil {
 		fmt.Fprintf(w, "(row %d has this number as its id: forwarder outbox show does not look it up while a key matches)\n", *v.OtherID)
 	}
@@ -198,6 +211,25 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 	_ = tw.Flush()
 }
 
+// holderLine says what a held row waits for: the row ahead of it, and what
+// that row waits for in turn.
+func holderLine(h *outboxdb.Holder) string {
+	line := fmt.Sprintf("row %d (message_key %s): %s, %d attempts", h.ID, console.SafeLine(h.MessageKey), h.Status, h.AttemptCount)
+	switch {
+	case h.Blocking:
+		line += fmt.Sprintf(", blocking its key (ORDER_ON_FAILED=block; forwarder outbox release --id %d lets the key go on)", h.ID)
+	case h.Status == outboxdb.StatusPending:
+		line += ", next attempt at " + fmtTime(h.NextRetryAt)
+	}
+	if h.LastError != nil {
+		line += ", last error: " + str(h.LastError)
+	}
+	if h.HeldBefore > 0 {
+		line += fmt.Sprintf("; then %d more of the key before this one", h.HeldBefore)
+	}
+	return line
+}
+
 // showJSON is `outbox show --json`. The payload is there as base64 (exact
 // bytes) and, when it is JSON, as the JSON value itself.
 type showJSON struct {
@@ -234,6 +266,19 @@ type showJSON struct {
 	Mapping        string          `json:"mapping"`
 	AttemptsTotal  int64           `json:"attempts_total"`
 	Attempts       []attemptJSON   `json:"attempts"`
+	HeldBehind     *holderJSON     `json:"held_behind,omitempty"`
+}
+
+// holderJSON is the row a held row waits behind.
+type holderJSON struct {
+	ID           int64      `json:"id"`
+	MessageKey   string     `json:"message_key"`
+	Status       string     `json:"status"`
+	AttemptCount int        `json:"attempt_count"`
+	NextRetryAt  *time.Time `json:"next_retry_at"`
+	LastError    *string    `json:"last_error"`
+	OrderBlocked bool       `json:"order_blocked"`
+	HeldBefore   int64      `json:"held_before"`
 }
 
 type attemptJSON struct {
@@ -261,6 +306,10 @@ func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) 
 	if r.KafkaKey != nil {
 		k := base64.StdEncoding.EncodeToString(r.KafkaKey)
 		out.KafkaKeyBase64 = &k
+	}
+	if h := v.HeldBehind; h != nil {
+		out.HeldBehind = &holderJSON{ID: h.ID, MessageKey: h.MessageKey, Status: string(h.Status), AttemptCount: h.AttemptCount,
+			NextRetryAt: h.NextRetryAt, LastError: h.LastError, OrderBlocked: h.Blocking, HeldBefore: h.HeldBefore}
 	}
 	// The payload as a JSON value only while it indents within the
 	// bounds of the text output: the encoder indents it again, and a

@@ -9,10 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 )
 
@@ -193,6 +195,41 @@ func TestShow(t *testing.T) {
 		}
 	})
 
+	t.Run("WhatAHeldRowWaitsBehind", func(t *testing.T) {
+		t.Parallel()
+		db := fixture.New(t, b.pool)
+		const okey = "P9/B-held"
+		head := db.Insert(fixture.Row{Key: "enter-\x1b[2J", Status: "FAILED", FailureClass: "REJECTED", Attempts: 2,
+			LastError: "platform errcode 998", OrderingKey: okey, OrderBlocked: true})[0]
+		db.Insert(fixture.Row{Key: "exit-held", OrderingKey: okey, OrderHeld: true},
+			fixture.Row{Key: "later-held", OrderingKey: okey, OrderHeld: true})
+		out := b.mustRun(t, "show", "--mappings", "../../mappings", "later-held")
+		want := "row " + strconv.FormatInt(head, 10) + ` (message_key enter-\u{001b}[2J): FAILED, 2 attempts, blocking its key ` +
+			"(ORDER_ON_FAILED=block; forwarder outbox release --id " + strconv.FormatInt(head, 10) + " lets the key go on), " +
+			"last error: platform errcode 998; then 1 more of the key before this one"
+		if got := field(out, "held behind"); got != want {
+			t.Errorf("held behind: %q, want %q", got, want)
+		}
+		var v struct {
+			HeldBehind *struct {
+				ID           int64  `json:"id"`
+				MessageKey   string `json:"message_key"`
+				OrderBlocked bool   `json:"order_blocked"`
+				HeldBefore   int64  `json:"held_before"`
+			} `json:"held_behind"`
+		}
+		js := b.mustRun(t, "show", "--json", "--mappings", "../../mappings", "exit-held")
+		if err := json.Unmarshal([]byte(js), &v); err != nil {
+			t.Fatalf("%v:\n%s", err, js)
+		}
+		if h := v.HeldBehind; h == nil || h.ID != head || h.MessageKey != "enter-\x1b[2J" || !h.OrderBlocked || h.HeldBefore != 0 {
+			t.Errorf("show --json of a held row: held_behind %+v, want row %d, blocking, none before", h, head)
+		}
+		if out := b.mustRun(t, "show", "--mappings", "../../mappings", "enter-\x1b[2J"); strings.Contains(out, "held behind") {
+			t.Errorf("the head is shown held:\n%s", out)
+		}
+	})
+
 	t.Run("NoSuchRowExits1", func(t *testing.T) {
 		t.Parallel()
 		for _, ref := range []string{"no-such-key", "987654321"} {
@@ -334,4 +371,34 @@ func TestFind(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestShowSaysWhenThePlatformIsStopped: an unfinished row, while the
+// breaker is open or delivery paused, says it is not sent for now and why;
+// a delivered row says nothing of the platform.
+func TestShowSaysWhenThePlatformIsStopped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	db := fixture.New(t, b.pool)
+	db.Insert(fixture.Row{Key: "waiting"}, fixture.Row{Key: "delivered", Status: "SUCCESS"})
+	if out := b.mustRun(t, "show", "--mappings", "../../mappings", "waiting"); strings.Contains(out, "not sent for now") {
+		t.Errorf("with the breaker closed, the row is said not to be sent:\n%s", out)
+	}
+	ok, err := outboxdb.SetBreaker(context.Background(), b.pool, []string{"CLOSED"}, "OPEN", "test", "http 503: unavailable", 5*time.Second)
+	if err != nil || !ok {
+		t.Fatalf("opening the breaker: %v, %v", ok, err)
+	}
+	out := b.mustRun(t, "show", "--mappings", "../../mappings", "waiting")
+	if !strings.Contains(out, "not sent for now, like every unfinished row:\nplatform: breaker OPEN for ") ||
+		!strings.Contains(out, "(http 503: unavailable), next probe in ") {
+		t.Errorf("with the breaker open:\n%s", out)
+	}
+	b.mustRun(t, "pause", "--reason", "platform upgrade", "--operator", "alice")
+	out = b.mustRun(t, "show", "--mappings", "../../mappings", "waiting")
+	if !strings.Contains(out, "delivery: PAUSED by alice for ") || !strings.Contains(out, "platform upgrade") {
+		t.Errorf("with delivery paused:\n%s", out)
+	}
+	if out := b.mustRun(t, "show", "--mappings", "../../mappings", "delivered"); strings.Contains(out, "not sent for now") {
+		t.Errorf("a delivered row is said not to be sent:\n%s", out)
+	}
 }

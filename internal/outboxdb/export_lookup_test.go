@@ -44,3 +44,9 @@ func ExplainRates(ctx context.Context, db TxBeginner) (string, error) {
 func ReadRatesCapped(ctx context.Context, q Querier, limit int) (Rates, error) {
 	return readRates(ctx, q, limit)
 }
+
+// ExplainHolder is the plan of the statement ShowRecord reads a held row's
+// holder with (lookup_holder.sql), as EXPLAIN (FORMAT JSON) prints it.
+func ExplainHolder(ctx context.Context, db TxBeginner, orderingKey string, id int64) (string, error) {
+	return explain(ctx, db, LookupOptions{}, holderSQL, orderingKey, id)
+}

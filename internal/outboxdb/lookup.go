@@ -332,6 +332,36 @@ type RecordView struct {
 	// OtherID is set when the reference was a number that is both this
 	// row's message_key and another row's id: that other row's id.
 	OtherID *int64
+	// HeldBehind is, for a row held by ordering, the row it waits behind;
+	// nil otherwise, and for a held row whose key nothing holds at the
+	// moment (the dispatcher releases it).
+	HeldBehind *Holder
+	// Platform is, for a row not yet finished, the shared platform state
+	// (an open breaker or a pause holds every such row); nil otherwise.
+	Platform *PlatformState
+}
+
+// Stopped says whether requests are held back now: the breaker is open
+// (only probes go), a Retry-After pause runs, or an operator's pause is in
+// force (nothing goes).
+func (p PlatformState) Stopped() bool {
+	return p.Breaker == "OPEN" || p.PausedUntil.After(p.Now) || p.Pause.InForce
+}
+
+// Holder is the row a held row waits behind: its key's head, due, waiting
+// for a retry or in flight, or the FAILED row blocking its key
+// (ORDER_ON_FAILED=block).
+type Holder struct {
+	ID           int64      `db:"id"`
+	MessageKey   string     `db:"message_key"`
+	Status       Status     `db:"status"`
+	AttemptCount int        `db:"attempt_count"`
+	NextRetryAt  *time.Time `db:"next_retry_at"`
+	LastError    *string    `db:"last_error"`
+	Blocking     bool       `db:"order_blocked"`
+	// HeldBefore counts the rows of the key held before the shown one:
+	// they go after the holder, one at a time, before it.
+	HeldBefore int64 `db:"held_before"`
 }
 
 // ErrNoRecord is returned by ShowRecord when no row matches.
@@ -400,6 +430,28 @@ func showRecord(ctx context.Context, db TxBeginner, opts LookupOptions, args []a
 		for i, l := range logs {
 			v.Attempts[i] = l.Attempt
 			v.AttemptsTotal = l.Total
+		}
+		if v.Status != StatusPending && v.Status != StatusInProgress {
+			return nil
+		}
+		p, err := ReadPlatformState(ctx, tx)
+		if err != nil {
+			return err
+		}
+		v.Platform = &p
+		if !v.OrderHeld || v.OrderingKey == nil {
+			return nil
+		}
+		rows, err = tx.Query(ctx, holderSQL, *v.OrderingKey, v.ID)
+		if err != nil {
+			return err
+		}
+		holders, err := pgx.CollectRows(rows, pgx.RowToStructByName[Holder])
+		if err != nil {
+			return err
+		}
+		if len(holders) > 0 {
+			v.HeldBehind = &holders[0]
 		}
 		return nil
 	})

@@ -280,6 +280,15 @@ func TestLookupPlans(t *testing.T) {
 		})
 	}
 
+	// What a held row waits behind is read through its key's order index.
+	t.Run("ShowHolder", func(t *testing.T) {
+		plan, err := outboxdb.ExplainHolder(ctx, pool, "P1050/B-010", 999500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables.checkPlan(t, plan, "forward_deliveries_order_idx")
+	})
+
 	// The console's recent rates walk the primary keys of the newest
 	// messages and attempts, not a partition whole.
 	t.Run("ConsoleRates", func(t *testing.T) {

@@ -309,6 +309,51 @@ func TestOrdering(t *testing.T) {
 		}
 	})
 
+	t.Run("ShowSaysWhatAHeldRowWaitsBehind", func(t *testing.T) {
+		t.Parallel()
+		b := setupOrdering(t)
+		b.insert(orderedRec("enter", berth, 1), orderedRec("exit", berth, 2), orderedRec("later", berth, 3),
+			orderedRec("elsewhere", other, 4))
+		_, rows := b.claimKeys()
+		show := func(key string) outboxdb.RecordView {
+			t.Helper()
+			v, err := outboxdb.ShowRecord(b.Ctx, b.Pool, key, outboxdb.LookupOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		// The head in flight, then due again after a failure.
+		for _, step := range []string{"in flight", "failed once"} {
+			if step == "failed once" {
+				b.record(outboxdb.RecordOptions{}, outboxdb.Result{ID: rows["enter"].ID, ClaimToken: rows["enter"].ClaimToken,
+					Status: outboxdb.StatusPending, Sent: true, HTTPStatus: 500, Error: "http 500", RetryIn: time.Minute})
+			}
+			for key, before := range map[string]int64{"exit": 0, "later": 1} {
+				h := show(key).HeldBehind
+				if h == nil || h.ID != rows["enter"].ID || h.MessageKey != "enter" || h.Blocking || h.HeldBefore != before {
+					t.Fatalf("%s, head %s: held behind %+v, want row %d (enter) with %d held before", key, step, h, rows["enter"].ID, before)
+				}
+				if step == "failed once" && (h.Status != outboxdb.StatusPending || fixture.Str(h.LastError) != "http 500" || h.NextRetryAt == nil) {
+					t.Errorf("%s: its head after a failure is shown %s, last error %q, next attempt %v", key, h.Status, fixture.Str(h.LastError), h.NextRetryAt)
+				}
+			}
+		}
+		for _, key := range []string{"enter", "elsewhere"} {
+			if h := show(key).HeldBehind; h != nil {
+				t.Errorf("%s is not held, but shown behind row %d", key, h.ID)
+			}
+		}
+		// A FAILED head blocking the key.
+		b.ExpireLeases()
+		b.MakeDue(rows["enter"].ID)
+		_, rows = b.claimKeys()
+		b.record(outboxdb.RecordOptions{OnFailed: outboxdb.OrderBlock}, rejected(rows["enter"]))
+		if h := show("exit").HeldBehind; h == nil || h.MessageKey != "enter" || !h.Blocking || h.Status != outboxdb.StatusFailed {
+			t.Errorf("exit, its head FAILED and blocking: held behind %+v, want the blocking row", h)
+		}
+	})
+
 	t.Run("ExhaustedHeadFollowsThePolicy", func(t *testing.T) {
 		t.Parallel()
 		b := setupOrdering(t)

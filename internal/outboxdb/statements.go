@@ -104,6 +104,7 @@ var (
 	errcodesSQL     = mustSQL("lookup_errcodes.sql")
 	showSQL         = mustSQL("lookup_show.sql")
 	attemptsSQL     = mustSQL("lookup_attempts.sql")
+	holderSQL       = mustSQL("lookup_holder.sql")
 
 	// The console's overview and failure pages, and its operator log. Each
 	// page runs inside ReadOnly, so it is bounded by the lookup statement
