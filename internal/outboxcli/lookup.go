@@ -233,52 +233,40 @@ func holderLine(h *outboxdb.Holder) string {
 // showJSON is `outbox show --json`. The payload is there as base64 (exact
 // bytes) and, when it is JSON, as the JSON value itself.
 type showJSON struct {
-	ID             int64           `json:"id"`
-	MessageKey     string          `json:"message_key"`
-	APIType        string          `json:"api_type"`
-	Status         string          `json:"status"`
-	FailureClass   *string         `json:"failure_class"`
-	AttemptCount   int             `json:"attempt_count"`
-	NextRetryAt    *time.Time      `json:"next_retry_at"`
-	LastError      *string         `json:"last_error"`
-	LastHTTPStatus *int32          `json:"last_http_status"`
-	CreatedAt      time.Time       `json:"created_at"`
-	UpdatedAt      time.Time       `json:"updated_at"`
-	SucceededAt    *time.Time      `json:"succeeded_at"`
-	FailedAt       *time.Time      `json:"failed_at"`
-	RequeueRounds  int             `json:"requeue_rounds"`
-	OrderingKey    *string         `json:"ordering_key"`
-	OrderHeld      bool            `json:"order_held"`
-	OrderBlocked   bool            `json:"order_blocked"`
-	PlateNo        *string         `json:"plate_no"`
-	ParkCode       *string         `json:"park_code"`
-	BerthCode      *string         `json:"berth_code"`
-	DeviceID       *string         `json:"device_id"`
-	KafkaTopic     string          `json:"kafka_topic"`
-	KafkaPartition int32           `json:"kafka_partition"`
-	KafkaOffset    int64           `json:"kafka_offset"`
-	KafkaKeyBase64 *string         `json:"kafka_key_base64"`
-	PayloadBase64  []byte          `json:"payload_base64"` // encoding/json writes []byte as base64
-	Payload        json.RawMessage `json:"payload,omitempty"`
-	PayloadOmitted string          `json:"payload_omitted,omitempty"`
-	Request        json.RawMessage `json:"request,omitempty"`
-	RequestError   string          `json:"request_error,omitempty"`
-	Mapping        string          `json:"mapping"`
-	AttemptsTotal  int64           `json:"attempts_total"`
-	Attempts       []attemptJSON   `json:"attempts"`
-	HeldBehind     *holderJSON     `json:"held_behind,omitempty"`
-}
-
-// holderJSON is the row a held row waits behind.
-type holderJSON struct {
-	ID           int64      `json:"id"`
-	MessageKey   string     `json:"message_key"`
-	Status       string     `json:"status"`
-	AttemptCount int        `json:"attempt_count"`
-	NextRetryAt  *time.Time `json:"next_retry_at"`
-	LastError    *string    `json:"last_error"`
-	OrderBlocked bool       `json:"order_blocked"`
-	HeldBefore   int64      `json:"held_before"`
+	ID             int64            `json:"id"`
+	MessageKey     string           `json:"message_key"`
+	APIType        string           `json:"api_type"`
+	Status         string           `json:"status"`
+	FailureClass   *string          `json:"failure_class"`
+	AttemptCount   int              `json:"attempt_count"`
+	NextRetryAt    *time.Time       `json:"next_retry_at"`
+	LastError      *string          `json:"last_error"`
+	LastHTTPStatus *int32           `json:"last_http_status"`
+	CreatedAt      time.Time        `json:"created_at"`
+	UpdatedAt      time.Time        `json:"updated_at"`
+	SucceededAt    *time.Time       `json:"succeeded_at"`
+	FailedAt       *time.Time       `json:"failed_at"`
+	RequeueRounds  int              `json:"requeue_rounds"`
+	OrderingKey    *string          `json:"ordering_key"`
+	OrderHeld      bool             `json:"order_held"`
+	OrderBlocked   bool             `json:"order_blocked"`
+	PlateNo        *string          `json:"plate_no"`
+	ParkCode       *string          `json:"park_code"`
+	BerthCode      *string          `json:"berth_code"`
+	DeviceID       *string          `json:"device_id"`
+	KafkaTopic     string           `json:"kafka_topic"`
+	KafkaPartition int32            `json:"kafka_partition"`
+	KafkaOffset    int64            `json:"kafka_offset"`
+	KafkaKeyBase64 *string          `json:"kafka_key_base64"`
+	PayloadBase64  []byte           `json:"payload_base64"` // encoding/json writes []byte as base64
+	Payload        json.RawMessage  `json:"payload,omitempty"`
+	PayloadOmitted string           `json:"payload_omitted,omitempty"`
+	Request        json.RawMessage  `json:"request,omitempty"`
+	RequestError   string           `json:"request_error,omitempty"`
+	Mapping        string           `json:"mapping"`
+	AttemptsTotal  int64            `json:"attempts_total"`
+	Attempts       []attemptJSON    `json:"attempts"`
+	HeldBehind     *outboxdb.Holder `json:"held_behind,omitempty"`
 }
 
 type attemptJSON struct {
@@ -302,14 +290,10 @@ func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) 
 		PlateNo: r.PlateNo, ParkCode: r.ParkCode, BerthCode: r.BerthCode, DeviceID: r.DeviceID,
 		KafkaTopic: r.KafkaTopic, KafkaPartition: r.KafkaPartition, KafkaOffset: r.KafkaOffset,
 		PayloadBase64: r.Payload, Mapping: preview.Mapping,
-		RequestError: preview.Err, AttemptsTotal: v.AttemptsTotal, Attempts: []attemptJSON{}}
+		RequestError: preview.Err, AttemptsTotal: v.AttemptsTotal, Attempts: []attemptJSON{}, HeldBehind: v.HeldBehind}
 	if r.KafkaKey != nil {
 		k := base64.StdEncoding.EncodeToString(r.KafkaKey)
 		out.KafkaKeyBase64 = &k
-	}
-	if h := v.HeldBehind; h != nil {
-		out.HeldBehind = &holderJSON{ID: h.ID, MessageKey: h.MessageKey, Status: string(h.Status), AttemptCount: h.AttemptCount,
-			NextRetryAt: h.NextRetryAt, LastError: h.LastError, OrderBlocked: h.Blocking, HeldBefore: h.HeldBefore}
 	}
 	// The payload as a JSON value only while it indents within the
 	// bounds of the text output: the encoder indents it again, and a

@@ -352,16 +352,16 @@ func (p PlatformState) Stopped() bool {
 // for a retry or in flight, or the FAILED row blocking its key
 // (ORDER_ON_FAILED=block).
 type Holder struct {
-	ID           int64      `db:"id"`
-	MessageKey   string     `db:"message_key"`
-	Status       Status     `db:"status"`
-	AttemptCount int        `db:"attempt_count"`
-	NextRetryAt  *time.Time `db:"next_retry_at"`
-	LastError    *string    `db:"last_error"`
-	Blocking     bool       `db:"order_blocked"`
+	ID           int64      `db:"id" json:"id"`
+	MessageKey   string     `db:"message_key" json:"message_key"`
+	Status       Status     `db:"status" json:"status"`
+	AttemptCount int        `db:"attempt_count" json:"attempt_count"`
+	NextRetryAt  *time.Time `db:"next_retry_at" json:"next_retry_at"`
+	LastError    *string    `db:"last_error" json:"last_error"`
+	Blocking     bool       `db:"order_blocked" json:"order_blocked"`
 	// HeldBefore counts the rows of the key held before the shown one:
 	// they go after the holder, one at a time, before it.
-	HeldBefore int64 `db:"held_before"`
+	HeldBefore int64 `db:"held_before" json:"held_before"`
 }
 
 // ErrNoRecord is returned by ShowRecord when no row matches.
