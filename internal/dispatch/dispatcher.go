@@ -364,8 +364,8 @@ func (d *Dispatcher) gated(ctx context.Context, pool *pgxpool.Pool, g *protectio
 			return nil, false, err
 		}
 		if len(res.Claimed) > 0 {
-			// A message whose attempts are unspent was not failing on its
-			// own: its failure says the platform is down.
+			// A message whose attempts are unspent may not be failing on
+			// its own: its failure may say the platform is down.
 			row := res.Claimed[0]
 			g.MarkProbe(row.ID, row.AttemptCount <= 1)
 			return res.Claimed, false, nil

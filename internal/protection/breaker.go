@@ -173,10 +173,7 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 	if prev, ok := b.latest[id]; ok && prev.at.After(previous) {
 		previous = prev.at
 	}
-	// ownFailure: the message failed before and the platform has since
-	// answered a request sent after that failure: it fails again while
-	// others get through.
-	ownFailure := !previous.IsZero() && previous.Before(b.healthySent)
+	ownFailure := b.failsOnItsOwn(previous)
 	// Its failure is evidence of an outage only when its attempts are
 	// unspent and it is not failing on its own: a message whose earlier
 	// failure did not count (too many failed at once) is not fresh once
@@ -193,6 +190,13 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 		return trip, false
 	}
 	return stay, counts
+}
+
+// failsOnItsOwn says whether a message that last failed at previous (zero:
+// never) fails on its own: the platform has since answered a request sent
+// after that failure, so it fails again while others get through.
+func (b *breaker) failsOnItsOwn(previous time.Time) bool {
+	return !previous.IsZero() && previous.Before(b.healthySent)
 }
 
 // evidentlyUp: the platform answered a message within the window, and

@@ -93,7 +93,7 @@ type Gate struct {
 	hold hold
 	held bool
 	// probes holds the rows marked to carry a probe, and whether each
-	// one's message is fresh (see MarkProbe).
+	// one's attempts are unspent (see MarkProbe).
 	probes  map[int64]bool
 	changed chan struct{}
 	// decisions counts this instance's own changes of the breaker and
@@ -487,10 +487,10 @@ func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	}
 	if p == Probe {
 		g.mu.Lock()
-		fresh := g.probes[id]
+		unspent := g.probes[id]
 		delete(g.probes, id)
 		g.mu.Unlock()
-		g.probed(ctx, id, r, fresh)
+		g.probed(ctx, id, r, unspent)
 		return false
 	}
 	switch {
@@ -520,8 +520,16 @@ func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	return counts
 }
 
-func (g *Gate) probed(ctx context.Context, id int64, r Reply, fresh bool) {
-	result := "healthy"
+// probed follows the reply to the probe carried by row id, whose attempts
+// were unspent or not (MarkProbe), and says what it proved: healthy,
+// unavailable, or inconclusive. A failure proves the platform down only
+// with a message not failing on its own: attempts unspent, and no healthy
+// answer to a request sent after its previous failure.
+func (g *Gate) probed(ctx context.Context, id int64, r Reply, unspent bool) (result string) {
+	g.mu.Lock()
+	fresh := unspent && !g.b.failsOnItsOwn(r.PreviousFailure)
+	g.mu.Unlock()
+	result = "healthy"
 	switch {
 	case r.Unavailable && !fresh:
 		result = "inconclusive"
@@ -534,12 +542,13 @@ func (g *Gate) probed(ctx context.Context, id int64, r Reply, fresh bool) {
 	switch result {
 	case "inconclusive":
 		g.log.Infof("Platform probe with row %d failed, but that message has failed on its own before (no other message was due to probe with): it proves nothing, the breaker stays open until a probe with another message: %s", id, r.Why)
-		return
+		return result
 	case "unavailable":
 		g.log.Infof("Platform probe failed, the breaker stays open: %s", r.Why)
-		return
+		return result
 	}
 	g.setShared(ctx, []BreakerState{BreakerOpen}, BreakerHalfOpen, "a probe succeeded")
+	return result
 }
 
 // setShared changes the shared state and follows it at once; another
@@ -687,12 +696,13 @@ func (g *Gate) TryProbe(ctx context.Context) bool {
 	return won
 }
 
-// MarkProbe marks the row that will carry the probe; fresh says its
-// message has not failed with its attempts counted (it was chosen because
-// no such message was due), so that its failure says the platform is down.
-func (g *Gate) MarkProbe(id int64, fresh bool) {
+// MarkProbe marks the row that will carry the probe; unspent says its
+// attempts have not been spent (false: it was chosen because no such
+// message was due), so that, unless it failed while others were answered,
+// its failure says the platform is down.
+func (g *Gate) MarkProbe(id int64, unspent bool) {
 	g.mu.Lock()
-	g.probes[id] = fresh
+	g.probes[id] = unspent
 	g.mu.Unlock()
 }
 

@@ -120,6 +120,47 @@ func TestGateSharedByInstances(t *testing.T) {
 		eventually(t, "closed for both", func() bool { return a.State() == BreakerClosed && b.State() == BreakerClosed })
 	})
 
+	t.Run("AProbeProvesNothingWithAMessageFailingOnItsOwn", func(t *testing.T) {
+		t.Parallel()
+		a, _ := newPair(t, Config{ProbeInterval: time.Hour})
+		failedAt := time.Now()
+		a.report(ctx, 100, Send, Reply{Sent: failedAt.Add(time.Millisecond)}) // answered after failedAt
+		for i := range 5 {
+			a.report(ctx, int64(i), Send, Reply{Unavailable: true, Fresh: true, Why: "http 500"})
+		}
+		if a.State() != BreakerOpen {
+			t.Fatalf("state %v after 5 fresh failures, want OPEN", a.State())
+		}
+		down := Reply{Unavailable: true, Why: "http 500"}
+		for _, c := range []struct {
+			name     string
+			unspent  bool
+			previous time.Time
+			want     string
+		}{
+			{"NeverFailed", true, time.Time{}, "unavailable"},
+			{"AttemptsSpent", false, time.Time{}, "inconclusive"},
+			// Its failure did not count, but a request sent after it was
+			// answered: it fails on its own.
+			{"FailedWhileOthersWereAnswered", true, failedAt, "inconclusive"},
+			// Nothing sent after its failure was answered: it may have
+			// found the platform down.
+			{"FailedAfterTheLastAnswer", true, failedAt.Add(time.Second), "unavailable"},
+		} {
+			r := down
+			r.PreviousFailure = c.previous
+			if got := a.probed(ctx, 42, r, c.unspent); got != c.want {
+				t.Errorf("%s: a failed probe is %s, want %s", c.name, got, c.want)
+			}
+		}
+		if a.State() != BreakerOpen {
+			t.Fatalf("state %v after failed probes, want OPEN", a.State())
+		}
+		if got := a.probed(ctx, 42, Reply{PreviousFailure: failedAt}, false); got != "healthy" || a.State() != BreakerHalfOpen {
+			t.Errorf("a healthy probe on a message failing on its own: %s, state %v; want it to half-open", got, a.State())
+		}
+	})
+
 	t.Run("RetryAfterPausesEveryInstance", func(t *testing.T) {
 		t.Parallel()
 		a, b := newPair(t, Config{})
