@@ -214,7 +214,7 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 // holderLine says what a held row waits for: the row ahead of it, and what
 // that row waits for in turn.
 func holderLine(h *outboxdb.Holder) string {
-	line := fmt.Sprintf("row %d (message_key %s): %s, %d attempts", h.ID, console.SafeLine(h.MessageKey), h.Status, h.AttemptCount)
+	line := fmt.Sprintf("row %d (message_key %s): %s, %s", h.ID, console.SafeLine(h.MessageKey), h.Status, plural(h.AttemptCount, "attempt", "attempts"))
 	switch {
 	case h.Blocking:
 		line += fmt.Sprintf(", blocking its key (ORDER_ON_FAILED=block; forwarder outbox release --id %d lets the key go on)", h.ID)
