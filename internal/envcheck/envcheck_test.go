@@ -22,7 +22,10 @@ func TestVarCheck(t *testing.T) {
 		// by lint as http_forwarder and the dead-letter input refuse it at
 		// start-up; a backoff or a batching period may be zero.
 		{"FORWARD_TIMEOUT", "0s", "FORWARD_TIMEOUT=0s: not a duration above zero, e.g. 10s"},
-		{"FORWARD_TIMEOUT", "1ns", ""},
+		// The shortest a request may be given, and what is refused below it.
+		{"FORWARD_TIMEOUT", "1ms", ""},
+		{"FORWARD_TIMEOUT", "999us", "FORWARD_TIMEOUT=999us: shorter than 1ms: too short for a request to the platform, e.g. 10s"},
+		{"FORWARD_TIMEOUT", "1ns", "FORWARD_TIMEOUT=1ns: shorter than 1ms"},
 		{"PLATFORM_PROBE_INTERVAL", "0s", "PLATFORM_PROBE_INTERVAL=0s: not a duration above zero, e.g. 5s"},
 		{"DEAD_LETTER_POLL_INTERVAL", "0", "DEAD_LETTER_POLL_INTERVAL=0: not a duration above zero"},
 		{"FORWARD_RETRY_INITIAL", "0s", ""},

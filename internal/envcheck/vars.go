@@ -85,6 +85,8 @@ type Var struct {
 	Options []string
 	// Secret values are never printed.
 	Secret bool
+	// Min is the shortest a PositiveDuration may be, when above zero.
+	Min time.Duration
 }
 
 // logLevels are the levels Benthos's logger accepts (case-insensitive).
@@ -117,7 +119,9 @@ var Vars = []Var{
 	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
 	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4197"},
 	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100"},
-	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s"},
+	// Below a millisecond every request to a platform across a network
+	// times out and nothing is delivered: a mistake, refused.
+	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s", Min: time.Millisecond},
 	{Name: "FORWARD_MAX_ATTEMPTS", Kind: PositiveInt, Example: "5"},
 	{Name: "FORWARD_RETRY_INITIAL", Kind: Duration, Example: "5s"},
 	{Name: "FORWARD_RETRY_MAX", Kind: Duration, Example: "300s"},
@@ -188,8 +192,12 @@ func (v Var) problem(value string) string {
 			return "not a duration" + eg
 		}
 	case PositiveDuration:
-		if d, err := time.ParseDuration(value); err != nil || d <= 0 {
+		d, err := time.ParseDuration(value)
+		if err != nil || d <= 0 {
 			return "not a duration above zero" + eg
+		}
+		if d < v.Min {
+			return fmt.Sprintf("shorter than %v: too short for a request to the platform%s", v.Min, eg)
 		}
 	case DurationDays:
 		if _, err := outboxdb.ParseDuration(value); err != nil {

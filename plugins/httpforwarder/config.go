@@ -42,8 +42,9 @@ func parseConfig(conf *service.ParsedConfig) (c config, err error) {
 	if err != nil {
 		return c, err
 	}
-	if c.policy.timeout <= 0 {
-		return c, fmt.Errorf("field %s: must be positive, got %v (FORWARD_TIMEOUT)", hfFieldTimeout, c.policy.timeout)
+	if c.policy.timeout < minTimeout {
+		return c, fmt.Errorf("field %s: must be at least %v, got %v (FORWARD_TIMEOUT): too short for a request to the platform, nothing would be delivered",
+			hfFieldTimeout, minTimeout, c.policy.timeout)
 	}
 	if c.lease, err = parseLease(conf); err != nil {
 		return c, err

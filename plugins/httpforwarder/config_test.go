@@ -33,6 +33,15 @@ func TestStartupChecks(t *testing.T) {
 	}{
 		{name: "Valid", yaml: baseYAML(testDSN, testURL, "lease: 60s\ntimeout: 10s")},
 		{name: "NoLeaseIsUnchecked", yaml: baseYAML(testDSN, testURL, "timeout: 10m")},
+		// The shortest timeout accepted, and below it: no request could
+		// complete, so nothing would be delivered.
+		{name: "ShortestTimeout", yaml: baseYAML(testDSN, testURL, "timeout: 1ms")},
+		{
+			name: "TimeoutTooShortToDeliver",
+			yaml: baseYAML(testDSN, testURL, "timeout: 1ns"),
+			want: "field timeout: must be at least 1ms, got 1ns (FORWARD_TIMEOUT): too short for a request to the platform, nothing would be delivered",
+		},
+		{name: "ZeroTimeout", yaml: baseYAML(testDSN, testURL, "timeout: 0s"), want: "field timeout: must be at least 1ms, got 0s"},
 		{
 			name: "EmptyAccessName",
 			yaml: "dsn: " + testDSN + "\nurl: " + testURL + "\naccess_name: ''\naccess_pwd: x",

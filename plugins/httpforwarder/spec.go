@@ -1,6 +1,8 @@
 package httpforwarder
 
 import (
+	"time"
+
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/envsecret"
@@ -37,6 +39,10 @@ const (
 )
 
 const defaultTimeout = "10s"
+
+// minTimeout is the shortest timeout accepted: below it every request to a
+// platform across a network times out, and nothing is delivered.
+const minTimeout = time.Millisecond
 
 func httpForwarderSpec() *service.ConfigSpec {
 	defaultRulesConf := make([]any, len(defaultRules))
@@ -105,7 +111,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				Default(map[string]any{}).
 				Advanced(),
 			service.NewDurationField(hfFieldTimeout).
-				Description("Limit on one request, from connecting to the last byte of the reply (`FORWARD_TIMEOUT`). Must be less than the `lease` of the stream's `outbox_retry` input (`CLAIM_LEASE`).").
+				Description("Limit on one request, from connecting to the last byte of the reply (`FORWARD_TIMEOUT`). At least `1ms`, and less than the `lease` of the stream's `outbox_retry` input (`CLAIM_LEASE`).").
 				Default(defaultTimeout),
 			service.NewIntField(hfFieldMaxInFlight).
 				Description("Requests in flight at once, over all batches of this output (`FORWARD_MAX_IN_FLIGHT`). Also the number of concurrent batches and of idle keep-alive connections kept.").
