@@ -52,6 +52,11 @@ func TestVarCheck(t *testing.T) {
 		{"FORWARD_RATE_LIMIT", "12.5", ""},
 		{"FORWARD_RATE_LIMIT", "-3", "FORWARD_RATE_LIMIT=-3: not a number of at least 0"},
 		{"FORWARD_RATE_LIMIT", "NaN", "not a number of at least 0"},
+		{"FORWARD_RATE_LIMIT", "Inf", "not a number of at least 0"},
+		// The smallest and largest limits: one request in a lifetime, and
+		// no limit that could bind.
+		{"FORWARD_RATE_LIMIT", "1e-12", ""},
+		{"FORWARD_RATE_LIMIT", "1e300", ""},
 		{"TRACE_SAMPLE_RATIO", "0", ""},
 		{"TRACE_SAMPLE_RATIO", "1", ""},
 		{"TRACE_SAMPLE_RATIO", "0.25", ""},

@@ -13,6 +13,7 @@ package envcheck
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"slices"
@@ -212,7 +213,7 @@ func (v Var) problem(value string) string {
 			return "not a whole number of at least 0" + eg
 		}
 	case NonNegativeNumber:
-		if f, err := strconv.ParseFloat(value, 64); err != nil || f < 0 || f != f {
+		if f, err := strconv.ParseFloat(value, 64); err != nil || !(f >= 0 && f <= math.MaxFloat64) {
 			return "not a number of at least 0" + eg
 		}
 	case Ratio:

@@ -149,7 +149,23 @@ func TakeRateTokens(ctx context.Context, q Querier, n int, rate, burst float64) 
 	if granted {
 		return true, 0, nil
 	}
-	return false, time.Duration((float64(n) - tokens) / rate * float64(time.Second)), nil
+	return false, RateWait(float64(n)-tokens, rate), nil
+}
+
+// MaxRateWait is the longest RateWait says to wait before asking again.
+const MaxRateWait = time.Minute
+
+// RateWait is how long a bucket refilled at rate tokens a second takes to
+// gain tokens, at most MaxRateWait: a rate low enough to need longer asks
+// again then. Computed whole, a rate of 1e-12 made the wait overflow a
+// Duration, negative, and a limit that low asked the database every
+// millisecond.
+func RateWait(tokens, rate float64) time.Duration {
+	secs := tokens / rate
+	if !(secs < MaxRateWait.Seconds()) { // also +Inf and NaN
+		return MaxRateWait
+	}
+	return time.Duration(secs * float64(time.Second))
 }
 
 // PauseDelivery pauses delivery on every instance until until (zero: until

@@ -51,3 +51,24 @@ func TestPauseNotice(t *testing.T) {
 		}
 	}
 }
+
+// TestRateWait: the wait for a rate limit's tokens, bounded whatever the
+// rate, so that the smallest limit the config accepts neither overflows a
+// Duration nor makes the caller ask again at once.
+func TestRateWait(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		tokens, rate float64
+		want         time.Duration
+	}{
+		{5, 10, 500 * time.Millisecond},
+		{1, 1.0 / 60, outboxdb.MaxRateWait},
+		{1, 1.0 / 3600, outboxdb.MaxRateWait},
+		{1, 1e-12, outboxdb.MaxRateWait},  // 1e21 ns overflowed to a negative wait
+		{1, 1e-320, outboxdb.MaxRateWait}, // +Inf seconds
+	} {
+		if got := outboxdb.RateWait(c.tokens, c.rate); got != c.want {
+			t.Errorf("%v tokens at %v a second: wait %v, want %v", c.tokens, c.rate, got, c.want)
+		}
+	}
+}

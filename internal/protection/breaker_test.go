@@ -2,6 +2,7 @@ package protection
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -447,4 +448,29 @@ func TestRateLimit(t *testing.T) {
 	if len(asked) < 15 {
 		t.Errorf("asked %d times for 150 tokens", len(asked))
 	}
+}
+
+// TestRateLimitBounds: the smallest and largest limits the config accepts.
+func TestRateLimitBounds(t *testing.T) {
+	t.Parallel()
+	t.Run("TheSmallestWaitsWhileTheDatabaseFails", func(t *testing.T) {
+		t.Parallel()
+		// One request in 30 000 years: with the database failing, the
+		// limit waits a chunk's worth of time (bounded) before sending,
+		// where the overflowing wait sent at once.
+		r := NewRateLimit(1e-12, func(context.Context, int, float64, float64) (bool, time.Duration, error) {
+			return false, 0, errors.New("database down")
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if err := r.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a request at 1e-12 a second went after %v with the database down", err)
+		}
+	})
+	t.Run("TheLargestTakesBoundedChunks", func(t *testing.T) {
+		t.Parallel()
+		if r := NewRateLimit(1e300, nil); r.chunk != maxRateChunk || r.burst != 1e300 {
+			t.Fatalf("rate 1e300: chunks of %d, bucket %v", r.chunk, r.burst)
+		}
+	})
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 // RateLimit caps the requests per second to the platform across every
@@ -25,6 +27,10 @@ type RateLimit struct {
 	refill chan struct{}
 }
 
+// maxRateChunk bounds the tokens taken at a time, so that a rate too high
+// to ever bind still converts to a whole number of them.
+const maxRateChunk = 1 << 20
+
 // NewRateLimit returns a limit of rate requests per second (0: none),
 // taking tokens with take (outboxdb.TakeRateTokens on a pool). The bucket
 // holds one second's worth: an idle cluster may send a burst of that many.
@@ -32,7 +38,7 @@ func NewRateLimit(rate float64, take func(ctx context.Context, n int, rate, burs
 	if rate <= 0 {
 		return nil
 	}
-	chunk := max(int(math.Ceil(rate/10)), 1)
+	chunk := max(int(min(math.Ceil(rate/10), maxRateChunk)), 1)
 	return &RateLimit{rate: rate, chunk: chunk, burst: max(rate, float64(chunk)), take: take}
 }
 
@@ -84,7 +90,7 @@ func (r *RateLimit) fill(ctx context.Context) (int, error) {
 			if ctx.Err() != nil {
 				return 0, ctx.Err()
 			}
-			wait = time.Duration(float64(r.chunk) / r.rate * float64(time.Second))
+			wait = outboxdb.RateWait(float64(r.chunk), r.rate)
 			if err := sleep(ctx, wait); err != nil {
 				return 0, err
 			}

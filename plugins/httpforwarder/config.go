@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -126,8 +127,8 @@ func parseGate(conf *service.ParsedConfig, maxInFlight int) (c protection.Config
 		return c, err
 	case c.ProbeInterval <= 0:
 		return c, fmt.Errorf("field %s: must be positive, got %v (PLATFORM_PROBE_INTERVAL)", hfFieldProbeInterval, c.ProbeInterval)
-	case c.RateLimit < 0:
-		return c, fmt.Errorf("field %s: must not be negative, got %v (FORWARD_RATE_LIMIT)", hfFieldRateLimit, c.RateLimit)
+	case !(c.RateLimit >= 0 && c.RateLimit <= math.MaxFloat64):
+		return c, fmt.Errorf("field %s: must be a number of at least 0, got %v (FORWARD_RATE_LIMIT)", hfFieldRateLimit, c.RateLimit)
 	case c.Breaker.Window <= 0:
 		return c, fmt.Errorf("field breaker.window: must be positive, got %v", c.Breaker.Window)
 	case c.Breaker.Silence <= 0:

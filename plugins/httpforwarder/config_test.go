@@ -42,6 +42,8 @@ func TestStartupChecks(t *testing.T) {
 			want: "field timeout: must be at least 1ms, got 1ns (FORWARD_TIMEOUT): too short for a request to the platform, nothing would be delivered",
 		},
 		{name: "ZeroTimeout", yaml: baseYAML(testDSN, testURL, "timeout: 0s"), want: "field timeout: must be at least 1ms, got 0s"},
+		{name: "SmallestRateLimit", yaml: baseYAML(testDSN, testURL, "rate_limit: 1e-12")},
+		{name: "InfiniteRateLimit", yaml: baseYAML(testDSN, testURL, "rate_limit: .inf"), want: "field rate_limit: must be a number of at least 0, got +Inf"},
 		{
 			name: "EmptyAccessName",
 			yaml: "dsn: " + testDSN + "\nurl: " + testURL + "\naccess_name: ''\naccess_pwd: x",
