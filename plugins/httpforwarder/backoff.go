@@ -25,8 +25,12 @@ func (b backoff) delay(attempt int, rnd float64) time.Duration {
 		d = float64(b.max)
 	}
 	d *= 1 + b.jitter*(2*rnd-1)
-	d = min(max(d, 0), float64(b.max))
-	return time.Duration(d)
+	if d >= float64(b.max) {
+		// Exactly max: the largest Duration, as a float64, rounds above
+		// itself, and converted back it was negative (a retry at once).
+		return b.max
+	}
+	return time.Duration(max(d, 0))
 }
 
 // retryAfter reads a Retry-After header, in seconds or as an HTTP date, as a

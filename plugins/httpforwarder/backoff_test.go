@@ -1,6 +1,7 @@
 package httpforwarder
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -41,6 +42,24 @@ func TestBackoffDelay(t *testing.T) {
 		if got := noJitter.delay(attempt, 0.123); got != want {
 			t.Errorf("no jitter, attempt %d: %v, want %v", attempt, got, want)
 		}
+	}
+}
+
+// TestBackoffDelayAtTheLargestMax: FORWARD_RETRY_MAX at the largest
+// duration accepted waits that long, never a negative delay.
+func TestBackoffDelayAtTheLargestMax(t *testing.T) {
+	t.Parallel()
+	longest := time.Duration(math.MaxInt64)
+	b := backoff{initial: 5 * time.Second, max: longest, multiplier: 2, jitter: 0.1}
+	for _, attempt := range []int{1, 60, 61, 62, 100, 1000} {
+		for _, r := range []float64{0, 0.5, 0.999999999} {
+			if d := b.delay(attempt, r); d <= 0 || d > longest {
+				t.Fatalf("attempt %d, rnd %v: delay %v", attempt, r, d)
+			}
+		}
+	}
+	if d := b.delay(1000, 0.5); d != longest {
+		t.Errorf("attempt 1000: %v, want the maximum", d)
 	}
 }
 
