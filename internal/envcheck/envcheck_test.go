@@ -45,6 +45,8 @@ func TestVarCheck(t *testing.T) {
 		{"OUTBOX_RETENTION_DEAD_LETTER", "yes", "OUTBOX_RETENTION_DEAD_LETTER=yes: not one of false, true"},
 		{"FORWARD_MAX_IN_FLIGHT", "100", ""},
 		{"FORWARD_MAX_IN_FLIGHT", "0", "FORWARD_MAX_IN_FLIGHT=0: not a whole number of at least 1, e.g. 100"},
+		{"FORWARD_MAX_IN_FLIGHT", "10000", ""},
+		{"FORWARD_MAX_IN_FLIGHT", "10001", "FORWARD_MAX_IN_FLIGHT=10001: more than 10000, e.g. 100"},
 		{"FORWARD_MAX_IN_FLIGHT", "1.5", "not a whole number"},
 		{"FAILED_REQUEUE_ROUNDS", "0", ""},
 		{"FAILED_REQUEUE_ROUNDS", "-1", "FAILED_REQUEUE_ROUNDS=-1: not a whole number of at least 0"},

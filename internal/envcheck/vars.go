@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/protection"
 )
 
 // Kind is what a variable's value must be.
@@ -88,6 +89,8 @@ type Var struct {
 	Secret bool
 	// Min is the shortest a PositiveDuration may be, when above zero.
 	Min time.Duration
+	// Max is the largest a PositiveInt may be, when above zero.
+	Max int
 }
 
 // logLevels are the levels Benthos's logger accepts (case-insensitive).
@@ -119,7 +122,7 @@ var Vars = []Var{
 	{Name: "PLATFORM_TZ", Kind: Zone, Example: "Asia/Shanghai"},
 	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
 	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4197"},
-	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100"},
+	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100", Max: protection.MaxConcurrency},
 	// Below a millisecond every request to a platform across a network
 	// times out and nothing is delivered: a mistake, refused.
 	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s", Min: time.Millisecond},
@@ -205,8 +208,12 @@ func (v Var) problem(value string) string {
 			return "not a duration (Go's syntax plus days: 7d, 36h, 1d12h)" + eg
 		}
 	case PositiveInt:
-		if n, err := strconv.Atoi(value); err != nil || n < 1 {
+		n, err := strconv.Atoi(value)
+		if err != nil || n < 1 {
 			return "not a whole number of at least 1" + eg
+		}
+		if v.Max > 0 && n > v.Max {
+			return fmt.Sprintf("more than %d%s", v.Max, eg)
 		}
 	case NonNegativeInt:
 		if n, err := strconv.Atoi(value); err != nil || n < 0 {

@@ -42,6 +42,11 @@ func TestStartupChecks(t *testing.T) {
 			want: "field timeout: must be at least 1ms, got 1ns (FORWARD_TIMEOUT): too short for a request to the platform, nothing would be delivered",
 		},
 		{name: "ZeroTimeout", yaml: baseYAML(testDSN, testURL, "timeout: 0s"), want: "field timeout: must be at least 1ms, got 0s"},
+		{name: "LargestMaxInFlight", yaml: baseYAML(testDSN, testURL, "max_in_flight: 10000")},
+		{
+			name: "MaxInFlightTooLarge", yaml: baseYAML(testDSN, testURL, "max_in_flight: 1000000000"),
+			want: "field max_in_flight: must be from 1 to 10000, got 1000000000 (FORWARD_MAX_IN_FLIGHT)",
+		},
 		{name: "SmallestRateLimit", yaml: baseYAML(testDSN, testURL, "rate_limit: 1e-12")},
 		{name: "InfiniteRateLimit", yaml: baseYAML(testDSN, testURL, "rate_limit: .inf"), want: "field rate_limit: must be a number of at least 0, got +Inf"},
 		{
@@ -82,7 +87,7 @@ func TestStartupChecks(t *testing.T) {
 		{
 			name: "ZeroMaxInFlight",
 			yaml: baseYAML(testDSN, testURL, "max_in_flight: 0"),
-			want: "field max_in_flight: must be at least 1",
+			want: "field max_in_flight: must be from 1 to 10000, got 0",
 		},
 		{
 			name: "BadDSN",

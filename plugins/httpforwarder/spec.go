@@ -114,7 +114,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				Description("Limit on one request, from connecting to the last byte of the reply (`FORWARD_TIMEOUT`). At least `1ms`, and less than the `lease` of the stream's `outbox_retry` input (`CLAIM_LEASE`).").
 				Default(defaultTimeout),
 			service.NewIntField(hfFieldMaxInFlight).
-				Description("Requests in flight at once, over all batches of this output (`FORWARD_MAX_IN_FLIGHT`). Also the number of concurrent batches and of idle keep-alive connections kept.").
+				Description("Requests in flight at once, over all batches of this output (`FORWARD_MAX_IN_FLIGHT`). Also the number of concurrent batches and of idle keep-alive connections kept. From 1 to 10000.").
 				Default(100),
 			service.NewTLSToggledField(hfFieldTLS),
 		).
