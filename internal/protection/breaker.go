@@ -77,9 +77,9 @@ func (c BreakerConfig) withDefaults() BreakerConfig {
 // breaker is one instance's judgement of the platform from the replies it
 // sees. It judges the platform, not a message (docs/architecture.md,
 // "Protecting the platform"): the platform is down when failures span
-// distinct fresh messages (not failing on their own) and healthy replies have
-// stopped; a message that fails while others are answered is failing on
-// its own, its attempts count, and its retries are no evidence of an
+// distinct fresh messages (not failing on their own) and healthy replies
+// have stopped; a message that fails while others are answered is failing
+// on its own, its attempts count, and its retries are no evidence of an
 // outage. It does no I/O and keeps no clock (the caller passes now), so it
 // is tested as a plain value. The Gate shares its decisions with the other
 // instances through PostgreSQL.
@@ -138,12 +138,13 @@ const (
 // whether it may spend the row's attempt: only while the platform is
 // evidently up, that is the breaker is closed, another message was
 // answered within the window, fewer than Messages distinct messages not
-// failing on their own failed since, and a request sent after this message's own previous failure was
-// answered healthy (a message failing again before anything else got
-// through says nothing about itself; and at the start of an outage the
-// requests sent before it are still answered for a moment, so that a
-// message retried quickly would otherwise find one of those replies
-// between each of its failures and spend every attempt on the outage).
+// failing on their own failed since, and a request sent after this
+// message's own previous failure was answered healthy (a message failing
+// again before anything else got through says nothing about itself; and
+// at the start of an outage the requests sent before it are still
+// answered for a moment, so that a message retried quickly would otherwise
+// find one of those replies between each of its failures and spend every
+// attempt on the outage).
 // The previous failure is the later of the one this breaker saw and the
 // one the row carries (r.PreviousFailure), since a row's retries may go to
 // any instance.
