@@ -341,13 +341,6 @@ type RecordView struct {
 	Platform *PlatformState
 }
 
-// Stopped says whether requests are held back now: the breaker is open
-// (only probes go), a Retry-After pause runs, or an operator's pause is in
-// force (nothing goes).
-func (p PlatformState) Stopped() bool {
-	return p.Breaker == "OPEN" || p.PausedUntil.After(p.Now) || p.Pause.InForce
-}
-
 // Holder is the row a held row waits behind: its key's head, due, waiting
 // for a retry or in flight, or the FAILED row blocking its key
 // (ORDER_ON_FAILED=block).

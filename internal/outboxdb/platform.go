@@ -33,6 +33,13 @@ type PlatformState struct {
 	Pause DeliveryPause
 }
 
+// Stopped says whether requests are held back now: the breaker is open
+// (only probes go), a Retry-After pause runs, or an operator's pause is in
+// force (nothing goes).
+func (p PlatformState) Stopped() bool {
+	return p.Breaker == "OPEN" || p.PausedUntil.After(p.Now) || p.Pause.InForce
+}
+
 // DeliveryPause is an operator's pause of delivery (`forwarder outbox
 // pause`, the console): while it is in force no instance sends a request.
 type DeliveryPause struct {
