@@ -48,6 +48,13 @@ func TestVarCheck(t *testing.T) {
 		{"FORWARD_MAX_IN_FLIGHT", "10000", ""},
 		{"FORWARD_MAX_IN_FLIGHT", "10001", "FORWARD_MAX_IN_FLIGHT=10001: more than 10000, e.g. 100"},
 		{"FORWARD_MAX_IN_FLIGHT", "1.5", "not a whole number"},
+		// The largest byte budget the dispatcher takes, and beyond it (16EiB
+		// does not fit in 64 bits at all).
+		{"OUTBOX_MAX_UNACKED_BYTES", "0", ""},
+		{"OUTBOX_MAX_UNACKED_BYTES", "4EiB", ""},
+		{"OUTBOX_MAX_UNACKED_BYTES", "5EiB", "OUTBOX_MAX_UNACKED_BYTES=5EiB: not a byte size of at most 4EiB, e.g. 64MiB"},
+		{"OUTBOX_MAX_UNACKED_BYTES", "15EiB", "not a byte size of at most 4EiB"},
+		{"OUTBOX_MAX_UNACKED_BYTES", "16EiB", "not a byte size of at most 4EiB"},
 		{"FAILED_REQUEUE_ROUNDS", "0", ""},
 		{"FAILED_REQUEUE_ROUNDS", "-1", "FAILED_REQUEUE_ROUNDS=-1: not a whole number of at least 0"},
 		{"FORWARD_RATE_LIMIT", "0", ""},

@@ -65,7 +65,8 @@ const (
 	Zone
 	// PostgresDSN is a libpq connection string, URL or key=value.
 	PostgresDSN
-	// ByteSize is a size such as 64MiB or 1048576, or 0.
+	// ByteSize is a size such as 64MiB or 1048576, or 0, of at most
+	// outboxdb.MaxByteBudget.
 	ByteSize
 	// PartitionWidth is a whole number of hours from 1h to 7d
 	// (outboxdb.ParsePartitionWidth).
@@ -261,8 +262,8 @@ func (v Var) problem(value string) string {
 			return "not a time zone name" + eg
 		}
 	case ByteSize:
-		if _, err := humanize.ParseBytes(value); err != nil {
-			return "not a byte size" + eg
+		if n, err := humanize.ParseBytes(value); err != nil || n > outboxdb.MaxByteBudget {
+			return "not a byte size of at most 4EiB" + eg
 		}
 	case PartitionWidth:
 		if d, err := outboxdb.ParseDuration(value); err != nil || outboxdb.CheckPartitionWidth(d) != nil {

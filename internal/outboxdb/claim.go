@@ -40,6 +40,11 @@ func claimArrays(refs []ClaimRef) (ids []int64, tokens []string) {
 	return ids, tokens
 }
 
+// MaxByteBudget is the largest byte budget a dispatcher may be given
+// (4 EiB): a budget plus the size of a row held beyond it stays within an
+// int64.
+const MaxByteBudget = 1 << 62
+
 // ClaimParams says what to claim.
 type ClaimParams struct {
 	// Limit caps the rows taken by one claim (exhausted ones included).

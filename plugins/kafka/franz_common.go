@@ -207,7 +207,7 @@ func parseByteSize(conf *service.ParsedConfig, field string) (int32, error) {
 
 // parseBudget reads a size of at least one byte.
 func parseBudget(conf *service.ParsedConfig, field string) (int64, error) {
-	n, err := parseBytes(conf, field, 1<<62, "at least 1B")
+	n, err := parseBytes(conf, field, 1<<62, "between 1B and 4EiB")
 	return int64(n), err
 }
 

@@ -662,6 +662,7 @@ func TestConfig(t *testing.T) {
 		{"MaxAttempts", "max_attempts: 0", "max_attempts"},
 		{"NackDelay", "nack_delay: -1s", "nack_delay"},
 		{"MaxUnackedBytes", "max_unacked_bytes: lots", "max_unacked_bytes"},
+		{"MaxUnackedBytesAbove4EiB", "max_unacked_bytes: 5EiB", `max_unacked_bytes: "5EiB" is more than 4EiB`},
 		{"MaxUnackedDirect", "max_unacked_direct: -1", "max_unacked_direct"},
 	} {
 		t.Run("Rejects"+c.name, func(t *testing.T) {
@@ -672,6 +673,18 @@ func TestConfig(t *testing.T) {
 			}
 		})
 	}
+
+	// The largest budget lint accepts (OUTBOX_MAX_UNACKED_BYTES) starts.
+	t.Run("TakesTheLargestByteBudget", func(t *testing.T) {
+		t.Parallel()
+		in, err := parse("dsn: postgres://localhost/db\nmax_unacked_bytes: 4EiB")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := in.d.Config().MaxUnackedBytes; got != outboxdb.MaxByteBudget {
+			t.Fatalf("max_unacked_bytes %d, want %d", got, int64(outboxdb.MaxByteBudget))
+		}
+	})
 
 	t.Run("BadDSNIsNotEchoed", func(t *testing.T) {
 		t.Parallel()

@@ -183,7 +183,7 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 				Default(0).
 				Advanced(),
 			service.NewStringField(orFieldMaxUnackedBytes).
-				Description("Most payload bytes held, e.g. `64MiB`; `0`: no byte bound. A row larger than this is still taken, alone, so with large messages the input holds at most this plus one message.").
+				Description("Most payload bytes held, e.g. `64MiB`, at most `4EiB`; `0`: no byte bound. A row larger than this is still taken, alone, so with large messages the input holds at most this plus one message.").
 				Default("64MiB"),
 			service.NewIntField(orFieldMaxAttempts).
 				Description("Attempts a row may use. A due row that has already used them (its last holder vanished, or it was released on its last attempt) is marked `FAILED` instead of being sent again. When unset, the `retry.max_attempts` of the stream's `http_forwarder` output on the same database (else 5).").
@@ -273,8 +273,8 @@ func parseBytes(s string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%q is not a byte size such as 64MiB", s)
 	}
-	if n > 1<<62 {
-		return 0, fmt.Errorf("%q is too large", s)
+	if n > outboxdb.MaxByteBudget {
+		return 0, fmt.Errorf("%q is more than 4EiB, the largest budget", s)
 	}
 	return int64(n), nil
 }
