@@ -50,6 +50,10 @@ func TestVarCheck(t *testing.T) {
 		{"FORWARD_MAX_IN_FLIGHT", "1.5", "not a whole number"},
 		// The largest byte budget the dispatcher takes, and beyond it (16EiB
 		// does not fit in 64 bits at all).
+		// A row's rounds are counted in an integer column.
+		{"FAILED_REQUEUE_ROUNDS", "0", ""},
+		{"FAILED_REQUEUE_ROUNDS", "2147483647", ""},
+		{"FAILED_REQUEUE_ROUNDS", "2147483648", "FAILED_REQUEUE_ROUNDS=2147483648: more than 2147483647, e.g. 3"},
 		{"OUTBOX_MAX_UNACKED_BYTES", "0", ""},
 		{"OUTBOX_MAX_UNACKED_BYTES", "4EiB", ""},
 		{"OUTBOX_MAX_UNACKED_BYTES", "5EiB", "OUTBOX_MAX_UNACKED_BYTES=5EiB: not a byte size of at most 4EiB, e.g. 64MiB"},

@@ -90,7 +90,8 @@ type Var struct {
 	Secret bool
 	// Min is the shortest a PositiveDuration may be, when above zero.
 	Min time.Duration
-	// Max is the largest a PositiveInt may be, when above zero.
+	// Max is the largest a PositiveInt or NonNegativeInt may be, when
+	// above zero.
 	Max int
 }
 
@@ -145,7 +146,7 @@ var Vars = []Var{
 	{Name: "PLATFORM_PROBE_INTERVAL", Kind: PositiveDuration, Example: "5s"},
 	{Name: "FORWARD_RATE_LIMIT", Kind: NonNegativeNumber, Example: "50"},
 	{Name: "FAILED_REQUEUE_AFTER", Kind: Duration, Example: "1h"},
-	{Name: "FAILED_REQUEUE_ROUNDS", Kind: NonNegativeInt, Example: "3"},
+	{Name: "FAILED_REQUEUE_ROUNDS", Kind: NonNegativeInt, Example: "3", Max: outboxdb.MaxRequeueRounds},
 	{Name: "ORDERING", Kind: Enum, Options: []string{"berth", "off"}},
 	{Name: "ORDER_ON_FAILED", Kind: Enum, Options: []string{"skip", "block"}},
 	{Name: "CONSOLE_ADDR", Kind: HostPort, Example: "127.0.0.1:4196"},
@@ -217,8 +218,12 @@ func (v Var) problem(value string) string {
 			return fmt.Sprintf("more than %d%s", v.Max, eg)
 		}
 	case NonNegativeInt:
-		if n, err := strconv.Atoi(value); err != nil || n < 0 {
+		n, err := strconv.Atoi(value)
+		if err != nil || n < 0 {
 			return "not a whole number of at least 0" + eg
+		}
+		if v.Max > 0 && n > v.Max {
+			return fmt.Sprintf("more than %d%s", v.Max, eg)
 		}
 	case NonNegativeNumber:
 		if f, err := strconv.ParseFloat(value, 64); err != nil || !(f >= 0 && f <= math.MaxFloat64) {

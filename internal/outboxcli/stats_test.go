@@ -152,5 +152,15 @@ func TestStats(t *testing.T) {
 			js.Platform.NextProbeAt == nil || js.Platform.PausedUntil == nil || js.Failed.Waiting != 0 || js.Failed.Frozen != 3 {
 			t.Errorf("json stats = %+v", js)
 		}
+		// The most rounds a row can be given: every such row is waiting.
+		// One more is refused with the range, not sent to PostgreSQL.
+		out = b.mustRun(t, "stats", "--requeue-rounds", "2147483647")
+		if !strings.Contains(out, "failed on transient errors: 3 waiting for automatic requeue, 0 frozen") {
+			t.Errorf("stats with the most rounds:\n%s", out)
+		}
+		if _, err := b.run(t, "stats", "--requeue-rounds", "2147483648"); err == nil ||
+			err.Error() != "--requeue-rounds 2147483648 (FAILED_REQUEUE_ROUNDS): want 0 to 2147483647" {
+			t.Errorf("stats with rounds beyond an integer column: %v", err)
+		}
 	})
 }

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
+
+// MaxRequeueRounds is the most automatic requeues a row may be given: the
+// count of a row's rounds is an integer column.
+const MaxRequeueRounds = math.MaxInt32
 
 // Compensate requeues, in batches of batchSize, the rows FAILED on
 // transient errors at least after ago and requeued fewer than rounds times

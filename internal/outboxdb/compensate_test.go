@@ -62,4 +62,12 @@ func TestCompensate(t *testing.T) {
 	if err != nil || waiting != 1 || frozen != 1 {
 		t.Fatalf("counts waiting %d frozen %d (%v); want the new transient row waiting and the old one frozen", waiting, frozen, err)
 	}
+	// The most rounds a row may be given (FAILED_REQUEUE_ROUNDS' largest)
+	// takes it again.
+	if n, err := outboxdb.Compensate(db.Ctx, db.Pool, outboxdb.MaxRequeueRounds, 30*time.Minute, 100); err != nil || n != 1 {
+		t.Fatalf("Compensate with the most rounds = %d, %v; want the frozen row", n, err)
+	}
+	if logs := db.Logs(ids[0]); !strings.Contains(fixture.Str(logs[len(logs)-1].Error), "round 3 of 2147483647") {
+		t.Fatalf("last log %+v", logs[len(logs)-1])
+	}
 }

@@ -96,6 +96,10 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 		return nil, fmt.Errorf("field %s: after (%v) and rounds (%d) must not be negative (FAILED_REQUEUE_AFTER, FAILED_REQUEUE_ROUNDS)",
 			orFieldRequeue, cfg.Compensation.After, cfg.Compensation.Rounds)
 	}
+	if cfg.Compensation.Rounds > outboxdb.MaxRequeueRounds {
+		return nil, fmt.Errorf("field %s.%s: %d is more than %d, the most a row's count of rounds holds (FAILED_REQUEUE_ROUNDS)",
+			orFieldRequeue, orFieldRequeueRounds, cfg.Compensation.Rounds, outboxdb.MaxRequeueRounds)
+	}
 	switch {
 	case ownAttempts && cfg.MaxAttempts < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldMaxAttempts, cfg.MaxAttempts)

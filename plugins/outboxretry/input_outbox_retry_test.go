@@ -664,6 +664,7 @@ func TestConfig(t *testing.T) {
 		{"MaxUnackedBytes", "max_unacked_bytes: lots", "max_unacked_bytes"},
 		{"MaxUnackedBytesAbove4EiB", "max_unacked_bytes: 5EiB", `max_unacked_bytes: "5EiB" is more than 4EiB`},
 		{"MaxUnackedDirect", "max_unacked_direct: -1", "max_unacked_direct"},
+		{"RequeueRoundsBeyondTheColumn", "failed_requeue:\n  rounds: 2147483648", "failed_requeue.rounds: 2147483648 is more than 2147483647"},
 	} {
 		t.Run("Rejects"+c.name, func(t *testing.T) {
 			t.Parallel()

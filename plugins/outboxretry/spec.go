@@ -199,7 +199,7 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 					Default("1h").
 					Example("${FAILED_REQUEUE_AFTER:1h}"),
 				service.NewIntField(orFieldRequeueRounds).
-					Description("At most this many automatic requeues of a row (`FAILED_REQUEUE_ROUNDS`); `0`: none.").
+					Description("At most this many automatic requeues of a row (`FAILED_REQUEUE_ROUNDS`); `0`: none; at most 2147483647.").
 					Default(3).
 					Example("${FAILED_REQUEUE_ROUNDS:3}"),
 			).
