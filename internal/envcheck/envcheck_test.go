@@ -50,7 +50,9 @@ func TestVarCheck(t *testing.T) {
 		{"FORWARD_MAX_IN_FLIGHT", "1.5", "not a whole number"},
 		// The largest byte budget the dispatcher takes, and beyond it (16EiB
 		// does not fit in 64 bits at all).
-		// A row's rounds are counted in an integer column.
+		// A row's attempts and rounds are counted in integer columns.
+		{"FORWARD_MAX_ATTEMPTS", "2147483647", ""},
+		{"FORWARD_MAX_ATTEMPTS", "9223372036854775807", "FORWARD_MAX_ATTEMPTS=9223372036854775807: more than 2147483647, e.g. 5"},
 		{"FAILED_REQUEUE_ROUNDS", "0", ""},
 		{"FAILED_REQUEUE_ROUNDS", "2147483647", ""},
 		{"FAILED_REQUEUE_ROUNDS", "2147483648", "FAILED_REQUEUE_ROUNDS=2147483648: more than 2147483647, e.g. 3"},

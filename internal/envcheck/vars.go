@@ -128,7 +128,7 @@ var Vars = []Var{
 	// Below a millisecond every request to a platform across a network
 	// times out and nothing is delivered: a mistake, refused.
 	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s", Min: time.Millisecond},
-	{Name: "FORWARD_MAX_ATTEMPTS", Kind: PositiveInt, Example: "5"},
+	{Name: "FORWARD_MAX_ATTEMPTS", Kind: PositiveInt, Example: "5", Max: outboxdb.MaxAttemptsLimit},
 	{Name: "FORWARD_RETRY_INITIAL", Kind: Duration, Example: "5s"},
 	{Name: "FORWARD_RETRY_MAX", Kind: Duration, Example: "300s"},
 	{Name: "CLAIM_LEASE", Kind: Duration, Example: "60s"},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -44,6 +45,10 @@ func claimArrays(refs []ClaimRef) (ids []int64, tokens []string) {
 // (4 EiB): a budget plus the size of a row held beyond it stays within an
 // int64.
 const MaxByteBudget = 1 << 62
+
+// MaxAttemptsLimit is the most attempts a row may be given: a row counts
+// its attempts in an integer column.
+const MaxAttemptsLimit = math.MaxInt32
 
 // ClaimParams says what to claim.
 type ClaimParams struct {

@@ -308,6 +308,22 @@ func TestClaimDue(t *testing.T) {
 		}
 	})
 
+	// The most attempts a row may be given (FORWARD_MAX_ATTEMPTS' largest):
+	// a retry is claimed, and a row at that many attempts ends FAILED.
+	t.Run("TheMostAttempts", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		ids := b.InsertDue("retry", 1)
+		ids = append(ids, b.InsertDue("spent", 1)...)
+		b.Exec(`UPDATE forward_deliveries SET attempt_count = 1000 WHERE id = $1`, ids[0])
+		b.Exec(`UPDATE forward_deliveries SET attempt_count = $2 WHERE id = $1`, ids[1], outboxdb.MaxAttemptsLimit)
+		res := b.Claim(outboxdb.ClaimParams{Limit: 10, Lease: time.Minute, Claimer: "a", MaxAttempts: outboxdb.MaxAttemptsLimit})
+		if len(res.Claimed) != 1 || res.Claimed[0].ID != ids[0] || res.Claimed[0].AttemptCount != 1001 ||
+			len(res.Exhausted) != 1 || res.Exhausted[0].ID != ids[1] {
+			t.Fatalf("claimed %+v, exhausted %+v; want the retry at attempt 1001 and the spent row exhausted", res.Claimed, res.Exhausted)
+		}
+	})
+
 	t.Run("NextDue", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)

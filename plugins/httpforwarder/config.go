@@ -13,6 +13,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/envsecret"
+	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/protection"
 )
@@ -180,8 +181,9 @@ func parseRetry(conf *service.ParsedConfig) (b backoff, maxAttempts int, err err
 		err = fmt.Errorf("field retry.multiplier: must be at least 1, got %v", b.multiplier)
 	case b.jitter < 0 || b.jitter >= 1:
 		err = fmt.Errorf("field retry.jitter: must be in [0, 1), got %v", b.jitter)
-	case maxAttempts < 1:
-		err = fmt.Errorf("field retry.max_attempts: must be at least 1, got %d", maxAttempts)
+	case maxAttempts < 1 || maxAttempts > outboxdb.MaxAttemptsLimit:
+		err = fmt.Errorf("field retry.max_attempts: must be from 1 to %d (a row counts its attempts in an integer column), got %d (FORWARD_MAX_ATTEMPTS)",
+			outboxdb.MaxAttemptsLimit, maxAttempts)
 	}
 	return
 }

@@ -47,6 +47,11 @@ func TestStartupChecks(t *testing.T) {
 			name: "MaxInFlightTooLarge", yaml: baseYAML(testDSN, testURL, "max_in_flight: 1000000000"),
 			want: "field max_in_flight: must be from 1 to 10000, got 1000000000 (FORWARD_MAX_IN_FLIGHT)",
 		},
+		{name: "TheMostAttempts", yaml: baseYAML(testDSN, testURL, "retry:\n  max_attempts: 2147483647")},
+		{
+			name: "MoreAttemptsThanARowCounts", yaml: baseYAML(testDSN, testURL, "retry:\n  max_attempts: 2147483648"),
+			want: "field retry.max_attempts: must be from 1 to 2147483647 (a row counts its attempts in an integer column), got 2147483648 (FORWARD_MAX_ATTEMPTS)",
+		},
 		{name: "SmallestRateLimit", yaml: baseYAML(testDSN, testURL, "rate_limit: 1e-12")},
 		{name: "InfiniteRateLimit", yaml: baseYAML(testDSN, testURL, "rate_limit: .inf"), want: "field rate_limit: must be a number of at least 0, got +Inf"},
 		{

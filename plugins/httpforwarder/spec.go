@@ -148,7 +148,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 					Description("Random spread of each delay, as a fraction of it: 0.1 is ±10 %.").
 					Default(0.1),
 				service.NewIntField(hfFieldRetryMaxAttempts).
-					Description("Attempts before a retryable row becomes FAILED (`FORWARD_MAX_ATTEMPTS`).").
+					Description("Attempts before a retryable row becomes FAILED (`FORWARD_MAX_ATTEMPTS`), from 1 to 2147483647.").
 					Default(5),
 			).Description("The retry schedule of rows whose reply is retryable."),
 			service.NewStringField(hfFieldLease).

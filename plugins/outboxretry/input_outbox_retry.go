@@ -101,8 +101,9 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 			orFieldRequeue, orFieldRequeueRounds, cfg.Compensation.Rounds, outboxdb.MaxRequeueRounds)
 	}
 	switch {
-	case ownAttempts && cfg.MaxAttempts < 1:
-		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldMaxAttempts, cfg.MaxAttempts)
+	case ownAttempts && (cfg.MaxAttempts < 1 || cfg.MaxAttempts > outboxdb.MaxAttemptsLimit):
+		return nil, fmt.Errorf("field %s: %d must be from 1 to %d (a row counts its attempts in an integer column)",
+			orFieldMaxAttempts, cfg.MaxAttempts, outboxdb.MaxAttemptsLimit)
 	case cfg.BatchSize < 1:
 		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldBatchSize, cfg.BatchSize)
 	case cfg.Lease < time.Second:

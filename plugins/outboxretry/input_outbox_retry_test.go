@@ -660,6 +660,7 @@ func TestConfig(t *testing.T) {
 		{"PollInterval", "poll_interval: 0s", "poll_interval"},
 		{"MaxUnacked", "max_unacked: 0", "max_unacked"},
 		{"MaxAttempts", "max_attempts: 0", "max_attempts"},
+		{"MoreAttemptsThanARowCounts", "max_attempts: 2147483648", "max_attempts: 2147483648 must be from 1 to 2147483647"},
 		{"NackDelay", "nack_delay: -1s", "nack_delay"},
 		{"MaxUnackedBytes", "max_unacked_bytes: lots", "max_unacked_bytes"},
 		{"MaxUnackedBytesAbove4EiB", "max_unacked_bytes: 5EiB", `max_unacked_bytes: "5EiB" is more than 4EiB`},

@@ -186,7 +186,7 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 				Description("Most payload bytes held, e.g. `64MiB`, at most `4EiB`; `0`: no byte bound. A row larger than this is still taken, alone, so with large messages the input holds at most this plus one message.").
 				Default("64MiB"),
 			service.NewIntField(orFieldMaxAttempts).
-				Description("Attempts a row may use. A due row that has already used them (its last holder vanished, or it was released on its last attempt) is marked `FAILED` instead of being sent again. When unset, the `retry.max_attempts` of the stream's `http_forwarder` output on the same database (else 5).").
+				Description("Attempts a row may use, from 1 to 2147483647. A due row that has already used them (its last holder vanished, or it was released on its last attempt) is marked `FAILED` instead of being sent again. When unset, the `retry.max_attempts` of the stream's `http_forwarder` output on the same database (else 5).").
 				Optional().
 				Advanced(),
 			service.NewDurationField(orFieldNackDelay).
