@@ -50,6 +50,9 @@ func TestVarCheck(t *testing.T) {
 		{"FORWARD_MAX_IN_FLIGHT", "1.5", "not a whole number"},
 		// The largest byte budget the dispatcher takes, and beyond it (16EiB
 		// does not fit in 64 bits at all).
+		// The longest export timeout a Duration holds, in milliseconds.
+		{"OTEL_EXPORTER_OTLP_TIMEOUT", "9223372036854", ""},
+		{"OTEL_EXPORTER_OTLP_TIMEOUT", "9223372036855", "OTEL_EXPORTER_OTLP_TIMEOUT=9223372036855: more than 9223372036854, e.g. 10000"},
 		// A row's attempts and rounds are counted in integer columns.
 		{"FORWARD_MAX_ATTEMPTS", "2147483647", ""},
 		{"FORWARD_MAX_ATTEMPTS", "9223372036854775807", "FORWARD_MAX_ATTEMPTS=9223372036854775807: more than 2147483647, e.g. 5"},

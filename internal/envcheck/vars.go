@@ -157,8 +157,10 @@ var Vars = []Var{
 	{Name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", Kind: HTTPURL, Example: "http://otel-collector:4318/v1/traces"},
 	// May carry a collector's credentials (authorization=Bearer …).
 	{Name: "OTEL_EXPORTER_OTLP_HEADERS", Kind: Text, Secret: true},
-	// Milliseconds, as the OpenTelemetry specification has it.
-	{Name: "OTEL_EXPORTER_OTLP_TIMEOUT", Kind: PositiveInt, Example: "10000"},
+	// Milliseconds, as the OpenTelemetry specification has it. The exporter
+	// multiplies them into a Duration: beyond its range the product wraps
+	// (to -1ms for the largest int) and every export times out at once.
+	{Name: "OTEL_EXPORTER_OTLP_TIMEOUT", Kind: PositiveInt, Example: "10000", Max: int(math.MaxInt64 / int64(time.Millisecond))},
 	{Name: "OTEL_EXPORTER_OTLP_CERTIFICATE", Kind: Text},
 	{Name: "TRACE_SAMPLE_RATIO", Kind: Ratio, Example: "0.1"},
 }
