@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -383,6 +384,14 @@ func TestShowSaysWhenThePlatformIsStopped(t *testing.T) {
 	db.Insert(fixture.Row{Key: "waiting"}, fixture.Row{Key: "delivered", Status: "SUCCESS"})
 	if out := b.mustRun(t, "show", "--mappings", "../../mappings", "waiting"); strings.Contains(out, "not sent for now") {
 		t.Errorf("with the breaker closed, the row is said not to be sent:\n%s", out)
+	}
+	// A Retry-After pause alone, the breaker closed.
+	if _, err := outboxdb.PausePlatform(context.Background(), b.pool, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.mustRun(t, "show", "--mappings", "../../mappings", "waiting"); !regexp.MustCompile(
+		`not sent for now, like every unfinished row:\nplatform: breaker CLOSED for \S+; sending paused for (1m\d+s|2m0s) \(Retry-After\)\n`).MatchString(out) {
+		t.Errorf("with a Retry-After pause:\n%s", out)
 	}
 	ok, err := outboxdb.SetBreaker(context.Background(), b.pool, []string{"CLOSED"}, "OPEN", "test", "http 503: unavailable", 5*time.Second)
 	if err != nil || !ok {
