@@ -201,8 +201,27 @@ func parseSASL(conf *service.ParsedConfig) ([]sasl.Mechanism, error) {
 // parseByteSize reads a size that must fit in an int32, as Kafka's request
 // fields do.
 func parseByteSize(conf *service.ParsedConfig, field string) (int32, error) {
-	n, err := parseBytes(conf, field, math.MaxInt32, "between 1B and 2GiB")
+	n, err := parseBytes(conf, field, math.MaxInt32, "between 1B and 2147483647B (2GiB less a byte)")
 	return int32(n), err
+}
+
+// maxBrokerIO is the largest request franz-go writes to a broker and the
+// largest response it reads (BrokerMaxWriteBytes, BrokerMaxReadBytes): a
+// client configured beyond it is refused when it is created.
+const maxBrokerIO = 1 << 30
+
+// parseBrokerIOSize reads a size that franz-go must be able to send or
+// receive whole: from 1B to 1GiB.
+func parseBrokerIOSize(conf *service.ParsedConfig, field string) (int32, error) {
+	n, err := parseBytes(conf, field, maxBrokerIO, "between 1B and 1GiB, the largest request or response franz-go handles")
+	return int32(n), err
+}
+
+// brokerIOBytes is the BrokerMaxReadBytes or BrokerMaxWriteBytes that
+// leaves room for n bytes of records and their framing: twice n, at least
+// franz-go's default of 100MiB, at most maxBrokerIO.
+func brokerIOBytes(n int32) int32 {
+	return int32(min(max(100<<20, 2*int64(n)), maxBrokerIO))
 }
 
 // parseBudget reads a size of at least one byte.

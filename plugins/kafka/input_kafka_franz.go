@@ -177,11 +177,11 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		reset = kgo.NewOffset().AtStart()
 	}
 
-	fetchMax, err := parseByteSize(conf, kfiFieldFetchMaxBytes)
+	fetchMax, err := parseBrokerIOSize(conf, kfiFieldFetchMaxBytes)
 	if err != nil {
 		return nil, err
 	}
-	fetchPartMax, err := parseByteSize(conf, kfiFieldFetchMaxPartitionBytes)
+	fetchPartMax, err := parseBrokerIOSize(conf, kfiFieldFetchMaxPartitionBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -195,12 +195,9 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if fetchWait > maxFetchWait {
 		return nil, fmt.Errorf("field %s: %s is above %s, the most a fetch request can carry (a 32-bit count of milliseconds)", kfiFieldFetchMaxWait, fetchWait, maxFetchWait)
 	}
-	// franz-go refuses responses above BrokerMaxReadBytes (100MiB by
-	// default), which must leave room for a full fetch.
-	readMax := int32(100 << 20)
-	if 2*int64(fetchMax) > int64(readMax) {
-		readMax = int32(min(2*int64(fetchMax), 1<<31-1))
-	}
+	// franz-go refuses responses above BrokerMaxReadBytes, which must
+	// leave room for a full fetch.
+	readMax := brokerIOBytes(fetchMax)
 
 	if heartbeat <= 0 || heartbeat >= session {
 		return nil, fmt.Errorf("field %s: %s must be positive and lower than %s (%s)", kfiFieldHeartbeatInterval, heartbeat, kfiFieldSessionTimeout, session)

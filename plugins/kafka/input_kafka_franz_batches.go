@@ -41,7 +41,9 @@ func (f *franzInput) takeLocked(maxRecords int) (service.MessageBatch, []share) 
 		}
 		shares = append(shares, share{ps: ps, tb: tb})
 		if batch == nil {
-			batch = make(service.MessageBatch, 0, maxRecords)
+			// maxRecords may be checkpoint_limit, which may be as large
+			// as an int: size the batch by what is pending instead.
+			batch = make(service.MessageBatch, 0, min(maxRecords, f.pendingLocked()))
 		}
 		for i := range recs {
 			batch = append(batch, recs[i].msg)
@@ -55,6 +57,15 @@ func (f *franzInput) takeLocked(maxRecords int) (service.MessageBatch, []share) 
 		f.roomFreed()
 	}
 	return batch, shares
+}
+
+// pendingLocked counts the records fetched and not yet handed out.
+func (f *franzInput) pendingLocked() int {
+	n := 0
+	for _, ps := range f.parts {
+		n += len(ps.pending)
+	}
+	return n
 }
 
 // policyBatcher applies the batching policy to what the input hands out.

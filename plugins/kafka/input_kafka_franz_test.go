@@ -613,21 +613,23 @@ func TestInputConfigErrors(t *testing.T) {
 	t.Parallel()
 	base := "seed_brokers: [ a:1 ]\ntopics: [ t ]\n"
 	for name, tc := range map[string]struct{ yaml, want string }{
-		"EmptyGroup":        {base + "consumer_group: ' '", "consumer_group"},
-		"NoTopics":          {"seed_brokers: [ a:1 ]\ntopics: [ ',' ]\nconsumer_group: g", "topics"},
-		"ZeroLimit":         {base + "consumer_group: g\ncheckpoint_limit: 0", "checkpoint_limit"},
-		"HeartbeatTooSlow":  {base + "consumer_group: g\nsession_timeout: 6s\nheartbeat_interval: 6s", "heartbeat_interval"},
-		"BadFetchSize":      {base + "consumer_group: g\nfetch_max_bytes: 5GiB", "fetch_max_bytes"},
-		"ZeroFetchMinimum":  {base + "consumer_group: g\nfetch_min_bytes: 0B", "fetch_min_bytes"},
-		"FetchWaitTooShort": {base + "consumer_group: g\nfetch_max_wait: 5ms", "fetch_max_wait"},
-		"FetchWaitTooLong":  {base + "consumer_group: g\nfetch_max_wait: 1000h", "fetch_max_wait: 1000h0m0s is above 596h31m23.647s"},
-		"ZeroCommitPeriod":  {base + "consumer_group: g\ncommit_period: 0s", "commit_period"},
-		"BadBatchProcessor": {base + "consumer_group: g\nbatching:\n  count: 2\n  processors:\n    - bloblang: 'root = ('", "batching"},
-		"ZeroBufferedBytes": {base + "consumer_group: g\nmax_buffered_bytes: 0B", "max_buffered_bytes"},
-		"BadBufferedBytes":  {base + "consumer_group: g\nmax_buffered_bytes: lots", "max_buffered_bytes"},
-		"NoReplayOfNacks":   {base + "consumer_group: g\nauto_replay_nacks: false", "auto_replay_nacks"},
-		"MetadataTooYoung":  {base + "consumer_group: g\nmetadata_max_age: 4s", "metadata_max_age: 4s is not from 5s to 1h0m0s"},
-		"MetadataTooOld":    {base + "consumer_group: g\nmetadata_max_age: 61m", "metadata_max_age: 1h1m0s is not from 5s to 1h0m0s"},
+		"EmptyGroup":               {base + "consumer_group: ' '", "consumer_group"},
+		"NoTopics":                 {"seed_brokers: [ a:1 ]\ntopics: [ ',' ]\nconsumer_group: g", "topics"},
+		"ZeroLimit":                {base + "consumer_group: g\ncheckpoint_limit: 0", "checkpoint_limit"},
+		"HeartbeatTooSlow":         {base + "consumer_group: g\nsession_timeout: 6s\nheartbeat_interval: 6s", "heartbeat_interval"},
+		"BadFetchSize":             {base + "consumer_group: g\nfetch_max_bytes: 5GiB", "fetch_max_bytes"},
+		"FetchAboveWhatFranzReads": {base + "consumer_group: g\nfetch_max_bytes: 1073741825B", `fetch_max_bytes: "1073741825B" must be between 1B and 1GiB`},
+		"PartitionFetchAboveIt":    {base + "consumer_group: g\nfetch_max_partition_bytes: 2GiB", `fetch_max_partition_bytes: "2GiB" must be between 1B and 1GiB`},
+		"ZeroFetchMinimum":         {base + "consumer_group: g\nfetch_min_bytes: 0B", "fetch_min_bytes"},
+		"FetchWaitTooShort":        {base + "consumer_group: g\nfetch_max_wait: 5ms", "fetch_max_wait"},
+		"FetchWaitTooLong":         {base + "consumer_group: g\nfetch_max_wait: 1000h", "fetch_max_wait: 1000h0m0s is above 596h31m23.647s"},
+		"ZeroCommitPeriod":         {base + "consumer_group: g\ncommit_period: 0s", "commit_period"},
+		"BadBatchProcessor":        {base + "consumer_group: g\nbatching:\n  count: 2\n  processors:\n    - bloblang: 'root = ('", "batching"},
+		"ZeroBufferedBytes":        {base + "consumer_group: g\nmax_buffered_bytes: 0B", "max_buffered_bytes"},
+		"BadBufferedBytes":         {base + "consumer_group: g\nmax_buffered_bytes: lots", "max_buffered_bytes"},
+		"NoReplayOfNacks":          {base + "consumer_group: g\nauto_replay_nacks: false", "auto_replay_nacks"},
+		"MetadataTooYoung":         {base + "consumer_group: g\nmetadata_max_age: 4s", "metadata_max_age: 4s is not from 5s to 1h0m0s"},
+		"MetadataTooOld":           {base + "consumer_group: g\nmetadata_max_age: 61m", "metadata_max_age: 1h1m0s is not from 5s to 1h0m0s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -638,6 +640,57 @@ func TestInputConfigErrors(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one naming %s", err, tc.want)
 			}
+		})
+	}
+}
+
+// TestInputAtTheLargestLimits: the largest checkpoint_limit, byte budget,
+// fetch sizes and batch count the input accepts consume as the defaults
+// do. A checkpoint_limit of the largest int sized a batch by it, and the
+// process panicked (makeslice: cap out of range) at the first record.
+func TestInputAtTheLargestLimits(t *testing.T) {
+	t.Parallel()
+	const most = "checkpoint_limit: 9223372036854775807\nmax_buffered_bytes: 4EiB\nfetch_max_bytes: 1GiB\nfetch_max_partition_bytes: 1GiB"
+	for name, extra := range map[string]string{
+		"NoPolicy":     most,
+		"Period":       most + "\nbatching:\n  period: 10ms",
+		"LargestCount": most + "\nbatching:\n  count: 9223372036854775807\n  period: 10ms",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			topic, group := "most-"+strings.ToLower(name), "g-most-"+strings.ToLower(name)
+			c := kafkatest.New(t, []kafkatest.Topic{{Name: topic, Partitions: 2}})
+			c.ProduceN(t, topic, 20, nil)
+			s := newSink(t)
+			startStream(t, s, 1, inputConf(c, topic, group, extra))
+			waitFor(t, "the 20 records", func() bool { return s.ackedCount() == 20 })
+		})
+	}
+}
+
+// TestInputClientAtTheBounds: the smallest and largest fetch sizes the
+// input accepts make a client franz-go accepts too. franz-go checks its
+// settings only when the client is created, in Connect, where a refusal
+// was retried forever and nothing was consumed (fetch_max_bytes 2GiB).
+func TestInputClientAtTheBounds(t *testing.T) {
+	t.Parallel()
+	base := "seed_brokers: [ 127.0.0.1:1 ]\ntopics: [ t ]\nconsumer_group: g\n"
+	for _, size := range []string{"1B", "16MiB", "1GiB"} {
+		t.Run(size, func(t *testing.T) {
+			t.Parallel()
+			conf, err := franzInputSpec().ParseYAML(base+"fetch_max_bytes: "+size+"\nfetch_max_partition_bytes: "+size+"\nfetch_min_bytes: "+size, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := newFranzInputFromParsed(conf, service.MockResources())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cl, err := kgo.NewClient(f.clientOpts...)
+			if err != nil {
+				t.Fatalf("franz-go refuses the client of fetch sizes %s: %v", size, err)
+			}
+			cl.Close()
 		})
 	}
 }

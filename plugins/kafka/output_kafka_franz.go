@@ -27,6 +27,10 @@ const (
 	kfoFieldMaxMessageBytes = "max_message_bytes"
 	kfoFieldTimeout         = "timeout"
 	kfoFieldCompression     = "compression"
+
+	// minRecordBatchBytes is the least ProducerBatchMaxBytes franz-go
+	// accepts.
+	minRecordBatchBytes = 512
 )
 
 func franzOutputSpec() *service.ConfigSpec {
@@ -64,7 +68,7 @@ Used for the optional dead-letter topic and by the dev stack's event generator.`
 				Default(10),
 			service.NewBatchPolicyField(kfoFieldBatching),
 			service.NewStringField(kfoFieldMaxMessageBytes).
-				Description("The largest record batch the producer builds (Kafka's `max.message.bytes` on the producer side); a single message larger than this is rejected. It must not exceed the broker's or topic's `max.message.bytes`.").
+				Description("The largest record batch the producer builds (Kafka's `max.message.bytes` on the producer side); a single message larger than this is rejected. It must not exceed the broker's or topic's `max.message.bytes`. From `512B` to `1GiB`, what franz-go builds.").
 				Default("1MiB").
 				Advanced(),
 			service.NewDurationField(kfoFieldTimeout).
@@ -154,9 +158,12 @@ func newFranzOutputFromParsed(conf *service.ParsedConfig, res *service.Resources
 	if o.timeout <= 0 {
 		return nil, fmt.Errorf("field %s: must be positive, got %s", kfoFieldTimeout, o.timeout)
 	}
-	maxBytes, err := parseByteSize(conf, kfoFieldMaxMessageBytes)
+	maxBytes, err := parseBrokerIOSize(conf, kfoFieldMaxMessageBytes)
 	if err != nil {
 		return nil, err
+	}
+	if maxBytes < minRecordBatchBytes {
+		return nil, fmt.Errorf("field %s: %dB is below %dB, the smallest record batch franz-go builds", kfoFieldMaxMessageBytes, maxBytes, minRecordBatchBytes)
 	}
 	var codec kgo.CompressionCodec
 	switch comp {
@@ -180,7 +187,7 @@ func newFranzOutputFromParsed(conf *service.ParsedConfig, res *service.Resources
 		// neither duplicate nor reorder records.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerBatchMaxBytes(maxBytes),
-		kgo.BrokerMaxWriteBytes(max(100<<20, 2*maxBytes)),
+		kgo.BrokerMaxWriteBytes(brokerIOBytes(maxBytes)),
 		kgo.ProducerBatchCompression(codec),
 		kgo.WithLogger(kgoLogger{log: o.log}),
 		kgo.WithHooks(o.outage),

@@ -164,10 +164,12 @@ timeout: 300ms
 func TestOutputConfigErrors(t *testing.T) {
 	t.Parallel()
 	for name, tc := range map[string]struct{ yaml, want string }{
-		"NoBrokers":    {"seed_brokers: [ ' , ' ]\ntopic: x", "seed_brokers"},
-		"BadSize":      {"seed_brokers: [ a:1 ]\ntopic: x\nmax_message_bytes: lots", "max_message_bytes"},
-		"BadMechanism": {"seed_brokers: [ a:1 ]\ntopic: x\nsasl:\n  - mechanism: GSSAPI", "mechanism"},
-		"MetadataAge":  {"seed_brokers: [ a:1 ]\ntopic: x\nmetadata_max_age: 0s", "metadata_max_age: 0s is not from 5s to 1h0m0s"},
+		"NoBrokers":     {"seed_brokers: [ ' , ' ]\ntopic: x", "seed_brokers"},
+		"BadSize":       {"seed_brokers: [ a:1 ]\ntopic: x\nmax_message_bytes: lots", "max_message_bytes"},
+		"BadMechanism":  {"seed_brokers: [ a:1 ]\ntopic: x\nsasl:\n  - mechanism: GSSAPI", "mechanism"},
+		"MetadataAge":   {"seed_brokers: [ a:1 ]\ntopic: x\nmetadata_max_age: 0s", "metadata_max_age: 0s is not from 5s to 1h0m0s"},
+		"BelowABatch":   {"seed_brokers: [ a:1 ]\ntopic: x\nmax_message_bytes: 511B", "max_message_bytes: 511B is below 512B, the smallest record batch franz-go builds"},
+		"AboveARequest": {"seed_brokers: [ a:1 ]\ntopic: x\nmax_message_bytes: 1073741825B", `max_message_bytes: "1073741825B" must be between 1B and 1GiB`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -178,6 +180,31 @@ func TestOutputConfigErrors(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one naming %s", err, tc.want)
 			}
+		})
+	}
+}
+
+// TestOutputClientAtTheBounds: the smallest and largest max_message_bytes
+// the output accepts make a client franz-go accepts too (it checks them
+// only when the client is created, in Connect).
+func TestOutputClientAtTheBounds(t *testing.T) {
+	t.Parallel()
+	for _, size := range []string{"512B", "1MiB", "512MiB", "1GiB"} {
+		t.Run(size, func(t *testing.T) {
+			t.Parallel()
+			conf, err := franzOutputSpec().ParseYAML("seed_brokers: [ 127.0.0.1:1 ]\ntopic: x\nmax_message_bytes: "+size, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o, err := newFranzOutputFromParsed(conf, service.MockResources())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cl, err := kgo.NewClient(o.clientOpts...)
+			if err != nil {
+				t.Fatalf("franz-go refuses the client of max_message_bytes %s: %v", size, err)
+			}
+			cl.Close()
 		})
 	}
 }

@@ -108,11 +108,11 @@ A record read from a batch within the bound whose value, or whose key and header
 				Description("Where a consumer group without a committed offset starts: the oldest available record (true) or only new records (false). Also applies when a committed offset is no longer available.").
 				Default(true),
 			service.NewStringField(kfiFieldFetchMaxBytes).
-				Description("The most data one fetch request may return (Kafka's `fetch.max.bytes`), and so what franz-go buffers per broker until the input polls it. A record batch larger than this is still returned whole, so large messages are consumed anyway. The limit is on the compressed size: well-compressed data takes more memory once decompressed.").
+				Description("The most data one fetch request may return (Kafka's `fetch.max.bytes`), and so what franz-go buffers per broker until the input polls it. A record batch larger than this is still returned whole, so large messages are consumed anyway. The limit is on the compressed size: well-compressed data takes more memory once decompressed. At most `1GiB`, the largest response franz-go reads.").
 				Default("16MiB").
 				Advanced(),
 			service.NewStringField(kfiFieldFetchMaxPartitionBytes).
-				Description("The most data one fetch returns per partition (Kafka's `max.partition.fetch.bytes`). The first record batch of a partition is returned even when it is larger.").
+				Description("The most data one fetch returns per partition (Kafka's `max.partition.fetch.bytes`). The first record batch of a partition is returned even when it is larger. At most `1GiB`.").
 				Default("1MiB").
 				Advanced(),
 			service.NewStringField(kfiFieldFetchMinBytes).
