@@ -99,9 +99,10 @@ func (r *redactor) text(s string) string {
 // free of credentials: the whole text is scrubbed first; if a decoded
 // string of the body still holds a credential (an escape nobody foresaw),
 // the snippet is the scrubbed body re-encoded instead. The snippet is cut
-// only after that.
+// only after that. The whitespace around a body (the newline a plain-text
+// error page ends with) is not part of a one-line reason.
 func (r *redactor) reply(raw []byte, body any) (any, string) {
-	snippet := r.text(string(raw))
+	snippet := r.text(strings.TrimSpace(string(raw)))
 	if body != nil && len(r.decoded) > 0 {
 		if clean, changed := r.scrubValue(body); changed {
 			body = clean

@@ -183,6 +183,20 @@ func TestRedactEchoedCredentials(t *testing.T) {
 			}
 		}
 	})
+	// A plain-text error page ends with a newline (Go's http.Error, most
+	// proxies); the reason is one line.
+	t.Run("SurroundingWhitespace", func(t *testing.T) {
+		t.Parallel()
+		for raw, want := range map[string]string{
+			"internal server error\n": "internal server error",
+			"\r\n  busy \t\r\n":       "busy",
+			" \n":                     "",
+		} {
+			if _, snippet := r.reply([]byte(raw), nil); snippet != want {
+				t.Errorf("snippet of %q = %q, want %q", raw, snippet, want)
+			}
+		}
+	})
 	t.Run("InAKey", func(t *testing.T) {
 		t.Parallel()
 		var body any
