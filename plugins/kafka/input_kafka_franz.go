@@ -272,14 +272,14 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	return f, nil
 }
 
-// Connect creates the client and waits until a broker answers. While none
-// does it keeps retrying with backoff (the outage is logged once), so a
-// broker that starts after us is picked up; it returns only when connected
-// or when ctx ends (at shutdown).
 // errExiting refuses a connection while the process exits before it
 // started: the input was closed to leave its group, and must not join again.
 var errExiting = errors.New("kafka_franz: not connecting: the process is exiting before it started")
 
+// Connect creates the client and waits until a broker answers. While none
+// does it keeps retrying with backoff (the outage is logged once), so a
+// broker that starts after us is picked up; it returns only when connected
+// or when ctx ends (at shutdown).
 func (f *franzInput) Connect(ctx context.Context) error {
 	if f.connected() {
 		return nil
@@ -293,6 +293,14 @@ func (f *franzInput) Connect(ctx context.Context) error {
 		return err
 	}
 	probe.Close()
+	// The client joins the group as soon as it is created, and its
+	// first assignment (onAssigned) may come before NewClient returns:
+	// the state it counts into is made first.
+	f.mu.Lock()
+	f.parts = make(map[topicPartition]*partitionState)
+	f.budget = &byteBudget{limit: f.maxBufferedBytes}
+	f.resetOwnedLocked()
+	f.mu.Unlock()
 	cl, err := kgo.NewClient(f.clientOpts...)
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)
@@ -302,9 +310,6 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	f.mu.Lock()
 	f.client = cl
 	f.runCancel = cancel
-	f.parts = make(map[topicPartition]*partitionState)
-	f.budget = &byteBudget{limit: f.maxBufferedBytes}
-	f.resetOwnedLocked()
 	f.mu.Unlock()
 
 	f.wg.Add(2)
