@@ -43,9 +43,15 @@ const metricPartitionsAssigned = "forwarder_kafka_partitions_assigned"
 // batch several large messages together (docs/guarantees.md #17).
 const batchBytesPerMessage = 4
 
-// maxFetchWait is the longest fetch_max_wait: a fetch request carries it
-// as an int32 count of milliseconds, and franz-go would wrap a longer one.
-const maxFetchWait = math.MaxInt32 * time.Millisecond
+// maxWireDuration is the longest fetch_max_wait, session_timeout and
+// rebalance_timeout: Kafka's requests carry them as an int32 count of
+// milliseconds, and franz-go would wrap a longer fetch wait and refuses a
+// longer timeout when the client is created.
+const maxWireDuration = math.MaxInt32 * time.Millisecond
+
+// minGroupTimeout is the shortest session_timeout and rebalance_timeout
+// franz-go accepts.
+const minGroupTimeout = 100 * time.Millisecond
 
 // franzInput is the kafka_franz input. Several goroutines share its state
 // under mu: the poll loop (fetches records, stops while the input holds
@@ -192,18 +198,23 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if fetchWait < 10*time.Millisecond {
 		return nil, fmt.Errorf("field %s: %s is below 10ms, the least franz-go accepts", kfiFieldFetchMaxWait, fetchWait)
 	}
-	if fetchWait > maxFetchWait {
-		return nil, fmt.Errorf("field %s: %s is above %s, the most a fetch request can carry (a 32-bit count of milliseconds)", kfiFieldFetchMaxWait, fetchWait, maxFetchWait)
+	if fetchWait > maxWireDuration {
+		return nil, fmt.Errorf("field %s: %s is above %s, the most a fetch request can carry (a 32-bit count of milliseconds)", kfiFieldFetchMaxWait, fetchWait, maxWireDuration)
 	}
 	// franz-go refuses responses above BrokerMaxReadBytes, which must
 	// leave room for a full fetch.
 	readMax := brokerIOBytes(fetchMax)
 
+	for _, t := range []struct {
+		field string
+		d     time.Duration
+	}{{kfiFieldSessionTimeout, session}, {kfiFieldRebalanceTimeout, rebalance}} {
+		if t.d < minGroupTimeout || t.d > maxWireDuration {
+			return nil, fmt.Errorf("field %s: %s is not from %s to %s, what franz-go accepts (a 32-bit count of milliseconds)", t.field, t.d, minGroupTimeout, maxWireDuration)
+		}
+	}
 	if heartbeat <= 0 || heartbeat >= session {
 		return nil, fmt.Errorf("field %s: %s must be positive and lower than %s (%s)", kfiFieldHeartbeatInterval, heartbeat, kfiFieldSessionTimeout, session)
-	}
-	if rebalance <= 0 {
-		return nil, fmt.Errorf("field %s: must be positive, got %s", kfiFieldRebalanceTimeout, rebalance)
 	}
 	// A commit in flight holds up this member's next join (franz-go does
 	// not join while committing), and the commit on revoke holds up its

@@ -628,6 +628,8 @@ func TestInputConfigErrors(t *testing.T) {
 		"ZeroBufferedBytes":        {base + "consumer_group: g\nmax_buffered_bytes: 0B", "max_buffered_bytes"},
 		"BadBufferedBytes":         {base + "consumer_group: g\nmax_buffered_bytes: lots", "max_buffered_bytes"},
 		"NoReplayOfNacks":          {base + "consumer_group: g\nauto_replay_nacks: false", "auto_replay_nacks"},
+		"SessionTooShort":          {base + "consumer_group: g\nsession_timeout: 99ms\nheartbeat_interval: 10ms", "session_timeout: 99ms is not from 100ms to 596h31m23.647s"},
+		"RebalanceTooLong":         {base + "consumer_group: g\nrebalance_timeout: 597h", "rebalance_timeout: 597h0m0s is not from 100ms to 596h31m23.647s"},
 		"MetadataTooYoung":         {base + "consumer_group: g\nmetadata_max_age: 4s", "metadata_max_age: 4s is not from 5s to 1h0m0s"},
 		"MetadataTooOld":           {base + "consumer_group: g\nmetadata_max_age: 61m", "metadata_max_age: 1h1m0s is not from 5s to 1h0m0s"},
 	} {
@@ -668,13 +670,34 @@ func TestInputAtTheLargestLimits(t *testing.T) {
 	}
 }
 
-// TestInputClientAtTheBounds: the smallest and largest fetch sizes the
-// input accepts make a client franz-go accepts too. franz-go checks its
+// TestInputClientAtTheBounds: the smallest and largest fetch sizes and
+// group timeouts the input accepts make a client franz-go accepts too. franz-go checks its
 // settings only when the client is created, in Connect, where a refusal
 // was retried forever and nothing was consumed (fetch_max_bytes 2GiB).
 func TestInputClientAtTheBounds(t *testing.T) {
 	t.Parallel()
 	base := "seed_brokers: [ 127.0.0.1:1 ]\ntopics: [ t ]\nconsumer_group: g\n"
+	for name, extra := range map[string]string{
+		"ShortestGroupTimeouts": "session_timeout: 100ms\nheartbeat_interval: 50ms\nrebalance_timeout: 100ms",
+		"LongestGroupTimeouts":  "session_timeout: 596h31m23.647s\nrebalance_timeout: 596h31m23.647s\nfetch_max_wait: 596h31m23.647s",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			conf, err := franzInputSpec().ParseYAML(base+extra, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := newFranzInputFromParsed(conf, service.MockResources())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cl, err := kgo.NewClient(f.clientOpts...)
+			if err != nil {
+				t.Fatalf("franz-go refuses the client of %s: %v", extra, err)
+			}
+			cl.Close()
+		})
+	}
 	for _, size := range []string{"1B", "16MiB", "1GiB"} {
 		t.Run(size, func(t *testing.T) {
 			t.Parallel()

@@ -124,7 +124,7 @@ A record read from a batch within the bound whose value, or whose key and header
 				Default("5s").
 				Advanced(),
 			service.NewDurationField(kfiFieldSessionTimeout).
-				Description("How long the group waits for a silent member before giving its partitions to others (Kafka's `session.timeout.ms`; the broker allows 6s to 5m by default). Kept short so a crashed instance's partitions are consumed again within seconds.").
+				Description("How long the group waits for a silent member before giving its partitions to others (Kafka's `session.timeout.ms`; the broker allows 6s to 5m by default). Kept short so a crashed instance's partitions are consumed again within seconds. From 100ms to 596h31m23.647s, what franz-go accepts.").
 				Default("10s").
 				Advanced(),
 			service.NewDurationField(kfiFieldHeartbeatInterval).
@@ -132,7 +132,7 @@ A record read from a batch within the bound whose value, or whose key and header
 				Default("3s").
 				Advanced(),
 			service.NewDurationField(kfiFieldRebalanceTimeout).
-				Description("How long the group waits for members to rejoin during a rebalance (Kafka's `rebalance.timeout.ms`). An offset commit gives up after a third of it, so a commit the broker does not answer cannot keep this member in a rebalance past it: the commit on revoke is then abandoned and the next owner reads from the previous commit.").
+				Description("How long the group waits for members to rejoin during a rebalance (Kafka's `rebalance.timeout.ms`). An offset commit gives up after a third of it, so a commit the broker does not answer cannot keep this member in a rebalance past it: the commit on revoke is then abandoned and the next owner reads from the previous commit. From 100ms to 596h31m23.647s.").
 				Default("45s").
 				Advanced(),
 			tlsField(),
