@@ -116,12 +116,25 @@ func TestPauseResume(t *testing.T) {
 		}
 	})
 
+	// Days, as in every other duration an operator types (requeue
+	// --since, purge --older-than).
+	t.Run("UntilInDays", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		before := time.Now()
+		b.mustRun(t, "pause", "--operator", "alice", "--until", "2d")
+		if until := platform(t, b).Pause.Until; until.Before(before.Add(48*time.Hour)) || until.After(time.Now().Add(48*time.Hour)) {
+			t.Errorf("pause --until 2d ends at %v, want 48h after %v", until, before)
+		}
+	})
+
 	t.Run("BadUntil", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		for until, want := range map[string]string{
 			"tomorrow":             "neither an RFC 3339 time",
 			"-5m":                  "must be positive",
+			"0":                    "must be positive",
 			"2001-01-01T00:00:00Z": "has passed",
 		} {
 			out, err := b.run(t, "pause", "--until", until)

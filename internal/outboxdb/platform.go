@@ -216,13 +216,17 @@ func ResumeDelivery(ctx context.Context, q Querier, by string) (bool, error) {
 
 // ParsePauseEnd reads when a pause should end, as an operator gives it:
 // empty (until resumed: the zero time), an RFC 3339 time, or a positive
-// duration from now. The end must be in the future.
+// duration from now in the syntax of every other duration an operator
+// types (ParseDuration: 90m, 2d). The end must be in the future.
 func ParsePauseEnd(v string, now time.Time) (time.Time, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return time.Time{}, nil
 	}
-	if d, err := time.ParseDuration(v); err == nil {
+	if strings.HasPrefix(v, "-") {
+		return time.Time{}, fmt.Errorf("the end of the pause %s: a duration must be positive", v)
+	}
+	if d, err := ParseDuration(v); err == nil {
 		if d <= 0 {
 			return time.Time{}, fmt.Errorf("the end of the pause %s: a duration must be positive", v)
 		}
@@ -230,7 +234,7 @@ func ParsePauseEnd(v string, now time.Time) (time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339, v)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("the end of the pause %q is neither an RFC 3339 time (2026-12-02T06:00:00Z) nor a duration (90m)", v)
+		return time.Time{}, fmt.Errorf("the end of the pause %q is neither an RFC 3339 time (2026-12-02T06:00:00Z) nor a duration (90m, 2d)", v)
 	}
 	if !t.After(now) {
 		return time.Time{}, fmt.Errorf("the end of the pause %s has passed", v)
