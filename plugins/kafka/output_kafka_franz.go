@@ -64,7 +64,7 @@ Used for the optional dead-letter topic and by the dev stack's event generator.`
 			clientIDField(),
 			metadataMaxAgeField(),
 			service.NewIntField(kfoFieldMaxInFlight).
-				Description("The most batches written at the same time.").
+				Description("The most batches written at the same time, from 1 to 10000 (Benthos starts a goroutine for each).").
 				Default(10),
 			service.NewBatchPolicyField(kfoFieldBatching),
 			service.NewStringField(kfoFieldMaxMessageBytes).
@@ -97,6 +97,27 @@ output:
 `)
 }
 
+// maxOutputInFlight is the largest max_in_flight: Benthos starts a
+// goroutine for each batch that may be in flight, all at once, so a
+// million took gigabytes before a message was written.
+const maxOutputInFlight = 10_000
+
+// parseOutputFlow reads what Benthos runs the output with: its batching
+// policy and how many batches may be written at once.
+func parseOutputFlow(conf *service.ParsedConfig) (service.BatchPolicy, int, error) {
+	var err error
+	policy := pluginconf.Field(&err, conf.FieldBatchPolicy, kfoFieldBatching)
+	maxInFlight := pluginconf.Field(&err, conf.FieldInt, kfoFieldMaxInFlight)
+	if err != nil {
+		return service.BatchPolicy{}, 0, err
+	}
+	if maxInFlight < 1 || maxInFlight > maxOutputInFlight {
+		return service.BatchPolicy{}, 0, fmt.Errorf("field %s: must be from 1 to %d, got %d: Benthos starts a goroutine for each",
+			kfoFieldMaxInFlight, maxOutputInFlight, maxInFlight)
+	}
+	return policy, maxInFlight, nil
+}
+
 func init() {
 	service.MustRegisterBatchOutput("kafka_franz", franzOutputSpec(),
 		func(conf *service.ParsedConfig, res *service.Resources) (service.BatchOutput, service.BatchPolicy, int, error) {
@@ -104,13 +125,9 @@ func init() {
 			if err != nil {
 				return nil, service.BatchPolicy{}, 0, err
 			}
-			policy := pluginconf.Field(&err, conf.FieldBatchPolicy, kfoFieldBatching)
-			maxInFlight := pluginconf.Field(&err, conf.FieldInt, kfoFieldMaxInFlight)
+			policy, maxInFlight, err := parseOutputFlow(conf)
 			if err != nil {
 				return nil, service.BatchPolicy{}, 0, err
-			}
-			if maxInFlight < 1 {
-				return nil, service.BatchPolicy{}, 0, fmt.Errorf("field %s: must be at least 1, got %d", kfoFieldMaxInFlight, maxInFlight)
 			}
 			return out, policy, maxInFlight, nil
 		})

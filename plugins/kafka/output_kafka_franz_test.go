@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +182,31 @@ func TestOutputConfigErrors(t *testing.T) {
 				t.Fatalf("error %v, want one naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestOutputMaxInFlight: Benthos starts a goroutine per batch in flight,
+// all at once: the output takes 1 to 10000.
+func TestOutputMaxInFlight(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[string]string{
+		"1":          "",
+		"10000":      "",
+		"0":          "field max_in_flight: must be from 1 to 10000, got 0",
+		"10001":      "field max_in_flight: must be from 1 to 10000, got 10001: Benthos starts a goroutine for each",
+		"1000000000": "got 1000000000",
+	} {
+		conf, err := franzOutputSpec().ParseYAML("seed_brokers: [ a:1 ]\ntopic: x\nmax_in_flight: "+n, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, got, err := parseOutputFlow(conf)
+		switch {
+		case want == "" && (err != nil || strconv.Itoa(got) != n):
+			t.Errorf("max_in_flight %s: %d, %v", n, got, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("max_in_flight %s: error %v, want %q", n, err, want)
+		}
 	}
 }
 
