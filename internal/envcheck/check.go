@@ -3,6 +3,7 @@ package envcheck
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -115,6 +116,8 @@ func leaseProblem(refs Refs, getenv func(string) string) error {
 	switch {
 	case !ok:
 		return nil
+	case l <= t && t > math.MaxInt64-time.Second:
+		return fmt.Errorf("CLAIM_LEASE=%s must exceed FORWARD_TIMEOUT=%s, and no duration does by a second: lower FORWARD_TIMEOUT", lease, timeout)
 	case l <= t:
 		return fmt.Errorf("CLAIM_LEASE=%s must exceed FORWARD_TIMEOUT=%s: set CLAIM_LEASE to at least %s", lease, timeout, max(t+time.Second, minLease))
 	case l < minLease:

@@ -316,6 +316,11 @@ input:
 		t.Errorf("a lease a second above the timeout: %v", res.Err())
 	}
 	// Above a short timeout, the lease still has outbox_retry's minimum.
+	// The longest timeout a Duration holds leaves no lease to advise.
+	res = Check(refs, Lint, env("FORWARD_TIMEOUT=2562047h47m16s"))
+	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "CLAIM_LEASE=60s must exceed FORWARD_TIMEOUT=2562047h47m16s, and no duration does by a second: lower FORWARD_TIMEOUT") {
+		t.Errorf("the longest timeout: %v", err)
+	}
 	res = Check(refs, Lint, env("CLAIM_LEASE=500ms", "FORWARD_TIMEOUT=100ms"))
 	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "CLAIM_LEASE=500ms is below 1s, the shortest lease outbox_retry takes") {
 		t.Errorf("a lease below a second: %v", err)
