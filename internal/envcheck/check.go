@@ -57,7 +57,7 @@ func Check(refs Refs, mode Mode, getenv func(string) string) Result {
 			res.Problems = append(res.Problems, fmt.Errorf("%w (%s)", err, ref.File))
 		}
 	}
-	for _, cross := range []func(Refs, func(string) string) error{leaseProblem, retryProblem, retentionProblem} {
+	for _, cross := range []func(Refs, func(string) string) error{leaseProblem, retryProblem, retentionProblem, topicsProblem} {
 		if err := cross(refs, getenv); err != nil {
 			res.Problems = append(res.Problems, err)
 		}
@@ -76,6 +76,33 @@ func value(refs Refs, getenv func(string) string, name string) (v string, ok boo
 		return v, true
 	}
 	return ref.Default, ref.Default != ""
+}
+
+// topicsProblem refuses one Kafka topic for two purposes (the
+// environment's values or the file's defaults): the outbox stores each
+// input topic's messages as one API type, so with the vehicle and heartbeat
+// topics alike one kind would be sent to the platform as the other (the
+// YAML map of topics to types keeps the last, and no error says so); and a
+// dead-letter topic that is an input topic would be consumed as new
+// messages.
+func topicsProblem(refs Refs, getenv func(string) string) error {
+	topics := []string{"KAFKA_TOPIC_VEHICLE", "KAFKA_TOPIC_HEARTBEAT", "KAFKA_TOPIC_DEAD_LETTER"}
+	for i, a := range topics {
+		va, ok := value(refs, getenv, a)
+		if !ok {
+			continue
+		}
+		for _, b := range topics[i+1:] {
+			if vb, ok := value(refs, getenv, b); ok && vb == va {
+				why := "the outbox stores each topic's messages as one API type, so one kind would be sent as the other"
+				if b == "KAFKA_TOPIC_DEAD_LETTER" {
+					why = "FAILED rows published to the dead-letter topic would be consumed again as new messages"
+				}
+				return fmt.Errorf("%s and %s are both %q: %s; give each its own topic", a, b, va, why)
+			}
+		}
+	}
+	return nil
 }
 
 // retentionProblem refuses a retention shorter than a day unless

@@ -261,6 +261,59 @@ func TestCheckTracerVariables(t *testing.T) {
 	}
 }
 
+// TestTopicsProblem: one topic for two purposes is refused, whether the
+// values come from the environment or the files' defaults, and whether the
+// dead-letter topic is in the same file or another linted with it.
+func TestTopicsProblem(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	forwarder := write(t, dir, "forwarder.yaml", `
+input:
+  kafka_franz:
+    topics: [ "${KAFKA_TOPIC_VEHICLE:vehicle}", "${KAFKA_TOPIC_HEARTBEAT:heartbeat}" ]
+`)
+	deadLetter := write(t, dir, "dead_letter.yaml", `
+output:
+  kafka_franz:
+    topic: ${KAFKA_TOPIC_DEAD_LETTER:dead}
+`)
+	both := Scan(forwarder, deadLetter)
+	env := func(kv ...string) func(string) string {
+		return func(name string) string {
+			for _, e := range kv {
+				if n, v, ok := strings.Cut(e, "="); ok && n == name {
+					return v
+				}
+			}
+			return ""
+		}
+	}
+	for _, c := range []struct {
+		refs Refs
+		env  []string
+		want string // "" when accepted
+	}{
+		{both, nil, ""},
+		{both, []string{"KAFKA_TOPIC_VEHICLE=events", "KAFKA_TOPIC_HEARTBEAT=beats"}, ""},
+		{both, []string{"KAFKA_TOPIC_VEHICLE=events", "KAFKA_TOPIC_HEARTBEAT=events"},
+			`KAFKA_TOPIC_VEHICLE and KAFKA_TOPIC_HEARTBEAT are both "events": the outbox stores each topic's messages as one API type, so one kind would be sent as the other; give each its own topic`},
+		// Against the other file's default.
+		{both, []string{"KAFKA_TOPIC_HEARTBEAT=vehicle"}, `KAFKA_TOPIC_VEHICLE and KAFKA_TOPIC_HEARTBEAT are both "vehicle"`},
+		{both, []string{"KAFKA_TOPIC_DEAD_LETTER=heartbeat"},
+			`KAFKA_TOPIC_HEARTBEAT and KAFKA_TOPIC_DEAD_LETTER are both "heartbeat": FAILED rows published to the dead-letter topic would be consumed again as new messages`},
+		// A file linted alone is not judged by a variable it does not use.
+		{Scan(deadLetter), []string{"KAFKA_TOPIC_DEAD_LETTER=vehicle"}, ""},
+	} {
+		err := Check(c.refs, Lint, env(c.env...)).Err()
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%v: %v", c.env, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%v: error %v, want %q", c.env, err, c.want)
+		}
+	}
+}
+
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -315,12 +368,12 @@ input:
 	if res = Check(refs, Lint, env("CLAIM_LEASE=3s", "FORWARD_TIMEOUT=2s")); res.Err() != nil {
 		t.Errorf("a lease a second above the timeout: %v", res.Err())
 	}
-	// Above a short timeout, the lease still has outbox_retry's minimum.
 	// The longest timeout a Duration holds leaves no lease to advise.
 	res = Check(refs, Lint, env("FORWARD_TIMEOUT=2562047h47m16s"))
 	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "CLAIM_LEASE=60s must exceed FORWARD_TIMEOUT=2562047h47m16s, and no duration does by a second: lower FORWARD_TIMEOUT") {
 		t.Errorf("the longest timeout: %v", err)
 	}
+	// Above a short timeout, the lease still has outbox_retry's minimum.
 	res = Check(refs, Lint, env("CLAIM_LEASE=500ms", "FORWARD_TIMEOUT=100ms"))
 	if err := res.Err(); err == nil || !strings.Contains(err.Error(), "CLAIM_LEASE=500ms is below 1s, the shortest lease outbox_retry takes") {
 		t.Errorf("a lease below a second: %v", err)
