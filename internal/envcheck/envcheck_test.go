@@ -97,6 +97,12 @@ func TestVarCheck(t *testing.T) {
 		{"KAFKA_BROKERS", "a:x", "KAFKA_BROKERS=a:x: broker a:x is not host:port"},
 		{"PLATFORM_URL", "https://p.example.com/base", ""},
 		{"PLATFORM_URL", "p.example.com", "PLATFORM_URL=p.example.com: not an http:// or https:// URL"},
+		{"PLATFORM_URL", "https://p.example.com", ""},
+		{"PLATFORM_URL", "https://p.example.com/", "PLATFORM_URL=https://p.example.com/: a base URL the endpoint's path is appended to: leave out the trailing /, query and fragment, e.g. https://platform.example.com"},
+		{"PLATFORM_URL", "https://p.example.com/base/", "leave out the trailing /"},
+		{"PLATFORM_URL", "https://p.example.com/base?tenant=a", "leave out the trailing /, query and fragment"},
+		// Other URLs are used whole: a trailing slash is theirs to have.
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel-collector:4318/", ""},
 		{"PLATFORM_TZ", "Europe/Paris", ""},
 		{"PLATFORM_TZ", "Nowhere/City", "PLATFORM_TZ=Nowhere/City: not a time zone name, e.g. Asia/Shanghai"},
 		{"DATABASE_URL", "postgres://u:p@db:5432/x?sslmode=verify-full", ""},

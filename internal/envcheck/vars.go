@@ -61,6 +61,9 @@ const (
 	BrokerList
 	// HTTPURL is an http:// or https:// URL with a host.
 	HTTPURL
+	// BaseURL is an HTTPURL that a path is appended to as text: it may
+	// have a path of its own, but no trailing slash, query or fragment.
+	BaseURL
 	// Zone is an IANA time zone name.
 	Zone
 	// PostgresDSN is a libpq connection string, URL or key=value.
@@ -117,7 +120,7 @@ var Vars = []Var{
 	{Name: "DATABASE_DIRECT_URL", Kind: PostgresDSN, Secret: true},
 	{Name: "DATABASE_MIGRATE_URL", Kind: PostgresDSN, Secret: true},
 	{Name: "CONSOLE_DATABASE_URL", Kind: PostgresDSN, Secret: true},
-	{Name: "PLATFORM_URL", Kind: HTTPURL, Example: "https://platform.example.com"},
+	{Name: "PLATFORM_URL", Kind: BaseURL, Example: "https://platform.example.com"},
 	{Name: "PLATFORM_ACCESS_NAME", Kind: JSONText, Secret: true},
 	{Name: "PLATFORM_ACCESS_PWD", Kind: JSONText, Secret: true},
 	{Name: "PLATFORM_TLS_CA_FILE", Kind: Text},
@@ -259,10 +262,17 @@ func (v Var) problem(value string) string {
 				}
 			}
 		}
-	case HTTPURL:
+	case HTTPURL, BaseURL:
 		u, err := url.Parse(value)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return "not an http:// or https:// URL with a host" + eg
+		}
+		// The pipeline appends the endpoint's path (/mch/business): a
+		// trailing slash would make it //mch/business, which a platform
+		// may redirect (never followed) or not know, and it would land
+		// inside a query or a fragment.
+		if v.Kind == BaseURL && (strings.HasSuffix(value, "/") || strings.ContainsAny(value, "?#")) {
+			return "a base URL the endpoint's path is appended to: leave out the trailing /, query and fragment" + eg
 		}
 	case Zone:
 		if _, err := time.LoadLocation(value); err != nil {
