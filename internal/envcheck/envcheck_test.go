@@ -267,6 +267,18 @@ func TestCheckTracerVariables(t *testing.T) {
 	}
 }
 
+// env is a getenv of the NAME=value pairs kv.
+func env(kv ...string) func(string) string {
+	return func(name string) string {
+		for _, e := range kv {
+			if n, v, ok := strings.Cut(e, "="); ok && n == name {
+				return v
+			}
+		}
+		return ""
+	}
+}
+
 // TestTopicsProblem: one topic for two purposes is refused, whether the
 // values come from the environment or the files' defaults, and whether the
 // dead-letter topic is in the same file or another linted with it.
@@ -284,16 +296,6 @@ output:
     topic: ${KAFKA_TOPIC_DEAD_LETTER:dead}
 `)
 	both := Scan(forwarder, deadLetter)
-	env := func(kv ...string) func(string) string {
-		return func(name string) string {
-			for _, e := range kv {
-				if n, v, ok := strings.Cut(e, "="); ok && n == name {
-					return v
-				}
-			}
-			return ""
-		}
-	}
 	for _, c := range []struct {
 		refs Refs
 		env  []string
@@ -342,16 +344,6 @@ input:
       force: ${OUTBOX_RETENTION_FORCE:false}
 `)
 	refs := Scan(p)
-	env := func(kv ...string) func(string) string {
-		return func(name string) string {
-			for _, e := range kv {
-				if n, v, _ := strings.Cut(e, "="); n == name {
-					return v
-				}
-			}
-			return ""
-		}
-	}
 
 	res := Check(refs, Lint, env())
 	if res.Err() != nil {

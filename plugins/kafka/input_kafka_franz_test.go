@@ -677,10 +677,14 @@ func TestInputAtTheLargestLimits(t *testing.T) {
 func TestInputClientAtTheBounds(t *testing.T) {
 	t.Parallel()
 	base := "seed_brokers: [ 127.0.0.1:1 ]\ntopics: [ t ]\nconsumer_group: g\n"
-	for name, extra := range map[string]string{
+	bounds := map[string]string{
 		"ShortestGroupTimeouts": "session_timeout: 100ms\nheartbeat_interval: 50ms\nrebalance_timeout: 100ms",
 		"LongestGroupTimeouts":  "session_timeout: 596h31m23.647s\nrebalance_timeout: 596h31m23.647s\nfetch_max_wait: 596h31m23.647s",
-	} {
+	}
+	for _, size := range []string{"1B", "16MiB", "1GiB"} {
+		bounds["FetchSizes"+size] = "fetch_max_bytes: " + size + "\nfetch_max_partition_bytes: " + size + "\nfetch_min_bytes: " + size
+	}
+	for name, extra := range bounds {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			conf, err := franzInputSpec().ParseYAML(base+extra, nil)
@@ -694,24 +698,6 @@ func TestInputClientAtTheBounds(t *testing.T) {
 			cl, err := kgo.NewClient(f.clientOpts...)
 			if err != nil {
 				t.Fatalf("franz-go refuses the client of %s: %v", extra, err)
-			}
-			cl.Close()
-		})
-	}
-	for _, size := range []string{"1B", "16MiB", "1GiB"} {
-		t.Run(size, func(t *testing.T) {
-			t.Parallel()
-			conf, err := franzInputSpec().ParseYAML(base+"fetch_max_bytes: "+size+"\nfetch_max_partition_bytes: "+size+"\nfetch_min_bytes: "+size, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := newFranzInputFromParsed(conf, service.MockResources())
-			if err != nil {
-				t.Fatal(err)
-			}
-			cl, err := kgo.NewClient(f.clientOpts...)
-			if err != nil {
-				t.Fatalf("franz-go refuses the client of fetch sizes %s: %v", size, err)
 			}
 			cl.Close()
 		})
