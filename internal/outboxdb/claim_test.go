@@ -347,7 +347,7 @@ func TestClaimDue(t *testing.T) {
 // TestClaimPlanWithMillionFinishedRows shows the claim's cost does not grow
 // with finished rows: with 1 M delivered messages (TestLookupPlans's data
 // set without its PENDING and FAILED rows) and fresh statistics it still
-// walks forward_records_due_idx in order under a Limit, with no sort and no
+// walks forward_deliveries_due_idx in order under a Limit, with no sort and no
 // sequential scan. NextDue reads the same index.
 func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 	t.Parallel()

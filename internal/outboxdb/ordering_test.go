@@ -926,7 +926,7 @@ func TestCompensationKeepsOrdering(t *testing.T) {
 }
 
 // TestOrderingPlans: the ordering probes of the insert and of the result
-// write read one key's entries of forward_records_order_idx (and the
+// write read one key's entries of forward_deliveries_order_idx (and the
 // message_key index), one probe per row, even with 20 000 due unordered
 // rows and a held backlog in the statistics: never every PENDING row
 // through the status index per finished row, which made a result write
