@@ -98,8 +98,8 @@ output:
 }
 
 // maxOutputInFlight is the largest max_in_flight: Benthos starts a
-// goroutine for each batch that may be in flight, all at once, so a
-// million took gigabytes before a message was written.
+// goroutine for each batch that may be in flight, all at once (a million
+// took gigabytes for http_forwarder, whose bound is the same).
 const maxOutputInFlight = 10_000
 
 // parseOutputFlow reads what Benthos runs the output with: its batching
