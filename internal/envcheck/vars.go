@@ -16,6 +16,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,6 +65,9 @@ const (
 	// BaseURL is an HTTPURL that a path is appended to as text: it may
 	// have a path of its own, but no trailing slash, query or fragment.
 	BaseURL
+	// KafkaTopic is a legal Kafka topic name: 1 to 249 of a-z, A-Z, 0-9,
+	// '.', '_' and '-', not "." or "..".
+	KafkaTopic
 	// Zone is an IANA time zone name.
 	Zone
 	// PostgresDSN is a libpq connection string, URL or key=value.
@@ -98,6 +102,9 @@ type Var struct {
 	Max int
 }
 
+// kafkaTopic matches the names Kafka accepts for a topic.
+var kafkaTopic = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
 // logLevels are the levels Benthos's logger accepts (case-insensitive).
 var logLevels = []string{"OFF", "NONE", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL"}
 
@@ -107,9 +114,9 @@ var logLevels = []string{"OFF", "NONE", "FATAL", "ERROR", "WARN", "INFO", "DEBUG
 var Vars = []Var{
 	{Name: "KAFKA_BROKERS", Kind: BrokerList, Example: "kafka-1:9092,kafka-2:9092"},
 	{Name: "KAFKA_GROUP", Kind: Text},
-	{Name: "KAFKA_TOPIC_VEHICLE", Kind: Text},
-	{Name: "KAFKA_TOPIC_HEARTBEAT", Kind: Text},
-	{Name: "KAFKA_TOPIC_DEAD_LETTER", Kind: Text},
+	{Name: "KAFKA_TOPIC_VEHICLE", Kind: KafkaTopic, Example: "device-vehicle-event"},
+	{Name: "KAFKA_TOPIC_HEARTBEAT", Kind: KafkaTopic, Example: "device-heartbeat"},
+	{Name: "KAFKA_TOPIC_DEAD_LETTER", Kind: KafkaTopic, Example: "forwarder-dead-letter"},
 	{Name: "KAFKA_TLS", Kind: Enum, Options: []string{"false", "true"}},
 	{Name: "KAFKA_TLS_CA_FILE", Kind: Text},
 	{Name: "KAFKA_SASL_MECHANISM", Kind: Enum, Options: []string{"none", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}},
@@ -273,6 +280,13 @@ func (v Var) problem(value string) string {
 		// inside a query or a fragment.
 		if v.Kind == BaseURL && (strings.HasSuffix(value, "/") || strings.ContainsAny(value, "?#")) {
 			return "a base URL the endpoint's path is appended to: leave out the trailing /, query and fragment" + eg
+		}
+	case KafkaTopic:
+		// A comma would split it into two topics (the input takes
+		// comma-separated lists) while the outbox maps it whole to an API
+		// type; other characters Kafka refuses.
+		if !kafkaTopic.MatchString(value) || value == "." || value == ".." {
+			return "not a Kafka topic name: 1 to 249 of a-z A-Z 0-9 . _ -" + eg
 		}
 	case Zone:
 		if _, err := time.LoadLocation(value); err != nil {
