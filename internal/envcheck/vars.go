@@ -267,6 +267,11 @@ func (v Var) problem(value string) string {
 				if err := checkHostPort(b); err != nil {
 					return fmt.Sprintf("broker %s is not host:port (%v)", show(b), err) + eg
 				}
+				// Port 0 is for listening (any free port); nothing is
+				// ever reached at it.
+				if _, port, _ := net.SplitHostPort(b); strings.Trim(port, "0") == "" {
+					return fmt.Sprintf("broker %s has port 0, which no broker listens on", show(b)) + eg
+				}
 			}
 		}
 	case HTTPURL, BaseURL:
