@@ -48,8 +48,6 @@ func TestVarCheck(t *testing.T) {
 		{"FORWARD_MAX_IN_FLIGHT", "10000", ""},
 		{"FORWARD_MAX_IN_FLIGHT", "10001", "FORWARD_MAX_IN_FLIGHT=10001: more than 10000, e.g. 100"},
 		{"FORWARD_MAX_IN_FLIGHT", "1.5", "not a whole number"},
-		// The largest byte budget the dispatcher takes, and beyond it (16EiB
-		// does not fit in 64 bits at all).
 		// The longest export timeout a Duration holds, in milliseconds.
 		{"OTEL_EXPORTER_OTLP_TIMEOUT", "9223372036854", ""},
 		{"OTEL_EXPORTER_OTLP_TIMEOUT", "9223372036855", "OTEL_EXPORTER_OTLP_TIMEOUT=9223372036855: more than 9223372036854, e.g. 10000"},
@@ -59,12 +57,13 @@ func TestVarCheck(t *testing.T) {
 		{"FAILED_REQUEUE_ROUNDS", "0", ""},
 		{"FAILED_REQUEUE_ROUNDS", "2147483647", ""},
 		{"FAILED_REQUEUE_ROUNDS", "2147483648", "FAILED_REQUEUE_ROUNDS=2147483648: more than 2147483647, e.g. 3"},
+		// The largest byte budget the dispatcher takes, and beyond it (16EiB
+		// does not fit in 64 bits at all).
 		{"OUTBOX_MAX_UNACKED_BYTES", "0", ""},
 		{"OUTBOX_MAX_UNACKED_BYTES", "4EiB", ""},
 		{"OUTBOX_MAX_UNACKED_BYTES", "5EiB", "OUTBOX_MAX_UNACKED_BYTES=5EiB: not a byte size of at most 4EiB, e.g. 64MiB"},
 		{"OUTBOX_MAX_UNACKED_BYTES", "15EiB", "not a byte size of at most 4EiB"},
 		{"OUTBOX_MAX_UNACKED_BYTES", "16EiB", "not a byte size of at most 4EiB"},
-		{"FAILED_REQUEUE_ROUNDS", "0", ""},
 		{"FAILED_REQUEUE_ROUNDS", "-1", "FAILED_REQUEUE_ROUNDS=-1: not a whole number of at least 0"},
 		{"FORWARD_RATE_LIMIT", "0", ""},
 		{"FORWARD_RATE_LIMIT", "12.5", ""},

@@ -28,7 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/forwarder/forwarder/internal/protection"
+	"github.com/forwarder/forwarder/internal/pluginconf"
 )
 
 // Kind is what a variable's value must be.
@@ -134,7 +134,7 @@ var Vars = []Var{
 	{Name: "PLATFORM_TZ", Kind: Zone, Example: "Asia/Shanghai"},
 	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
 	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4197"},
-	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100", Max: protection.MaxConcurrency},
+	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100", Max: pluginconf.MaxInFlight},
 	// Below a millisecond every request to a platform across a network
 	// times out and nothing is delivered: a mistake, refused.
 	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s", Min: time.Millisecond},
@@ -269,7 +269,8 @@ func (v Var) problem(value string) string {
 				}
 				// Port 0 is for listening (any free port); nothing is
 				// ever reached at it.
-				if _, port, _ := net.SplitHostPort(b); strings.Trim(port, "0") == "" {
+				_, port, _ := net.SplitHostPort(b)
+				if n, _ := strconv.Atoi(port); n == 0 {
 					return fmt.Sprintf("broker %s has port 0, which no broker listens on", show(b)) + eg
 				}
 			}

@@ -16,3 +16,10 @@ func Field[T any](err *error, read func(path ...string) (T, error), path ...stri
 	v, *err = read(path...)
 	return v
 }
+
+// MaxInFlight is the largest max_in_flight an output of ours accepts
+// (http_forwarder's FORWARD_MAX_IN_FLIGHT, kafka_franz's): Benthos starts a
+// goroutine for each message or batch that may be in flight, all at start,
+// so that a limit of millions is no setting but gigabytes before the first
+// message.
+const MaxInFlight = 10_000

@@ -6,12 +6,6 @@ import (
 	"time"
 )
 
-// MaxConcurrency is the largest concurrency limit accepted (the output's
-// max_in_flight, FORWARD_MAX_IN_FLIGHT): Benthos starts a goroutine for
-// each request in flight and the output keeps as many idle connections, so
-// that a limit of millions is no setting but a crash at start.
-const MaxConcurrency = 10_000
-
 // Limiter bounds the requests in flight to the platform with a limit that
 // adapts between 1 and a maximum, additive increase, multiplicative
 // decrease (AIMD, as TCP congestion control): each healthy reply raises the

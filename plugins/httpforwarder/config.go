@@ -56,9 +56,9 @@ func parseConfig(conf *service.ParsedConfig) (c config, err error) {
 			return c, err
 		}
 	}
-	if c.maxInFlight < 1 || c.maxInFlight > protection.MaxConcurrency {
+	if c.maxInFlight < 1 || c.maxInFlight > pluginconf.MaxInFlight {
 		return c, fmt.Errorf("field %s: must be from 1 to %d, got %d (FORWARD_MAX_IN_FLIGHT): Benthos starts a goroutine for each, and the output keeps as many connections",
-			hfFieldMaxInFlight, protection.MaxConcurrency, c.maxInFlight)
+			hfFieldMaxInFlight, pluginconf.MaxInFlight, c.maxInFlight)
 	}
 	if c.accessName, err = secretField(conf, hfFieldAccessName); err != nil {
 		return c, err

@@ -97,11 +97,6 @@ output:
 `)
 }
 
-// maxOutputInFlight is the largest max_in_flight: Benthos starts a
-// goroutine for each batch that may be in flight, all at once (a million
-// took gigabytes for http_forwarder, whose bound is the same).
-const maxOutputInFlight = 10_000
-
 // parseOutputFlow reads what Benthos runs the output with: its batching
 // policy and how many batches may be written at once.
 func parseOutputFlow(conf *service.ParsedConfig) (service.BatchPolicy, int, error) {
@@ -111,9 +106,9 @@ func parseOutputFlow(conf *service.ParsedConfig) (service.BatchPolicy, int, erro
 	if err != nil {
 		return service.BatchPolicy{}, 0, err
 	}
-	if maxInFlight < 1 || maxInFlight > maxOutputInFlight {
+	if maxInFlight < 1 || maxInFlight > pluginconf.MaxInFlight {
 		return service.BatchPolicy{}, 0, fmt.Errorf("field %s: must be from 1 to %d, got %d: Benthos starts a goroutine for each",
-			kfoFieldMaxInFlight, maxOutputInFlight, maxInFlight)
+			kfoFieldMaxInFlight, pluginconf.MaxInFlight, maxInFlight)
 	}
 	return policy, maxInFlight, nil
 }
