@@ -16,8 +16,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// metricRecordsExpired counts the records Kafka deleted before the group
-// read them.
+// metricRecordsExpired counts the offsets Kafka deleted before the group
+// read them: one record each, but for the offsets a transactional
+// producer's markers took or compaction had already emptied, so the count
+// is an upper bound on the messages lost.
 const metricRecordsExpired = "forwarder_kafka_records_expired_total"
 
 // expiredCheckTimeout bounds the look at the log starts once a group's
@@ -46,7 +48,7 @@ const franzOutOfRange = "received OFFSET_OUT_OF_RANGE while consuming"
 type expiredCheck struct {
 	log   *service.Logger
 	group string
-	// lost counts the records deleted before they were read.
+	// lost counts the offsets deleted before they were read.
 	lost *service.MetricCounter
 	// client is the group's client, kept by the assignment callback that
 	// franz-go runs just before adjust.
@@ -101,7 +103,7 @@ func (e *expiredCheck) adjust(ctx context.Context, offsets map[string]map[int32]
 			}
 			lost := start.Offset - committed
 			e.lost.Incr(lost)
-			e.log.Errorf("kafka_franz: %s[%d]: Kafka deleted offsets %d to %d before group %q read them (the topic's retention ran out): %d messages never reached the outbox; consuming resumes at %d",
+			e.log.Errorf("kafka_franz: %s[%d]: Kafka deleted offsets %d to %d before group %q read them (the topic's retention ran out): up to %d messages never reached the outbox; consuming resumes at %d",
 				topic, p, committed, start.Offset-1, e.group, lost, start.Offset)
 			parts[p] = kgo.NewOffset().At(start.Offset)
 		}
@@ -158,7 +160,7 @@ func (e *expiredCheck) resumed(topic string, partition int32, first int64) {
 	e.mu.Unlock()
 	if lost := first - prior; lost > 0 {
 		e.lost.Incr(lost)
-		e.log.Errorf("kafka_franz: %s[%d]: Kafka deleted offsets %d to %d before group %q read them (the topic's retention overtook the consumer): %d messages never reached the outbox; consuming resumed at %d",
+		e.log.Errorf("kafka_franz: %s[%d]: Kafka deleted offsets %d to %d before group %q read them (the topic's retention overtook the consumer): up to %d messages never reached the outbox; consuming resumed at %d",
 			topic, partition, prior, first-1, e.group, lost, first)
 	}
 }

@@ -47,7 +47,7 @@ func TestInputReportsRecordsDeletedBeforeTheyWereRead(t *testing.T) {
 	if n, _ := ts.gauges.get(metricRecordsExpired); n != 3 {
 		t.Errorf("%s = %d, want 3 (offsets 5 to 7)", metricRecordsExpired, n)
 	}
-	const want = `expired[0]: Kafka deleted offsets 5 to 7 before group \"g-expired\" read them (the topic's retention ran out): 3 messages never reached the outbox; consuming resumes at 8`
+	const want = `expired[0]: Kafka deleted offsets 5 to 7 before group \"g-expired\" read them (the topic's retention ran out): up to 3 messages never reached the outbox; consuming resumes at 8`
 	if ts.logs.count(want) != 1 || ts.logs.count("level=ERROR") != 1 {
 		t.Errorf("want one ERROR line saying %s:\n%s", want, ts.logs.String())
 	}
@@ -169,7 +169,7 @@ func TestInputReportsRecordsDeletedWhileItReads(t *testing.T) {
 	if n, _ := ts.gauges.get(metricRecordsExpired); n != 3 {
 		t.Errorf("%s = %d, want 3 (offsets 5 to 7)", metricRecordsExpired, n)
 	}
-	const want = `overtaken[0]: Kafka deleted offsets 5 to 7 before group \"g-overtaken\" read them (the topic's retention overtook the consumer): 3 messages never reached the outbox; consuming resumed at 8`
+	const want = `overtaken[0]: Kafka deleted offsets 5 to 7 before group \"g-overtaken\" read them (the topic's retention overtook the consumer): up to 3 messages never reached the outbox; consuming resumed at 8`
 	if ts.logs.count(want) != 1 || ts.logs.count("level=ERROR") != 1 {
 		t.Errorf("want one ERROR line saying %s:\n%s", want, ts.logs.String())
 	}
