@@ -205,7 +205,7 @@ func TestExamplePipeline(t *testing.T) {
 	// A batch the broker refuses is nacked, and published later.
 	failNext.Store(true)
 	insert("m-4", "FAILED", "attempts exhausted: 5 of 5", []byte("four"))
-	all = reader.until(t, "m-4", "attempts exhausted: 5 of 5")
+	reader.until(t, "m-4", "attempts exhausted: 5 of 5")
 	if !refused.Load() {
 		t.Fatal("the broker never refused a write: the nack was not exercised")
 	}
@@ -220,7 +220,7 @@ func TestExamplePipeline(t *testing.T) {
 		attempt_count = 1, last_error = 'failed again after requeue' WHERE message_key = 'm-3'`); err != nil {
 		t.Fatal(err)
 	}
-	all = reader.until(t, "m-3", "failed again after requeue")
+	reader.until(t, "m-3", "failed again after requeue")
 
 	// A last row, published after all of the above, is the mark up to which
 	// nothing was published twice: the acked rows were not re-published and
