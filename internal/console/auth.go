@@ -289,10 +289,34 @@ func secureRequest(r *http.Request) bool {
 // an HMAC of the operator under the process's secret, which a page of
 // another site can neither read nor compute.
 func (s *Server) csrfToken(operator string) string {
+	return s.mac("csrf", operator)
+}
+
+// mac is the HMAC of value for purpose under the process's secret.
+func (s *Server) mac(purpose, value string) string {
 	m := hmac.New(sha256.New, s.secret)
-	m.Write([]byte("csrf\x00"))
-	m.Write([]byte(operator))
+	m.Write([]byte(purpose + "\x00"))
+	m.Write([]byte(value))
 	return hex.EncodeToString(m.Sum(nil))
+}
+
+// flashQuery is the query of the page an action redirects to: the message
+// that says what the action did, and its HMAC.
+func (s *Server) flashQuery(msg string) string {
+	return "done=" + url.QueryEscape(msg) + "&sig=" + s.mac("flash", msg)
+}
+
+// flashOf is the message of the request's query, shown at the top of the
+// page only when this console signed it (flashQuery): a link made anywhere
+// else cannot put its own words there ("the token changed: log in at ...",
+// "Requeued 0 rows", on the login page or any other).
+func (s *Server) flashOf(r *http.Request) string {
+	q := r.URL.Query()
+	msg := q.Get("done")
+	if msg == "" || !hmac.Equal([]byte(q.Get("sig")), []byte(s.mac("flash", msg))) {
+		return ""
+	}
+	return msg
 }
 
 // checkCSRF accepts a POST only with the right token and, when the browser

@@ -67,6 +67,7 @@ var funcs = template.FuncMap{
 		return strconv.FormatFloat(float64(n)/float64(window), 'f', 1, 64)
 	},
 	"lower": strings.ToLower,
+	"quote": strconv.Quote,
 	// plural is n with the noun for it: "1 row", "2 rows".
 	"plural": func(n any, one, many string) string {
 		s := fmt.Sprint(n)
@@ -110,7 +111,7 @@ func parsePages() (map[string]*template.Template, error) {
 func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, name string, data any) {
 	op := operatorOf(r)
 	l := layout{Title: name, Nav: name, Operator: op, Open: s.cfg.Token == "", ReadOnly: s.cfg.ReadOnly,
-		CSRF: s.csrfToken(op), Flash: r.URL.Query().Get("done"), Page: data}
+		CSRF: s.csrfToken(op), Flash: s.flashOf(r), Page: data}
 	var buf bytes.Buffer
 	if err := s.pages[name].Execute(&buf, l); err != nil {
 		s.log.Error("console: rendering page", "page", name, "error", err)
@@ -199,6 +200,16 @@ func (s *Server) lookupOpts() outboxdb.LookupOptions {
 // readOnly runs fn in one bounded read-only transaction.
 func (s *Server) readOnly(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return outboxdb.ReadOnly(ctx, s.pool, s.lookupOpts(), fn)
+}
+
+// countRequeue counts what a requeue of f would take, for its
+// confirmation page, bounded as the lookups are.
+func (s *Server) countRequeue(ctx context.Context, f outboxdb.RequeueFilter) (c outboxdb.RequeueCount, err error) {
+	err = s.readOnly(ctx, func(tx pgx.Tx) error {
+		c, err = outboxdb.CountRequeue(ctx, tx, f)
+		return err
+	})
+	return c, err
 }
 
 type overviewData struct {
@@ -365,7 +376,7 @@ func (s *Server) confirmRequeueRow(_ http.ResponseWriter, r *http.Request) (stri
 	if err != nil {
 		return "", nil, err
 	}
-	c, err := outboxdb.CountRequeue(r.Context(), s.pool, rowFilter(v.Record))
+	c, err := s.countRequeue(r.Context(), rowFilter(v.Record))
 	if err != nil {
 		return "", nil, err
 	}
@@ -389,7 +400,7 @@ func (s *Server) requeueRow(w http.ResponseWriter, r *http.Request) {
 	if n == 0 {
 		done = "Nothing requeued: the row is no longer FAILED."
 	}
-	http.Redirect(w, r, fmt.Sprintf("/records/%d?done=%s", v.ID, url.QueryEscape(done)), http.StatusSeeOther)
+	http.Redirect(w, r, fmt.Sprintf("/records/%d?%s", v.ID, s.flashQuery(done)), http.StatusSeeOther)
 }
 
 // requeue requeues and records who did it, in forward_operator_log and in
@@ -436,7 +447,7 @@ func (s *Server) confirmRequeueGroup(_ http.ResponseWriter, r *http.Request) (st
 	if err != nil {
 		return "", nil, err
 	}
-	c, err := outboxdb.CountRequeue(r.Context(), s.pool, groupFilter(class, reason))
+	c, err := s.countRequeue(r.Context(), groupFilter(class, reason))
 	if err != nil {
 		return "", nil, err
 	}
@@ -449,6 +460,16 @@ func (s *Server) requeueGroup(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	// The confirmation form sends the reason quoted (reason_q): a reason
+	// with a newline (a platform's reply of several lines) comes back
+	// from a browser with CR LF and matched no row. A script may still
+	// post it as it is (reason).
+	if q := r.PostFormValue("reason_q"); q != "" {
+		if reason, err = strconv.Unquote(q); err != nil {
+			s.fail(w, r, httpError{http.StatusBadRequest, "the form's reason_q is not a quoted string: reload the confirmation page"})
+			return
+		}
+	}
 	desc := fmt.Sprintf("console: FAILED rows failure_class=%s reason=%s", class, strconv.Quote(reason))
 	n, err := s.requeue(r.Context(), operatorOf(r), groupFilter(class, reason), desc)
 	if err != nil {
@@ -459,7 +480,7 @@ func (s *Server) requeueGroup(w http.ResponseWriter, r *http.Request) {
 	if n == 1 {
 		rows = "row"
 	}
-	http.Redirect(w, r, "/failed?done="+url.QueryEscape(fmt.Sprintf("Requeued %d %s (%s).", n, rows, desc)), http.StatusSeeOther)
+	http.Redirect(w, r, "/failed?"+s.flashQuery(fmt.Sprintf("Requeued %d %s (%s).", n, rows, desc)), http.StatusSeeOther)
 }
 
 // pauseDelivery pauses delivery on every instance (the overview's form:
@@ -482,7 +503,7 @@ func (s *Server) pauseDelivery(w http.ResponseWriter, r *http.Request) {
 	if !until.IsZero() {
 		done = "Delivery paused until " + until.UTC().Format(time.RFC3339) + ": no instance sends a request; messages are still persisted."
 	}
-	http.Redirect(w, r, "/?done="+url.QueryEscape(done), http.StatusSeeOther)
+	http.Redirect(w, r, "/?"+s.flashQuery(done), http.StatusSeeOther)
 }
 
 // resumeDelivery ends the pause now, recorded as `outbox resume` is.
@@ -498,5 +519,5 @@ func (s *Server) resumeDelivery(w http.ResponseWriter, r *http.Request) {
 	if !was {
 		done = "Nothing to resume: delivery was not paused."
 	}
-	http.Redirect(w, r, "/?done="+url.QueryEscape(done), http.StatusSeeOther)
+	http.Redirect(w, r, "/?"+s.flashQuery(done), http.StatusSeeOther)
 }

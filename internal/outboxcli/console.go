@@ -34,7 +34,7 @@ func consoleURL(c *cli.Context) (dsn, source string) {
 func consoleCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "console",
-		Usage:     "Serve the operator's web console (overview, failed rows, search, row pages, requeue)",
+		Usage:     "Serve the operator's web console (overview, failed rows, search, row pages, requeue, pause)",
 		UsageText: "forwarder outbox console [--addr 127.0.0.1:4196] [--read-only] [--operator NAME] [--mappings DIR]",
 		Description: `Serves a web console on CONSOLE_ADDR (default 127.0.0.1:4196) until SIGINT or
 SIGTERM. Listening on an address that is not loopback requires CONSOLE_TOKEN
@@ -46,12 +46,16 @@ and their name as user. Without a token the console is open to every user
 of this machine: plates and payloads are personal data, so set a token on a
 shared host.
 
-Actions (requeue a row, requeue a group of FAILED rows) show what they will
-change first and need a confirmation; each is recorded with the operator's
-name in forward_operator_log and in the rows' attempt logs. The operator is
+Actions: requeue a row or a group of FAILED rows (each shows what it will
+change first and needs a confirmation), and pause or resume delivery as
+"outbox pause" and "outbox resume" do. Each is recorded with the
+operator's name in forward_operator_log (a requeue also in the rows'
+attempt logs). The operator is
 the name given at login, the basic-auth user, or --operator (default
 $USER) for requests that carry no name. --read-only removes the actions.
-Every query runs with a statement timeout (--timeout) and a row limit.
+Every lookup runs with a statement timeout (--timeout) and a row limit.
+Behind a proxy, set CONSOLE_TOKEN even on loopback, and have the proxy pass
+the browser's Host on (docs/operations.md, the console's security model).
 
 It connects to CONSOLE_DATABASE_URL when set (a role of its own, read-only
 or with the grants its actions need: docs/deployment.md), else DATABASE_URL
