@@ -72,7 +72,8 @@ func (s *Server) authenticate(r *http.Request) (string, error) {
 		return s.cfg.Operator, nil
 	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		if tok, ok := strings.CutPrefix(auth, "Bearer "); ok {
+		// The scheme's name is case-insensitive (RFC 9110 §11.1).
+		if scheme, tok, _ := strings.Cut(auth, " "); strings.EqualFold(scheme, "Bearer") {
 			if !s.tokenMatches(strings.TrimSpace(tok)) {
 				return "", errNoCredentials
 			}
@@ -319,6 +320,22 @@ func (s *Server) flashOf(r *http.Request) string {
 	return msg
 }
 
+// parseForm reads a POST's form, within the limit ServeHTTP set on the
+// body; when it cannot, it answers (413 or 400) and returns false. Read
+// before the CSRF check, so a form too large is not called stale.
+func parseForm(w http.ResponseWriter, r *http.Request) bool {
+	err := r.ParseForm()
+	if err == nil {
+		return true
+	}
+	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		http.Error(w, fmt.Sprintf("console: a form is at most %d bytes", tooLarge.Limit), http.StatusRequestEntityTooLarge)
+		return false
+	}
+	http.Error(w, "console: the form does not parse", http.StatusBadRequest)
+	return false
+}
+
 // checkCSRF accepts a POST only with the right token and, when the browser
 // says where the form came from, only from this console.
 func (s *Server) checkCSRF(r *http.Request) bool {
@@ -365,12 +382,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "console: log in with the login form (application/x-www-form-urlencoded)", http.StatusUnsupportedMediaType)
 		return
 	}
-	if err := r.ParseForm(); err != nil {
-		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
-			http.Error(w, fmt.Sprintf("console: the login form is at most %d bytes", maxLoginBytes), http.StatusRequestEntityTooLarge)
-			return
-		}
-		http.Error(w, "console: the login form does not parse", http.StatusBadRequest)
+	if !parseForm(w, r) {
 		return
 	}
 	name := strings.TrimSpace(r.PostForm.Get("name"))
@@ -394,6 +406,9 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 // logout ends the session on the server, so the cookie is worthless even
 // where the browser keeps it.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	if !parseForm(w, r) {
+		return
+	}
 	if !s.checkCSRF(r) {
 		http.Error(w, "console: the form is stale or came from elsewhere (CSRF check failed): reload the page", http.StatusForbidden)
 		return

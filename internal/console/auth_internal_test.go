@@ -1,9 +1,16 @@
 package console
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestSafeNext: a redirect target after login stays on this console,
@@ -113,5 +120,29 @@ func TestSessionsAreBounded(t *testing.T) {
 	}
 	if _, ok := ss.lookup(id, now.Add(sessionTTL)); ok {
 		t.Error("an expired session still works")
+	}
+}
+
+// TestPublicError: what a page says of a database error names the timeout
+// to change or the server's refusal, never the driver's connection text.
+func TestPublicError(t *testing.T) {
+	t.Parallel()
+	s := &Server{cfg: Config{StatementTimeout: 2 * time.Second}}
+	for _, c := range []struct {
+		err    error
+		status int
+		says   string
+	}{
+		{fmt.Errorf("finding rows: %w", &pgconn.PgError{Code: queryCanceled, Message: "canceling statement due to statement timeout"}),
+			http.StatusServiceUnavailable, "each statement 2s, a request 6s; --timeout"},
+		{fmt.Errorf("counting: %w", context.DeadlineExceeded), http.StatusServiceUnavailable, "took longer than the console waits"},
+		{&pgconn.PgError{Code: "42501", Message: "permission denied for table forward_messages"},
+			http.StatusInternalServerError, "The database refused the request: permission denied for table forward_messages"},
+		{errors.New("failed to connect to `user=billing host=10.0.0.7`"), http.StatusServiceUnavailable, "its log has the driver's error"},
+	} {
+		status, msg := s.publicError(c.err)
+		if status != c.status || !strings.Contains(msg, c.says) || strings.Contains(msg, "billing") {
+			t.Errorf("publicError(%v) = %d %q, want %d saying %q", c.err, status, msg, c.status, c.says)
+		}
 	}
 }

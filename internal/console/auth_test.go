@@ -166,3 +166,50 @@ func sessionCookieOf(t *testing.T, h http.Header) string {
 	t.Fatalf("no session cookie in %v", h)
 	return ""
 }
+
+// TestBearerSchemeInAnyCase: "bearer" and "BEARER" are the same scheme
+// (HTTP's authentication schemes are case-insensitive); a wrong token is
+// still refused whatever the case.
+func TestBearerSchemeInAnyCase(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.start(t, console.Config{Token: testToken})
+	for _, scheme := range []string{"Bearer", "bearer", "BEARER"} {
+		c.auth = scheme + " " + testToken
+		if code, _, body := c.do("GET", "/", nil, nil); code != http.StatusOK {
+			t.Errorf("%s with the token: %d\n%s", scheme, code, body)
+		}
+		c.auth = scheme + " not-the-token"
+		if code, _, _ := c.do("GET", "/", nil, nil); code != http.StatusUnauthorized {
+			t.Errorf("%s with a wrong token: %d, want 401", scheme, code)
+		}
+	}
+}
+
+// TestOtherSitesMayLinkButNotFetch: a page of another site can make a
+// browser load an image or run a fetch from the console without a token
+// (it listens on loopback); those are refused before any query runs. A
+// link followed from elsewhere (an alert, a wiki) still opens the page,
+// and a client that sends no Fetch Metadata (curl) is not concerned.
+func TestOtherSitesMayLinkButNotFetch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.start(t, console.Config{})
+	for _, r := range []struct {
+		what   string
+		header map[string]string
+		want   int
+	}{
+		{"an <img> on another site", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}, http.StatusForbidden},
+		{"a fetch from another port of this host", map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}, http.StatusForbidden},
+		{"a frame on another site", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}, http.StatusForbidden},
+		{"a link followed from another site", map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, http.StatusOK},
+		{"the console's own page", map[string]string{"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, http.StatusOK},
+		{"an address typed in", map[string]string{"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, http.StatusOK},
+		{"curl", nil, http.StatusOK},
+	} {
+		if code, _, body := c.do("GET", "/failed/requeue?class=TRANSIENT&reason=boom", nil, r.header); code != r.want {
+			t.Errorf("%s: %d, want %d\n%s", r.what, code, r.want, body)
+		}
+	}
+}

@@ -206,6 +206,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "console: the Host header must be an IP address or localhost", http.StatusMisdirectedRequest)
 		return
 	}
+	if !fetchAllowed(r) {
+		http.Error(w, "console: another site's page may only link to the console, not fetch from it", http.StatusForbidden)
+		return
+	}
 	if r.Method == http.MethodPost {
 		// The login form is read before the token is checked: a few KiB.
 		limit := int64(maxFormBytes)
@@ -228,6 +232,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), operatorKey{}, op)))
+}
+
+// fetchAllowed applies the browser's Fetch Metadata: a request another
+// site's page made the browser send (an image, a script's fetch, a frame)
+// is refused, so a page visited elsewhere cannot make a console without a
+// token run its lookups and counts. A link followed from elsewhere (a
+// top-level navigation) still opens the console, and clients that send no
+// such headers (curl, scripts) are not concerned.
+func fetchAllowed(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return true
+	}
+	return (r.Method == http.MethodGet || r.Method == http.MethodHead) &&
+		r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document"
 }
 
 // hostIsAddress: the request's Host is an IP literal or localhost, as a

@@ -456,6 +456,14 @@ func TestConsole(t *testing.T) {
 		if body := c.get("/search?since=yesterday"); !strings.Contains(body, "since: ") {
 			t.Errorf("a bad since is not explained:\n%s", body)
 		}
+		// A limit out of range is refused as the find command refuses it,
+		// 0 included (it used to be read as the default, 50).
+		for _, limit := range []string{"0", "-1", "1001", "ten"} {
+			body := c.get("/search?park=P1001&limit=" + limit)
+			if want := fmt.Sprintf("limit &#34;%s&#34;: want 1 to 1000", limit); !strings.Contains(body, want) || strings.Contains(body, "m-1") {
+				t.Errorf("limit=%s: the page does not say %q (or lists rows):\n%s", limit, want, body)
+			}
+		}
 	})
 }
 

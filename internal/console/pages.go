@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
@@ -137,11 +138,15 @@ func (e httpError) Error() string { return e.msg }
 // requestTimeout bounds a whole request: a few statements, each bounded by
 // the statement timeout.
 func (s *Server) requestTimeout() time.Duration {
-	t := s.cfg.StatementTimeout
-	if t <= 0 {
-		t = outboxdb.DefaultLookupTimeout
+	return 3 * s.statementTimeout()
+}
+
+// statementTimeout bounds each statement of a page (--timeout).
+func (s *Server) statementTimeout() time.Duration {
+	if s.cfg.StatementTimeout <= 0 {
+		return outboxdb.DefaultLookupTimeout
 	}
-	return 3 * t
+	return s.cfg.StatementTimeout
 }
 
 func (s *Server) page(h handlerFunc) http.Handler {
@@ -168,6 +173,9 @@ func (s *Server) action(h http.HandlerFunc) http.Handler {
 			http.Error(w, "console: read-only (--read-only): actions are disabled", http.StatusForbidden)
 			return
 		}
+		if !parseForm(w, r) {
+			return
+		}
 		if !s.checkCSRF(r) {
 			http.Error(w, "console: the form is stale or came from elsewhere (CSRF check failed): reload the page", http.StatusForbidden)
 			return
@@ -184,13 +192,38 @@ type errorData struct {
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	var he httpError
-	if errors.As(err, &he) {
+	if he, ok := errors.AsType[httpError](err); ok {
 		s.render(w, r, he.status, "error", errorData{he.status, he.msg})
 		return
 	}
 	s.log.Error("console: request failed", "path", r.URL.Path, "error", err)
-	s.render(w, r, http.StatusInternalServerError, "error", errorData{http.StatusInternalServerError, SafeText(err.Error())})
+	status, msg := s.publicError(err)
+	s.render(w, r, status, "error", errorData{status, msg})
+}
+
+// queryCanceled is PostgreSQL's SQLSTATE for a statement stopped by
+// statement_timeout.
+const queryCanceled = "57014"
+
+// publicError is what a page says of an error from the database: the
+// status and a sentence a browser may show. The driver's own text stays in
+// the log: a connection error names the database user, database and host.
+func (s *Server) publicError(err error) (int, string) {
+	pgErr, fromServer := errors.AsType[*pgconn.PgError](err)
+	if _, connecting := errors.AsType[*pgconn.ConnectError](err); connecting {
+		// The server's refusal of a login is a PgError too.
+		fromServer = false
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || fromServer && pgErr.Code == queryCanceled:
+		return http.StatusServiceUnavailable, fmt.Sprintf("The database took longer than the console waits "+
+			"(each statement %s, a request %s; --timeout), and the request was stopped.",
+			s.statementTimeout(), s.requestTimeout())
+	case fromServer:
+		return http.StatusInternalServerError, "The database refused the request: " + SafeText(pgErr.Message)
+	default:
+		return http.StatusServiceUnavailable, "The console cannot use the database right now; its log has the driver's error."
+	}
 }
 
 func (s *Server) lookupOpts() outboxdb.LookupOptions {
@@ -307,8 +340,9 @@ func (s *Server) search(_ http.ResponseWriter, r *http.Request) (string, any, er
 		return "search", d, nil
 	}
 	if l := q.Get("limit"); l != "" {
-		if f.Limit, err = strconv.Atoi(l); err != nil {
-			d.Error = "limit: not a number"
+		// Empty is the default; 0 is not (the find command refuses it too).
+		if f.Limit, err = strconv.Atoi(l); err != nil || f.Limit < 1 || f.Limit > outboxdb.MaxFindLimit {
+			d.Error = fmt.Sprintf("limit %q: want 1 to %d", l, outboxdb.MaxFindLimit)
 			return "search", d, nil
 		}
 	}
@@ -472,15 +506,22 @@ func (s *Server) requeueGroup(w http.ResponseWriter, r *http.Request) {
 	}
 	desc := fmt.Sprintf("console: FAILED rows failure_class=%s reason=%s", class, strconv.Quote(reason))
 	n, err := s.requeue(r.Context(), operatorOf(r), groupFilter(class, reason), desc)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
 	rows := "rows"
 	if n == 1 {
 		rows = "row"
 	}
-	http.Redirect(w, r, "/failed?"+s.flashQuery(fmt.Sprintf("Requeued %d %s (%s).", n, rows, desc)), http.StatusSeeOther)
+	switch {
+	case err != nil && n == 0:
+		s.fail(w, r, err)
+	case err != nil:
+		// Requeue commits batch by batch: what it did stays done, and the
+		// page says so rather than an error that hides it.
+		_, why := s.publicError(err)
+		http.Redirect(w, r, "/failed?"+s.flashQuery(fmt.Sprintf(
+			"Requeued %d %s (%s), then stopped: %s The rest of the group is still FAILED: requeue it again.", n, rows, desc, why)), http.StatusSeeOther)
+	default:
+		http.Redirect(w, r, "/failed?"+s.flashQuery(fmt.Sprintf("Requeued %d %s (%s).", n, rows, desc)), http.StatusSeeOther)
+	}
 }
 
 // pauseDelivery pauses delivery on every instance (the overview's form:

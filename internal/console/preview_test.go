@@ -173,3 +173,25 @@ func TestPreviewOfUnreadablePayload(t *testing.T) {
 		}
 	}
 }
+
+// TestPreviewNamesNoFileOutsideTheMappings: the mapping file is named after
+// the row's api_type; one that is not a plain name (written to the table
+// directly: ingest stores two) runs nothing, not a .blobl file elsewhere.
+func TestPreviewNamesNoFileOutsideTheMappings(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	mappings := filepath.Join(dir, "mappings")
+	if err := os.Mkdir(mappings, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A mapping outside the directory that would run if it were named.
+	if err := os.WriteFile(filepath.Join(dir, "outside.blobl"), []byte(`root = "ran outside"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, apiType := range []string{"../outside", "..", "a/../../outside", `..\outside`, "/etc/outside", ""} {
+		p := console.PreviewRequest(mappings, outboxdb.Record{APIType: apiType, Payload: []byte(`{}`)})
+		if p.Body != "" || !strings.Contains(p.Err, "not a mapping name: not run") {
+			t.Errorf("api_type %q: preview %q (err %q), want no run", apiType, p.Body, p.Err)
+		}
+	}
+}

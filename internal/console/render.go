@@ -209,8 +209,18 @@ var previewSlots = make(chan struct{}, previewRuns)
 // The mapping is compiled once per content of its files
 // (mappingfile.CompileFile), and run within the bounds above.
 func PreviewRequest(mappingsDir string, rec outboxdb.Record) Preview {
-	file := filepath.Join(mappingsDir, strings.ToLower(rec.APIType)+".blobl")
+	name := strings.ToLower(rec.APIType) + ".blobl"
+	file := filepath.Join(mappingsDir, name)
 	p := Preview{Mapping: file}
+	if rec.APIType == "" || strings.ContainsFunc(rec.APIType, func(c rune) bool {
+		return !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-')
+	}) {
+		// Ingest stores two api_types, both plain names; anything else was
+		// written to the table directly, and names no file elsewhere.
+		p.Mapping = mappingsDir
+		p.Err = fmt.Sprintf("api_type %s is not a mapping name: not run", SafeText(rec.APIType))
+		return p
+	}
 	if len(rec.Payload) > PreviewMaxPayload {
 		p.Err = fmt.Sprintf("the payload (%s) is larger than the %s a preview runs the mapping on: not run",
 			sizeText(len(rec.Payload)), sizeText(PreviewMaxPayload))
