@@ -72,7 +72,7 @@ func (s *Server) authenticate(r *http.Request) (string, error) {
 		return s.cfg.Operator, nil
 	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		// The scheme's name is case-insensitive (RFC 9110 §11.1).
+		// The scheme's name is case-insensitive (RFC 9110, "Authentication Scheme").
 		if scheme, tok, _ := strings.Cut(auth, " "); strings.EqualFold(scheme, "Bearer") {
 			if !s.tokenMatches(strings.TrimSpace(tok)) {
 				return "", errNoCredentials
