@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/streamdb"
+	"github.com/forwarder/forwarder/plugins/internal/fieldlint"
 )
 
 const (
@@ -59,13 +61,16 @@ already `+"`FAILED`"+` when the input first ran are published too.`).
 		Fields(
 			service.NewIntField(dlFieldBatchSize).
 				Description("Most rows claimed by one statement and emitted as one batch.").
-				Default(100),
+				Default(100).
+				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+dlFieldBatchSize+": %d must be at least 1"))),
 			service.NewDurationField(dlFieldPollInterval).
 				Description("How long the input sleeps when no failed row is waiting, and how long a nacked row waits before it is emitted again.").
-				Default("5s"),
+				Default("5s").
+				LintRule(fieldlint.Duration(dlFieldPollInterval, fieldlint.Range(1, fieldlint.MaxDuration, "field "+dlFieldPollInterval+": %v must be positive (DEAD_LETTER_POLL_INTERVAL)"))),
 			service.NewDurationField(dlFieldLease).
 				Description("How long a claimed row stays owned without being acknowledged. After it another instance may emit the row again, so keep it well above the time the output needs to write a batch, retries included.").
 				Default("60s").
+				LintRule(fieldlint.Duration(dlFieldLease, fieldlint.Range(time.Second, fieldlint.MaxDuration, "field "+dlFieldLease+": %v must be at least 1s"))).
 				Advanced(),
 		).
 		Example("Dead-letter topic", "Publishes every failed message to a Kafka topic, keyed by its message key, with the reason as a header.", `

@@ -249,9 +249,17 @@ func lintRules(v any) []any {
 		if !ok {
 			continue
 		}
-		// A bad outcome is reported by the field's enum lint.
 		outcome, _ := obj[hfFieldRuleOutcome].(string)
-		if _, err := compileWhen(i, ruleSpec{When: when, Outcome: outcome}); err != nil {
+		spec := ruleSpec{When: when, Outcome: outcome}
+		var err error
+		if isOutcome(strings.ToLower(outcome)) {
+			// Benthos's enum lint ignores case; start-up does not.
+			_, err = compileRule(i, spec)
+		} else {
+			// The field's enum lint reports the outcome.
+			_, err = compileWhen(i, spec)
+		}
+		if err != nil {
 			lints = append(lints, err.Error())
 		}
 	}

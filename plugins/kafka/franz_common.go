@@ -44,7 +44,8 @@ func seedBrokersField() *service.ConfigField {
 		Description("Addresses of Kafka brokers to bootstrap from (`host:port`). Each entry may itself be a comma-separated list, so `${KAFKA_BROKERS}` can hold several brokers. The client discovers the rest of the cluster from these.").
 		Example([]string{"localhost:9092"}).
 		Example([]string{"foo:9092", "bar:9092"}).
-		Example([]string{"foo:9092,bar:9092"})
+		Example([]string{"foo:9092,bar:9092"}).
+		LintRule(listLintRule(kfFieldSeedBrokers, "broker address"))
 }
 
 func clientIDField() *service.ConfigField {
@@ -58,6 +59,7 @@ func metadataMaxAgeField() *service.ConfigField {
 	return service.NewDurationField(kfFieldMetadataAge).
 		Description("How old the client's view of the cluster may get before it is refreshed: a partition added to a topic is read (or written) within this. From 5s to 1h. franz-go's and Kafka's default is 5m; ours is shorter because the records of an added partition wait until it is seen, and a refresh is one small request.").
 		Default("30s").
+		LintRule(metadataMaxAgeLintRule).
 		Advanced()
 }
 
@@ -86,6 +88,7 @@ func saslField() *service.ConfigField {
 			"password_env": "KAFKA_SASL_PASSWORD",
 		}}).
 		Optional().
+		LintRule(saslLintRule).
 		Advanced()
 }
 
@@ -102,6 +105,12 @@ func parseList(conf *service.ParsedConfig, field, what string) ([]string, error)
 	if err != nil {
 		return nil, err
 	}
+	return listValues(field, what, raw)
+}
+
+// listValues splits the entries of a list field (parseList), for start-up
+// and for lint.
+func listValues(field, what string, raw []string) ([]string, error) {
 	var values []string
 	for _, entry := range raw {
 		for _, v := range strings.Split(entry, ",") {
@@ -237,6 +246,12 @@ func parseBytes(conf *service.ParsedConfig, field string, max uint64, bounds str
 	if err != nil {
 		return 0, err
 	}
+	return byteSize(field, s, max, bounds)
+}
+
+// byteSize reads the value s of a size field (parseBytes), for start-up
+// and for lint.
+func byteSize(field, s string, max uint64, bounds string) (uint64, error) {
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
 		return 0, fmt.Errorf("field %s: %q is not a byte size such as 64MiB: %w", field, s, err)

@@ -33,6 +33,9 @@ const (
 	minRecordBatchBytes = 512
 )
 
+// compressionCodecs are the values of compression.
+var compressionCodecs = []string{"none", "gzip", "snappy", "lz4", "zstd"}
+
 func franzOutputSpec() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Stable().
@@ -65,19 +68,23 @@ Used for the optional dead-letter topic and by the dev stack's event generator.`
 			metadataMaxAgeField(),
 			service.NewIntField(kfoFieldMaxInFlight).
 				Description("The most batches written at the same time, from 1 to 10000 (Benthos starts a goroutine for each).").
-				Default(10),
+				Default(10).
+				LintRule(outputMaxInFlightLintRule),
 			service.NewBatchPolicyField(kfoFieldBatching),
 			service.NewStringField(kfoFieldMaxMessageBytes).
 				Description("The largest record batch the producer builds (Kafka's `max.message.bytes` on the producer side); a single message larger than this is rejected. It must not exceed the broker's or topic's `max.message.bytes`. From `512B` to `1GiB`, what franz-go builds.").
 				Default("1MiB").
+				LintRule(outputMaxMessageBytesLintRule).
 				Advanced(),
 			service.NewDurationField(kfoFieldTimeout).
 				Description("How long a batch may take to be written before it is rejected (and retried by the input).").
 				Default("10s").
+				LintRule(positiveLintRule(kfoFieldTimeout)).
 				Advanced(),
-			service.NewStringEnumField(kfoFieldCompression, "none", "gzip", "snappy", "lz4", "zstd").
+			service.NewStringEnumField(kfoFieldCompression, compressionCodecs...).
 				Description("Compression of record batches.").
 				Default("none").
+				LintRule(compressionLintRule(compressionCodecs)).
 				Advanced(),
 			tlsField(),
 			saslField(),

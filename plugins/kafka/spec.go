@@ -1,6 +1,13 @@
 package kafka
 
-import "github.com/redpanda-data/benthos/v4/public/service"
+import (
+	"math"
+	"time"
+
+	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/plugins/internal/fieldlint"
+)
 
 const (
 	kfiFieldTopics                 = "topics"
@@ -79,10 +86,12 @@ A record read from a batch within the bound whose value, or whose key and header
 			seedBrokersField(),
 			service.NewStringListField(kfiFieldTopics).
 				Description("Topics to consume. Each entry may be a comma-separated list.").
-				Example([]string{"device-vehicle-event", "device-heartbeat"}),
+				Example([]string{"device-vehicle-event", "device-heartbeat"}).
+				LintRule(listLintRule(kfiFieldTopics, "topic")),
 			service.NewStringField(kfiFieldConsumerGroup).
 				Description("The consumer group whose offsets are committed. Every instance of the service uses the same group so partitions are shared between them.").
-				Example("forwarder"),
+				Example("forwarder").
+				LintRule(consumerGroupLintRule),
 			clientIDField(),
 			metadataMaxAgeField(),
 			service.NewStringField(kfiFieldInstanceID).
@@ -92,48 +101,59 @@ A record read from a batch within the bound whose value, or whose key and header
 				Advanced(),
 			service.NewIntField(kfiFieldCheckpointLimit).
 				Description("The most records of one partition that may be in the pipeline at once without an acknowledgement (back-pressure; see above). Lower values mean fewer duplicates after a crash; higher values allow more parallelism per partition.").
-				Default(1024),
+				Default(1024).
+				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+kfiFieldCheckpointLimit+": must be at least 1, got %d"))),
 			service.NewStringField(kfiFieldMaxBufferedBytes).
 				Description("The most record bytes (keys, values and headers) the input holds at once, over all partitions: read ahead and in the pipeline without an acknowledgement. At the budget the input stops fetching and hands out nothing more until acknowledgements free room; a single larger record is still delivered, alone. With 16 MiB messages the default lets four be in the pipeline at once.").
 				Default("64MiB").
-				Example("256MiB"),
+				Example("256MiB").
+				LintRule(bytesLintRule(kfiFieldMaxBufferedBytes, 1<<62, "between 1B and 4EiB")),
 			service.NewStringField(kfiFieldMaxMessageBytes).
 				Description("The largest record the input delivers: its value, and its key and headers together, may each be this large. A larger record is delivered as an empty message with the metadata `kafka_oversize`, and a compressed record batch that would decompress to more than four times this is never decompressed further (see Oversized records). Keep it equal to the `outbox` processor's `max_payload_bytes`.").
 				Default("16MiB").
-				Example("1MiB"),
+				Example("1MiB").
+				LintRule(int32BytesLintRule(kfiFieldMaxMessageBytes)),
 			service.NewDurationField(kfiFieldCommitPeriod).
 				Description("How often acknowledged offsets are committed. Offsets are also committed when partitions are revoked and on shutdown.").
-				Default("5s"),
+				Default("5s").
+				LintRule(positiveLintRule(kfiFieldCommitPeriod)),
 			service.NewBoolField(kfiFieldStartFromOldest).
 				Description("Where a consumer group without a committed offset starts: the oldest available record (true) or only new records (false). Also applies when a committed offset is no longer available.").
 				Default(true),
 			service.NewStringField(kfiFieldFetchMaxBytes).
 				Description("The most data one fetch request may return (Kafka's `fetch.max.bytes`), and so what franz-go buffers per broker until the input polls it. A record batch larger than this is still returned whole, so large messages are consumed anyway. The limit is on the compressed size: well-compressed data takes more memory once decompressed. At most `1GiB`, the largest response franz-go reads.").
 				Default("16MiB").
+				LintRule(brokerIOLintRule(kfiFieldFetchMaxBytes)).
 				Advanced(),
 			service.NewStringField(kfiFieldFetchMaxPartitionBytes).
 				Description("The most data one fetch returns per partition (Kafka's `max.partition.fetch.bytes`). The first record batch of a partition is returned even when it is larger. At most `1GiB`.").
 				Default("1MiB").
+				LintRule(brokerIOLintRule(kfiFieldFetchMaxPartitionBytes)).
 				Advanced(),
 			service.NewStringField(kfiFieldFetchMinBytes).
 				Description("The least data a broker gathers before it answers a fetch, waiting at most `fetch_max_wait` (Kafka's `fetch.min.bytes`). With `1B` a fetch returns as soon as one record is there, so at a steady rate each brings one or two; a larger value lets a fetch bring what arrived over `fetch_max_wait`, for less CPU on both sides and up to that much more latency. A backlog fills fetches at once either way.").
 				Default("1B").
+				LintRule(int32BytesLintRule(kfiFieldFetchMinBytes)).
 				Advanced(),
 			service.NewDurationField(kfiFieldFetchMaxWait).
 				Description("How long a broker may hold a fetch while less than `fetch_min_bytes` is there (Kafka's `fetch.max.wait.ms`); also how often an idle consumer asks. At least 10ms, at most 596h31m23.647s (a fetch request carries it as a 32-bit count of milliseconds).").
 				Default("5s").
+				LintRule(fetchMaxWaitLintRule).
 				Advanced(),
 			service.NewDurationField(kfiFieldSessionTimeout).
 				Description("How long the group waits for a silent member before giving its partitions to others (Kafka's `session.timeout.ms`; the broker allows 6s to 5m by default). Kept short so a crashed instance's partitions are consumed again within seconds. From 100ms to 596h31m23.647s, what franz-go accepts.").
 				Default("10s").
+				LintRule(groupTimeoutLintRule(kfiFieldSessionTimeout)).
 				Advanced(),
 			service.NewDurationField(kfiFieldHeartbeatInterval).
 				Description("How often the member heartbeats to the group coordinator; must be lower than `session_timeout` (a third of it is usual).").
 				Default("3s").
+				LintRule(fieldlint.Duration(kfiFieldHeartbeatInterval, func(time.Duration) error { return nil })).
 				Advanced(),
 			service.NewDurationField(kfiFieldRebalanceTimeout).
 				Description("How long the group waits for members to rejoin during a rebalance (Kafka's `rebalance.timeout.ms`). An offset commit gives up after a third of it, so a commit the broker does not answer cannot keep this member in a rebalance past it: the commit on revoke is then abandoned and the next owner reads from the previous commit. From 100ms to 596h31m23.647s.").
 				Default("45s").
+				LintRule(groupTimeoutLintRule(kfiFieldRebalanceTimeout)).
 				Advanced(),
 			tlsField(),
 			saslField(),
@@ -145,6 +165,7 @@ A record read from a batch within the bound whose value, or whose key and header
 				LintRule(`root = if this == false { [ "auto_replay_nacks: false would drop rejected messages; kafka_franz always delivers them again, so remove the field or set it to true" ] }`).
 				Advanced(),
 		).
+		LintRule(heartbeatLintRule).
 		Example("Ingest", "Consume two topics in a shared group, committing every 5 seconds.", `
 input:
   kafka_franz:

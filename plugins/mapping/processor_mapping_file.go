@@ -19,6 +19,7 @@ import (
 	"github.com/forwarder/forwarder/internal/mappingfile"
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/periodic"
+	"github.com/forwarder/forwarder/plugins/internal/fieldlint"
 )
 
 const (
@@ -57,7 +58,8 @@ When the mapping fails for a message, the flag carries the reason without Blobla
 				LintRule(`root = `+mappingfile.LintFunction+`(this)`),
 			service.NewDurationField(mfFieldReloadInterval).
 				Description("How often the file (and its imports) is checked for changes. `0s` disables reloading.").
-				Default("2s"),
+				Default("2s").
+				LintRule(fieldlint.Duration(mfFieldReloadInterval, fieldlint.Range(0, fieldlint.MaxDuration, "mapping_file: reload_interval %v is negative: use 0s to disable reloading"))),
 		).
 		Example("Per API type", "Maps each message with the file for its API type; editing either file takes effect within a few seconds.", `
 pipeline:

@@ -1,12 +1,17 @@
 package outbox
 
 import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
 	"strings"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/streamdb"
+	"github.com/forwarder/forwarder/plugins/internal/fieldlint"
 )
 
 const (
@@ -120,7 +125,8 @@ retried, and a failure that lasts is logged again at ERROR every minute).`)).
 			service.NewStringMapField(opFieldAPITypes).
 				Description("The API type of the messages of each Kafka topic (metadata `kafka_topic`): `VEHICLE_EVENT` or `HEARTBEAT`. A message from a topic not listed is stored FAILED with api_type `UNKNOWN`. Set this or `api_type`.").
 				Example(map[string]any{"device-vehicle-event": outboxdb.APITypeVehicleEvent, "device-heartbeat": outboxdb.APITypeHeartbeat}).
-				Optional(),
+				Optional().
+				LintRule(fieldlint.Rule(lintAPITypes)),
 			service.NewInterpolatedStringField(opFieldAPIType).
 				Description("The API type as an interpolation, instead of `api_types`. A value other than `VEHICLE_EVENT` or `HEARTBEAT` stores the message FAILED with api_type `UNKNOWN`.").
 				Example(`${! if meta("kafka_topic").has_suffix("heartbeat") { "HEARTBEAT" } else { "VEHICLE_EVENT" } }`).
@@ -130,6 +136,9 @@ retried, and a failure that lasts is logged again at ERROR every minute).`)).
 			}).
 				Description("What the processor returns after persisting: nothing. Kept so that configs that spell out `emit: none` stay valid; `new` (passing new rows on) was removed, and the `outbox_retry` input delivers them.").
 				Default(emitNone).
+				LintRule(fieldlint.Exact([]string{emitNone}, func(s string) error {
+					return fmt.Errorf("field %s: %q is not supported: the processor passes nothing on (%s) and an outbox_retry input delivers the rows; remove the field or set it to %s", opFieldEmit, s, emitNone, emitNone)
+				})).
 				Advanced(),
 			service.NewBoolField(opFieldDirectDispatch).
 				Description("Hand new rows, inserted already claimed, to an `outbox_retry` input of the same process and `dsn` when it has room (see Direct dispatch).").
@@ -141,11 +150,14 @@ retried, and a failure that lasts is logged again at ERROR every minute).`)).
 			}).
 				Description("Which rows are delivered in order, one at a time per key (`ORDERING`).").
 				Default(orderingBerth).
-				Example("${ORDERING:berth}"),
+				Example("${ORDERING:berth}").
+				LintRule(fieldlint.Exact([]string{orderingBerth, orderingOff}, func(s string) error {
+					return fmt.Errorf("field %s (ORDERING in the shipped pipeline): %q is not %s or %s", opFieldOrdering, s, orderingBerth, orderingOff)
+				})),
 			service.NewIntField(opFieldMaxPayloadBytes).
 				Description("Payloads larger than this are stored FAILED instead of being parsed.").
 				Default(1<<20).
-				LintRule(`root = if this < 1 { [ "max_payload_bytes must be at least 1" ] }`),
+				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+opFieldMaxPayloadBytes+": must be at least 1, got %d"))),
 		).
 		LintRule(`let types = this.api_types.or({}).length() > 0
 let expr = this.api_type.or("") != ""
@@ -173,6 +185,20 @@ pipeline:
 output:
   drop: {}
 `)
+}
+
+// lintAPITypes checks the api_types map as the constructor does. Benthos
+// runs a map field's rule on the map and on each value: only the map is
+// checked, so that the topic can be named.
+func lintAPITypes(v any) []string {
+	m, _ := v.(map[string]any)
+	var lints []string
+	for _, topic := range slices.Sorted(maps.Keys(m)) {
+		if t, ok := m[topic].(string); ok && !validAPIType(t) {
+			lints = append(lints, fmt.Sprintf("field %s: topic %q maps to %q, want %s or %s", opFieldAPITypes, topic, t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat))
+		}
+	}
+	return lints
 }
 
 // backticks lets a raw string hold Markdown code spans, written as ^code^.

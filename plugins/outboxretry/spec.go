@@ -2,6 +2,8 @@ package outboxretry
 
 import (
 	"fmt"
+	"math"
+	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -9,6 +11,7 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/streamdb"
+	"github.com/forwarder/forwarder/plugins/internal/fieldlint"
 )
 
 const (
@@ -164,57 +167,90 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 		Fields(
 			service.NewIntField(orFieldBatchSize).
 				Description("Most rows claimed by one statement and emitted as one batch.").
-				Default(100),
+				Default(100).
+				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+orFieldBatchSize+": %d must be at least 1"))),
 			service.NewDurationField(orFieldLease).
 				Description("How long a claim owns its row without a result or a renewal (`CLAIM_LEASE`). The input renews the leases of the rows it holds, so this bounds how long the rows of a crashed instance wait before another takes them. Must exceed the output's request timeout (`FORWARD_TIMEOUT`); start-up says so otherwise.").
 				Default("60s").
-				Example("${CLAIM_LEASE:60s}"),
+				Example("${CLAIM_LEASE:60s}").
+				LintRule(fieldlint.Duration(orFieldLease, fieldlint.Range(time.Second, fieldlint.MaxDuration, "field "+orFieldLease+": %v must be at least 1s (CLAIM_LEASE)"))),
 			service.NewDurationField(orFieldPollInterval).
 				Description("Longest sleep with nothing due. Only a fallback: new rows wake the input through LISTEN/NOTIFY and retries are awaited until their `next_retry_at`.").
-				Default("5s"),
+				Default("5s").
+				LintRule(fieldlint.Duration(orFieldPollInterval, fieldlint.Range(1, fieldlint.MaxDuration, "field "+orFieldPollInterval+": %v must be positive"))),
 			service.NewStringField(orFieldInstanceID).
 				Description("Identifies this instance in `claimed_by` and in attempt logs. Empty: `<hostname>-<pid>`.").
 				Default(""),
 			service.NewIntField(orFieldMaxUnacked).
 				Description("Most rows held (claimed or handed over, not yet acknowledged); the input stops claiming while it holds this many. Held rows keep their leases (they are renewed), so this bounds memory and the work a crash hands to other instances, not delivery.").
-				Default(300),
+				Default(300).
+				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+orFieldMaxUnacked+": %d must be at least 1"))),
 			service.NewIntField(orFieldMaxUnackedDirect).
 				Description("Most rows held for direct dispatch to go on: while the input holds fewer, the stream's `outbox` processor inserts new rows already claimed for it; past it they are inserted `PENDING`, where every instance can claim them, so that the instance whose Kafka partitions bring the traffic does not keep it all to itself. `0`: `max_unacked`.").
 				Default(0).
+				LintRule(fieldlint.Int(fieldlint.Range(0, math.MaxInt, "field "+orFieldMaxUnackedDirect+": %d must not be negative"))).
 				Advanced(),
 			service.NewStringField(orFieldMaxUnackedBytes).
 				Description("Most payload bytes held, e.g. `64MiB`, at most `4EiB`; `0`: no byte bound. A row larger than this is still taken, alone, so with large messages the input holds at most this plus one message.").
-				Default("64MiB"),
+				Default("64MiB").
+				LintRule(fieldlint.String(func(s string) error {
+					if _, err := parseBytes(s); err != nil {
+						return fmt.Errorf("field %s: %w", orFieldMaxUnackedBytes, err)
+					}
+					return nil
+				})),
 			service.NewIntField(orFieldMaxAttempts).
 				Description("Attempts a row may use, from 1 to 2147483647. A due row that has already used them (its last holder vanished, or it was released on its last attempt) is marked `FAILED` instead of being sent again. When unset, the `retry.max_attempts` of the stream's `http_forwarder` output on the same database (else 5).").
 				Optional().
+				LintRule(fieldlint.Int(func(n int) error {
+					if n < 1 || n > outboxdb.MaxAttemptsLimit {
+						return fmt.Errorf("field %s: %d must be from 1 to %d (a row counts its attempts in an integer column)",
+							orFieldMaxAttempts, n, outboxdb.MaxAttemptsLimit)
+					}
+					return nil
+				})).
 				Advanced(),
 			service.NewDurationField(orFieldNackDelay).
 				Description("How long a nacked row waits before it is due again. `0s`: at once.").
 				Default("0s").
+				LintRule(fieldlint.Duration(orFieldNackDelay, fieldlint.Range(0, fieldlint.MaxDuration, "field "+orFieldNackDelay+": %v must not be negative"))).
 				Advanced(),
 			service.NewObjectField(orFieldRequeue,
 				service.NewDurationField(orFieldRequeueAfter).
 					Description("How long after its failure a row FAILED on transient errors is requeued (`FAILED_REQUEUE_AFTER`); `0s`: never.").
 					Default("1h").
-					Example("${FAILED_REQUEUE_AFTER:1h}"),
+					Example("${FAILED_REQUEUE_AFTER:1h}").
+					LintRule(fieldlint.Duration(orFieldRequeue+"."+orFieldRequeueAfter, func(time.Duration) error { return nil })),
 				service.NewIntField(orFieldRequeueRounds).
 					Description("At most this many automatic requeues of a row (`FAILED_REQUEUE_ROUNDS`); `0`: none; at most 2147483647.").
 					Default(3).
 					Example("${FAILED_REQUEUE_ROUNDS:3}"),
 			).
-				Description("Automatic compensation (see Compensation above)."),
+				Description("Automatic compensation (see Compensation above).").
+				LintRule(fieldlint.Rule(lintRequeue)),
 			service.NewStringAnnotatedEnumField(orFieldOrderOnFailed, map[string]string{
 				string(outboxdb.OrderSkip):  "A row that ends FAILED releases the next row of its ordering key; the released row's attempt log says so (ORDER_RELEASED).",
 				string(outboxdb.OrderBlock): "A row that ends FAILED keeps its ordering key blocked until an operator requeues it (`forwarder outbox requeue`) or releases the key (`forwarder outbox release`).",
 			}).
 				Description("What a row with an ordering key (see Ordering) that ends `FAILED` does to the later rows of its key (`ORDER_ON_FAILED`).").
 				Default(string(outboxdb.OrderSkip)).
-				Example("${ORDER_ON_FAILED:skip}"),
+				Example("${ORDER_ON_FAILED:skip}").
+				LintRule(fieldlint.Exact([]string{string(outboxdb.OrderSkip), string(outboxdb.OrderBlock)}, func(s string) error {
+					if _, err := outboxdb.ParseOrderOnFailed(s); err != nil {
+						return fmt.Errorf("field %s (ORDER_ON_FAILED in the shipped pipeline): %w", orFieldOrderOnFailed, err)
+					}
+					return nil
+				})),
 			service.NewStringField(orFieldPartitionWidth).
 				Description("Width of the time partitions of messages and attempt logs (`OUTBOX_PARTITION`; see Partitions): a whole number of hours from `1h` to `7d`, Go duration syntax plus days. Retention retires whole partitions, so this is its granularity.").
 				Default("1d").
-				Examples("${OUTBOX_PARTITION:1d}", "6h"),
+				Examples("${OUTBOX_PARTITION:1d}", "6h").
+				LintRule(fieldlint.String(func(s string) error {
+					if _, err := outboxdb.ParsePartitionWidth(s); err != nil {
+						return fmt.Errorf("field %s (OUTBOX_PARTITION in the shipped pipeline): %w", orFieldPartitionWidth, err)
+					}
+					return nil
+				})),
 			service.NewObjectField(orFieldRetention,
 				service.NewStringField(orFieldRetentionOlderThan).
 					Description("Retires the partitions whose range ended longer ago than this, when every message in them is finished (see Retention). Go duration syntax plus days (`7d`, `36h`, `1d12h`). Empty: no retention.").
@@ -237,7 +273,8 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 					Example("${OUTBOX_RETENTION_DEAD_LETTER:false}").
 					Advanced(),
 			).
-				Description("Optional retention of old partitions (see Retention above). Off unless `older_than` is set."),
+				Description("Optional retention of old partitions (see Retention above). Off unless `older_than` is set.").
+				LintRule(fieldlint.Rule(lintRetention)),
 		).
 		Example("Dispatcher", "Claims due rows and hands them to the mapping and the HTTP output. The database comes from `DATABASE_URL`.", `
 input:
@@ -281,33 +318,76 @@ func parseBytes(s string) (int64, error) {
 
 // parseRetention reads the retention block; nil when older_than is empty.
 func parseRetention(conf *service.ParsedConfig) (*retentionConfig, error) {
-	var (
-		rc  retentionConfig
-		err error
-	)
+	var err error
 	olderThan := pluginconf.Field(&err, conf.FieldString, orFieldRetentionOlderThan)
 	force := pluginconf.Field(&err, conf.FieldBool, orFieldRetentionForce)
 	interval := pluginconf.Field(&err, conf.FieldString, orFieldRetentionInterval)
-	rc.DeadLetter = pluginconf.Field(&err, conf.FieldBool, orFieldRetentionDeadLetter)
+	deadLetter := pluginconf.Field(&err, conf.FieldBool, orFieldRetentionDeadLetter)
 	if err != nil || olderThan == "" {
 		return nil, err
 	}
+	rc, err := checkRetention(olderThan, force, interval)
+	if err != nil {
+		return nil, err
+	}
+	rc.DeadLetter = deadLetter
+	return &rc, nil
+}
+
+// checkRetention checks the fields of a retention block whose older_than
+// is set, for start-up and for lint.
+func checkRetention(olderThan string, force bool, interval string) (rc retentionConfig, err error) {
 	field := func(name string) string { return orFieldRetention + "." + name }
 	if rc.OlderThan, err = outboxdb.ParseDuration(olderThan); err != nil {
-		return nil, fmt.Errorf("field %s: %w", field(orFieldRetentionOlderThan), err)
+		return rc, fmt.Errorf("field %s: %w", field(orFieldRetentionOlderThan), err)
 	}
 	if rc.OlderThan < outboxdb.MinPurgeAge && !force {
-		return nil, fmt.Errorf("field %s: %s is below the safe minimum of %s: a delivered row's key is what makes "+
+		return rc, fmt.Errorf("field %s: %s is below the safe minimum of %s: a delivered row's key is what makes "+
 			"a Kafka redelivery of its message harmless, and a message redelivered after its partition is retired is "+
 			"sent to the platform again; set it to %s or more, or %s: true to accept it",
 			field(orFieldRetentionOlderThan), olderThan, outboxdb.FormatDuration(outboxdb.MinPurgeAge),
 			outboxdb.FormatDuration(outboxdb.MinPurgeAge), field(orFieldRetentionForce))
 	}
 	if rc.Interval, err = outboxdb.ParseDuration(interval); err != nil {
-		return nil, fmt.Errorf("field %s: %w", field(orFieldRetentionInterval), err)
+		return rc, fmt.Errorf("field %s: %w", field(orFieldRetentionInterval), err)
 	}
 	if rc.Interval <= 0 {
-		return nil, fmt.Errorf("field %s: %q must be positive", field(orFieldRetentionInterval), interval)
+		return rc, fmt.Errorf("field %s: %q must be positive", field(orFieldRetentionInterval), interval)
 	}
-	return &rc, nil
+	return rc, nil
+}
+
+// lintRetention checks the retention block (defaults filled in) as
+// parseRetention does. An empty interval is an unset variable.
+func lintRetention(v any) []string {
+	m, _ := v.(map[string]any)
+	olderThan, _ := m[orFieldRetentionOlderThan].(string)
+	force, _ := m[orFieldRetentionForce].(bool)
+	interval, _ := m[orFieldRetentionInterval].(string)
+	if olderThan == "" || interval == "" {
+		return nil
+	}
+	if _, err := checkRetention(olderThan, force, interval); err != nil {
+		return []string{err.Error()}
+	}
+	return nil
+}
+
+// lintRequeue checks the failed_requeue block (defaults filled in) as the
+// constructor does.
+func lintRequeue(v any) []string {
+	m, _ := v.(map[string]any)
+	after, okAfter, err := fieldlint.ParseDuration(orFieldRequeue+"."+orFieldRequeueAfter, m[orFieldRequeueAfter])
+	rounds, okRounds := fieldlint.ToInt(m[orFieldRequeueRounds])
+	switch {
+	case err != nil || !okAfter || !okRounds:
+		return nil // the after field's own rule reports a bad duration
+	case after < 0 || rounds < 0:
+		return []string{fmt.Sprintf("field %s: after (%v) and rounds (%d) must not be negative (FAILED_REQUEUE_AFTER, FAILED_REQUEUE_ROUNDS)",
+			orFieldRequeue, after, rounds)}
+	case rounds > outboxdb.MaxRequeueRounds:
+		return []string{fmt.Sprintf("field %s.%s: %d is more than %d, the most a row's count of rounds holds (FAILED_REQUEUE_ROUNDS)",
+			orFieldRequeue, orFieldRequeueRounds, rounds, outboxdb.MaxRequeueRounds)}
+	}
+	return nil
 }

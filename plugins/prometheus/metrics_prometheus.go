@@ -21,6 +21,7 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/streamdb"
+	"github.com/forwarder/forwarder/plugins/internal/fieldlint"
 )
 
 const (
@@ -93,6 +94,7 @@ gauges across instances with `+"`max`"+`, not `+"`sum`"+`.`).
 				Description("Bucket upper bounds (seconds) of every histogram. Empty: 5 ms to 30 min for `_seconds` timers, `prometheus.DefBuckets` for the others.").
 				Default([]any{}).
 				Example([]any{0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60}).
+				LintRule(fieldlint.Rule(lintBuckets)).
 				Advanced(),
 			service.NewObjectListField(pmFieldSummaryObjectives,
 				service.NewFloatField(pmFieldObjQuantile).
@@ -108,6 +110,7 @@ gauges across instances with `+"`max`"+`, not `+"`sum`"+`.`).
 					map[string]any{pmFieldObjQuantile: 0.9, pmFieldObjError: 0.01},
 					map[string]any{pmFieldObjQuantile: 0.99, pmFieldObjError: 0.001},
 				}).
+				LintRule(fieldlint.Rule(lintObjectives)).
 				Advanced(),
 			service.NewBoolField(pmFieldAddProcessMetrics).
 				Description("Add the standard process collector (`process_cpu_seconds_total`, `process_resident_memory_bytes`, …).").
@@ -122,7 +125,9 @@ gauges across instances with `+"`max`"+`, not `+"`sum`"+`.`).
 			service.NewObjectField(pmFieldOutbox, append(streamdb.DSNFields(),
 				service.NewDurationField(pmFieldOutboxRefresh).
 					Description("How often the record gauges are re-read. A scrape serves the last snapshot. The pool (one connection) is opened at the first refresh. One refresh may take this long, at least 5s and at most 30s; refreshes never overlap.").
-					Default("15s"))...,
+					Default("15s").
+					LintRule(fieldlint.Duration(pmFieldOutbox+"."+pmFieldOutboxRefresh,
+						fieldlint.Range(1, fieldlint.MaxDuration, pmFieldOutbox+"."+pmFieldOutboxRefresh+" must be positive, got %v"))))...,
 			).
 				Description("Export the outbox record gauges of `forward_records`. Omit to export pipeline metrics only.").
 				Optional(),
@@ -168,6 +173,41 @@ type promExporter struct {
 	mu       sync.Mutex
 	families map[string]*family
 	dropped  map[string]bool
+}
+
+// lintBuckets checks histogram_buckets as the constructor does. Benthos
+// also runs a list field's rule on each element: only the list is checked.
+func lintBuckets(v any) []string {
+	list, ok := v.([]any)
+	if !ok {
+		return nil
+	}
+	buckets := make([]float64, len(list))
+	for i, e := range list {
+		if buckets[i], ok = fieldlint.ToFloat(e); !ok {
+			return nil
+		}
+	}
+	if !slices.IsSorted(buckets) {
+		return []string{fmt.Sprintf("%s must be in increasing order, got %v", pmFieldHistogramBuckets, buckets)}
+	}
+	return nil
+}
+
+// lintObjectives checks summary_quantiles_objectives as the constructor
+// does, naming each entry by its index.
+func lintObjectives(v any) []string {
+	list, _ := v.([]any)
+	var lints []string
+	for i, e := range list {
+		o, _ := e.(map[string]any)
+		q, ok1 := fieldlint.ToFloat(o[pmFieldObjQuantile])
+		qe, ok2 := fieldlint.ToFloat(o[pmFieldObjError])
+		if ok1 && ok2 && (q <= 0 || q > 1 || qe < 0 || qe >= 1) {
+			lints = append(lints, fmt.Sprintf("%s[%d]: quantile must be in (0, 1] and error in [0, 1), got %v and %v", pmFieldSummaryObjectives, i, q, qe))
+		}
+	}
+	return lints
 }
 
 func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) (service.MetricsExporter, error) {

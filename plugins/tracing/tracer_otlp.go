@@ -15,6 +15,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/forwarder/forwarder/plugins/internal/fieldlint"
 )
 
 const (
@@ -56,7 +58,13 @@ sampled flag, whatever the ratio; a record without one starts a trace sampled wi
 decision.`).
 		Field(service.NewFloatField(otFieldSamplingRatio).
 			Description("The share of new traces sampled, from 0 (none: only traces a `traceparent` marks sampled) to 1 (all).").
-			Default(1.0)).
+			Default(1.0).
+			LintRule(fieldlint.Float(func(ratio float64) error {
+				if ratio < 0 || ratio > 1 {
+					return fmt.Errorf("%s: %v is outside 0 to 1", otFieldSamplingRatio, ratio)
+				}
+				return nil
+			}))).
 		Field(service.NewStringField(otFieldServiceName).
 			Description("The `service.name` resource attribute of the spans.").
 			Default("forwarder")).
