@@ -153,7 +153,9 @@ func TestAGroupRequeueCutShortSaysWhatItDid(t *testing.T) {
 	if _, err := tx.Exec(t.Context(), `SELECT 1 FROM forward_deliveries WHERE id = $1 FOR UPDATE`, ids[len(ids)-1]); err != nil {
 		t.Fatal(err)
 	}
-	c := b.start(t, console.Config{Operator: "hana", StatementTimeout: time.Second})
+	// 2 s a statement, 6 s the request: the first batch has room on a
+	// loaded machine.
+	c := b.start(t, console.Config{Operator: "hana", StatementTimeout: 2 * time.Second})
 	form := browserForm(t, c.get("/failed/requeue?class=TRANSIENT&reason=boom"), "/failed/requeue")
 	code, h, body := c.do("POST", "/failed/requeue", form, nil)
 	if code != http.StatusSeeOther {

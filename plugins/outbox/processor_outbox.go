@@ -114,8 +114,8 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		p.apiTypes = nil
 	}
 	for topic, t := range p.apiTypes {
-		if !validAPIType(t) {
-			return nil, fmt.Errorf("field %s: topic %q maps to %q, want %s or %s", opFieldAPITypes, topic, t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat)
+		if err := checkAPIType(topic, t); err != nil {
+			return nil, err
 		}
 	}
 	switch {

@@ -194,11 +194,22 @@ func lintAPITypes(v any) []string {
 	m, _ := v.(map[string]any)
 	var lints []string
 	for _, topic := range slices.Sorted(maps.Keys(m)) {
-		if t, ok := m[topic].(string); ok && !validAPIType(t) {
-			lints = append(lints, fmt.Sprintf("field %s: topic %q maps to %q, want %s or %s", opFieldAPITypes, topic, t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat))
+		if t, ok := m[topic].(string); ok {
+			if err := checkAPIType(topic, t); err != nil {
+				lints = append(lints, err.Error())
+			}
 		}
 	}
 	return lints
+}
+
+// checkAPIType refuses an api_types entry that maps topic to no API type
+// the forwarder knows, for start-up and for lint.
+func checkAPIType(topic, t string) error {
+	if validAPIType(t) {
+		return nil
+	}
+	return fmt.Errorf("field %s: topic %q maps to %q, want %s or %s", opFieldAPITypes, topic, t, outboxdb.APITypeVehicleEvent, outboxdb.APITypeHeartbeat)
 }
 
 // backticks lets a raw string hold Markdown code spans, written as ^code^.
