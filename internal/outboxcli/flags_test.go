@@ -109,3 +109,46 @@ func TestDatabaseURLChecked(t *testing.T) {
 		})
 	}
 }
+
+// TestArgumentsAreRefused: urfave/cli reads no flag after the first
+// argument, so in `outbox requeue key-1 --dry-run` the --dry-run would be an
+// argument too. Every command but show takes flags only: an argument is
+// refused (exit status 2) before anything is done, instead of the command
+// running without the flags written after it.
+func TestArgumentsAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.insert(t, row{key: "f1", status: "FAILED", attempts: 5, class: "TRANSIENT"}, row{key: "f2", status: "FAILED", attempts: 5, class: "TRANSIENT"})
+	for _, args := range [][]string{
+		{"requeue", "f1", "--dry-run"},
+		{"pause", "2h", "--reason", "maintenance"},
+		{"resume", "now"},
+		{"release", "P1/B1", "--dry-run"},
+		{"purge", "--older-than", "30d", "--dry-run", "extra"},
+		{"stats", "--json", "x"},
+		{"find", "粤B12345", "--json"},
+		{"migrate", "--dry-run", "now"},
+		{"console", "--read-only", "127.0.0.1:0"},
+	} {
+		out, err := b.run(t, args...)
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), "outbox "+args[0]+": unexpected argument") {
+			t.Errorf("%s: exit %d, %v (%q); want exit status 2 naming the argument", strings.Join(args, " "), exitCode(err), err, out)
+		}
+	}
+	for _, key := range []string{"f1", "f2"} {
+		if s, _ := b.state(t, key); s.Status != "FAILED" || s.Requeues != 0 {
+			t.Errorf("%s is %+v after refused commands, want FAILED and never requeued", key, s)
+		}
+	}
+	// A pause or a resume would have written the operator log.
+	if log := b.operatorLog(t); len(log) != 0 {
+		t.Errorf("refused commands wrote the operator log: %+v", log)
+	}
+
+	t.Run("ShowSaysFlagsGoBeforeTheKey", func(t *testing.T) {
+		out, err := b.run(t, "show", "f1", "--json")
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), `"f1" "--json"`) || !strings.Contains(err.Error(), "flags go before the key") {
+			t.Errorf("show f1 --json: exit %d, %v (%q); want exit status 2 saying flags go before the key", exitCode(err), err, out)
+		}
+	})
+}

@@ -63,8 +63,13 @@ and for at most 2 s.`,
 			timeoutFlag(),
 		},
 		Action: func(c *cli.Context) error {
-			if c.NArg() != 1 {
+			switch {
+			case c.NArg() == 0:
 				return cli.Exit("outbox show: give one message_key or id", 2)
+			case c.NArg() > 1:
+				// urfave/cli reads no flag after the argument: `show k --json`
+				// would otherwise be refused as two keys, or not understood.
+				return cli.Exit(fmt.Sprintf("outbox show: one message_key or id, got %s: flags go before the key", quoteArgs(c.Args().Slice())), 2)
 			}
 			ref := c.Args().First()
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
@@ -55,12 +57,37 @@ func Command() *cli.Command {
 	// an unset subcommand flag falls back to the outbox command's value
 	// (databaseURL).
 	for _, sub := range cmd.Subcommands {
+		if sub.Name != "show" {
+			sub.Before = refuseArguments
+		}
 		sub.Flags = append(sub.Flags, &cli.StringFlag{
 			Name:  flagDatabaseURL,
 			Usage: "PostgreSQL URL or key=value string (default: $" + envDatabaseURL + ", else " + defaultDatabaseURL + ")",
 		})
 	}
 	return cmd
+}
+
+// refuseArguments stops a command that takes flags only when it was given an
+// argument. urfave/cli reads no flag after the first argument, so in
+// `outbox requeue key-1 --dry-run` the --dry-run is an argument too, and the
+// command would run for real, on every FAILED row, without it.
+func refuseArguments(c *cli.Context) error {
+	if c.NArg() == 0 {
+		return nil
+	}
+	return cli.Exit(fmt.Sprintf("outbox %s: unexpected argument %s: this command takes flags only, and they go before any argument (see --help)",
+		c.Command.Name, quoteArgs(c.Args().Slice())), 2)
+}
+
+// quoteArgs writes args as Go-quoted strings separated by spaces, so an
+// operator sees exactly what the shell passed, control bytes escaped.
+func quoteArgs(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = strconv.Quote(a)
+	}
+	return strings.Join(q, " ")
 }
 
 // databaseURL is where a command connects: the subcommand's --database-url
