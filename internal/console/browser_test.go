@@ -367,6 +367,84 @@ func TestBrowser(t *testing.T) {
 		}
 	}
 	t.Logf("screenshots in %s", shots)
+
+	otherSitesMayOnlyLink(t, browser, pool)
+}
+
+// otherSitesMayOnlyLink: a console without a token, on loopback, answers
+// whatever this browser asks, so a page of another site (127.0.0.2 is
+// another site to the browser, and a loopback one, so Chromium sends it
+// Fetch Metadata) must not make the browser fetch from it: its <img> and its
+// script's fetch are refused, 403, while its link opens the console. Without
+// the refusal both would read the search page, 200.
+func otherSitesMayOnlyLink(t *testing.T, browser context.Context, pool *pgxpool.Pool) {
+	t.Helper()
+	srv, err := console.New(console.Config{Addr: "127.0.0.1:0", Operator: "nobody", MappingsDir: "../../mappings"}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string // "dest site status path" of each request the console answered
+	consoleURL := serve(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		srv.ServeHTTP(rec, r)
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%s %s %d %s", r.Header.Get("Sec-Fetch-Dest"), r.Header.Get("Sec-Fetch-Site"), rec.status, r.URL.Path))
+	}))
+	search := consoleURL + "/search?plate=" + targetPlate
+	otherURL := serve(t, "127.0.0.2:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!doctype html><title>elsewhere</title>
+<img id="img" src="%[1]s&by=img" onload="document.title='img'" onerror="document.title='img'">
+<script>fetch(%[1]q + "&by=fetch", {mode: "no-cors"}).finally(() => { document.body.dataset.fetched = "yes"; });</script>
+<a id="link" href="%[2]s/">console</a>`, search, consoleURL)
+	}))
+
+	ctx, cancel := context.WithTimeout(browser, 30*time.Second)
+	defer cancel()
+	err = chromedp.Do(ctx,
+		chromedp.Navigate(otherURL+"/"),
+		chromedp.WaitVisible(chromedp.ID("link")),
+		chromedp.Poll[chromedp.Void](`document.title === "img" && document.body.dataset.fetched === "yes"`),
+		chromedp.Click(chromedp.ID("link")),
+		chromedp.WaitVisible(chromedp.ID("by-status")),
+	)
+	if err != nil {
+		t.Fatalf("browser: another site's page and its link to the console: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"image cross-site 403 /search", "empty cross-site 403 /search", "document cross-site 200 /"}
+	for _, w := range want {
+		if !slices.Contains(seen, w) {
+			t.Errorf("the console answered %q to another site's page; want among them %q", seen, w)
+		}
+	}
+}
+
+// serve runs h on addr until the test ends and returns its base URL.
+func serve(t *testing.T, addr string, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// statusRecorder keeps the status a handler wrote.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
 }
 
 // sessionCookie is the value of the console's session cookie in the
