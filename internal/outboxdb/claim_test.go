@@ -544,6 +544,26 @@ func TestClaimProbe(t *testing.T) {
 		}
 	})
 
+	// Failed probes count no attempt, so the messages they carried keep
+	// attempt_count 0 like a message never sent; having waited longer, they
+	// would be probed again, one per interval, before a new message that
+	// could tell the platform is up.
+	t.Run("AMessageNeverSentGoesBeforeProbesThatFailed", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		due := -time.Minute
+		var probed []fixture.Row
+		for i := range 5 {
+			probed = append(probed, fixture.Row{Key: fmt.Sprintf("probed-%d", i), DueIn: &due,
+				LastError: "platform unavailable, attempt not counted: http 500", LastHTTPStatus: 500})
+		}
+		b.Insert(probed...)
+		fresh := b.Insert(fixture.Row{Key: "fresh"})[0]
+		if r := probe(t, b); r.ID != fresh {
+			t.Fatalf("probe took %q, want the message never sent (row %d) before five whose probes failed", r.MessageKey, fresh)
+		}
+	})
+
 	t.Run("NeverTheSameRowTwiceInARow", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
