@@ -110,6 +110,88 @@ func (s *stack) withinShare(produced map[string]time.Time, limit time.Duration) 
 // one instance and three.
 func TestPartialPlatformFailures(t *testing.T) {
 	t.Parallel()
+	// A quiet moment: six vehicle events the platform always answers HTTP
+	// 500, and nothing else. Five distinct messages failing with nothing
+	// answered look like an outage, so the breaker opens and they keep their
+	// attempts. Six more such events come while it is open: each carries a
+	// probe, which fails and counts no attempt. The next new message then
+	// carries the next probe, not the six (which would otherwise come first,
+	// having waited longer with as few attempts), and is delivered. A failure
+	// counts only while other messages are answered (else it may be an
+	// outage): when traffic comes back, the twelve spend their attempts and
+	// end FAILED with the reason.
+	t.Run("AQuietMomentOpensItTheNextNewMessageClosesIt", func(t *testing.T) {
+		scenario(t, light, 60*time.Second)
+		// Probes every second, so that the probes of the second six take
+		// seconds, not half a minute.
+		s := newStack(t, stackOptions{env: merged(shippedRetries, map[string]string{"FORWARD_MAX_ATTEMPTS": "4", "PLATFORM_PROBE_INTERVAL": "1s"})})
+		s.start("forwarder-1", nil)
+		failing := func(wave string) []string {
+			var recs []*kgo.Record
+			var ids []string
+			for i := range 6 {
+				id := fmt.Sprintf("always-fails-%s-%d", wave, i+1)
+				ids = append(ids, id)
+				recs = append(recs, &kgo.Record{Topic: topicVehicle, Key: []byte(id),
+					Value: vehicleJSON(id, func(m map[string]any) { m["berthCode"] = id })})
+			}
+			s.platform.Fail(-1, ids...)
+			s.produceRecords(recs...)
+			for i, r := range recs {
+				s.exp.addBad(badMsg{at: coord{r.Topic, r.Partition, r.Offset}, messageID: ids[i], reason: "giving up after 4 attempts: http 500"})
+			}
+			return ids
+		}
+		failing("a")
+		s.waitUntil("the breaker OPEN", 30*time.Second, func(ctx context.Context) (bool, string) {
+			st := s.breakerState(ctx)
+			return st == "OPEN", "breaker " + st
+		})
+		probed := failing("b")
+		s.waitUntil("a failed probe with each of the second six", 30*time.Second, func(ctx context.Context) (bool, string) {
+			var n int
+			if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE message_key = ANY($1)
+					AND attempt_count = 0 AND last_error LIKE 'platform unavailable, attempt not counted%'`, probed).Scan(&n); err != nil {
+				return false, err.Error()
+			}
+			return n == len(probed), fmt.Sprintf("%d of %d probed", n, len(probed))
+		})
+
+		good := &kgo.Record{Topic: topicVehicle, Key: []byte("CAM-GOOD"),
+			Value: vehicleJSON("new-after-the-opening", func(m map[string]any) { m["berthCode"] = "GOOD-1" })}
+		s.produceRecords(good)
+		s.exp.addGood("new-after-the-opening")
+		s.waitUntil("the new message delivered", 30*time.Second, func(context.Context) (bool, string) {
+			_, ok := s.platform.Delivery("new-after-the-opening")
+			return ok, fmt.Sprintf("platform %+v", s.platform.Stats())
+		})
+		// Between the new message's row and its delivery, at most the probe
+		// already claimed when it came went out with one of the six.
+		var between int
+		if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM forward_retry_logs l JOIN forward_records r ON r.id = l.record_id
+				WHERE r.message_key = ANY($1)
+				  AND l.attempted_at > (SELECT created_at FROM forward_records WHERE message_key = 'new-after-the-opening')
+				  AND l.attempted_at < (SELECT attempted_at FROM forward_retry_logs l2 JOIN forward_records r2 ON r2.id = l2.record_id
+				                        WHERE r2.message_key = 'new-after-the-opening' AND l2.result_status = 'SUCCESS')`, probed).Scan(&between); err != nil {
+			t.Fatal(err)
+		}
+		if between > 1 {
+			t.Errorf("%d probes went out with the second six between the new message's arrival and its delivery, want at most 1: %q",
+				between, s.attemptsOf(context.Background(), "PENDING", 12))
+		}
+		// Traffic comes back (heartbeats, other berths): with other
+		// messages answered, each failure of the twelve is theirs and counts.
+		stop := s.steadyLoad(s.newSource(eventgen.SourceConfig{Berths: 50}), 10)
+		s.waitUntil("the twelve FAILED", 2*time.Minute, func(ctx context.Context) (bool, string) {
+			n := s.countStatus(ctx, "FAILED")
+			return n == 12, fmt.Sprintf("%d FAILED", n)
+		})
+		stop()
+		s.waitSettled(2 * time.Minute)
+		r := s.verify()
+		t.Logf("%d probes with the second six while the new message waited; %s", between, r)
+	})
+
 	for _, instances := range []int{1, 3} {
 		// A quiet night: three vehicle events the platform answers HTTP 500
 		// every time, alone for their first two attempts, then ordinary
