@@ -91,6 +91,11 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (op
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
+	// The flag package reads no flag after the first argument: in
+	// `devstack fast -rate 500` the -rate would be dropped unseen.
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q: the dev stack takes flags only, e.g. make run ARGS=\"-rate 500\"", fs.Arg(0))
+	}
 	cfg.Faults, cfg.Env = faults, env
 	if verbose {
 		cfg.ForwarderLog = os.Stdout
@@ -113,6 +118,9 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (op
 func run() int {
 	o, err := parseFlags(flag.CommandLine, os.Args[1:], os.Getenv)
 	if err != nil {
+		// flag.CommandLine reports its own errors and exits; the others
+		// are ours.
+		fmt.Fprintf(os.Stderr, "devstack: %v\n", err)
 		return 2
 	}
 	cfg := o.cfg

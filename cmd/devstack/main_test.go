@@ -58,6 +58,16 @@ func TestParseFlags(t *testing.T) {
 		}
 	})
 
+	t.Run("AnArgumentIsRefused", func(t *testing.T) {
+		// Flags after it would be read as arguments too, and dropped.
+		fs := flag.NewFlagSet("devstack", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		_, err := parseFlags(fs, []string{"fast", "-rate", "500"}, func(k string) string { return env[k] })
+		if err == nil || !strings.Contains(err.Error(), `unexpected argument "fast"`) {
+			t.Fatalf("devstack fast -rate 500: %v, want the argument refused", err)
+		}
+	})
+
 	t.Run("HelpShowsNoSecret", func(t *testing.T) {
 		fs := flag.NewFlagSet("devstack", flag.ContinueOnError)
 		var help bytes.Buffer
