@@ -72,6 +72,9 @@ func runBaseline(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
 	env := platformcall.Env
 	b.brokers, b.group = env("KAFKA_BROKERS", "localhost:9092"), env("KAFKA_GROUP", "forwarder")
 	b.dsn, b.url = env("DATABASE_URL", ""), strings.TrimRight(env("PLATFORM_URL", "http://localhost:8080"), "/")
