@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -156,14 +157,47 @@ func run() int {
 	}
 	if cfg.External != nil {
 		fmt.Println("devstack: stopping the generator and the platform")
-	} else {
-		fmt.Println("devstack: stopping the forwarder (SIGTERM), the generator, Kafka, the platform and PostgreSQL")
+		final, _ := s.Progress(context.Background())
+		if err := s.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "devstack: stopping: %v\n", err)
+			return 1
+		}
+		printFinal(final, "the database keeps them")
+	} else if code := stopEmbedded(s, runErr == nil); code != 0 {
+		return code
 	}
-	final, _ := s.Progress(context.Background())
+	if runErr != nil {
+		return 1
+	}
+	return 0
+}
+
+// drainWithin bounds how long the stopping dev stack waits for the
+// forwarder to persist what the generator produced.
+const drainWithin = 10 * time.Second
+
+// stopEmbedded stops the generator first and lets the forwarder persist
+// what it produced (the dev broker keeps nothing between runs), then the
+// forwarder, whose in-flight requests finish, and reports this run's rows
+// as the forwarder left them, before it stops the rest.
+func stopEmbedded(s *devstack.Stack, drain bool) int {
+	fmt.Println("devstack: stopping the generator; the forwarder (SIGTERM) once it has persisted what was produced; then Kafka, the platform and PostgreSQL")
+	if err := s.StopGenerator(); err != nil {
+		fmt.Fprintf(os.Stderr, "devstack: generator: %v\n", err)
+	}
+	// (A forwarder that stopped on its own, or none, persists nothing more.)
+	if drain && s.Forwarder != nil {
+		if p, ok := s.Drain(context.Background(), drainWithin); !ok {
+			fmt.Printf("devstack: after %s the forwarder has persisted %d of the %d rows produced: the rest are dropped with the dev broker\n",
+				drainWithin, p.Rows.Persisted, p.Produced.Rows())
+		}
+	}
 	// What the stopping forwarder waits for, should it take a while.
 	unfollow := s.Follow(os.Stdout)
-	err = s.Stop()
+	err := s.StopForwarders()
 	unfollow()
+	final, _ := s.Progress(context.Background())
+	err = errors.Join(err, s.Stop())
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "devstack: stopping: %v\n", err)
 		return 1
@@ -172,15 +206,18 @@ func run() int {
 	if s.PG != nil {
 		kept = "the database stays in " + s.PG.Dir() + " for the next run"
 	}
-	pl := final.Platform
-	fmt.Printf("devstack: stopped. %d produced, %d persisted, %d delivered, %d failed; %s\n",
-		final.Produced.Produced, final.Rows.Persisted, final.Rows.Delivered, final.Rows.Failed, kept)
+	printFinal(final, kept)
+	return 0
+}
+
+// printFinal says what this run produced and where its rows ended.
+func printFinal(p devstack.Progress, kept string) {
+	r := p.Rows
+	fmt.Printf("devstack: stopped. %d produced (%d rows: duplicates add none), %d persisted: %d delivered, %d failed, %d to send; %s\n",
+		p.Produced.Produced, p.Produced.Rows(), r.Persisted, r.Delivered, r.Failed, r.Waiting+r.Retrying+r.InProgress, kept)
+	pl := p.Platform
 	fmt.Printf("devstack: the platform accepted %d, answered %d duplicates and %d errors, at most %d requests at once\n",
 		pl.Accepted, pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, pl.PeakInFlight)
-	if runErr != nil {
-		return 1
-	}
-	return 0
 }
 
 func printBanner(w io.Writer, s *devstack.Stack, cfg devstack.Config) {

@@ -141,9 +141,10 @@ type Stack struct {
 	// Follow), read from their logs.
 	events chan Event
 
-	mu         sync.Mutex
-	forwarders []*Forwarder
-	stopped    bool
+	mu                sync.Mutex
+	forwarders        []*Forwarder
+	forwardersStopped bool
+	stopped           bool
 }
 
 // Start brings the stack up. On error, whatever had started is stopped.
@@ -344,8 +345,30 @@ func (s *Stack) StopGenerator() error {
 		return nil
 	}
 	s.genCancel()
+	s.genCancel = nil
 	<-s.genDone
 	return s.genErr
+}
+
+// StopForwarders stops the stack's forwarders (SIGTERM, then waits) and
+// reports the first that did not exit cleanly; the rest of the stack runs
+// on, so that what they left can be read. Stop calls it too.
+func (s *Stack) StopForwarders() error {
+	s.mu.Lock()
+	if s.forwardersStopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.forwardersStopped = true
+	fwds := s.forwarders
+	s.mu.Unlock()
+	var errs []error
+	for _, f := range fwds {
+		if err := f.Stop(s.cfg.ShutdownTimeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Stop stops the forwarders (SIGTERM, then waits), the generator, the
@@ -359,14 +382,11 @@ func (s *Stack) Stop() error {
 		return nil
 	}
 	s.stopped = true
-	fwds := s.forwarders
 	s.mu.Unlock()
 
 	var errs []error
-	for _, f := range fwds {
-		if err := f.Stop(s.cfg.ShutdownTimeout); err != nil {
-			errs = append(errs, err)
-		}
+	if err := s.StopForwarders(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := s.StopGenerator(); err != nil {
 		errs = append(errs, fmt.Errorf("generator: %w", err))

@@ -159,6 +159,27 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("GET %s: %d, forwarder_records_pending missing:\n%s", s.Forwarder.MetricsURL(), resp.StatusCode, tail(string(metrics), 2000))
 	}
 
+	// Stopping as make run does: the generator first, then the forwarder
+	// once it has a row for every message produced, so that nothing is
+	// left in the dev broker, which keeps nothing between runs.
+	if err := s.StopGenerator(); err != nil {
+		t.Fatal(err)
+	}
+	drained, ok := s.Drain(ctx, 20*time.Second)
+	if !ok || drained.Rows.Persisted != drained.Produced.Rows() {
+		t.Fatalf("drain: %v, %+v: want a row for each of the %d messages produced", ok, drained.Rows, drained.Produced.Rows())
+	}
+	if err := s.StopForwarders(); err != nil {
+		t.Fatalf("stopping the forwarder: %v\nforwarder log:\n%s", err, tail(logs.String(), 3000))
+	}
+	left, err := s.Progress(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := left.Rows; r.Persisted != drained.Rows.Persisted || r.Delivered+r.Failed+r.Waiting+r.Retrying+r.InProgress != r.Persisted {
+		t.Errorf("rows after the forwarder stopped: %+v, want the %d drained, each in one state", r, drained.Rows.Persisted)
+	}
+
 	stopErr := make(chan error, 1)
 	go func() { stopErr <- s.Stop() }()
 	select {

@@ -37,6 +37,29 @@ func (s *Stack) Progress(ctx context.Context) (Progress, error) {
 	return p, err
 }
 
+// Drain waits, for at most within, until this run's rows account for every
+// message the generator had Kafka acknowledge (Stats.Rows), and says whether
+// they do. With the generator stopped first, a forwarder stopped after a
+// drain leaves nothing unread in the dev broker, which keeps nothing
+// between runs.
+func (s *Stack) Drain(ctx context.Context, within time.Duration) (Progress, bool) {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		p, err := s.Progress(ctx)
+		if err == nil && p.Rows.Persisted >= p.Produced.Rows() {
+			return p, true
+		}
+		select {
+		case <-ctx.Done():
+			return p, false
+		case <-tick.C:
+		}
+	}
+}
+
 // headerEvery is how many progress lines go by before the header is
 // printed again, so that one is always on a terminal's screen.
 const headerEvery = 20
