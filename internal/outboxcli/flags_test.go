@@ -152,3 +152,17 @@ func TestArgumentsAreRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestUnknownCommand: a mistyped command is refused as one, naming the
+// commands there are, not taken for a help topic.
+func TestUnknownCommand(t *testing.T) {
+	t.Parallel()
+	out, err := runArgs(t, "outbox", "reqeue", "--dry-run")
+	if exitCode(err) != 2 || !strings.Contains(err.Error(), `outbox: no command "reqeue"`) || !strings.Contains(err.Error(), "requeue") {
+		t.Errorf("outbox reqeue: exit %d, %v (%q); want exit status 2 naming the commands", exitCode(err), err, out)
+	}
+	out, err = runArgs(t, "outbox")
+	if err != nil || !strings.Contains(out, "requeue") {
+		t.Errorf("outbox alone: %v (%q); want its help", err, out)
+	}
+}

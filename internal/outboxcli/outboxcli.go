@@ -51,6 +51,19 @@ func Command() *cli.Command {
 			resumeCommand(),
 		},
 	}
+	// `outbox reqeue` would otherwise run urfave/cli's help command, which
+	// says "No help topic for 'reqeue'" and exits 3.
+	cmd.Action = func(c *cli.Context) error {
+		if c.NArg() == 0 {
+			return cli.ShowSubcommandHelp(c)
+		}
+		names := make([]string, 0, len(cmd.Subcommands))
+		for _, sub := range cmd.Subcommands {
+			names = append(names, sub.Name)
+		}
+		return cli.Exit(fmt.Sprintf("outbox: no command %s: the commands are %s (forwarder outbox --help)",
+			strconv.Quote(c.Args().First()), strings.Join(names, ", ")), 2)
+	}
 	// The docs write `outbox stats --database-url URL` as often as
 	// `outbox --database-url URL stats`: every subcommand takes the flag
 	// too. Without a default or an environment variable of its own, so that
