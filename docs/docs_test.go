@@ -453,9 +453,9 @@ func commandLines(t *testing.T) map[string]string {
 }
 
 // TestDocumentedCommandsParse: every forwarder command line in the docs
-// names commands the binary has and flags those commands take, a flag's
-// value only where the flag takes one, and `<command> --help` succeeds for
-// every command.
+// names commands the binary has and flags those commands take, before any
+// argument (no flag after one is read), a flag's value only where the flag
+// takes one, and `<command> --help` succeeds for every command.
 func TestDocumentedCommandsParse(t *testing.T) {
 	t.Parallel()
 	model := cliModel(t)
@@ -475,6 +475,10 @@ func TestDocumentedCommandsParse(t *testing.T) {
 				continue
 			}
 			if strings.HasPrefix(f, "-") {
+				if len(args) > 0 {
+					// urfave/cli reads no flag after the first argument.
+					t.Errorf("%s: `%s`: %s comes after the argument %s, where it is not read as a flag", page, line, f, args[0])
+				}
 				flag, _, hasValue := strings.Cut(f, "=")
 				takes, known := values[path][flag]
 				if !known && slices.Contains(model["forwarder"], flag) {
