@@ -12,18 +12,11 @@ import (
 // lint` refuses with the same words; the boundary values both accept.
 func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
-	wrap := func(conf string) string {
-		return "input:\n  outbox_dead_letter:\n" + linttest.Indent(conf, "    ") + "output:\n  drop: {}\n"
-	}
-	start := func(yaml string) error {
-		conf, err := deadLetterSpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Input, Name: "outbox_dead_letter", Spec: deadLetterSpec(),
+		Build: func(conf *service.ParsedConfig) error {
+			_, err := newDeadLetterFromParsed(conf, service.MockResources())
 			return err
-		}
-		_, err = newDeadLetterFromParsed(conf, service.MockResources())
-		return err
-	}
-	linttest.Run(t, "", wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "BatchSizeZero", YAML: "batch_size: 0", Want: "field batch_size: 0 must be at least 1"},
 		{Name: "BatchSizeOne", YAML: "batch_size: 1"},
 		{Name: "PollIntervalZero", YAML: "poll_interval: 0s", Want: "field poll_interval: 0s must be positive (DEAD_LETTER_POLL_INTERVAL)"},

@@ -3,6 +3,8 @@ package httpforwarder
 import (
 	"testing"
 
+	"github.com/redpanda-data/benthos/v4/public/service"
+
 	"github.com/forwarder/forwarder/plugins/internal/fieldlint/linttest"
 )
 
@@ -10,19 +12,12 @@ import (
 // lint` refuses with the same words; the boundary values both accept.
 func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
-	wrap := func(conf string) string {
-		return "input:\n  generate:\n    mapping: 'root = {}'\noutput:\n  http_forwarder:\n" + linttest.Indent(conf, "    ")
-	}
-	start := func(yaml string) error {
-		conf, err := httpForwarderSpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Output, Name: "http_forwarder", Spec: httpForwarderSpec(),
+		Base: "dsn: postgres://localhost/forwarder\nurl: http://localhost:8080/mch/business\naccess_name: n\naccess_pwd: p\n",
+		Build: func(conf *service.ParsedConfig) error {
+			_, err := parseConfig(conf)
 			return err
-		}
-		_, err = parseConfig(conf)
-		return err
-	}
-	const base = "dsn: postgres://localhost/forwarder\nurl: http://localhost:8080/mch/business\naccess_name: n\naccess_pwd: p\n"
-	linttest.Run(t, base, wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "TimeoutBelowAMillisecond", YAML: "timeout: 999us", Want: "field timeout: must be at least 1ms, got 999µs (FORWARD_TIMEOUT)"},
 		{Name: "TimeoutNotADuration", YAML: "timeout: 10", Want: "failed to parse 'timeout' as a duration string"},
 		{Name: "TimeoutAMillisecond", YAML: "timeout: 1ms"},

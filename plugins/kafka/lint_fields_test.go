@@ -13,19 +13,12 @@ import (
 // accept.
 func TestInputLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
-	wrap := func(conf string) string {
-		return "input:\n  kafka_franz:\n" + linttest.Indent(conf, "    ") + "output:\n  drop: {}\n"
-	}
-	start := func(yaml string) error {
-		conf, err := franzInputSpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Input, Name: "kafka_franz", Spec: franzInputSpec(),
+		Base: "seed_brokers: [ localhost:9092 ]\ntopics: [ device-heartbeat ]\nconsumer_group: forwarder\n",
+		Build: func(conf *service.ParsedConfig) error {
+			_, err := newFranzInputFromParsed(conf, service.MockResources())
 			return err
-		}
-		_, err = newFranzInputFromParsed(conf, service.MockResources())
-		return err
-	}
-	const base = "seed_brokers: [ localhost:9092 ]\ntopics: [ device-heartbeat ]\nconsumer_group: forwarder\n"
-	linttest.Run(t, base, wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "CheckpointLimitZero", YAML: "checkpoint_limit: 0", Want: "field checkpoint_limit: must be at least 1, got 0"},
 		{Name: "CheckpointLimitOne", YAML: "checkpoint_limit: 1"},
 		{Name: "MaxBufferedBytesZero", YAML: "max_buffered_bytes: 0B", Want: `field max_buffered_bytes: "0B" must be between 1B and 4EiB`},
@@ -69,22 +62,14 @@ func TestInputLintRefusesWhatStartUpRefuses(t *testing.T) {
 // TestOutputLintRefusesWhatStartUpRefuses: as for the input.
 func TestOutputLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
-	wrap := func(conf string) string {
-		return "input:\n  generate:\n    mapping: 'root = {}'\noutput:\n  kafka_franz:\n" + linttest.Indent(conf, "    ")
-	}
-	start := func(yaml string) error {
-		conf, err := franzOutputSpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Output, Name: "kafka_franz", Spec: franzOutputSpec(), Base: "seed_brokers: [ localhost:9092 ]\ntopic: dead-letter\n",
+		Build: func(conf *service.ParsedConfig) error {
+			if _, _, err := parseOutputFlow(conf); err != nil {
+				return err
+			}
+			_, err := newFranzOutputFromParsed(conf, service.MockResources())
 			return err
-		}
-		if _, _, err = parseOutputFlow(conf); err != nil {
-			return err
-		}
-		_, err = newFranzOutputFromParsed(conf, service.MockResources())
-		return err
-	}
-	const base = "seed_brokers: [ localhost:9092 ]\ntopic: dead-letter\n"
-	linttest.Run(t, base, wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "MaxInFlightZero", YAML: "max_in_flight: 0", Want: "field max_in_flight: must be from 1 to 10000, got 0: Benthos starts a goroutine for each"},
 		{Name: "MaxInFlightAboveTheBound", YAML: "max_in_flight: 10001", Want: "field max_in_flight: must be from 1 to 10000, got 10001"},
 		{Name: "MaxInFlightBounds", YAML: "max_in_flight: 1"},

@@ -19,21 +19,14 @@ func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	if err := os.WriteFile(path, []byte("root = this\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	wrap := func(conf string) string {
-		return "input:\n  generate:\n    mapping: 'root = {}'\npipeline:\n  processors:\n    - mapping_file:\n" + linttest.Indent(conf, "        ") + "output:\n  drop: {}\n"
-	}
-	start := func(yaml string) error {
-		conf, err := mappingFileSpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Processor, Name: "mapping_file", Spec: mappingFileSpec(), Base: fmt.Sprintf("path: %q\n", path),
+		Build: func(conf *service.ParsedConfig) error {
+			p, err := newMappingFileFromParsed(conf, service.MockResources())
+			if err == nil {
+				err = p.Close(t.Context())
+			}
 			return err
-		}
-		p, err := newMappingFileFromParsed(conf, service.MockResources())
-		if err == nil {
-			err = p.Close(t.Context())
-		}
-		return err
-	}
-	linttest.Run(t, fmt.Sprintf("path: %q\n", path), wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "ReloadIntervalNegative", YAML: "reload_interval: -1ns", Want: "mapping_file: reload_interval -1ns is negative: use 0s to disable reloading"},
 		{Name: "ReloadIntervalNotADuration", YAML: "reload_interval: 2", Want: "failed to parse 'reload_interval' as a duration string"},
 		{Name: "ReloadIntervalZero", YAML: "reload_interval: 0s"},

@@ -12,19 +12,11 @@ import (
 // lint` refuses with the same words; the boundary values both accept.
 func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
-	wrap := func(conf string) string {
-		return "input:\n  generate:\n    mapping: 'root = {}'\npipeline:\n  processors:\n    - outbox:\n" + linttest.Indent(conf, "        ") + "output:\n  drop: {}\n"
-	}
-	start := func(yaml string) error {
-		conf, err := outboxProcessorSpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Processor, Name: "outbox", Spec: outboxProcessorSpec(), Base: "dsn: postgres://localhost/forwarder\n",
+		Build: func(conf *service.ParsedConfig) error {
+			_, err := newOutboxProcessorFromParsed(conf, service.MockResources())
 			return err
-		}
-		_, err = newOutboxProcessorFromParsed(conf, service.MockResources())
-		return err
-	}
-	const base = "dsn: postgres://localhost/forwarder\n"
-	linttest.Run(t, base, wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "APITypeUnknown", YAML: "api_types:\n  device-vehicle-event: VEHICLE\n  device-heartbeat: HEARTBEAT",
 			Want: `field api_types: topic "device-vehicle-event" maps to "VEHICLE", want VEHICLE_EVENT or HEARTBEAT`},
 		{Name: "APITypeLowerCase", YAML: "api_types:\n  device-heartbeat: heartbeat", Want: `maps to "heartbeat", want VEHICLE_EVENT or HEARTBEAT`},

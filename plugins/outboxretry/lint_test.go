@@ -12,18 +12,11 @@ import (
 // lint` refuses with the same words; the boundary values both accept.
 func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
-	wrap := func(conf string) string {
-		return "input:\n  outbox_retry:\n" + linttest.Indent(conf, "    ") + "output:\n  drop: {}\n"
-	}
-	start := func(yaml string) error {
-		conf, err := outboxRetrySpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Input, Name: "outbox_retry", Spec: outboxRetrySpec(), Base: "dsn: postgres://localhost/forwarder\n",
+		Build: func(conf *service.ParsedConfig) error {
+			_, err := newOutboxRetryFromParsed(conf, service.MockResources())
 			return err
-		}
-		_, err = newOutboxRetryFromParsed(conf, service.MockResources())
-		return err
-	}
-	linttest.Run(t, "dsn: postgres://localhost/forwarder\n", wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "BatchSizeZero", YAML: "batch_size: 0", Want: "field batch_size: 0 must be at least 1"},
 		{Name: "BatchSizeOne", YAML: "batch_size: 1"},
 		{Name: "LeaseBelowASecond", YAML: "lease: 999ms", Want: "field lease: 999ms must be at least 1s (CLAIM_LEASE)"},

@@ -3,6 +3,8 @@ package prometheus
 import (
 	"testing"
 
+	"github.com/redpanda-data/benthos/v4/public/service"
+
 	"github.com/forwarder/forwarder/plugins/internal/fieldlint/linttest"
 )
 
@@ -10,18 +12,11 @@ import (
 // lint` refuses with the same words; the boundary values both accept.
 func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
-	wrap := func(conf string) string {
-		return "input:\n  generate:\n    mapping: 'root = {}'\noutput:\n  drop: {}\nmetrics:\n  prometheus:\n" + linttest.Indent(conf, "    ")
-	}
-	start := func(yaml string) error {
-		conf, err := prometheusSpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Metrics, Name: "prometheus", Spec: prometheusSpec(),
+		Build: func(conf *service.ParsedConfig) error {
+			_, err := newPromExporterFromParsed(conf, nil)
 			return err
-		}
-		_, err = newPromExporterFromParsed(conf, nil)
-		return err
-	}
-	linttest.Run(t, "", wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "BucketsNotIncreasing", YAML: "histogram_buckets: [ 1, 0.5 ]", Want: "histogram_buckets must be in increasing order, got [1 0.5]"},
 		{Name: "BucketsIncreasing", YAML: "histogram_buckets: [ 0.5, 1, 1 ]"},
 		{Name: "QuantileZero", YAML: "summary_quantiles_objectives:\n  - { quantile: 0, error: 0.1 }", Want: "summary_quantiles_objectives[0]: quantile must be in (0, 1] and error in [0, 1), got 0 and 0.1"},

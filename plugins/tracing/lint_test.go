@@ -3,6 +3,8 @@ package tracing
 import (
 	"testing"
 
+	"github.com/redpanda-data/benthos/v4/public/service"
+
 	"github.com/forwarder/forwarder/plugins/internal/fieldlint/linttest"
 )
 
@@ -10,18 +12,11 @@ import (
 // lint` refuses with the same words; the boundary values both accept.
 func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
-	wrap := func(conf string) string {
-		return "tracer:\n  otlp:\n" + linttest.Indent(conf, "    ")
-	}
-	start := func(yaml string) error {
-		conf, err := otlpSpec().ParseYAML(yaml, nil)
-		if err != nil {
+	linttest.Component{Kind: linttest.Tracer, Name: "otlp", Spec: otlpSpec(),
+		Build: func(conf *service.ParsedConfig) error {
+			_, err := newOtlpFromParsed(conf, func(string) string { return "" })
 			return err
-		}
-		_, err = newOtlpFromParsed(conf, func(string) string { return "" })
-		return err
-	}
-	linttest.Run(t, "", wrap, start, []linttest.Case{
+		}}.Run(t, []linttest.Case{
 		{Name: "RatioNegative", YAML: "sampling_ratio: -0.1", Want: "sampling_ratio: -0.1 is outside 0 to 1"},
 		{Name: "RatioAboveOne", YAML: "sampling_ratio: 1.01", Want: "sampling_ratio: 1.01 is outside 0 to 1"},
 		{Name: "RatioZero", YAML: "sampling_ratio: 0"},

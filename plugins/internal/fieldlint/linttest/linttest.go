@@ -25,18 +25,44 @@ type Case struct {
 	Env map[string]string
 }
 
-// Run lints every case as a stream config, wrap(base + c.YAML), and starts
-// the component from base + c.YAML with start (which parses it with the
-// component's spec and runs its constructor, never the network).
-func Run(t *testing.T, base string, wrap func(string) string, start func(yaml string) error, cases []Case) {
+// Kind is where a component sits in a stream config.
+type Kind int
+
+// The kinds of component our plugins are.
+const (
+	Input Kind = iota
+	Processor
+	Output
+	Metrics
+	Tracer
+)
+
+// Component is the plugin whose fields the cases set.
+type Component struct {
+	Kind Kind
+	// Name is the component's name in a config, e.g. kafka_franz.
+	Name string
+	Spec *service.ConfigSpec
+	// Build runs the component's constructor on a parsed config (never the
+	// network), as start-up does.
+	Build func(*service.ParsedConfig) error
+	// Base is the config every case starts from.
+	Base string
+}
+
+// Run lints every case as a stream config holding the component with
+// c.Base + case.YAML, and starts the component from the same config
+// (Spec.ParseYAML, then Build); both must refuse it with case.Want, or
+// both accept it.
+func (c Component) Run(t *testing.T, cases []Case) {
 	t.Helper()
-	for _, c := range cases {
-		t.Run(c.Name, func(t *testing.T) {
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
 			t.Parallel()
-			conf := merge(base, c.YAML)
-			lints := Lint(t, wrap(conf), c.Env)
-			err := start(replaceEnv(conf, c.Env))
-			if c.Want == "" {
+			conf := merge(c.Base, tc.YAML)
+			lints := lint(t, c.stream(conf), tc.Env)
+			err := c.start(replaceEnv(conf, tc.Env))
+			if tc.Want == "" {
 				if len(lints) > 0 {
 					t.Errorf("lint refuses it: %v", lints)
 				}
@@ -45,19 +71,49 @@ func Run(t *testing.T, base string, wrap func(string) string, start func(yaml st
 				}
 				return
 			}
-			if !strings.Contains(strings.Join(lints, "\n"), c.Want) {
-				t.Errorf("lint gives %q, want a lint with %q", lints, c.Want)
+			if !strings.Contains(strings.Join(lints, "\n"), tc.Want) {
+				t.Errorf("lint gives %q, want a lint with %q", lints, tc.Want)
 			}
-			if err == nil || !strings.Contains(err.Error(), c.Want) {
-				t.Errorf("start-up gives %v, want an error with %q", err, c.Want)
+			if err == nil || !strings.Contains(err.Error(), tc.Want) {
+				t.Errorf("start-up gives %v, want an error with %q", err, tc.Want)
 			}
 		})
 	}
 }
 
-// Lint lints a stream config as `forwarder lint` does (after replacing
+func (c Component) start(yaml string) error {
+	conf, err := c.Spec.ParseYAML(yaml, nil)
+	if err != nil {
+		return err
+	}
+	return c.Build(conf)
+}
+
+// stream is a stream config with the component configured by conf and
+// whatever else a stream needs around it.
+func (c Component) stream(conf string) string {
+	const (
+		generate = "input:\n  generate:\n    mapping: 'root = {}'\n"
+		drop     = "output:\n  drop: {}\n"
+	)
+	head := "  " + c.Name + ":\n"
+	switch c.Kind {
+	case Input:
+		return "input:\n" + head + indent(conf, "    ") + drop
+	case Processor:
+		return generate + "pipeline:\n  processors:\n    - " + c.Name + ":\n" + indent(conf, "        ") + drop
+	case Output:
+		return generate + "output:\n" + head + indent(conf, "    ")
+	case Metrics:
+		return generate + drop + "metrics:\n" + head + indent(conf, "    ")
+	default:
+		return "tracer:\n" + head + indent(conf, "    ")
+	}
+}
+
+// lint lints a stream config as `forwarder lint` does (after replacing
 // `${VAR:default}` from env) and returns the lints' texts.
-func Lint(t *testing.T, yaml string, env map[string]string) []string {
+func lint(t *testing.T, yaml string, env map[string]string) []string {
 	t.Helper()
 	linter := service.GlobalEnvironment().FullConfigSchema("", "").NewStreamConfigLinter().
 		SetEnvVarLookupFunc(func(_ context.Context, name string) (string, bool) {
@@ -89,9 +145,9 @@ func replaceEnv(yaml string, env map[string]string) string {
 	})
 }
 
-// Indent puts prefix before every line of s, for a component's config
+// indent puts prefix before every line of s, for a component's config
 // nested in a stream config.
-func Indent(s, prefix string) string {
+func indent(s, prefix string) string {
 	var b strings.Builder
 	for _, line := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
 		b.WriteString(prefix + line + "\n")
