@@ -4,6 +4,7 @@
 package outboxretry
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -86,40 +87,23 @@ func newOutboxRetryFromParsed(conf *service.ParsedConfig, mgr *service.Resources
 	if err != nil {
 		return nil, err
 	}
-	if cfg.MaxUnackedBytes, err = parseBytes(maxBytes); err != nil {
-		return nil, fmt.Errorf("field %s: %w", orFieldMaxUnackedBytes, err)
+	if cfg.MaxUnackedBytes, err = parseMaxUnackedBytes(maxBytes); err != nil {
+		return nil, err
 	}
-	if cfg.OrderOnFailed, err = outboxdb.ParseOrderOnFailed(onFailed); err != nil {
-		return nil, fmt.Errorf("field %s (ORDER_ON_FAILED in the shipped pipeline): %w", orFieldOrderOnFailed, err)
+	if cfg.OrderOnFailed, err = parseOrderOnFailed(onFailed); err != nil {
+		return nil, err
 	}
-	if cfg.Compensation.After < 0 || cfg.Compensation.Rounds < 0 {
-		return nil, fmt.Errorf("field %s: after (%v) and rounds (%d) must not be negative (FAILED_REQUEUE_AFTER, FAILED_REQUEUE_ROUNDS)",
-			orFieldRequeue, cfg.Compensation.After, cfg.Compensation.Rounds)
+	if ownAttempts {
+		err = checkMaxAttempts(cfg.MaxAttempts)
 	}
-	if cfg.Compensation.Rounds > outboxdb.MaxRequeueRounds {
-		return nil, fmt.Errorf("field %s.%s: %d is more than %d, the most a row's count of rounds holds (FAILED_REQUEUE_ROUNDS)",
-			orFieldRequeue, orFieldRequeueRounds, cfg.Compensation.Rounds, outboxdb.MaxRequeueRounds)
-	}
-	switch {
-	case ownAttempts && (cfg.MaxAttempts < 1 || cfg.MaxAttempts > outboxdb.MaxAttemptsLimit):
-		return nil, fmt.Errorf("field %s: %d must be from 1 to %d (a row counts its attempts in an integer column)",
-			orFieldMaxAttempts, cfg.MaxAttempts, outboxdb.MaxAttemptsLimit)
-	case cfg.BatchSize < 1:
-		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldBatchSize, cfg.BatchSize)
-	case cfg.Lease < time.Second:
-		return nil, fmt.Errorf("field %s: %v must be at least 1s (CLAIM_LEASE)", orFieldLease, cfg.Lease)
-	case cfg.PollInterval <= 0:
-		return nil, fmt.Errorf("field %s: %v must be positive", orFieldPollInterval, cfg.PollInterval)
-	case cfg.MaxUnacked < 1:
-		return nil, fmt.Errorf("field %s: %d must be at least 1", orFieldMaxUnacked, cfg.MaxUnacked)
-	case cfg.MaxDirect < 0:
-		return nil, fmt.Errorf("field %s: %d must not be negative", orFieldMaxUnackedDirect, cfg.MaxDirect)
-	case cfg.NackDelay < 0:
-		return nil, fmt.Errorf("field %s: %v must not be negative", orFieldNackDelay, cfg.NackDelay)
+	if err = cmp.Or(err, checkRequeue(cfg.Compensation.After, cfg.Compensation.Rounds),
+		checkBatchSize(cfg.BatchSize), checkLease(cfg.Lease), checkPollInterval(cfg.PollInterval),
+		checkMaxUnacked(cfg.MaxUnacked), checkMaxUnackedDirect(cfg.MaxDirect), checkNackDelay(cfg.NackDelay)); err != nil {
+		return nil, err
 	}
 	in := &outboxRetry{log: mgr.Logger(), tracer: tracectx.Tracer(mgr)}
-	if in.width, err = outboxdb.ParsePartitionWidth(width); err != nil {
-		return nil, fmt.Errorf("field %s (OUTBOX_PARTITION in the shipped pipeline): %w", orFieldPartitionWidth, err)
+	if in.width, err = parsePartitionWidth(width); err != nil {
+		return nil, err
 	}
 	if in.retention, err = parseRetention(conf.Namespace(orFieldRetention)); err != nil {
 		return nil, err

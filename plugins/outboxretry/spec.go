@@ -3,6 +3,7 @@ package outboxretry
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -168,52 +169,41 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 			service.NewIntField(orFieldBatchSize).
 				Description("Most rows claimed by one statement and emitted as one batch.").
 				Default(100).
-				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+orFieldBatchSize+": %d must be at least 1"))),
+				LintRule(fieldlint.Int(checkBatchSize)),
 			service.NewDurationField(orFieldLease).
 				Description("How long a claim owns its row without a result or a renewal (`CLAIM_LEASE`). The input renews the leases of the rows it holds, so this bounds how long the rows of a crashed instance wait before another takes them. Must exceed the output's request timeout (`FORWARD_TIMEOUT`); start-up says so otherwise.").
 				Default("60s").
 				Example("${CLAIM_LEASE:60s}").
-				LintRule(fieldlint.Duration(orFieldLease, fieldlint.Range(time.Second, fieldlint.MaxDuration, "field "+orFieldLease+": %v must be at least 1s (CLAIM_LEASE)"))),
+				LintRule(fieldlint.Duration(orFieldLease, checkLease)),
 			service.NewDurationField(orFieldPollInterval).
 				Description("Longest sleep with nothing due. Only a fallback: new rows wake the input through LISTEN/NOTIFY and retries are awaited until their `next_retry_at`.").
 				Default("5s").
-				LintRule(fieldlint.Duration(orFieldPollInterval, fieldlint.Range(1, fieldlint.MaxDuration, "field "+orFieldPollInterval+": %v must be positive"))),
+				LintRule(fieldlint.Duration(orFieldPollInterval, checkPollInterval)),
 			service.NewStringField(orFieldInstanceID).
 				Description("Identifies this instance in `claimed_by` and in attempt logs. Empty: `<hostname>-<pid>`.").
 				Default(""),
 			service.NewIntField(orFieldMaxUnacked).
 				Description("Most rows held (claimed or handed over, not yet acknowledged); the input stops claiming while it holds this many. Held rows keep their leases (they are renewed), so this bounds memory and the work a crash hands to other instances, not delivery.").
 				Default(300).
-				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+orFieldMaxUnacked+": %d must be at least 1"))),
+				LintRule(fieldlint.Int(checkMaxUnacked)),
 			service.NewIntField(orFieldMaxUnackedDirect).
 				Description("Most rows held for direct dispatch to go on: while the input holds fewer, the stream's `outbox` processor inserts new rows already claimed for it; past it they are inserted `PENDING`, where every instance can claim them, so that the instance whose Kafka partitions bring the traffic does not keep it all to itself. `0`: `max_unacked`.").
 				Default(0).
-				LintRule(fieldlint.Int(fieldlint.Range(0, math.MaxInt, "field "+orFieldMaxUnackedDirect+": %d must not be negative"))).
+				LintRule(fieldlint.Int(checkMaxUnackedDirect)).
 				Advanced(),
 			service.NewStringField(orFieldMaxUnackedBytes).
 				Description("Most payload bytes held, e.g. `64MiB`, at most `4EiB`; `0`: no byte bound. A row larger than this is still taken, alone, so with large messages the input holds at most this plus one message.").
 				Default("64MiB").
-				LintRule(fieldlint.String(func(s string) error {
-					if _, err := parseBytes(s); err != nil {
-						return fmt.Errorf("field %s: %w", orFieldMaxUnackedBytes, err)
-					}
-					return nil
-				})),
+				LintRule(fieldlint.String(func(s string) error { _, err := parseMaxUnackedBytes(s); return err })),
 			service.NewIntField(orFieldMaxAttempts).
 				Description("Attempts a row may use, from 1 to 2147483647. A due row that has already used them (its last holder vanished, or it was released on its last attempt) is marked `FAILED` instead of being sent again. When unset, the `retry.max_attempts` of the stream's `http_forwarder` output on the same database (else 5).").
 				Optional().
-				LintRule(fieldlint.Int(func(n int) error {
-					if n < 1 || n > outboxdb.MaxAttemptsLimit {
-						return fmt.Errorf("field %s: %d must be from 1 to %d (a row counts its attempts in an integer column)",
-							orFieldMaxAttempts, n, outboxdb.MaxAttemptsLimit)
-					}
-					return nil
-				})).
+				LintRule(fieldlint.Int(checkMaxAttempts)).
 				Advanced(),
 			service.NewDurationField(orFieldNackDelay).
 				Description("How long a nacked row waits before it is due again. `0s`: at once.").
 				Default("0s").
-				LintRule(fieldlint.Duration(orFieldNackDelay, fieldlint.Range(0, fieldlint.MaxDuration, "field "+orFieldNackDelay+": %v must not be negative"))).
+				LintRule(fieldlint.Duration(orFieldNackDelay, checkNackDelay)).
 				Advanced(),
 			service.NewObjectField(orFieldRequeue,
 				service.NewDurationField(orFieldRequeueAfter).
@@ -235,22 +225,13 @@ by the last claim), `+"`forwarder_direct_rows_total`"+`, `+"`forwarder_leases_re
 				Description("What a row with an ordering key (see Ordering) that ends `FAILED` does to the later rows of its key (`ORDER_ON_FAILED`).").
 				Default(string(outboxdb.OrderSkip)).
 				Example("${ORDER_ON_FAILED:skip}").
-				LintRule(fieldlint.Exact([]string{string(outboxdb.OrderSkip), string(outboxdb.OrderBlock)}, func(s string) error {
-					if _, err := outboxdb.ParseOrderOnFailed(s); err != nil {
-						return fmt.Errorf("field %s (ORDER_ON_FAILED in the shipped pipeline): %w", orFieldOrderOnFailed, err)
-					}
-					return nil
-				})),
+				LintRule(fieldlint.Exact([]string{string(outboxdb.OrderSkip), string(outboxdb.OrderBlock)},
+					func(s string) error { _, err := parseOrderOnFailed(s); return err })),
 			service.NewStringField(orFieldPartitionWidth).
 				Description("Width of the time partitions of messages and attempt logs (`OUTBOX_PARTITION`; see Partitions): a whole number of hours from `1h` to `7d`, Go duration syntax plus days. Retention retires whole partitions, so this is its granularity.").
 				Default("1d").
 				Examples("${OUTBOX_PARTITION:1d}", "6h").
-				LintRule(fieldlint.String(func(s string) error {
-					if _, err := outboxdb.ParsePartitionWidth(s); err != nil {
-						return fmt.Errorf("field %s (OUTBOX_PARTITION in the shipped pipeline): %w", orFieldPartitionWidth, err)
-					}
-					return nil
-				})),
+				LintRule(fieldlint.String(func(s string) error { _, err := parsePartitionWidth(s); return err })),
 			service.NewObjectField(orFieldRetention,
 				service.NewStringField(orFieldRetentionOlderThan).
 					Description("Retires the partitions whose range ended longer ago than this, when every message in them is finished (see Retention). Go duration syntax plus days (`7d`, `36h`, `1d12h`). Empty: no retention.").
@@ -382,12 +363,59 @@ func lintRequeue(v any) []string {
 	switch {
 	case err != nil || !okAfter || !okRounds:
 		return nil // the after field's own rule reports a bad duration
-	case after < 0 || rounds < 0:
-		return []string{fmt.Sprintf("field %s: after (%v) and rounds (%d) must not be negative (FAILED_REQUEUE_AFTER, FAILED_REQUEUE_ROUNDS)",
-			orFieldRequeue, after, rounds)}
-	case rounds > outboxdb.MaxRequeueRounds:
-		return []string{fmt.Sprintf("field %s.%s: %d is more than %d, the most a row's count of rounds holds (FAILED_REQUEUE_ROUNDS)",
-			orFieldRequeue, orFieldRequeueRounds, rounds, outboxdb.MaxRequeueRounds)}
+	}
+	if err := checkRequeue(after, rounds); err != nil {
+		return []string{err.Error()}
 	}
 	return nil
+}
+
+// The checks of single fields, which start-up runs on the parsed values and
+// lint (fieldlint) on the values written, with the same words.
+var (
+	checkBatchSize        = fieldlint.Range(1, math.MaxInt, "field "+orFieldBatchSize+": %d must be at least 1")
+	checkLease            = fieldlint.Range(time.Second, fieldlint.MaxDuration, "field "+orFieldLease+": %v must be at least 1s (CLAIM_LEASE)")
+	checkPollInterval     = fieldlint.Range(1, fieldlint.MaxDuration, "field "+orFieldPollInterval+": %v must be positive")
+	checkMaxUnacked       = fieldlint.Range(1, math.MaxInt, "field "+orFieldMaxUnacked+": %d must be at least 1")
+	checkMaxUnackedDirect = fieldlint.Range(0, math.MaxInt, "field "+orFieldMaxUnackedDirect+": %d must not be negative")
+	checkNackDelay        = fieldlint.Range(0, fieldlint.MaxDuration, "field "+orFieldNackDelay+": %v must not be negative")
+	checkMaxAttempts      = fieldlint.Range(1, outboxdb.MaxAttemptsLimit,
+		"field "+orFieldMaxAttempts+": %d must be from 1 to "+strconv.Itoa(outboxdb.MaxAttemptsLimit)+" (a row counts its attempts in an integer column)")
+)
+
+// checkRequeue checks the failed_requeue block.
+func checkRequeue(after time.Duration, rounds int) error {
+	switch {
+	case after < 0 || rounds < 0:
+		return fmt.Errorf("field %s: after (%v) and rounds (%d) must not be negative (FAILED_REQUEUE_AFTER, FAILED_REQUEUE_ROUNDS)",
+			orFieldRequeue, after, rounds)
+	case rounds > outboxdb.MaxRequeueRounds:
+		return fmt.Errorf("field %s.%s: %d is more than %d, the most a row's count of rounds holds (FAILED_REQUEUE_ROUNDS)",
+			orFieldRequeue, orFieldRequeueRounds, rounds, outboxdb.MaxRequeueRounds)
+	}
+	return nil
+}
+
+func parseMaxUnackedBytes(s string) (int64, error) {
+	n, err := parseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("field %s: %w", orFieldMaxUnackedBytes, err)
+	}
+	return n, nil
+}
+
+func parseOrderOnFailed(s string) (outboxdb.OrderOnFailed, error) {
+	v, err := outboxdb.ParseOrderOnFailed(s)
+	if err != nil {
+		return v, fmt.Errorf("field %s (ORDER_ON_FAILED in the shipped pipeline): %w", orFieldOrderOnFailed, err)
+	}
+	return v, nil
+}
+
+func parsePartitionWidth(s string) (time.Duration, error) {
+	w, err := outboxdb.ParsePartitionWidth(s)
+	if err != nil {
+		return w, fmt.Errorf("field %s (OUTBOX_PARTITION in the shipped pipeline): %w", orFieldPartitionWidth, err)
+	}
+	return w, nil
 }
