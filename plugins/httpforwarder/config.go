@@ -1,10 +1,9 @@
 package httpforwarder
 
 import (
+	"cmp"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -13,7 +12,6 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/envsecret"
-	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pluginconf"
 	"github.com/forwarder/forwarder/internal/protection"
 )
@@ -44,9 +42,8 @@ func parseConfig(conf *service.ParsedConfig) (c config, err error) {
 	if err != nil {
 		return c, err
 	}
-	if c.policy.timeout < minTimeout {
-		return c, fmt.Errorf("field %s: must be at least %v, got %v (FORWARD_TIMEOUT): too short for a request to the platform, nothing would be delivered",
-			hfFieldTimeout, minTimeout, c.policy.timeout)
+	if err := checkTimeout(c.policy.timeout); err != nil {
+		return c, err
 	}
 	if c.lease, err = parseLease(conf); err != nil {
 		return c, err
@@ -56,9 +53,8 @@ func parseConfig(conf *service.ParsedConfig) (c config, err error) {
 			return c, err
 		}
 	}
-	if c.maxInFlight < 1 || c.maxInFlight > pluginconf.MaxInFlight {
-		return c, fmt.Errorf("field %s: must be from 1 to %d, got %d (FORWARD_MAX_IN_FLIGHT): Benthos starts a goroutine for each, and the output keeps as many connections",
-			hfFieldMaxInFlight, pluginconf.MaxInFlight, c.maxInFlight)
+	if err := checkMaxInFlight(c.maxInFlight); err != nil {
+		return c, err
 	}
 	if c.accessName, err = secretField(conf, hfFieldAccessName); err != nil {
 		return c, err
@@ -101,11 +97,7 @@ func parseLease(conf *service.ParsedConfig) (time.Duration, error) {
 	if err != nil || s == "" {
 		return 0, err
 	}
-	lease, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("field %s: %q is not a duration: %w", hfFieldLease, s, err)
-	}
-	return lease, nil
+	return parseLeaseField(s)
 }
 
 func leaseError(timeout, lease time.Duration) error {
@@ -124,19 +116,10 @@ func parseGate(conf *service.ParsedConfig, maxInFlight int) (c protection.Config
 	c.Breaker.Messages = pluginconf.Field(&err, b.FieldInt, hfFieldBreakerMessages)
 	c.Breaker.Silence = pluginconf.Field(&err, b.FieldDuration, hfFieldBreakerSilence)
 	c.Breaker.HalfOpenMessages = pluginconf.Field(&err, b.FieldInt, hfFieldBreakerHalfOpen)
-	switch {
-	case err != nil:
+	if err = cmp.Or(err, checkProbeInterval(c.ProbeInterval), checkRateLimit(c.RateLimit),
+		checkBreakerWindow(c.Breaker.Window), checkBreakerSilence(c.Breaker.Silence),
+		checkBreakerCount(c.Breaker.Messages), checkBreakerCount(c.Breaker.HalfOpenMessages)); err != nil {
 		return c, err
-	case c.ProbeInterval <= 0:
-		return c, fmt.Errorf("field %s: must be positive, got %v (PLATFORM_PROBE_INTERVAL)", hfFieldProbeInterval, c.ProbeInterval)
-	case !(c.RateLimit >= 0 && c.RateLimit <= math.MaxFloat64):
-		return c, fmt.Errorf("field %s: must be a number of at least 0, got %v (FORWARD_RATE_LIMIT)", hfFieldRateLimit, c.RateLimit)
-	case c.Breaker.Window <= 0:
-		return c, fmt.Errorf("field breaker.window: must be positive, got %v", c.Breaker.Window)
-	case c.Breaker.Silence <= 0:
-		return c, fmt.Errorf("field breaker.silence: must be positive, got %v", c.Breaker.Silence)
-	case c.Breaker.Messages < 1, c.Breaker.HalfOpenMessages < 1:
-		return c, errors.New("fields breaker.messages and breaker.half_open_messages must be at least 1")
 	}
 	host, _ := os.Hostname()
 	c.Instance = host + "-" + strconv.Itoa(os.Getpid())
@@ -172,18 +155,7 @@ func parseRetry(conf *service.ParsedConfig) (b backoff, maxAttempts int, err err
 	if err != nil {
 		return
 	}
-	switch {
-	case b.initial < 0:
-		err = fmt.Errorf("field retry.initial: must not be negative, got %v", b.initial)
-	case b.max < b.initial:
-		err = fmt.Errorf("field retry.max (%v) must not be less than retry.initial (%v) (FORWARD_RETRY_MAX, FORWARD_RETRY_INITIAL)", b.max, b.initial)
-	case b.multiplier < 1:
-		err = fmt.Errorf("field retry.multiplier: must be at least 1, got %v", b.multiplier)
-	case b.jitter < 0 || b.jitter >= 1:
-		err = fmt.Errorf("field retry.jitter: must be in [0, 1), got %v", b.jitter)
-	case maxAttempts < 1 || maxAttempts > outboxdb.MaxAttemptsLimit:
-		err = fmt.Errorf("field retry.max_attempts: must be from 1 to %d (a row counts its attempts in an integer column), got %d (FORWARD_MAX_ATTEMPTS)",
-			outboxdb.MaxAttemptsLimit, maxAttempts)
-	}
+	err = cmp.Or(checkRetryInitial(b.initial), checkRetryDelays(b.initial, b.max), checkRetryMultiplier(b.multiplier),
+		checkRetryJitter(b.jitter), checkRetryMaxAttempts(maxAttempts))
 	return
 }

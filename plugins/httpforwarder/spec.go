@@ -119,13 +119,11 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 			service.NewDurationField(hfFieldTimeout).
 				Description("Limit on one request, from connecting to the last byte of the reply (`FORWARD_TIMEOUT`). At least `1ms`, and less than the `lease` of the stream's `outbox_retry` input (`CLAIM_LEASE`).").
 				Default(defaultTimeout).
-				LintRule(fieldlint.Duration(hfFieldTimeout, fieldlint.Range(minTimeout, fieldlint.MaxDuration,
-					fmt.Sprintf("field %s: must be at least %v, got %%v (FORWARD_TIMEOUT): too short for a request to the platform, nothing would be delivered", hfFieldTimeout, minTimeout)))),
+				LintRule(fieldlint.Duration(hfFieldTimeout, checkTimeout)),
 			service.NewIntField(hfFieldMaxInFlight).
 				Description("Requests in flight at once, over all batches of this output (`FORWARD_MAX_IN_FLIGHT`). Also the number of concurrent batches and of idle keep-alive connections kept. From 1 to 10000.").
 				Default(100).
-				LintRule(fieldlint.Int(fieldlint.Range(1, pluginconf.MaxInFlight,
-					fmt.Sprintf("field %s: must be from 1 to %d, got %%d (FORWARD_MAX_IN_FLIGHT): Benthos starts a goroutine for each, and the output keeps as many connections", hfFieldMaxInFlight, pluginconf.MaxInFlight)))),
+				LintRule(fieldlint.Int(checkMaxInFlight)),
 			service.NewTLSToggledField(hfFieldTLS),
 		).
 		Fields(envsecret.Fields(hfFieldAccessName, "The platform's `access_name`, added to every request body. Required at start-up; `forwarder lint` passes without it.", "PLATFORM_ACCESS_NAME")...).
@@ -148,7 +146,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				service.NewDurationField(hfFieldRetryInitial).
 					Description("Delay after the first failed attempt (`FORWARD_RETRY_INITIAL`).").
 					Default("5s").
-					LintRule(fieldlint.Duration(retryField(hfFieldRetryInitial), fieldlint.Range(0, fieldlint.MaxDuration, "field retry.initial: must not be negative, got %v"))),
+					LintRule(fieldlint.Duration(retryField(hfFieldRetryInitial), checkRetryInitial)),
 				service.NewDurationField(hfFieldRetryMax).
 					Description("Cap on any retry delay, `Retry-After` included (`FORWARD_RETRY_MAX`).").
 					Default("300s").
@@ -156,56 +154,40 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				service.NewFloatField(hfFieldRetryMultiplier).
 					Description("Growth of the delay per attempt: delay = min(initial × multiplier^(attempt−1), max).").
 					Default(2.0).
-					LintRule(fieldlint.Float(func(m float64) error {
-						if m < 1 {
-							return fmt.Errorf("field retry.multiplier: must be at least 1, got %v", m)
-						}
-						return nil
-					})),
+					LintRule(fieldlint.Float(checkRetryMultiplier)),
 				service.NewFloatField(hfFieldRetryJitter).
 					Description("Random spread of each delay, as a fraction of it: 0.1 is ±10 %.").
 					Default(0.1).
-					LintRule(fieldlint.Float(func(j float64) error {
-						if j < 0 || j >= 1 {
-							return fmt.Errorf("field retry.jitter: must be in [0, 1), got %v", j)
-						}
-						return nil
-					})),
+					LintRule(fieldlint.Float(checkRetryJitter)),
 				service.NewIntField(hfFieldRetryMaxAttempts).
 					Description("Attempts before a retryable row becomes FAILED (`FORWARD_MAX_ATTEMPTS`), from 1 to 2147483647.").
 					Default(5).
-					LintRule(fieldlint.Int(fieldlint.Range(1, outboxdb.MaxAttemptsLimit,
-						fmt.Sprintf("field retry.max_attempts: must be from 1 to %d (a row counts its attempts in an integer column), got %%d (FORWARD_MAX_ATTEMPTS)", outboxdb.MaxAttemptsLimit)))),
+					LintRule(fieldlint.Int(checkRetryMaxAttempts)),
 			).Description("The retry schedule of rows whose reply is retryable.").
 				LintRule(fieldlint.Rule(lintRetry)),
 			service.NewStringField(hfFieldLease).
 				Description("The claim lease of the feeding `outbox_retry` input, for an output whose input is in another stream. When set, start-up fails unless `timeout` is less than it. An `outbox_retry` input in the same stream is checked against without it.").
 				Example("60s").
 				Default("").
-				LintRule(fieldlint.String(func(s string) error {
-					if _, err := time.ParseDuration(s); err != nil {
-						return fmt.Errorf("field %s: %q is not a duration: %w", hfFieldLease, s, err)
-					}
-					return nil
-				})).
+				LintRule(fieldlint.String(func(s string) error { _, err := parseLeaseField(s); return err })).
 				Advanced(),
 			service.NewDurationField(hfFieldProbeInterval).
 				Description("While the breaker is open, at most one probe request per interval across every instance on the database (`PLATFORM_PROBE_INTERVAL`).").
 				Default("5s").
 				Example("${PLATFORM_PROBE_INTERVAL:5s}").
-				LintRule(fieldlint.Duration(hfFieldProbeInterval, fieldlint.Range(1, fieldlint.MaxDuration, "field "+hfFieldProbeInterval+": must be positive, got %v (PLATFORM_PROBE_INTERVAL)"))),
+				LintRule(fieldlint.Duration(hfFieldProbeInterval, checkProbeInterval)),
 			service.NewFloatField(hfFieldRateLimit).
 				Description("Requests per second to the platform across every instance on the database (`FORWARD_RATE_LIMIT`); `0`: no limit.").
 				Default(0).
 				Example("${FORWARD_RATE_LIMIT:0}").
-				LintRule(fieldlint.Float(fieldlint.Range(0, math.MaxFloat64, "field "+hfFieldRateLimit+": must be a number of at least 0, got %v (FORWARD_RATE_LIMIT)"))),
+				LintRule(fieldlint.Float(checkRateLimit)),
 			service.NewObjectField(hfFieldBreaker,
 				service.NewDurationField(hfFieldBreakerWindow).Description("How far back replies count.").Default("10s").
-					LintRule(fieldlint.Duration("breaker.window", fieldlint.Range(1, fieldlint.MaxDuration, "field breaker.window: must be positive, got %v"))),
+					LintRule(fieldlint.Duration("breaker.window", checkBreakerWindow)),
 				service.NewIntField(hfFieldBreakerMessages).Description("Distinct messages that must have found the platform unavailable since its last healthy reply before it is judged down; replies about one message count once.").Default(5).
 					LintRule(breakerCountLintRule),
 				service.NewDurationField(hfFieldBreakerSilence).Description("How long the platform must have answered no message before the breaker opens.").Default("3s").
-					LintRule(fieldlint.Duration("breaker.silence", fieldlint.Range(1, fieldlint.MaxDuration, "field breaker.silence: must be positive, got %v"))),
+					LintRule(fieldlint.Duration("breaker.silence", checkBreakerSilence)),
 				service.NewIntField(hfFieldBreakerHalfOpen).Description("Distinct messages answered healthy that close a half-open breaker.").Default(10).
 					LintRule(breakerCountLintRule),
 			).
@@ -220,12 +202,56 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 
 // breakerCountLintRule is the rule of breaker.messages and
 // breaker.half_open_messages, which start-up checks together.
-var breakerCountLintRule = fieldlint.Int(func(n int) error {
+var breakerCountLintRule = fieldlint.Int(checkBreakerCount)
+
+// The checks of single fields, which start-up runs on the parsed values and
+// lint (fieldlint) on the values written, with the same words.
+var (
+	checkTimeout = fieldlint.Range(minTimeout, fieldlint.MaxDuration,
+		fmt.Sprintf("field %s: must be at least %v, got %%v (FORWARD_TIMEOUT): too short for a request to the platform, nothing would be delivered", hfFieldTimeout, minTimeout))
+	checkMaxInFlight = fieldlint.Range(1, pluginconf.MaxInFlight,
+		fmt.Sprintf("field %s: must be from 1 to %d, got %%d (FORWARD_MAX_IN_FLIGHT): Benthos starts a goroutine for each, and the output keeps as many connections", hfFieldMaxInFlight, pluginconf.MaxInFlight))
+	checkRetryInitial     = fieldlint.Range(0, fieldlint.MaxDuration, "field retry.initial: must not be negative, got %v")
+	checkRetryMultiplier  = fieldlint.Range(1, math.MaxFloat64, "field retry.multiplier: must be at least 1, got %v")
+	checkRetryMaxAttempts = fieldlint.Range(1, outboxdb.MaxAttemptsLimit,
+		fmt.Sprintf("field retry.max_attempts: must be from 1 to %d (a row counts its attempts in an integer column), got %%d (FORWARD_MAX_ATTEMPTS)", outboxdb.MaxAttemptsLimit))
+	checkProbeInterval  = fieldlint.Range(1, fieldlint.MaxDuration, "field "+hfFieldProbeInterval+": must be positive, got %v (PLATFORM_PROBE_INTERVAL)")
+	checkRateLimit      = fieldlint.Range(0, math.MaxFloat64, "field "+hfFieldRateLimit+": must be a number of at least 0, got %v (FORWARD_RATE_LIMIT)")
+	checkBreakerWindow  = fieldlint.Range(1, fieldlint.MaxDuration, "field breaker.window: must be positive, got %v")
+	checkBreakerSilence = fieldlint.Range(1, fieldlint.MaxDuration, "field breaker.silence: must be positive, got %v")
+)
+
+func checkRetryJitter(j float64) error {
+	if j < 0 || j >= 1 || math.IsNaN(j) {
+		return fmt.Errorf("field retry.jitter: must be in [0, 1), got %v", j)
+	}
+	return nil
+}
+
+func checkBreakerCount(n int) error {
 	if n < 1 {
 		return errors.New("fields breaker.messages and breaker.half_open_messages must be at least 1")
 	}
 	return nil
-})
+}
+
+// checkRetryDelays checks the retry pair: max not below initial.
+func checkRetryDelays(initial, maxDelay time.Duration) error {
+	if maxDelay < initial {
+		return fmt.Errorf("field retry.max (%v) must not be less than retry.initial (%v) (FORWARD_RETRY_MAX, FORWARD_RETRY_INITIAL)", maxDelay, initial)
+	}
+	return nil
+}
+
+// parseLeaseField reads the lease field (not a Benthos duration field: it
+// may be empty).
+func parseLeaseField(s string) (time.Duration, error) {
+	lease, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("field %s: %q is not a duration: %w", hfFieldLease, s, err)
+	}
+	return lease, nil
+}
 
 func retryField(name string) string { return hfFieldRetry + "." + name }
 
@@ -236,8 +262,10 @@ func lintRetry(v any) []string {
 	m, _ := v.(map[string]any)
 	initial, ok1, err1 := fieldlint.ParseDuration(retryField(hfFieldRetryInitial), m[hfFieldRetryInitial])
 	maxDelay, ok2, err2 := fieldlint.ParseDuration(retryField(hfFieldRetryMax), m[hfFieldRetryMax])
-	if ok1 && ok2 && err1 == nil && err2 == nil && initial >= 0 && maxDelay < initial {
-		return []string{fmt.Sprintf("field retry.max (%v) must not be less than retry.initial (%v) (FORWARD_RETRY_MAX, FORWARD_RETRY_INITIAL)", maxDelay, initial)}
+	if ok1 && ok2 && err1 == nil && err2 == nil && initial >= 0 {
+		if err := checkRetryDelays(initial, maxDelay); err != nil {
+			return []string{err.Error()}
+		}
 	}
 	return nil
 }
