@@ -38,6 +38,8 @@ func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 		{Name: "RetryMaxNotADuration", YAML: "retry:\n  max: 5 minutes", Want: "failed to parse 'retry.max' as a duration string"},
 		{Name: "RetryMultiplierBelowOne", YAML: "retry:\n  multiplier: 0.99", Want: "field retry.multiplier: must be at least 1, got 0.99"},
 		{Name: "RetryMultiplierOne", YAML: "retry:\n  multiplier: 1"},
+		{Name: "RetryMultiplierNaN", YAML: "retry:\n  multiplier: .nan", Want: "field retry.multiplier: must be at least 1, got NaN"},
+		{Name: "RetryJitterNaN", YAML: "retry:\n  jitter: .nan", Want: "field retry.jitter: must be in [0, 1), got NaN"},
 		{Name: "RetryJitterNegative", YAML: "retry:\n  jitter: -0.1", Want: "field retry.jitter: must be in [0, 1), got -0.1"},
 		{Name: "RetryJitterOne", YAML: "retry:\n  jitter: 1", Want: "field retry.jitter: must be in [0, 1), got 1"},
 		{Name: "RetryJitterZero", YAML: "retry:\n  jitter: 0"},
