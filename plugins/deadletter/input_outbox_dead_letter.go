@@ -4,6 +4,7 @@
 package deadletter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,15 +63,15 @@ already `+"`FAILED`"+` when the input first ran are published too.`).
 			service.NewIntField(dlFieldBatchSize).
 				Description("Most rows claimed by one statement and emitted as one batch.").
 				Default(100).
-				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+dlFieldBatchSize+": %d must be at least 1"))),
+				LintRule(fieldlint.Int(checkBatchSize)),
 			service.NewDurationField(dlFieldPollInterval).
 				Description("How long the input sleeps when no failed row is waiting, and how long a nacked row waits before it is emitted again.").
 				Default("5s").
-				LintRule(fieldlint.Duration(dlFieldPollInterval, fieldlint.Range(1, fieldlint.MaxDuration, "field "+dlFieldPollInterval+": %v must be positive (DEAD_LETTER_POLL_INTERVAL)"))),
+				LintRule(fieldlint.Duration(dlFieldPollInterval, checkPollInterval)),
 			service.NewDurationField(dlFieldLease).
 				Description("How long a claimed row stays owned without being acknowledged. After it another instance may emit the row again, so keep it well above the time the output needs to write a batch, retries included.").
 				Default("60s").
-				LintRule(fieldlint.Duration(dlFieldLease, fieldlint.Range(time.Second, fieldlint.MaxDuration, "field "+dlFieldLease+": %v must be at least 1s"))).
+				LintRule(fieldlint.Duration(dlFieldLease, checkLease)).
 				Advanced(),
 		).
 		Example("Dead-letter topic", "Publishes every failed message to a Kafka topic, keyed by its message key, with the reason as a header.", `
@@ -91,6 +92,14 @@ output:
       include_patterns: [ "^reason$", "^api_type$" ]
 `)
 }
+
+// The checks of single fields, which start-up runs on the parsed values and
+// lint (fieldlint) on the values written, with the same words.
+var (
+	checkBatchSize    = fieldlint.Range(1, math.MaxInt, "field "+dlFieldBatchSize+": %d must be at least 1")
+	checkPollInterval = fieldlint.Range(1, fieldlint.MaxDuration, "field "+dlFieldPollInterval+": %v must be positive (DEAD_LETTER_POLL_INTERVAL)")
+	checkLease        = fieldlint.Range(time.Second, fieldlint.MaxDuration, "field "+dlFieldLease+": %v must be at least 1s")
+)
 
 func init() {
 	service.MustRegisterBatchInput("outbox_dead_letter", deadLetterSpec(),
@@ -133,15 +142,8 @@ func newDeadLetterFromParsed(conf *service.ParsedConfig, mgr *service.Resources)
 	in.batchSize = pluginconf.Field(&err, conf.FieldInt, dlFieldBatchSize)
 	in.pollInterval = pluginconf.Field(&err, conf.FieldDuration, dlFieldPollInterval)
 	in.lease = pluginconf.Field(&err, conf.FieldDuration, dlFieldLease)
-	switch {
-	case err != nil:
+	if err = cmp.Or(err, checkBatchSize(in.batchSize), checkPollInterval(in.pollInterval), checkLease(in.lease)); err != nil {
 		return nil, err
-	case in.batchSize < 1:
-		return nil, fmt.Errorf("field %s: %d must be at least 1", dlFieldBatchSize, in.batchSize)
-	case in.pollInterval <= 0:
-		return nil, fmt.Errorf("field %s: %v must be positive (DEAD_LETTER_POLL_INTERVAL)", dlFieldPollInterval, in.pollInterval)
-	case in.lease < time.Second:
-		return nil, fmt.Errorf("field %s: %v must be at least 1s", dlFieldLease, in.lease)
 	}
 	// Parsed now so that a bad DSN fails at config time, without network.
 	if in.hub, err = streamdb.FromParsed(conf, mgr); err != nil {

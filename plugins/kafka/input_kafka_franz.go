@@ -163,8 +163,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		return nil, fmt.Errorf("field %s: a consumer group is required: offsets are committed to it", kfiFieldConsumerGroup)
 	}
 	f.expired.group = f.group
-	if f.checkpointLimit < 1 {
-		return nil, fmt.Errorf("field %s: must be at least 1, got %d", kfiFieldCheckpointLimit, f.checkpointLimit)
+	if err := checkCheckpointLimit(f.checkpointLimit); err != nil {
+		return nil, err
 	}
 	if f.maxBufferedBytes, err = parseBudget(conf, kfiFieldMaxBufferedBytes); err != nil {
 		return nil, err

@@ -102,7 +102,7 @@ A record read from a batch within the bound whose value, or whose key and header
 			service.NewIntField(kfiFieldCheckpointLimit).
 				Description("The most records of one partition that may be in the pipeline at once without an acknowledgement (back-pressure; see above). Lower values mean fewer duplicates after a crash; higher values allow more parallelism per partition.").
 				Default(1024).
-				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+kfiFieldCheckpointLimit+": must be at least 1, got %d"))),
+				LintRule(fieldlint.Int(checkCheckpointLimit)),
 			service.NewStringField(kfiFieldMaxBufferedBytes).
 				Description("The most record bytes (keys, values and headers) the input holds at once, over all partitions: read ahead and in the pipeline without an acknowledgement. At the budget the input stops fetching and hands out nothing more until acknowledgements free room; a single larger record is still delivered, alone. With 16 MiB messages the default lets four be in the pipeline at once.").
 				Default("64MiB").
@@ -205,3 +205,7 @@ func init() {
 			return service.AutoRetryNacksBatched(in), nil
 		})
 }
+
+// checkCheckpointLimit is the check of checkpoint_limit, which start-up runs
+// on the parsed value and lint (fieldlint) on the value written.
+var checkCheckpointLimit = fieldlint.Range(1, math.MaxInt, "field "+kfiFieldCheckpointLimit+": must be at least 1, got %d")

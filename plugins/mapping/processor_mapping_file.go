@@ -59,7 +59,7 @@ When the mapping fails for a message, the flag carries the reason without Blobla
 			service.NewDurationField(mfFieldReloadInterval).
 				Description("How often the file (and its imports) is checked for changes. `0s` disables reloading.").
 				Default("2s").
-				LintRule(fieldlint.Duration(mfFieldReloadInterval, fieldlint.Range(0, fieldlint.MaxDuration, "mapping_file: reload_interval %v is negative: use 0s to disable reloading"))),
+				LintRule(fieldlint.Duration(mfFieldReloadInterval, checkReloadInterval)),
 		).
 		Example("Per API type", "Maps each message with the file for its API type; editing either file takes effect within a few seconds.", `
 pipeline:
@@ -115,8 +115,8 @@ func newMappingFileFromParsed(conf *service.ParsedConfig, res *service.Resources
 	if err != nil {
 		return nil, err
 	}
-	if interval < 0 {
-		return nil, fmt.Errorf("mapping_file: reload_interval %v is negative: use 0s to disable reloading", interval)
+	if err := checkReloadInterval(interval); err != nil {
+		return nil, err
 	}
 	return newMappingFile(path, interval, resourceFiles{res.FS()}, res.Logger(), res.Metrics())
 }
@@ -231,3 +231,7 @@ func (r resourceFiles) ReadFile(name string) ([]byte, error) {
 	defer f.Close()
 	return io.ReadAll(f)
 }
+
+// checkReloadInterval is the check of reload_interval, which start-up runs
+// on the parsed value and lint (fieldlint) on the value written.
+var checkReloadInterval = fieldlint.Range(0, fieldlint.MaxDuration, "mapping_file: reload_interval %v is negative: use 0s to disable reloading")

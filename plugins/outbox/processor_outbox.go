@@ -4,6 +4,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -124,18 +125,10 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 	case p.apiType == nil && p.apiTypes == nil:
 		return nil, fmt.Errorf("set %s (topic to API type) or %s", opFieldAPITypes, opFieldAPIType)
 	}
-	if emit != emitNone {
-		return nil, fmt.Errorf("field %s: %q is not supported: the processor passes nothing on (%s) and an outbox_retry input delivers the rows; remove the field or set it to %s", opFieldEmit, emit, emitNone, emitNone)
+	if err := cmp.Or(checkEmit(emit), checkOrdering(ordering), checkMaxPayloadBytes(p.maxPayload)); err != nil {
+		return nil, err
 	}
-	switch ordering {
-	case orderingBerth, orderingOff:
-		p.orderBerth = ordering == orderingBerth
-	default:
-		return nil, fmt.Errorf("field %s (ORDERING in the shipped pipeline): %q is not %s or %s", opFieldOrdering, ordering, orderingBerth, orderingOff)
-	}
-	if p.maxPayload < 1 {
-		return nil, fmt.Errorf("field %s: must be at least 1, got %d", opFieldMaxPayloadBytes, p.maxPayload)
-	}
+	p.orderBerth = ordering == orderingBerth
 
 	metricseries.Counter(p.mMissingID)
 	metricseries.Counter(p.mKeyConflicts)

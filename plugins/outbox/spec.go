@@ -136,9 +136,7 @@ retried, and a failure that lasts is logged again at ERROR every minute).`)).
 			}).
 				Description("What the processor returns after persisting: nothing. Kept so that configs that spell out `emit: none` stay valid; `new` (passing new rows on) was removed, and the `outbox_retry` input delivers them.").
 				Default(emitNone).
-				LintRule(fieldlint.Exact([]string{emitNone}, func(s string) error {
-					return fmt.Errorf("field %s: %q is not supported: the processor passes nothing on (%s) and an outbox_retry input delivers the rows; remove the field or set it to %s", opFieldEmit, s, emitNone, emitNone)
-				})).
+				LintRule(fieldlint.Exact([]string{emitNone}, checkEmit)).
 				Advanced(),
 			service.NewBoolField(opFieldDirectDispatch).
 				Description("Hand new rows, inserted already claimed, to an `outbox_retry` input of the same process and `dsn` when it has room (see Direct dispatch).").
@@ -151,13 +149,11 @@ retried, and a failure that lasts is logged again at ERROR every minute).`)).
 				Description("Which rows are delivered in order, one at a time per key (`ORDERING`).").
 				Default(orderingBerth).
 				Example("${ORDERING:berth}").
-				LintRule(fieldlint.Exact([]string{orderingBerth, orderingOff}, func(s string) error {
-					return fmt.Errorf("field %s (ORDERING in the shipped pipeline): %q is not %s or %s", opFieldOrdering, s, orderingBerth, orderingOff)
-				})),
+				LintRule(fieldlint.Exact([]string{orderingBerth, orderingOff}, checkOrdering)),
 			service.NewIntField(opFieldMaxPayloadBytes).
 				Description("Payloads larger than this are stored FAILED instead of being parsed.").
 				Default(1<<20).
-				LintRule(fieldlint.Int(fieldlint.Range(1, math.MaxInt, "field "+opFieldMaxPayloadBytes+": must be at least 1, got %d"))),
+				LintRule(fieldlint.Int(checkMaxPayloadBytes)),
 		).
 		LintRule(`let types = this.api_types.or({}).length() > 0
 let expr = this.api_type.or("") != ""
@@ -220,4 +216,23 @@ func init() {
 		func(conf *service.ParsedConfig, mgr *service.Resources) (service.BatchProcessor, error) {
 			return newOutboxProcessorFromParsed(conf, mgr)
 		})
+}
+
+// checkMaxPayloadBytes, checkEmit and checkOrdering are the checks of their
+// fields, which start-up runs on the parsed values and lint (fieldlint) on
+// the values written, with the same words.
+var checkMaxPayloadBytes = fieldlint.Range(1, math.MaxInt, "field "+opFieldMaxPayloadBytes+": must be at least 1, got %d")
+
+func checkEmit(s string) error {
+	if s != emitNone {
+		return fmt.Errorf("field %s: %q is not supported: the processor passes nothing on (%s) and an outbox_retry input delivers the rows; remove the field or set it to %s", opFieldEmit, s, emitNone, emitNone)
+	}
+	return nil
+}
+
+func checkOrdering(s string) error {
+	if s != orderingBerth && s != orderingOff {
+		return fmt.Errorf("field %s (ORDERING in the shipped pipeline): %q is not %s or %s", opFieldOrdering, s, orderingBerth, orderingOff)
+	}
+	return nil
 }

@@ -126,8 +126,7 @@ gauges across instances with `+"`max`"+`, not `+"`sum`"+`.`).
 				service.NewDurationField(pmFieldOutboxRefresh).
 					Description("How often the record gauges are re-read. A scrape serves the last snapshot. The pool (one connection) is opened at the first refresh. One refresh may take this long, at least 5s and at most 30s; refreshes never overlap.").
 					Default("15s").
-					LintRule(fieldlint.Duration(pmFieldOutbox+"."+pmFieldOutboxRefresh,
-						fieldlint.Range(1, fieldlint.MaxDuration, pmFieldOutbox+"."+pmFieldOutboxRefresh+" must be positive, got %v"))))...,
+					LintRule(fieldlint.Duration(pmFieldOutbox+"."+pmFieldOutboxRefresh, checkRefreshInterval)))...,
 			).
 				Description("Export the outbox record gauges of `forward_records`. Omit to export pipeline metrics only.").
 				Optional(),
@@ -259,8 +258,8 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 		if err != nil {
 			return nil, err
 		}
-		if interval <= 0 {
-			return nil, fmt.Errorf("%s.%s must be positive, got %v", pmFieldOutbox, pmFieldOutboxRefresh, interval)
+		if err := checkRefreshInterval(interval); err != nil {
+			return nil, err
 		}
 		direct, err := streamdb.DirectDSNFromParsed(oconf)
 		if err != nil {
@@ -470,3 +469,8 @@ func (noopMetric) Timing(int64)        {}
 type promLogger struct{ log *service.Logger }
 
 func (l promLogger) Println(v ...any) { l.log.Warn(strings.TrimSpace(fmt.Sprintln(v...))) }
+
+// checkRefreshInterval is the check of outbox.refresh_interval, which
+// start-up runs on the parsed value and lint (fieldlint) on the value
+// written.
+var checkRefreshInterval = fieldlint.Range(1, fieldlint.MaxDuration, pmFieldOutbox+"."+pmFieldOutboxRefresh+" must be positive, got %v")

@@ -19,6 +19,7 @@ func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 		}}.Run(t, []linttest.Case{
 		{Name: "RatioNegative", YAML: "sampling_ratio: -0.1", Want: "sampling_ratio: -0.1 is outside 0 to 1"},
 		{Name: "RatioAboveOne", YAML: "sampling_ratio: 1.01", Want: "sampling_ratio: 1.01 is outside 0 to 1"},
+		{Name: "RatioNaN", YAML: "sampling_ratio: .nan", Want: "sampling_ratio: NaN is outside 0 to 1"},
 		{Name: "RatioZero", YAML: "sampling_ratio: 0"},
 		{Name: "RatioOne", YAML: "sampling_ratio: 1"},
 		{Name: "RatioFromAVariable", YAML: "sampling_ratio: ${LINT_TEST_RATIO:2}", Want: "sampling_ratio: 2 is outside 0 to 1"},

@@ -59,12 +59,7 @@ decision.`).
 		Field(service.NewFloatField(otFieldSamplingRatio).
 			Description("The share of new traces sampled, from 0 (none: only traces a `traceparent` marks sampled) to 1 (all).").
 			Default(1.0).
-			LintRule(fieldlint.Float(func(ratio float64) error {
-				if ratio < 0 || ratio > 1 {
-					return fmt.Errorf("%s: %v is outside 0 to 1", otFieldSamplingRatio, ratio)
-				}
-				return nil
-			}))).
+			LintRule(fieldlint.Float(checkSamplingRatio))).
 		Field(service.NewStringField(otFieldServiceName).
 			Description("The `service.name` resource attribute of the spans.").
 			Default("forwarder")).
@@ -88,8 +83,8 @@ func newOtlpFromParsed(conf *service.ParsedConfig, getenv func(string) string) (
 	if err != nil {
 		return nil, err
 	}
-	if ratio < 0 || ratio > 1 {
-		return nil, fmt.Errorf("%s: %v is outside 0 to 1", otFieldSamplingRatio, ratio)
+	if err := checkSamplingRatio(ratio); err != nil {
+		return nil, err
 	}
 	name, err := conf.FieldString(otFieldServiceName)
 	if err != nil {
@@ -108,3 +103,7 @@ func newOtlpFromParsed(conf *service.ParsedConfig, getenv func(string) string) (
 		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", name))),
 	), nil
 }
+
+// checkSamplingRatio is the check of sampling_ratio, which start-up runs on
+// the parsed value and lint (fieldlint) on the value written.
+var checkSamplingRatio = fieldlint.Range(0.0, 1.0, otFieldSamplingRatio+": %v is outside 0 to 1")
