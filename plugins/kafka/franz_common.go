@@ -140,8 +140,8 @@ func parseCommonOpts(conf *service.ParsedConfig) ([]kgo.Opt, error) {
 	if err != nil {
 		return nil, err
 	}
-	if age < minMetadataMaxAge || age > maxMetadataMaxAge {
-		return nil, fmt.Errorf("field %s: %s is not from %s to %s", kfFieldMetadataAge, age, minMetadataMaxAge, maxMetadataMaxAge)
+	if err := checkMetadataMaxAge(age); err != nil {
+		return nil, err
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.MetadataMaxAge(age)}
 

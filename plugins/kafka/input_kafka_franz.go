@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -159,9 +160,10 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		return nil, err
 	}
 
-	if f.group = strings.TrimSpace(f.group); f.group == "" {
-		return nil, fmt.Errorf("field %s: a consumer group is required: offsets are committed to it", kfiFieldConsumerGroup)
+	if err := checkConsumerGroup(f.group); err != nil {
+		return nil, err
 	}
+	f.group = strings.TrimSpace(f.group)
 	f.expired.group = f.group
 	if err := checkCheckpointLimit(f.checkpointLimit); err != nil {
 		return nil, err
@@ -174,8 +176,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		return nil, err
 	}
 	f.maxMessageBytes = int64(maxMessage)
-	if f.commitPeriod <= 0 {
-		return nil, fmt.Errorf("field %s: must be positive, got %s", kfiFieldCommitPeriod, f.commitPeriod)
+	if err := checkPositive(kfiFieldCommitPeriod)(f.commitPeriod); err != nil {
+		return nil, err
 	}
 
 	reset := kgo.NewOffset().AtEnd()
@@ -195,26 +197,16 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 	if err != nil {
 		return nil, err
 	}
-	if fetchWait < 10*time.Millisecond {
-		return nil, fmt.Errorf("field %s: %s is below 10ms, the least franz-go accepts", kfiFieldFetchMaxWait, fetchWait)
-	}
-	if fetchWait > maxWireDuration {
-		return nil, fmt.Errorf("field %s: %s is above %s, the most a fetch request can carry (a 32-bit count of milliseconds)", kfiFieldFetchMaxWait, fetchWait, maxWireDuration)
+	if err := checkFetchMaxWait(fetchWait); err != nil {
+		return nil, err
 	}
 	// franz-go refuses responses above BrokerMaxReadBytes, which must
 	// leave room for a full fetch.
 	readMax := brokerIOBytes(fetchMax)
 
-	for _, t := range []struct {
-		field string
-		d     time.Duration
-	}{{kfiFieldSessionTimeout, session}, {kfiFieldRebalanceTimeout, rebalance}} {
-		if t.d < minGroupTimeout || t.d > maxWireDuration {
-			return nil, fmt.Errorf("field %s: %s is not from %s to %s, what franz-go accepts (a 32-bit count of milliseconds)", t.field, t.d, minGroupTimeout, maxWireDuration)
-		}
-	}
-	if heartbeat <= 0 || heartbeat >= session {
-		return nil, fmt.Errorf("field %s: %s must be positive and lower than %s (%s)", kfiFieldHeartbeatInterval, heartbeat, kfiFieldSessionTimeout, session)
+	if err := cmp.Or(checkGroupTimeout(kfiFieldSessionTimeout)(session), checkGroupTimeout(kfiFieldRebalanceTimeout)(rebalance),
+		checkHeartbeat(heartbeat, session)); err != nil {
+		return nil, err
 	}
 	// A commit in flight holds up this member's next join (franz-go does
 	// not join while committing), and the commit on revoke holds up its

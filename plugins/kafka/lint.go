@@ -11,8 +11,9 @@ import (
 )
 
 // The lint rules of the fields that the constructors check beyond
-// Benthos's schema, with the constructors' words, so that `forwarder lint`
-// refuses what start-up would.
+// Benthos's schema, through the constructors' own checks (the check*
+// functions here), so that `forwarder lint` refuses what start-up would,
+// with the same words.
 
 // listLintRule is the rule of a list field whose entries may hold several
 // comma-separated values (parseList). A list with an empty entry is passed:
@@ -54,54 +55,85 @@ func brokerIOLintRule(field string) string {
 
 // positiveLintRule is the rule of a duration that must be above zero.
 func positiveLintRule(field string) string {
-	return fieldlint.Duration(field, fieldlint.Range(1, fieldlint.MaxDuration, "field "+field+": must be positive, got %v"))
+	return fieldlint.Duration(field, checkPositive(field))
 }
 
 // groupTimeoutLintRule is the rule of session_timeout and
 // rebalance_timeout.
 func groupTimeoutLintRule(field string) string {
-	return fieldlint.Duration(field, fieldlint.Range(minGroupTimeout, maxWireDuration,
-		fmt.Sprintf("field %s: %%s is not from %s to %s, what franz-go accepts (a 32-bit count of milliseconds)", field, minGroupTimeout, maxWireDuration)))
+	return fieldlint.Duration(field, checkGroupTimeout(field))
 }
 
 var (
-	metadataMaxAgeLintRule = fieldlint.Duration(kfFieldMetadataAge, fieldlint.Range(minMetadataMaxAge, maxMetadataMaxAge,
-		fmt.Sprintf("field %s: %%s is not from %s to %s", kfFieldMetadataAge, minMetadataMaxAge, maxMetadataMaxAge)))
-
-	fetchMaxWaitLintRule = fieldlint.Duration(kfiFieldFetchMaxWait, func(d time.Duration) error {
-		if d < 10*time.Millisecond {
-			return fmt.Errorf("field %s: %s is below 10ms, the least franz-go accepts", kfiFieldFetchMaxWait, d)
-		}
-		if d > maxWireDuration {
-			return fmt.Errorf("field %s: %s is above %s, the most a fetch request can carry (a 32-bit count of milliseconds)", kfiFieldFetchMaxWait, d, maxWireDuration)
-		}
-		return nil
-	})
-
-	consumerGroupLintRule = fieldlint.String(func(s string) error {
-		if strings.TrimSpace(s) == "" {
-			return fmt.Errorf("field %s: a consumer group is required: offsets are committed to it", kfiFieldConsumerGroup)
-		}
-		return nil
-	})
-
-	outputMaxInFlightLintRule = fieldlint.Int(fieldlint.Range(1, pluginconf.MaxInFlight,
-		fmt.Sprintf("field %s: must be from 1 to %d, got %%d: Benthos starts a goroutine for each", kfoFieldMaxInFlight, pluginconf.MaxInFlight)))
+	metadataMaxAgeLintRule    = fieldlint.Duration(kfFieldMetadataAge, checkMetadataMaxAge)
+	fetchMaxWaitLintRule      = fieldlint.Duration(kfiFieldFetchMaxWait, checkFetchMaxWait)
+	consumerGroupLintRule     = fieldlint.String(checkConsumerGroup)
+	outputMaxInFlightLintRule = fieldlint.Int(checkOutputMaxInFlight)
 
 	outputMaxMessageBytesLintRule = fieldlint.String(func(s string) error {
 		n, err := byteSize(kfoFieldMaxMessageBytes, s, maxBrokerIO, "between 1B and 1GiB, the largest request or response franz-go handles")
-		if err == nil && n < minRecordBatchBytes {
-			err = fmt.Errorf("field %s: %dB is below %dB, the smallest record batch franz-go builds", kfoFieldMaxMessageBytes, n, minRecordBatchBytes)
+		if err != nil {
+			return err
 		}
-		return err
+		return checkRecordBatchBytes(int64(n))
 	})
 )
 
 // compressionLintRule: Benthos's enum lint ignores case; start-up does not.
 func compressionLintRule(codecs []string) string {
-	return fieldlint.Exact(codecs, func(s string) error {
-		return fmt.Errorf("field %s: unknown codec %q", kfoFieldCompression, s)
-	})
+	return fieldlint.Exact(codecs, unknownCodec)
+}
+
+func checkPositive(field string) func(time.Duration) error {
+	return fieldlint.Range(1, fieldlint.MaxDuration, "field "+field+": must be positive, got %v")
+}
+
+func checkGroupTimeout(field string) func(time.Duration) error {
+	return fieldlint.Range(minGroupTimeout, maxWireDuration,
+		fmt.Sprintf("field %s: %%s is not from %s to %s, what franz-go accepts (a 32-bit count of milliseconds)", field, minGroupTimeout, maxWireDuration))
+}
+
+var (
+	checkMetadataMaxAge = fieldlint.Range(minMetadataMaxAge, maxMetadataMaxAge,
+		fmt.Sprintf("field %s: %%s is not from %s to %s", kfFieldMetadataAge, minMetadataMaxAge, maxMetadataMaxAge))
+	checkOutputMaxInFlight = fieldlint.Range(1, pluginconf.MaxInFlight,
+		fmt.Sprintf("field %s: must be from 1 to %d, got %%d: Benthos starts a goroutine for each", kfoFieldMaxInFlight, pluginconf.MaxInFlight))
+)
+
+func checkFetchMaxWait(d time.Duration) error {
+	if d < 10*time.Millisecond {
+		return fmt.Errorf("field %s: %s is below 10ms, the least franz-go accepts", kfiFieldFetchMaxWait, d)
+	}
+	if d > maxWireDuration {
+		return fmt.Errorf("field %s: %s is above %s, the most a fetch request can carry (a 32-bit count of milliseconds)", kfiFieldFetchMaxWait, d, maxWireDuration)
+	}
+	return nil
+}
+
+func checkConsumerGroup(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return fmt.Errorf("field %s: a consumer group is required: offsets are committed to it", kfiFieldConsumerGroup)
+	}
+	return nil
+}
+
+func checkRecordBatchBytes(n int64) error {
+	if n < minRecordBatchBytes {
+		return fmt.Errorf("field %s: %dB is below %dB, the smallest record batch franz-go builds", kfoFieldMaxMessageBytes, n, minRecordBatchBytes)
+	}
+	return nil
+}
+
+func unknownCodec(s string) error {
+	return fmt.Errorf("field %s: unknown codec %q", kfoFieldCompression, s)
+}
+
+// checkHeartbeat checks heartbeat_interval against session_timeout.
+func checkHeartbeat(heartbeat, session time.Duration) error {
+	if heartbeat <= 0 || heartbeat >= session {
+		return fmt.Errorf("field %s: %s must be positive and lower than %s (%s)", kfiFieldHeartbeatInterval, heartbeat, kfiFieldSessionTimeout, session)
+	}
+	return nil
 }
 
 // saslLintRule checks each mechanism as parseSASL does: Benthos's enum lint
@@ -144,8 +176,8 @@ var heartbeatLintRule = fieldlint.Rule(func(v any) []string {
 	if !ok1 || !ok2 || err1 != nil || err2 != nil || session < minGroupTimeout || session > maxWireDuration {
 		return nil
 	}
-	if heartbeat <= 0 || heartbeat >= session {
-		return []string{fmt.Sprintf("field %s: %s must be positive and lower than %s (%s)", kfiFieldHeartbeatInterval, heartbeat, kfiFieldSessionTimeout, session)}
+	if err := checkHeartbeat(heartbeat, session); err != nil {
+		return []string{err.Error()}
 	}
 	return nil
 })

@@ -113,9 +113,8 @@ func parseOutputFlow(conf *service.ParsedConfig) (service.BatchPolicy, int, erro
 	if err != nil {
 		return service.BatchPolicy{}, 0, err
 	}
-	if maxInFlight < 1 || maxInFlight > pluginconf.MaxInFlight {
-		return service.BatchPolicy{}, 0, fmt.Errorf("field %s: must be from 1 to %d, got %d: Benthos starts a goroutine for each",
-			kfoFieldMaxInFlight, pluginconf.MaxInFlight, maxInFlight)
+	if err := checkOutputMaxInFlight(maxInFlight); err != nil {
+		return service.BatchPolicy{}, 0, err
 	}
 	return policy, maxInFlight, nil
 }
@@ -174,15 +173,15 @@ func newFranzOutputFromParsed(conf *service.ParsedConfig, res *service.Resources
 	if err != nil {
 		return nil, err
 	}
-	if o.timeout <= 0 {
-		return nil, fmt.Errorf("field %s: must be positive, got %s", kfoFieldTimeout, o.timeout)
+	if err := checkPositive(kfoFieldTimeout)(o.timeout); err != nil {
+		return nil, err
 	}
 	maxBytes, err := parseBrokerIOSize(conf, kfoFieldMaxMessageBytes)
 	if err != nil {
 		return nil, err
 	}
-	if maxBytes < minRecordBatchBytes {
-		return nil, fmt.Errorf("field %s: %dB is below %dB, the smallest record batch franz-go builds", kfoFieldMaxMessageBytes, maxBytes, minRecordBatchBytes)
+	if err := checkRecordBatchBytes(int64(maxBytes)); err != nil {
+		return nil, err
 	}
 	var codec kgo.CompressionCodec
 	switch comp {
@@ -197,7 +196,7 @@ func newFranzOutputFromParsed(conf *service.ParsedConfig, res *service.Resources
 	case "zstd":
 		codec = kgo.ZstdCompression()
 	default:
-		return nil, fmt.Errorf("field %s: unknown codec %q", kfoFieldCompression, comp)
+		return nil, unknownCodec(comp)
 	}
 
 	o.clientOpts = append(opts,
