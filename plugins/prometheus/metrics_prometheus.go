@@ -187,8 +187,23 @@ func lintBuckets(v any) []string {
 			return nil
 		}
 	}
+	if err := checkBuckets(buckets); err != nil {
+		return []string{err.Error()}
+	}
+	return nil
+}
+
+func checkBuckets(buckets []float64) error {
 	if !slices.IsSorted(buckets) {
-		return []string{fmt.Sprintf("%s must be in increasing order, got %v", pmFieldHistogramBuckets, buckets)}
+		return fmt.Errorf("%s must be in increasing order, got %v", pmFieldHistogramBuckets, buckets)
+	}
+	return nil
+}
+
+// checkObjective checks entry i of summary_quantiles_objectives.
+func checkObjective(i int, q, qe float64) error {
+	if !(q > 0 && q <= 1 && qe >= 0 && qe < 1) {
+		return fmt.Errorf("%s[%d]: quantile must be in (0, 1] and error in [0, 1), got %v and %v", pmFieldSummaryObjectives, i, q, qe)
 	}
 	return nil
 }
@@ -202,8 +217,11 @@ func lintObjectives(v any) []string {
 		o, _ := e.(map[string]any)
 		q, ok1 := fieldlint.ToFloat(o[pmFieldObjQuantile])
 		qe, ok2 := fieldlint.ToFloat(o[pmFieldObjError])
-		if ok1 && ok2 && (q <= 0 || q > 1 || qe < 0 || qe >= 1) {
-			lints = append(lints, fmt.Sprintf("%s[%d]: quantile must be in (0, 1] and error in [0, 1), got %v and %v", pmFieldSummaryObjectives, i, q, qe))
+		if !ok1 || !ok2 {
+			continue
+		}
+		if err := checkObjective(i, q, qe); err != nil {
+			lints = append(lints, err.Error())
 		}
 	}
 	return lints
@@ -227,8 +245,8 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	if len(e.buckets) > 0 && !slices.IsSorted(e.buckets) {
-		return nil, fmt.Errorf("%s must be in increasing order, got %v", pmFieldHistogramBuckets, e.buckets)
+	if err := checkBuckets(e.buckets); err != nil {
+		return nil, err
 	}
 	for i, o := range objs {
 		q := pluginconf.Field(&err, o.FieldFloat, pmFieldObjQuantile)
@@ -236,8 +254,8 @@ func newPromExporterFromParsed(conf *service.ParsedConfig, log *service.Logger) 
 		if err != nil {
 			return nil, err
 		}
-		if q <= 0 || q > 1 || qe < 0 || qe >= 1 {
-			return nil, fmt.Errorf("%s[%d]: quantile must be in (0, 1] and error in [0, 1), got %v and %v", pmFieldSummaryObjectives, i, q, qe)
+		if err := checkObjective(i, q, qe); err != nil {
+			return nil, err
 		}
 		e.objectives[q] = qe
 	}
