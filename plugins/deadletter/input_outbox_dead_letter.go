@@ -33,7 +33,7 @@ const (
 // even when the engine's context is gone.
 const writeTimeout = 10 * time.Second
 
-func deadLetterSpec() *service.ConfigSpec {
+var deadLetterSpec = sync.OnceValue(func() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Beta().
 		Categories("Services").
@@ -91,7 +91,7 @@ output:
     metadata:
       include_patterns: [ "^reason$", "^api_type$" ]
 `)
-}
+})
 
 // The checks of single fields, which start-up runs on the parsed values and
 // lint (fieldlint) on the values written, with the same words.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -50,7 +51,7 @@ const defaultTimeout = "10s"
 // platform across a network times out, and nothing is delivered.
 const minTimeout = time.Millisecond
 
-func httpForwarderSpec() *service.ConfigSpec {
+var httpForwarderSpec = sync.OnceValue(func() *service.ConfigSpec {
 	defaultRulesConf := make([]any, len(defaultRules))
 	for i, r := range defaultRules {
 		defaultRulesConf[i] = map[string]any{hfFieldRuleWhen: r.When, hfFieldRuleOutcome: r.Outcome}
@@ -198,7 +199,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 		LintRule(leaseLintRule).
 		Example("Forward to the platform", "The output of `pipelines/forwarder.yaml`: every tunable from the environment; the database and the credentials are read from `DATABASE_URL`, `PLATFORM_ACCESS_NAME` and `PLATFORM_ACCESS_PWD` directly.", exampleForwardYAML).
 		Example("Custom rules", "A platform that answers `{\"code\": \"OK\"}`, reports duplicates with a 409 and rejects with a 400 or 422.", exampleRulesYAML)
-}
+})
 
 // breakerCountLintRule is the rule of breaker.messages and
 // breaker.half_open_messages, which start-up checks together.

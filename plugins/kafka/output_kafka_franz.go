@@ -36,7 +36,7 @@ const (
 // compressionCodecs are the values of compression.
 var compressionCodecs = []string{"none", "gzip", "snappy", "lz4", "zstd"}
 
-func franzOutputSpec() *service.ConfigSpec {
+var franzOutputSpec = sync.OnceValue(func() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Stable().
 		Categories("Services").
@@ -102,7 +102,7 @@ output:
       count: 100
       period: 100ms
 `)
-}
+})
 
 // parseOutputFlow reads what Benthos runs the output with: its batching
 // policy and how many batches may be written at once.

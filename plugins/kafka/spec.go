@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"math"
+	"sync"
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -29,7 +30,7 @@ const (
 	kfiFieldAutoReplayNacks        = service.AutoRetryNacksToggleFieldName
 )
 
-func franzInputSpec() *service.ConfigSpec {
+var franzInputSpec = sync.OnceValue(func() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Stable().
 		Categories("Services").
@@ -191,7 +192,7 @@ input:
         username: forwarder
         password: "${KAFKA_PASSWORD}"
 `)
-}
+})
 
 func init() {
 	service.MustRegisterBatchInput("kafka_franz", franzInputSpec(),

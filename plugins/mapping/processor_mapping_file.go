@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,7 +31,7 @@ const (
 	metricReloads = "forwarder_mapping_reloads_total"
 )
 
-func mappingFileSpec() *service.ConfigSpec {
+var mappingFileSpec = sync.OnceValue(func() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Stable().
 		Categories("Mapping").
@@ -77,7 +78,7 @@ pipeline:
               mapping_file:
                 path: mappings/heartbeat.blobl
 `)
-}
+})
 
 func init() {
 	service.MustRegisterBatchProcessor("mapping_file", mappingFileSpec(),

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 
@@ -36,7 +37,7 @@ const (
 	apiTypeUnknown = "UNKNOWN"
 )
 
-func outboxProcessorSpec() *service.ConfigSpec {
+var outboxProcessorSpec = sync.OnceValue(func() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Stable().
 		Categories("Integration").
@@ -181,7 +182,7 @@ pipeline:
 output:
   drop: {}
 `)
-}
+})
 
 // lintAPITypes checks the api_types map as the constructor does. Benthos
 // runs a map field's rule on the map and on each value: only the map is

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -39,7 +40,7 @@ const (
 	orFieldRetentionDeadLetter = "dead_letter"
 )
 
-func outboxRetrySpec() *service.ConfigSpec {
+var outboxRetrySpec = sync.OnceValue(func() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Beta().
 		Categories("Services").
@@ -273,7 +274,7 @@ input:
       older_than: 7d
       interval: 1h
 `)
-}
+})
 
 func init() {
 	service.MustRegisterBatchInput("outbox_retry", outboxRetrySpec(),

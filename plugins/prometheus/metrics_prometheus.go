@@ -46,7 +46,7 @@ const secondsSuffix = "_seconds"
 // 30 min, because the end-to-end latency of a retried row spans minutes.
 var defaultSecondsBuckets = append(slices.Clone(prometheus.DefBuckets), 30, 60, 120, 300, 600, 1800)
 
-func prometheusSpec() *service.ConfigSpec {
+var prometheusSpec = sync.OnceValue(func() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Beta().
 		Summary("Serves every metric in the Prometheus text format at `/metrics` (and `/stats`) of the service-wide HTTP server, plus the outbox record gauges.").
@@ -141,7 +141,7 @@ metrics:
     outbox:
       refresh_interval: 15s
 `)
-}
+})
 
 func init() {
 	service.MustRegisterMetricsExporter("prometheus", prometheusSpec(), newPromExporterFromParsed)

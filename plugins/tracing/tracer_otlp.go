@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"go.opentelemetry.io/otel/attribute"
@@ -30,7 +31,7 @@ const (
 	envTracesEndpoint = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 )
 
-func otlpSpec() *service.ConfigSpec {
+var otlpSpec = sync.OnceValue(func() *service.ConfigSpec {
 	return service.NewConfigSpec().
 		Beta().
 		Summary("Exports the spans of every message over OTLP/HTTP to the endpoint in `OTEL_EXPORTER_OTLP_ENDPOINT`; traces nothing while it is unset.").
@@ -68,7 +69,7 @@ tracer:
   otlp:
     sampling_ratio: ${TRACE_SAMPLE_RATIO:1}
 `)
-}
+})
 
 func init() {
 	service.MustRegisterOtelTracerProvider("otlp", otlpSpec(), func(conf *service.ParsedConfig) (trace.TracerProvider, error) {

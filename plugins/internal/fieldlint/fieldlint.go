@@ -65,7 +65,9 @@ func init() {
 // Rule returns a lint rule (for service.ConfigField.LintRule or
 // service.ConfigSpec.LintRule) that runs check on the value linted: a
 // field's value, or a component's or object's fields, defaults included.
-// check returns the start-up errors the value would meet.
+// check returns the start-up errors the value would meet. Every call
+// registers one more check for the life of the process, so a spec is built
+// once (the plugins' spec functions are sync.OnceValue), not per use.
 func Rule(check func(v any) []string) string {
 	mu.Lock()
 	defer mu.Unlock()
