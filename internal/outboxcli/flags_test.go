@@ -166,3 +166,43 @@ func TestUnknownCommand(t *testing.T) {
 		t.Errorf("outbox alone: %v (%q); want its help", err, out)
 	}
 }
+
+// TestUsageErrorsExitTwo: every mistake in how a command is called exits
+// with status 2, as the refusals of the commands themselves do, so that a
+// script tells a typo from a database that failed (1). urfave/cli's own
+// checks (a flag it does not know, a value that does not parse, a required
+// flag left out, a command that does not exist) exited 1 or 3, after a
+// page of help that hid the one line saying what was wrong.
+func TestUsageErrorsExitTwo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.insert(t, row{key: "f1", status: "FAILED", attempts: 5, class: "TRANSIENT"})
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"find", "--bogus"}, "outbox find: flag provided but not defined: -bogus"},
+		{[]string{"find", "--limit", "abc"}, `outbox find: invalid value "abc" for flag -limit`},
+		{[]string{"stats", "--top", "x"}, `outbox stats: invalid value "x" for flag -top`},
+		{[]string{"stats", "--requeue-rounds", "-1"}, "outbox stats: --requeue-rounds -1 (FAILED_REQUEUE_ROUNDS): want 0 to"},
+		{[]string{"requeue", "--batch-size", "99999999999999999999"}, "outbox requeue: invalid value"},
+		{[]string{"requeue", "--dry-run", "--statuss", "FAILED"}, "outbox requeue: flag provided but not defined: -statuss"},
+		{[]string{"release", "--id", "x"}, `outbox release: invalid value "x" for flag -id`},
+		{[]string{"purge"}, "outbox purge: --older-than is required"},
+		{[]string{"purge", "--dry-run"}, "outbox purge: --older-than is required"},
+		{[]string{"show", "--timeout", "soon", "f1"}, `outbox show: invalid value "soon" for flag -timeout`},
+		{[]string{"--bogus", "stats"}, "outbox: flag provided but not defined: -bogus"},
+		{[]string{"requeu", "--dry-run"}, `outbox: no command "requeu"`},
+	} {
+		out, err := b.run(t, c.args...)
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: exit %d, %v (%q); want exit status 2 and %q", strings.Join(c.args, " "), exitCode(err), err, out, c.want)
+		}
+		if strings.Contains(out, "DESCRIPTION:") {
+			t.Errorf("%s: printed the whole help before the error:\n%s", strings.Join(c.args, " "), out)
+		}
+	}
+	if s, _ := b.state(t, "f1"); s.Status != "FAILED" || s.Requeues != 0 {
+		t.Errorf("f1 is %+v after refused commands, want FAILED and never requeued", s)
+	}
+}

@@ -51,28 +51,18 @@ func Command() *cli.Command {
 			resumeCommand(),
 		},
 	}
-	// `outbox reqeue` would otherwise run urfave/cli's help command, which
-	// says "No help topic for 'reqeue'" and exits 3.
-	cmd.Action = func(c *cli.Context) error {
-		if c.NArg() == 0 {
-			return cli.ShowSubcommandHelp(c)
-		}
-		names := make([]string, 0, len(cmd.Subcommands))
-		for _, sub := range cmd.Subcommands {
-			names = append(names, sub.Name)
-		}
-		return cli.Exit(fmt.Sprintf("outbox: no command %s: the commands are %s (forwarder outbox --help)",
-			strconv.Quote(c.Args().First()), strings.Join(names, ", ")), 2)
-	}
 	// The docs write `outbox stats --database-url URL` as often as
 	// `outbox --database-url URL stats`: every subcommand takes the flag
 	// too. Without a default or an environment variable of its own, so that
 	// an unset subcommand flag falls back to the outbox command's value
 	// (databaseURL).
+	cmd.OnUsageError = usageError
+	cmd.Action = unknownCommand
 	for _, sub := range cmd.Subcommands {
 		if sub.Name != "show" {
 			sub.Before = refuseArguments
 		}
+		sub.OnUsageError = usageError
 		sub.Flags = append(sub.Flags, &cli.StringFlag{
 			Name:  flagDatabaseURL,
 			Usage: "PostgreSQL URL or key=value string (default: $" + envDatabaseURL + ", else " + defaultDatabaseURL + ")",
@@ -91,6 +81,37 @@ func refuseArguments(c *cli.Context) error {
 	}
 	return cli.Exit(fmt.Sprintf("outbox %s: unexpected argument %s: this command takes flags only, and they go before any argument (see --help)",
 		c.Command.Name, quoteArgs(c.Args().Slice())), 2)
+}
+
+// usageError is how every outbox command reports a flag it does not know or
+// a value that does not parse: one line naming the command, exit status 2
+// like the commands' own refusals, instead of urfave/cli's page of help with
+// the error on its first line and exit status 1.
+func usageError(c *cli.Context, err error, _ bool) error {
+	return cli.Exit(fmt.Sprintf("%s: %v (see --help)", commandPath(c), err), 2)
+}
+
+// unknownCommand runs when `outbox` is given no subcommand it knows: the
+// list of commands without an argument, else a refusal (exit status 2)
+// rather than urfave/cli's "No help topic" and exit status 3.
+func unknownCommand(c *cli.Context) error {
+	if c.NArg() == 0 {
+		return cli.ShowSubcommandHelp(c)
+	}
+	var names []string
+	for _, sub := range c.Command.Subcommands {
+		names = append(names, sub.Name)
+	}
+	return cli.Exit(fmt.Sprintf("outbox: no command %s: the commands are %s (forwarder outbox --help)",
+		strconv.Quote(c.Args().First()), strings.Join(names, ", ")), 2)
+}
+
+// commandPath is "outbox" or "outbox <subcommand>", as messages start.
+func commandPath(c *cli.Context) string {
+	if c.Command == nil || c.Command.Name == "outbox" {
+		return "outbox"
+	}
+	return "outbox " + c.Command.Name
 }
 
 // quoteArgs writes args as Go-quoted strings separated by spaces, so an

@@ -44,7 +44,9 @@ Each partition retired is recorded in forward_operator_log with who ran it
 
 Durations: Go syntax plus days (7d, 36h, 0s).`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "older-than", Required: true, Usage: "retire partitions whose range ended longer ago than this (e.g. 7d)"},
+			// Not Required: urfave/cli would answer its absence with a page of
+			// help and exit status 1; the action refuses it as a usage error.
+			&cli.StringFlag{Name: "older-than", Usage: "retire partitions whose range ended longer ago than this (e.g. 7d)"},
 			&cli.BoolFlag{Name: "dead-letter", Usage: "the dead-letter topic is in use: keep partitions with FAILED rows not yet published to it"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "only print what would be retired and what would stay"},
 			&cli.BoolFlag{Name: "force", Usage: "accept --older-than below the safe minimum (24h)"},
@@ -54,6 +56,9 @@ Durations: Go syntax plus days (7d, 36h, 0s).`,
 			operatorFlag(),
 		},
 		Action: func(c *cli.Context) error {
+			if !c.IsSet("older-than") {
+				return cli.Exit("outbox purge: --older-than is required: retire the partitions that ended longer ago than this, e.g. --older-than 7d", 2)
+			}
 			olderThan, err := outboxdb.ParseDuration(c.String("older-than"))
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("outbox purge: --older-than: %v", err), 2)

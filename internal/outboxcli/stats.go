@@ -38,7 +38,7 @@ requeue will still take, and the frozen ones whose rounds are used up.`,
 		},
 		Action: func(c *cli.Context) error {
 			if r := c.Int("requeue-rounds"); r < 0 || r > outboxdb.MaxRequeueRounds {
-				return fmt.Errorf("--requeue-rounds %d (FAILED_REQUEUE_ROUNDS): want 0 to %d", r, outboxdb.MaxRequeueRounds)
+				return cli.Exit(fmt.Sprintf("outbox stats: --requeue-rounds %d (FAILED_REQUEUE_ROUNDS): want 0 to %d", r, outboxdb.MaxRequeueRounds), 2)
 			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				st, err := outboxdb.ReadStats(ctx, pool, outboxdb.StatsOptions{Top: c.Int("top"), RequeueRounds: c.Int("requeue-rounds")})

@@ -158,8 +158,8 @@ func TestStats(t *testing.T) {
 		if !strings.Contains(out, "failed on transient errors: 3 waiting for automatic requeue, 0 frozen") {
 			t.Errorf("stats with the most rounds:\n%s", out)
 		}
-		if _, err := b.run(t, "stats", "--requeue-rounds", "2147483648"); err == nil ||
-			err.Error() != "--requeue-rounds 2147483648 (FAILED_REQUEUE_ROUNDS): want 0 to 2147483647" {
+		if _, err := b.run(t, "stats", "--requeue-rounds", "2147483648"); exitCode(err) != 2 ||
+			err.Error() != "outbox stats: --requeue-rounds 2147483648 (FAILED_REQUEUE_ROUNDS): want 0 to 2147483647" {
 			t.Errorf("stats with rounds beyond an integer column: %v", err)
 		}
 	})
