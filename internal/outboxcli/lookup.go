@@ -330,9 +330,10 @@ func findCommand() *cli.Command {
 		Usage: "List rows by plate, park, berth, device, status, errcode or time, newest first",
 		UsageText: "forwarder outbox find [--plate P] [--park P] [--berth B] [--device D] [--status S] [--errcode E]\n" +
 			"   [--since T] [--until T] [--limit N] [--json]",
-		Description: `Filters combine with AND. Every search walks one index (the most selective
-filter given picks it) and stops at --limit rows (default 50, at most 1000);
-it never reads the whole table. Rows come newest first: by id, or by
+		Description: `Filters combine with AND; one given empty is refused (exit status
+2) rather than read as no filter. Every search walks one index (the most
+selective filter given picks it) and stops at --limit rows (default 50, at
+most 1000); it never reads the whole table. Rows come newest first: by id, or by
 created_at when only --since/--until narrow the search, or by last change
 when only --status (other than SUCCESS) does.
 
@@ -386,7 +387,18 @@ prints the query plan instead (which index the search uses on this database).`,
 	}
 }
 
+// findFilterFlags are the flags of find that filter; an empty value
+// filters nothing.
+var findFilterFlags = []string{"plate", "park", "berth", "device", "status", "errcode", "since", "until"}
+
 func findFilter(c *cli.Context, now time.Time) (outboxdb.FindFilter, error) {
+	// Given empty (a script's unset variable), a filter would filter
+	// nothing, and every row would be listed as if it matched.
+	for _, name := range findFilterFlags {
+		if c.IsSet(name) && c.String(name) == "" {
+			return outboxdb.FindFilter{}, fmt.Errorf("--%s is empty: leave the flag out not to filter on it", name)
+		}
+	}
 	f := outboxdb.FindFilter{
 		Plate: c.String("plate"), Park: c.String("park"), Berth: c.String("berth"), Device: c.String("device"),
 		Status: outboxdb.Status(strings.ToUpper(c.String("status"))), Errcode: c.String("errcode"), Limit: c.Int("limit"),

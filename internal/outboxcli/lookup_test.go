@@ -374,6 +374,22 @@ func TestFind(t *testing.T) {
 	})
 }
 
+// TestFindRefusesAnEmptyFilter: `find --plate "$PLATE"` with PLATE unset
+// listed the newest rows of every plate, as if they matched, in the same
+// table as a real match. A filter given empty is refused (exit status 2),
+// as an empty --operator is.
+func TestFindRefusesAnEmptyFilter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	lookupFixture(t, b)
+	for _, flag := range []string{"--plate", "--park", "--berth", "--device", "--status", "--errcode", "--since", "--until"} {
+		out, err := b.run(t, "find", flag, "")
+		if exitCode(err) != 2 || !strings.Contains(err.Error(), "outbox find: "+flag+" is empty") {
+			t.Errorf("find %s '': exit %d, %v; want exit status 2 saying %s is empty\n%s", flag, exitCode(err), err, flag, out)
+		}
+	}
+}
+
 // TestShowSaysWhenThePlatformIsStopped: an unfinished row, while the
 // breaker is open or delivery paused, says it is not sent for now and why;
 // a delivered row says nothing of the platform.
