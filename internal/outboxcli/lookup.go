@@ -333,9 +333,8 @@ func findCommand() *cli.Command {
 		Description: `Filters combine with AND; one given empty is refused (exit status
 2) rather than read as no filter. Every search walks one index (the most
 selective filter given picks it) and stops at --limit rows (default 50, at
-most 1000); it never reads the whole table. Rows come newest first: by id, or by
-created_at when only --since/--until narrow the search, or by last change
-when only --status (other than SUCCESS) does.
+most 1000); it never reads the whole table. Rows come newest first: by id, or by last
+change when only --status (other than SUCCESS) narrows the search.
 
 --errcode E keeps rows whose latest attempt got platform errcode E (as in
 outbox stats). --since and --until bound created_at: a duration back from

@@ -235,9 +235,9 @@ func ReadOnly(ctx context.Context, db TxBeginner, opts LookupOptions, fn func(tx
 	})
 }
 
-// Find returns the rows matching f, newest first: by id, or by created_at
-// when only a time range narrows the search, or by updated_at when only a
-// status other than SUCCESS does (the order of the index each search walks).
+// Find returns the rows matching f, newest first: by id, or by updated_at
+// when only a status other than SUCCESS narrows the search (the order of
+// the index each search walks; a time range alone walks the primary key).
 func Find(ctx context.Context, db TxBeginner, f FindFilter, opts LookupOptions) ([]FoundRow, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
