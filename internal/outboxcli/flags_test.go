@@ -185,6 +185,9 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"find", "--limit", "abc"}, `outbox find: invalid value "abc" for flag -limit`},
 		{[]string{"stats", "--top", "x"}, `outbox stats: invalid value "x" for flag -top`},
 		{[]string{"stats", "--requeue-rounds", "-1"}, "outbox stats: --requeue-rounds -1 (FAILED_REQUEUE_ROUNDS): want 0 to"},
+		// --top 0 and below listed ten, as if --top were not given.
+		{[]string{"stats", "--top", "0"}, "outbox stats: --top 0: want at least 1"},
+		{[]string{"stats", "--top", "-3"}, "outbox stats: --top -3: want at least 1"},
 		{[]string{"requeue", "--batch-size", "99999999999999999999"}, "outbox requeue: invalid value"},
 		{[]string{"requeue", "--dry-run", "--statuss", "FAILED"}, "outbox requeue: flag provided but not defined: -statuss"},
 		{[]string{"release", "--id", "x"}, `outbox release: invalid value "x" for flag -id`},
