@@ -55,7 +55,7 @@ the number of rows in forward_operator_log.`,
 			&cli.StringFlag{Name: "status", Value: "FAILED", Usage: "statuses to requeue, comma-separated"},
 			&cli.StringFlag{Name: "errcode", Usage: "only rows whose latest attempt got this platform errcode"},
 			&cli.StringFlag{Name: "since", Usage: "only rows updated within this long (e.g. 12h, 2d)"},
-			&cli.StringSliceFlag{Name: "key", Usage: "only rows with this message key (repeatable)"},
+			&cli.GenericFlag{Name: "key", Value: &keyList{}, Usage: "only rows with this message key (repeatable)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "only print how many rows match"},
 			&cli.IntFlag{Name: "batch-size", Value: outboxdb.DefaultAdminBatchSize, Usage: "rows per transaction"},
 			&cli.BoolFlag{Name: "include-rejected", Usage: "also requeue FAILED rows the platform refused for good (errcode 998, no_retry rules)"},
@@ -121,6 +121,24 @@ the number of rows in forward_operator_log.`,
 			})
 		},
 	}
+}
+
+// keyList is the value of --key: one key each time the flag is given, taken
+// whole. A StringSliceFlag splits its values at commas, and a message key is
+// the camera's messageId, which may hold one: --key "a,b" named the rows "a"
+// and "b".
+type keyList []string
+
+func (k *keyList) Set(v string) error {
+	*k = append(*k, v)
+	return nil
+}
+
+func (k *keyList) String() string {
+	if k == nil {
+		return ""
+	}
+	return strings.Join(*k, " ")
 }
 
 // describeRequeue says which rows a requeue takes, for people and for the
@@ -224,7 +242,9 @@ func requeueFilter(c *cli.Context) (outboxdb.RequeueFilter, error) {
 		}
 		f.UpdatedWithin = d
 	}
-	f.Keys = c.StringSlice("key")
+	if keys, ok := c.Generic("key").(*keyList); ok {
+		f.Keys = *keys
+	}
 	f.Classes = []outboxdb.FailureClass{outboxdb.ClassTransient}
 	if c.Bool("include-rejected") {
 		f.Classes = append(f.Classes, outboxdb.ClassRejected)

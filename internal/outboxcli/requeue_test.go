@@ -295,6 +295,32 @@ func TestRequeue(t *testing.T) {
 		}
 	})
 
+	// A message key is the camera's messageId, any string: one with a
+	// comma was split into two keys, so --key "a,b" requeued the rows "a"
+	// and "b", and never "a,b".
+	t.Run("KeyWithACommaIsOneKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.insert(t, row{key: "a,b", status: "FAILED", attempts: 5, class: "TRANSIENT"},
+			row{key: "a", status: "FAILED", attempts: 5, class: "TRANSIENT"},
+			row{key: "b", status: "FAILED", attempts: 5, class: "TRANSIENT"})
+		if out := b.mustRun(t, "requeue", "--key", "a,b", "--dry-run"); !strings.HasPrefix(out, `1 row would be requeued (dry run, nothing changed): status=FAILED failure_class=TRANSIENT key="a,b"`) {
+			t.Errorf("requeue --key a,b --dry-run:\n%s", out)
+		}
+		if out := b.mustRun(t, "requeue", "--key", "a,b", "--operator", "alice"); lastLine(out) != "1 row requeued" {
+			t.Errorf("requeue --key a,b:\n%s", out)
+		}
+		for key, want := range map[string]string{"a,b": "PENDING", "a": "FAILED", "b": "FAILED"} {
+			if s, _ := b.state(t, key); s.Status != want {
+				t.Errorf("%s is %s after requeue --key a,b, want %s", key, s.Status, want)
+			}
+		}
+		// Repeated, the flag still names several keys.
+		if out := b.mustRun(t, "requeue", "--key", "a", "--key", "b", "--dry-run"); !strings.HasPrefix(out, "2 rows would be requeued") {
+			t.Errorf("requeue --key a --key b --dry-run:\n%s", out)
+		}
+	})
+
 	t.Run("RejectsBadFlags", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
