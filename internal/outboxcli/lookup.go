@@ -450,9 +450,42 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 	}
 }
 
+// findRowJSON is one line of `outbox find --json`: the columns the search
+// reads (lookup_find.sql), no more. Printed whole, a FoundRow added the
+// columns of the record it did not read, as zero values: a FAILED row's
+// failed_at null, partition 0, offset 0 of topic "".
+type findRowJSON struct {
+	ID             int64           `json:"id"`
+	MessageKey     string          `json:"message_key"`
+	APIType        string          `json:"api_type"`
+	Status         outboxdb.Status `json:"status"`
+	FailureClass   *string         `json:"failure_class"`
+	AttemptCount   int             `json:"attempt_count"`
+	LastError      *string         `json:"last_error"`
+	LastHTTPStatus *int32          `json:"last_http_status"`
+	LastErrcode    *string         `json:"last_errcode"`
+	PlateNo        *string         `json:"plate_no"`
+	ParkCode       *string         `json:"park_code"`
+	BerthCode      *string         `json:"berth_code"`
+	DeviceID       *string         `json:"device_id"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+	NextRetryAt    *time.Time      `json:"next_retry_at"`
+	SucceededAt    *time.Time      `json:"succeeded_at"`
+	OrderingKey    *string         `json:"ordering_key"`
+	OrderHeld      bool            `json:"order_held"`
+	OrderBlocked   bool            `json:"order_blocked"`
+}
+
 func writeFindJSON(w io.Writer, rows []outboxdb.FoundRow) error {
 	for _, r := range rows {
-		if err := writeJSON(w, r, false); err != nil {
+		out := findRowJSON{ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Status: r.Status,
+			FailureClass: r.FailureClass, AttemptCount: r.AttemptCount, LastError: r.LastError,
+			LastHTTPStatus: r.LastHTTPStatus, LastErrcode: r.LastErrcode, PlateNo: r.PlateNo, ParkCode: r.ParkCode,
+			BerthCode: r.BerthCode, DeviceID: r.DeviceID, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+			NextRetryAt: r.NextRetryAt, SucceededAt: r.SucceededAt, OrderingKey: r.OrderingKey,
+			OrderHeld: r.OrderHeld, OrderBlocked: r.OrderBlocked}
+		if err := writeJSON(w, out, false); err != nil {
 			return err
 		}
 	}

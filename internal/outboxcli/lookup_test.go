@@ -305,6 +305,31 @@ func TestFind(t *testing.T) {
 		}
 	})
 
+	// find reads some of a row's columns, not all: the others came out
+	// as zero values, so a FAILED row's failed_at was null and every row
+	// sat at partition 0, offset 0 of a topic "". --json has the fields the
+	// docs list, each as read.
+	t.Run("JSONHasOnlyTheColumnsItRead", func(t *testing.T) {
+		t.Parallel()
+		want := []string{"id", "message_key", "api_type", "status", "failure_class", "attempt_count", "last_error",
+			"last_http_status", "last_errcode", "plate_no", "park_code", "berth_code", "device_id", "created_at",
+			"updated_at", "next_retry_at", "succeeded_at", "ordering_key", "order_held", "order_blocked"}
+		out := b.mustRun(t, "find", "--plate", "粤B12345", "--json")
+		var got map[string]any
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("%v: %q", err, out)
+		}
+		var fields []string
+		for f := range got {
+			fields = append(fields, f)
+		}
+		slices.Sort(fields)
+		slices.Sort(want)
+		if !slices.Equal(fields, want) {
+			t.Errorf("find --json fields %v, want %v", fields, want)
+		}
+	})
+
 	for _, c := range []struct {
 		name string
 		args []string

@@ -198,7 +198,8 @@ func (f FindFilter) args() pgx.NamedArgs {
 	}
 }
 
-// FoundRow is one row of a search; `outbox find --json` prints it as is.
+// FoundRow is one row of a search: of its Record, only the columns
+// lookup_find.sql reads are set.
 type FoundRow struct {
 	Record
 	// LastErrcode is the platform errcode of the latest attempt, nil when
