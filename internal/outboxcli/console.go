@@ -73,9 +73,13 @@ actions serves the console read-only.`,
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("outbox console: %v", err), 2)
 			}
+			timeout, err := lookupTimeout(c)
+			if err != nil {
+				return err
+			}
 			cfg := console.Config{
 				Addr: c.String("addr"), Token: os.Getenv("CONSOLE_TOKEN"), ReadOnly: c.Bool("read-only"),
-				Operator: operator, MappingsDir: c.String("mappings"), StatementTimeout: c.Duration("timeout"),
+				Operator: operator, MappingsDir: c.String("mappings"), StatementTimeout: timeout,
 				Logger: slog.New(slog.NewTextHandler(c.App.ErrWriter, nil)),
 			}
 			// Refused before the database is touched: the address alone decides.

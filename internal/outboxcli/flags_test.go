@@ -194,6 +194,11 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"purge"}, "outbox purge: --older-than is required"},
 		{[]string{"purge", "--dry-run"}, "outbox purge: --older-than is required"},
 		{[]string{"show", "--timeout", "soon", "f1"}, `outbox show: invalid value "soon" for flag -timeout`},
+		// The statement timeout is set in milliseconds, and PostgreSQL
+		// reads 0 as no timeout at all: below 1ms the lookup was unbounded.
+		{[]string{"show", "--timeout", "500us", "f1"}, "outbox show: --timeout 500µs: want at least 1ms"},
+		{[]string{"find", "--timeout", "0s"}, "outbox find: --timeout 0s: want at least 1ms"},
+		{[]string{"console", "--timeout", "-1s"}, "outbox console: --timeout -1s: want at least 1ms"},
 		{[]string{"--bogus", "stats"}, "outbox: flag provided but not defined: -bogus"},
 		{[]string{"requeu", "--dry-run"}, `outbox: no command "requeu"`},
 	} {

@@ -31,6 +31,18 @@ func timeoutFlag() cli.Flag {
 		Usage: "statement timeout of the lookup"}
 }
 
+// lookupTimeout is --timeout, refused below a millisecond: the statement
+// timeout is set in whole milliseconds, and PostgreSQL reads 0 as no timeout
+// at all, so 500us made the lookup unbounded (and 0 or below would fall back
+// to the default, silently).
+func lookupTimeout(c *cli.Context) (time.Duration, error) {
+	d := c.Duration("timeout")
+	if d < time.Millisecond {
+		return 0, cli.Exit(fmt.Sprintf("%s: --timeout %s: want at least 1ms", commandPath(c), d), 2)
+	}
+	return d, nil
+}
+
 func showCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "show",
@@ -72,8 +84,12 @@ and for at most 2 s.`,
 				return cli.Exit(fmt.Sprintf("outbox show: one message_key or id, got %s: flags go before the key", quoteArgs(c.Args().Slice())), 2)
 			}
 			ref := c.Args().First()
+			timeout, err := lookupTimeout(c)
+			if err != nil {
+				return err
+			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
-				v, err := outboxdb.ShowRecord(ctx, pool, ref, outboxdb.LookupOptions{Timeout: c.Duration("timeout")})
+				v, err := outboxdb.ShowRecord(ctx, pool, ref, outboxdb.LookupOptions{Timeout: timeout})
 				if errors.Is(err, outboxdb.ErrNoRecord) {
 					return cli.Exit(fmt.Sprintf("outbox show: no row with message_key or id %s", strconv.Quote(ref)), 1)
 				}
@@ -362,7 +378,11 @@ prints the query plan instead (which index the search uses on this database).`,
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("outbox find: %v", err), 2)
 			}
-			opts := outboxdb.LookupOptions{Timeout: c.Duration("timeout")}
+			timeout, err := lookupTimeout(c)
+			if err != nil {
+				return err
+			}
+			opts := outboxdb.LookupOptions{Timeout: timeout}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				if c.Bool("explain") {
 					plan, err := outboxdb.ExplainFind(ctx, pool, f, opts)
