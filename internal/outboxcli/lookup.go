@@ -47,7 +47,7 @@ func showCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "show",
 		Usage:     "Show one row: status, Kafka origin, payload, the request the current mapping would send, and its attempts",
-		UsageText: "forwarder outbox show [--mappings DIR] [--json] <message_key | id>",
+		UsageText: "forwarder outbox show [--mappings DIR] [--json] [--timeout D] <message_key | id>",
 		Description: `The argument is a message_key; a number is tried as a message_key and as an
 id (the key's row wins when both exist). Exit status 1 when no row matches.
 
@@ -345,7 +345,7 @@ func findCommand() *cli.Command {
 		Name:  "find",
 		Usage: "List rows by plate, park, berth, device, status, errcode or time, newest first",
 		UsageText: "forwarder outbox find [--plate P] [--park P] [--berth B] [--device D] [--status S] [--errcode E]\n" +
-			"   [--since T] [--until T] [--limit N] [--json]",
+			"   [--since T] [--until T] [--limit N] [--json] [--explain] [--timeout D]",
 		Description: `Filters combine with AND; one given empty is refused (exit status
 2) rather than read as no filter. Every search walks one index (the most
 selective filter given picks it) and stops at --limit rows (default 50, at

@@ -19,7 +19,7 @@ func requeueCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "requeue",
 		Usage:     "Set matching rows (FAILED unless --status says otherwise) back to PENDING, due now, with attempt_count 0",
-		UsageText: "forwarder outbox requeue [--status FAILED] [--errcode E] [--since D] [--key K]... [--include-rejected] [--include-invalid] [--force] [--operator NAME] [--dry-run]",
+		UsageText: "forwarder outbox requeue [--status FAILED] [--errcode E] [--since D] [--key K]... [--include-rejected] [--include-invalid] [--force] [--operator NAME] [--dry-run] [--batch-size N]",
 		Description: `Filters combine with AND. Each requeued row gets one forward_retry_logs row
 with result_status REQUEUED, written in the same transaction; the running
 dispatchers are notified and pick the rows up at once. Rows are changed in
