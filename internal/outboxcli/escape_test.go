@@ -133,3 +133,23 @@ func jsonStrings(v any) string {
 	walk(v)
 	return b.String()
 }
+
+// TestOperatorNameIsEscaped: the operator's name comes from --operator or
+// $USER, and goes into the audit log the console shows. pause and resume
+// printed it escaped; requeue and purge wrote it to the terminal raw.
+func TestOperatorNameIsEscaped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.insert(t, row{key: "f1", status: "FAILED", attempts: 5, class: "TRANSIENT"})
+	for _, args := range [][]string{
+		{"requeue", "--operator", "alice" + hostile},
+		{"purge", "--older-than", "30d", "--operator", "alice" + hostile},
+		{"pause", "--operator", "alice" + hostile},
+		{"resume", "--operator", "alice" + hostile},
+	} {
+		out := b.mustRun(t, args...)
+		if bad := rawControls(out); len(bad) > 0 {
+			t.Errorf("%s printed %q raw:\n%s", args[0], bad, out)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
+	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -113,7 +114,7 @@ func purge(ctx context.Context, w io.Writer, pool *pgxpool.Pool, r purgeRun) err
 		return nil
 	}
 	fmt.Fprintf(w, "retiring the partitions that ended before %s (older than %s) and whose messages are all finished (operator %s)\n",
-		at, r.given, r.operator)
+		at, r.given, console.SafeLine(r.operator))
 	res, err := outboxdb.Purge(ctx, pool, outboxdb.PurgeOptions{
 		OlderThan: r.olderThan, DeadLetter: r.deadLetter, Operator: r.operator,
 		Progress: func(o outboxdb.PartitionOutcome) { printOutcome(w, o, false) },

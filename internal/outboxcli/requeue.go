@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
+	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
@@ -103,7 +104,7 @@ the number of rows in forward_operator_log.`,
 						"to the platform again; nothing changed. Add --force to do it, or name the rows with --key.",
 						plural(delivered, "delivered message", "delivered messages")), 2)
 				}
-				fmt.Fprintf(w, "requeueing %s: %s (operator %s)\n", plural(count.Rows, "row", "rows"), desc, operator)
+				fmt.Fprintf(w, "requeueing %s: %s (operator %s)\n", plural(count.Rows, "row", "rows"), desc, console.SafeLine(operator))
 				writeLeftOut(w, count)
 				writeDelivered(w, delivered, "will be")
 				n, err := outboxdb.Requeue(ctx, pool, f, outboxdb.RequeueOptions{
