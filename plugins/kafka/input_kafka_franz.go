@@ -225,8 +225,8 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		f.batcher = &policyBatcher{b: b, count: policy.Count, atOnce: !policyTriggers(policy)}
 	}
 
-	if !replay {
-		return nil, fmt.Errorf("field %s: false would drop rejected messages; kafka_franz always delivers them again, so remove the field or set it to true", kfiFieldAutoReplayNacks)
+	if err := checkAutoReplayNacks(replay); err != nil {
+		return nil, err
 	}
 
 	dec, err := newBoundedDecompressor(int(min(batchBytesPerMessage*f.maxMessageBytes, math.MaxInt32)), f.log)

@@ -110,6 +110,13 @@ func checkFetchMaxWait(d time.Duration) error {
 	return nil
 }
 
+func checkAutoReplayNacks(replay bool) error {
+	if !replay {
+		return fmt.Errorf("field %s: false would drop rejected messages; kafka_franz always delivers them again, so remove the field or set it to true", kfiFieldAutoReplayNacks)
+	}
+	return nil
+}
+
 func checkConsumerGroup(s string) error {
 	if strings.TrimSpace(s) == "" {
 		return fmt.Errorf("field %s: a consumer group is required: offsets are committed to it", kfiFieldConsumerGroup)

@@ -21,6 +21,8 @@ func TestInputLintRefusesWhatStartUpRefuses(t *testing.T) {
 		}}.Run(t, []linttest.Case{
 		{Name: "CheckpointLimitZero", YAML: "checkpoint_limit: 0", Want: "field checkpoint_limit: must be at least 1, got 0"},
 		{Name: "CheckpointLimitOne", YAML: "checkpoint_limit: 1"},
+		{Name: "AutoReplayNacksFalse", YAML: "auto_replay_nacks: false", Want: "field auto_replay_nacks: false would drop rejected messages; kafka_franz always delivers them again, so remove the field or set it to true"},
+		{Name: "AutoReplayNacksTrue", YAML: "auto_replay_nacks: true"},
 		{Name: "MaxBufferedBytesZero", YAML: "max_buffered_bytes: 0B", Want: `field max_buffered_bytes: "0B" must be between 1B and 4EiB`},
 		{Name: "MaxBufferedBytesNotASize", YAML: "max_buffered_bytes: much", Want: `field max_buffered_bytes: "much" is not a byte size such as 64MiB`},
 		{Name: "MaxBufferedBytesBounds", YAML: "max_buffered_bytes: 4EiB"},

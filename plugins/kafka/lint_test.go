@@ -2,7 +2,6 @@ package kafka
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -101,25 +100,4 @@ func runLintCLI(t *testing.T, path string) (int, string) {
 		t.Fatalf("running lint: %v", runErr)
 	}
 	return code, out
-}
-
-// TestLintRefusesDroppingNacks: auto_replay_nacks is accepted for configs
-// from Redpanda Connect, but false (drop rejected messages) is a lint
-// error, and the constructor refuses it too (TestInputConfigErrors).
-func TestLintRefusesDroppingNacks(t *testing.T) {
-	t.Parallel()
-	linter := service.GlobalEnvironment().FullConfigSchema("", "").NewStreamConfigLinter()
-	conf := func(replay bool) string {
-		return strings.Replace(lintGood, "consumer_group: forwarder", fmt.Sprintf("consumer_group: forwarder\n    auto_replay_nacks: %v", replay), 1)
-	}
-	if lints, err := linter.LintYAML([]byte(conf(true))); err != nil || len(lints) != 0 {
-		t.Fatalf("auto_replay_nacks: true has lints %v (err %v)", lints, err)
-	}
-	lints, err := linter.LintYAML([]byte(conf(false)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(lints) != 1 || !strings.Contains(lints[0].Error(), "auto_replay_nacks") {
-		t.Fatalf("auto_replay_nacks: false gave lints %v, want one naming the field", lints)
-	}
 }

@@ -163,7 +163,7 @@ A record read from a batch within the bound whose value, or whose key and header
 			service.NewBoolField(kfiFieldAutoReplayNacks).
 				Description("Accepted for configs from Redpanda Connect. A rejected batch is always delivered again until it is acknowledged, so only `true` is allowed: `false` would drop rejected messages.").
 				Default(true).
-				LintRule(`root = if this == false { [ "auto_replay_nacks: false would drop rejected messages; kafka_franz always delivers them again, so remove the field or set it to true" ] }`).
+				LintRule(fieldlint.Bool(checkAutoReplayNacks)).
 				Advanced(),
 		).
 		LintRule(heartbeatLintRule).

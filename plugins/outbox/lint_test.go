@@ -21,6 +21,8 @@ func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 			Want: `field api_types: topic "device-vehicle-event" maps to "VEHICLE", want VEHICLE_EVENT or HEARTBEAT`},
 		{Name: "APITypeLowerCase", YAML: "api_types:\n  device-heartbeat: heartbeat", Want: `maps to "heartbeat", want VEHICLE_EVENT or HEARTBEAT`},
 		{Name: "APITypes", YAML: "api_types:\n  device-vehicle-event: VEHICLE_EVENT\n  device-heartbeat: HEARTBEAT"},
+		{Name: "APITypesAndAPIType", YAML: "api_types:\n  device-heartbeat: HEARTBEAT\napi_type: HEARTBEAT", Want: "set api_types or api_type, not both"},
+		{Name: "NoAPIType", YAML: "max_payload_bytes: 1", Want: "set api_types (topic to API type) or api_type"},
 		{Name: "EmitCase", YAML: "api_type: HEARTBEAT\nemit: NONE", Want: `field emit: "NONE" is not supported`},
 		{Name: "EmitNew", YAML: "api_type: HEARTBEAT\nemit: new", Want: `field emit: "new" is not supported`},
 		{Name: "EmitNone", YAML: "api_type: HEARTBEAT\nemit: none"},

@@ -103,6 +103,14 @@ func Float(check func(float64) error) string {
 	})
 }
 
+// Bool is the rule of a bool field: its value must pass check.
+func Bool(check func(bool) error) string {
+	return Rule(func(v any) []string {
+		b, ok := v.(bool)
+		return result(ok, check, b)
+	})
+}
+
 // String is the rule of a string field: a value that is not empty must
 // pass check.
 func String(check func(string) error) string {
