@@ -251,30 +251,44 @@ func holderLine(h *outboxdb.Holder) string {
 	return line
 }
 
+// rowJSON is the columns of a row that `outbox show --json` and `outbox find
+// --json` both print, in that order; each adds its own after them.
+type rowJSON struct {
+	ID             int64           `json:"id"`
+	MessageKey     string          `json:"message_key"`
+	APIType        string          `json:"api_type"`
+	Status         outboxdb.Status `json:"status"`
+	FailureClass   *string         `json:"failure_class"`
+	AttemptCount   int             `json:"attempt_count"`
+	LastError      *string         `json:"last_error"`
+	LastHTTPStatus *int32          `json:"last_http_status"`
+	PlateNo        *string         `json:"plate_no"`
+	ParkCode       *string         `json:"park_code"`
+	BerthCode      *string         `json:"berth_code"`
+	DeviceID       *string         `json:"device_id"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+	NextRetryAt    *time.Time      `json:"next_retry_at"`
+	SucceededAt    *time.Time      `json:"succeeded_at"`
+	OrderingKey    *string         `json:"ordering_key"`
+	OrderHeld      bool            `json:"order_held"`
+	OrderBlocked   bool            `json:"order_blocked"`
+}
+
+func newRowJSON(r outboxdb.Record) rowJSON {
+	return rowJSON{ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Status: r.Status,
+		FailureClass: r.FailureClass, AttemptCount: r.AttemptCount, LastError: r.LastError,
+		LastHTTPStatus: r.LastHTTPStatus, PlateNo: r.PlateNo, ParkCode: r.ParkCode, BerthCode: r.BerthCode,
+		DeviceID: r.DeviceID, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, NextRetryAt: r.NextRetryAt,
+		SucceededAt: r.SucceededAt, OrderingKey: r.OrderingKey, OrderHeld: r.OrderHeld, OrderBlocked: r.OrderBlocked}
+}
+
 // showJSON is `outbox show --json`. The payload is there as base64 (exact
 // bytes) and, when it is JSON, as the JSON value itself.
 type showJSON struct {
-	ID             int64            `json:"id"`
-	MessageKey     string           `json:"message_key"`
-	APIType        string           `json:"api_type"`
-	Status         string           `json:"status"`
-	FailureClass   *string          `json:"failure_class"`
-	AttemptCount   int              `json:"attempt_count"`
-	NextRetryAt    *time.Time       `json:"next_retry_at"`
-	LastError      *string          `json:"last_error"`
-	LastHTTPStatus *int32           `json:"last_http_status"`
-	CreatedAt      time.Time        `json:"created_at"`
-	UpdatedAt      time.Time        `json:"updated_at"`
-	SucceededAt    *time.Time       `json:"succeeded_at"`
+	rowJSON
 	FailedAt       *time.Time       `json:"failed_at"`
 	RequeueRounds  int              `json:"requeue_rounds"`
-	OrderingKey    *string          `json:"ordering_key"`
-	OrderHeld      bool             `json:"order_held"`
-	OrderBlocked   bool             `json:"order_blocked"`
-	PlateNo        *string          `json:"plate_no"`
-	ParkCode       *string          `json:"park_code"`
-	BerthCode      *string          `json:"berth_code"`
-	DeviceID       *string          `json:"device_id"`
 	KafkaTopic     string           `json:"kafka_topic"`
 	KafkaPartition int32            `json:"kafka_partition"`
 	KafkaOffset    int64            `json:"kafka_offset"`
@@ -303,12 +317,7 @@ type attemptJSON struct {
 
 func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) error {
 	r := v.Record
-	out := showJSON{ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Status: string(r.Status),
-		FailureClass: r.FailureClass, AttemptCount: r.AttemptCount, NextRetryAt: r.NextRetryAt,
-		LastError: r.LastError, LastHTTPStatus: r.LastHTTPStatus, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
-		SucceededAt: r.SucceededAt, FailedAt: r.FailedAt, RequeueRounds: r.RequeueRounds,
-		OrderingKey: r.OrderingKey, OrderHeld: r.OrderHeld, OrderBlocked: r.OrderBlocked,
-		PlateNo: r.PlateNo, ParkCode: r.ParkCode, BerthCode: r.BerthCode, DeviceID: r.DeviceID,
+	out := showJSON{rowJSON: newRowJSON(r), FailedAt: r.FailedAt, RequeueRounds: r.RequeueRounds,
 		KafkaTopic: r.KafkaTopic, KafkaPartition: r.KafkaPartition, KafkaOffset: r.KafkaOffset,
 		PayloadBase64: r.Payload, Mapping: preview.Mapping,
 		RequestError: preview.Err, AttemptsTotal: v.AttemptsTotal, Attempts: []attemptJSON{}, HeldBehind: v.HeldBehind}
@@ -475,36 +484,13 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 // columns of the record it did not read, as zero values: a FAILED row's
 // failed_at null, partition 0, offset 0 of topic "".
 type findRowJSON struct {
-	ID             int64           `json:"id"`
-	MessageKey     string          `json:"message_key"`
-	APIType        string          `json:"api_type"`
-	Status         outboxdb.Status `json:"status"`
-	FailureClass   *string         `json:"failure_class"`
-	AttemptCount   int             `json:"attempt_count"`
-	LastError      *string         `json:"last_error"`
-	LastHTTPStatus *int32          `json:"last_http_status"`
-	LastErrcode    *string         `json:"last_errcode"`
-	PlateNo        *string         `json:"plate_no"`
-	ParkCode       *string         `json:"park_code"`
-	BerthCode      *string         `json:"berth_code"`
-	DeviceID       *string         `json:"device_id"`
-	CreatedAt      time.Time       `json:"created_at"`
-	UpdatedAt      time.Time       `json:"updated_at"`
-	NextRetryAt    *time.Time      `json:"next_retry_at"`
-	SucceededAt    *time.Time      `json:"succeeded_at"`
-	OrderingKey    *string         `json:"ordering_key"`
-	OrderHeld      bool            `json:"order_held"`
-	OrderBlocked   bool            `json:"order_blocked"`
+	rowJSON
+	LastErrcode *string `json:"last_errcode"`
 }
 
 func writeFindJSON(w io.Writer, rows []outboxdb.FoundRow) error {
 	for _, r := range rows {
-		out := findRowJSON{ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Status: r.Status,
-			FailureClass: r.FailureClass, AttemptCount: r.AttemptCount, LastError: r.LastError,
-			LastHTTPStatus: r.LastHTTPStatus, LastErrcode: r.LastErrcode, PlateNo: r.PlateNo, ParkCode: r.ParkCode,
-			BerthCode: r.BerthCode, DeviceID: r.DeviceID, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
-			NextRetryAt: r.NextRetryAt, SucceededAt: r.SucceededAt, OrderingKey: r.OrderingKey,
-			OrderHeld: r.OrderHeld, OrderBlocked: r.OrderBlocked}
+		out := findRowJSON{rowJSON: newRowJSON(r.Record), LastErrcode: r.LastErrcode}
 		if err := writeJSON(w, out, false); err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -193,6 +194,22 @@ func TestShow(t *testing.T) {
 		if v.ID != ids[key] || v.Status != "FAILED" || v.FailureClass != "REJECTED" || len(v.Attempts) != 3 ||
 			v.Request["access_pwd"] != "***" || v.Request["plate_no"] != "粤B12345" || !sameJSON(t, v.Payload, []byte(vehiclePayload)) {
 			t.Errorf("show --json: %+v", v)
+		}
+		// The fields docs/operations.md lists: the row's columns find
+		// prints too, then what only show has.
+		want := []string{"id", "message_key", "api_type", "status", "failure_class", "attempt_count", "last_error",
+			"last_http_status", "plate_no", "park_code", "berth_code", "device_id", "created_at", "updated_at",
+			"next_retry_at", "succeeded_at", "ordering_key", "order_held", "order_blocked", "failed_at", "requeue_rounds",
+			"kafka_topic", "kafka_partition", "kafka_offset", "kafka_key_base64", "payload_base64", "payload", "request",
+			"mapping", "attempts_total", "attempts"}
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(out), &fields); err != nil {
+			t.Fatal(err)
+		}
+		got := slices.Sorted(maps.Keys(fields))
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("show --json fields %v, want %v", got, want)
 		}
 	})
 
