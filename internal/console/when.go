@@ -2,6 +2,7 @@ package console
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -15,13 +16,20 @@ func ParseWhen(s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
-	if d, err := outboxdb.ParseDuration(s); err == nil {
+	d, durErr := outboxdb.ParseDuration(s)
+	if durErr == nil {
 		return now.Add(-d), nil
 	}
 	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02T15:04", "2006-01-02"} {
 		if t, err := time.Parse(layout, s); err == nil {
 			return t, nil
 		}
+	}
+	// A duration's reason (too long, an unknown unit) says more than
+	// "neither" to someone who wrote a number and a unit: every time has a
+	// '-' or a ':'.
+	if s[0] >= '0' && s[0] <= '9' && !strings.ContainsAny(s, "-:") {
+		return time.Time{}, durErr
 	}
 	return time.Time{}, fmt.Errorf("%q is neither a duration (2h, 7d) nor a time (2026-05-21, \"2026-05-21 10:30\", RFC 3339)", s)
 }

@@ -190,6 +190,8 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"stats", "--top", "-3"}, "outbox stats: --top -3: want at least 1"},
 		{[]string{"requeue", "--batch-size", "99999999999999999999"}, "outbox requeue: invalid value"},
 		{[]string{"requeue", "--dry-run", "--statuss", "FAILED"}, "outbox requeue: flag provided but not defined: -statuss"},
+		{[]string{"requeue", "--dry-run", "--errcode", ""}, "outbox requeue: --errcode is empty: leave the flag out"},
+		{[]string{"find", "--since", "106752d"}, `outbox find: --since: duration "106752d": too long`},
 		{[]string{"release", "--id", "x"}, `outbox release: invalid value "x" for flag -id`},
 		{[]string{"purge"}, "outbox purge: --older-than is required"},
 		{[]string{"purge", "--dry-run"}, "outbox purge: --older-than is required"},

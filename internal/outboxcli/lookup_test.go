@@ -448,7 +448,7 @@ func TestShowSaysWhenThePlatformIsStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	if out := b.mustRun(t, "show", "--mappings", "../../mappings", "waiting"); !regexp.MustCompile(
-		`not sent for now, like every unfinished row:\nplatform: breaker CLOSED for \S+; sending paused for (1m\d+s|2m0s) \(Retry-After\)\n`).MatchString(out) {
+		`not sent for now, like every unfinished row:\nplatform: breaker CLOSED for \S+; sending paused for (1m\d+s|2m) \(Retry-After\)\n`).MatchString(out) {
 		t.Errorf("with a Retry-After pause:\n%s", out)
 	}
 	ok, err := outboxdb.SetBreaker(context.Background(), b.pool, []string{"CLOSED"}, "OPEN", "test", "http 503: unavailable", 5*time.Second)

@@ -230,7 +230,12 @@ func requeueFilter(c *cli.Context) (outboxdb.RequeueFilter, error) {
 		}
 	}
 	if c.IsSet("errcode") {
+		// Given empty (a script's unset variable), it matched no row, and
+		// rows without an errcode cannot be chosen by one.
 		e := c.String("errcode")
+		if e == "" {
+			return f, errors.New("--errcode is empty: leave the flag out not to filter on it")
+		}
 		f.Errcode = &e
 	}
 	if c.IsSet("since") {

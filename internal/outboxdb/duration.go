@@ -8,6 +8,9 @@ import (
 	"time"
 )
 
+// errTooLong is a duration past time.Duration's range, about 292 years.
+var errTooLong = errors.New("too long (the limit is about 106751d)")
+
 // ParseDuration parses the durations of the outbox commands and of the
 // pipeline settings that count in days (retention): Go's syntax
 // (time.ParseDuration: "36h", "90m", "1h30m", "0s") plus a day unit "d" of 24
@@ -56,10 +59,13 @@ func ParseDuration(s string) (time.Duration, error) {
 			d, err = time.ParseDuration(num + unit)
 		}
 		if err != nil {
-			return 0, fmt.Errorf("duration %q: %w", orig, unwrapQuoted(err))
+			if err = unwrapQuoted(err); err.Error() == "overflow" {
+				err = errTooLong
+			}
+			return 0, fmt.Errorf("duration %q: %w", orig, err)
 		}
 		if total > math.MaxInt64-d {
-			return 0, fmt.Errorf("duration %q: too long (the limit is about 106751d)", orig)
+			return 0, fmt.Errorf("duration %q: %w", orig, errTooLong)
 		}
 		total += d
 	}
@@ -82,8 +88,9 @@ func unwrapQuoted(err error) error {
 }
 
 // FormatDuration writes d the way ParseDuration reads it, in whole days
-// then Go's syntax for the rest ("2d3h0m0s", "45s"), rounded to the second
-// when it is at least a second.
+// then Go's syntax for the rest without its zero minutes and seconds
+// ("2d3h", "1h30m", "1h0m5s", "45s"), rounded to the second when it is at
+// least a second.
 func FormatDuration(d time.Duration) string {
 	if d < 0 {
 		return "-" + FormatDuration(-d)
@@ -92,13 +99,19 @@ func FormatDuration(d time.Duration) string {
 		d = d.Round(time.Second)
 	}
 	const day = 24 * time.Hour
-	if d < day {
-		return d.String()
+	days, rest := d/day, d%day
+	s := ""
+	if rest > 0 || days == 0 {
+		s = rest.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
+		}
 	}
-	days := d / day
-	rest := d - days*day
-	if rest == 0 {
-		return fmt.Sprintf("%dd", days)
+	if days == 0 {
+		return s
 	}
-	return fmt.Sprintf("%dd%s", days, rest)
+	return fmt.Sprintf("%dd%s", days, s)
 }

@@ -41,11 +41,13 @@ func TestParseDuration(t *testing.T) {
 func TestParseDurationErrors(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"1w":      `duration "1w": unknown unit "w" (want ns, us, ms, s, m, h or d)`,
-		"1..5d":   `duration "1..5d": missing unit`,
-		"1.x5d":   `duration "1.x5d": unknown unit "x"`,
-		"200000d": `duration "200000d": overflow`,
-		"7":       `duration "7": want a number and a unit`,
+		"1w":             `duration "1w": unknown unit "w" (want ns, us, ms, s, m, h or d)`,
+		"1..5d":          `duration "1..5d": missing unit`,
+		"1.x5d":          `duration "1.x5d": unknown unit "x"`,
+		"200000d":        `duration "200000d": too long (the limit is about 106751d)`,
+		"106752d":        `duration "106752d": too long (the limit is about 106751d)`,
+		"106751d106751d": `duration "106751d106751d": too long (the limit is about 106751d)`,
+		"7":              `duration "7": want a number and a unit`,
 	} {
 		_, err := ParseDuration(in)
 		if err == nil || !strings.HasPrefix(err.Error(), want) {
@@ -60,7 +62,13 @@ func TestFormatDuration(t *testing.T) {
 		0:                                     "0s",
 		1500 * time.Millisecond:               "2s",
 		45 * time.Second:                      "45s",
-		26*time.Hour + 3*time.Minute:          "1d2h3m0s",
+		26*time.Hour + 3*time.Minute:          "1d2h3m",
+		time.Hour:                             "1h",
+		time.Hour + 5*time.Second:             "1h0m5s",
+		90 * time.Minute:                      "1h30m",
+		10 * time.Minute:                      "10m",
+		25 * time.Hour:                        "1d1h",
+		100 * time.Millisecond:                "100ms",
 		7 * 24 * time.Hour:                    "7d",
 		7*24*time.Hour + 400*time.Millisecond: "7d",
 	} {

@@ -52,7 +52,7 @@ func ParsePartitionWidth(s string) (time.Duration, error) {
 // nil.
 func CheckPartitionWidth(d time.Duration) error {
 	if d < MinPartitionWidth || d > MaxPartitionWidth || d%time.Hour != 0 {
-		// The bounds as a user writes them (FormatDuration says 1h0m0s).
+		// The bounds as a user writes them.
 		return errors.New("a partition width must be a whole number of hours from 1h to 7d, e.g. 1d or 6h")
 	}
 	return nil
