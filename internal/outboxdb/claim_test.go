@@ -564,6 +564,26 @@ func TestClaimProbe(t *testing.T) {
 		}
 	})
 
+	// A requeue resets the attempts but keeps the last error (it
+	// describes the last attempt until the next one): a requeued message
+	// that failed for good goes after a message never sent, and still
+	// carries a probe when it is all there is.
+	t.Run("ARequeuedFailureGoesAfterANewMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setupClaimTest(t)
+		b.Insert(fixture.Row{Key: "failed", Status: "FAILED", Attempts: 5, LastError: "http 500", LastHTTPStatus: 500})
+		if n, err := outboxdb.Requeue(b.Ctx, b.Pool, outboxdb.RequeueFilter{Keys: []string{"failed"}}, outboxdb.RequeueOptions{}); err != nil || n != 1 {
+			t.Fatalf("requeue: %d rows, %v", n, err)
+		}
+		fresh := b.Insert(fixture.Row{Key: "fresh"})[0]
+		if r := probe(t, b); r.ID != fresh {
+			t.Fatalf("probe took %q, want the message never sent (row %d) before the requeued failure", r.MessageKey, fresh)
+		}
+		if r := probe(t, b); r.MessageKey != "failed" || r.AttemptCount != 1 {
+			t.Fatalf("second probe took %q (attempt %d), want the requeued row, its first attempt since the requeue", r.MessageKey, r.AttemptCount)
+		}
+	})
+
 	t.Run("NeverTheSameRowTwiceInARow", func(t *testing.T) {
 		t.Parallel()
 		b := setupClaimTest(t)
