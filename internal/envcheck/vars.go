@@ -221,18 +221,14 @@ func (v Var) problem(value string) string {
 		if _, err := outboxdb.ParseDuration(value); err != nil {
 			return "not a duration (Go's syntax plus days: 7d, 36h, 1d12h)" + eg
 		}
-	case PositiveInt:
-		n, err := strconv.Atoi(value)
-		if err != nil || n < 1 {
-			return "not a whole number of at least 1" + eg
+	case PositiveInt, NonNegativeInt:
+		least := 0
+		if v.Kind == PositiveInt {
+			least = 1
 		}
-		if v.Max > 0 && n > v.Max {
-			return fmt.Sprintf("more than %d%s", v.Max, eg)
-		}
-	case NonNegativeInt:
 		n, err := strconv.Atoi(value)
-		if err != nil || n < 0 {
-			return "not a whole number of at least 0" + eg
+		if err != nil || n < least {
+			return fmt.Sprintf("not a whole number of at least %d%s", least, eg)
 		}
 		if v.Max > 0 && n > v.Max {
 			return fmt.Sprintf("more than %d%s", v.Max, eg)
