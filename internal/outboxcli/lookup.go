@@ -287,32 +287,21 @@ func newRowJSON(r outboxdb.Record) rowJSON {
 // bytes) and, when it is JSON, as the JSON value itself.
 type showJSON struct {
 	rowJSON
-	FailedAt       *time.Time       `json:"failed_at"`
-	RequeueRounds  int              `json:"requeue_rounds"`
-	KafkaTopic     string           `json:"kafka_topic"`
-	KafkaPartition int32            `json:"kafka_partition"`
-	KafkaOffset    int64            `json:"kafka_offset"`
-	KafkaKeyBase64 *string          `json:"kafka_key_base64"`
-	PayloadBase64  []byte           `json:"payload_base64"` // encoding/json writes []byte as base64
-	Payload        json.RawMessage  `json:"payload,omitempty"`
-	PayloadOmitted string           `json:"payload_omitted,omitempty"`
-	Request        json.RawMessage  `json:"request,omitempty"`
-	RequestError   string           `json:"request_error,omitempty"`
-	Mapping        string           `json:"mapping"`
-	AttemptsTotal  int64            `json:"attempts_total"`
-	Attempts       []attemptJSON    `json:"attempts"`
-	HeldBehind     *outboxdb.Holder `json:"held_behind,omitempty"`
-}
-
-type attemptJSON struct {
-	AttemptedAt     time.Time  `json:"attempted_at"`
-	AttemptNumber   int        `json:"attempt_number"`
-	ResultStatus    string     `json:"result_status"`
-	HTTPStatus      *int32     `json:"http_status"`
-	PlatformErrcode *string    `json:"platform_errcode"`
-	DurationMS      *int32     `json:"duration_ms"`
-	NextRetryAt     *time.Time `json:"next_retry_at"`
-	ErrorMessage    *string    `json:"error_message"`
+	FailedAt       *time.Time         `json:"failed_at"`
+	RequeueRounds  int                `json:"requeue_rounds"`
+	KafkaTopic     string             `json:"kafka_topic"`
+	KafkaPartition int32              `json:"kafka_partition"`
+	KafkaOffset    int64              `json:"kafka_offset"`
+	KafkaKeyBase64 *string            `json:"kafka_key_base64"`
+	PayloadBase64  []byte             `json:"payload_base64"` // encoding/json writes []byte as base64
+	Payload        json.RawMessage    `json:"payload,omitempty"`
+	PayloadOmitted string             `json:"payload_omitted,omitempty"`
+	Request        json.RawMessage    `json:"request,omitempty"`
+	RequestError   string             `json:"request_error,omitempty"`
+	Mapping        string             `json:"mapping"`
+	AttemptsTotal  int64              `json:"attempts_total"`
+	Attempts       []outboxdb.Attempt `json:"attempts"`
+	HeldBehind     *outboxdb.Holder   `json:"held_behind,omitempty"`
 }
 
 func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) error {
@@ -320,7 +309,7 @@ func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) 
 	out := showJSON{rowJSON: newRowJSON(r), FailedAt: r.FailedAt, RequeueRounds: r.RequeueRounds,
 		KafkaTopic: r.KafkaTopic, KafkaPartition: r.KafkaPartition, KafkaOffset: r.KafkaOffset,
 		PayloadBase64: r.Payload, Mapping: preview.Mapping,
-		RequestError: preview.Err, AttemptsTotal: v.AttemptsTotal, Attempts: []attemptJSON{}, HeldBehind: v.HeldBehind}
+		RequestError: preview.Err, AttemptsTotal: v.AttemptsTotal, Attempts: v.Attempts, HeldBehind: v.HeldBehind}
 	if r.KafkaKey != nil {
 		k := base64.StdEncoding.EncodeToString(r.KafkaKey)
 		out.KafkaKeyBase64 = &k
@@ -341,10 +330,8 @@ func writeShowJSON(w io.Writer, v outboxdb.RecordView, preview console.Preview) 
 	case preview.Body != "":
 		out.RequestError = "the request body is too large to show: " + strings.Join(preview.Notes, " ")
 	}
-	for _, a := range v.Attempts {
-		out.Attempts = append(out.Attempts, attemptJSON{AttemptedAt: a.AttemptedAt, AttemptNumber: a.AttemptNumber,
-			ResultStatus: a.ResultStatus, HTTPStatus: a.HTTPStatus, PlatformErrcode: a.PlatformErrcode,
-			DurationMS: a.DurationMS, NextRetryAt: a.NextRetryAt, ErrorMessage: a.ErrorMessage})
+	if out.Attempts == nil {
+		out.Attempts = []outboxdb.Attempt{} // [] rather than null
 	}
 	return writeJSON(w, out, true)
 }

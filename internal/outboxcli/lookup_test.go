@@ -211,6 +211,14 @@ func TestShow(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("show --json fields %v, want %v", got, want)
 		}
+		if attempts := string(fields["attempts"]); !strings.Contains(attempts, `"attempted_at"`) || !strings.Contains(attempts, `"result_status"`) || strings.Contains(attempts, `"id"`) {
+			t.Errorf("show --json attempts: %s", attempts)
+		}
+		// A row never attempted has a list, empty, not null.
+		none := b.mustRun(t, "show", "--json", "--mappings", "../../mappings", "bad-mapping")
+		if !strings.Contains(none, `"attempts": []`) {
+			t.Errorf("show --json of a row never attempted:\n%s", none)
+		}
 	})
 
 	t.Run("WhatAHeldRowWaitsBehind", func(t *testing.T) {

@@ -305,17 +305,17 @@ func explain(ctx context.Context, db TxBeginner, opts LookupOptions, sql string,
 	return plan, err
 }
 
-// Attempt is one forward_retry_logs row.
+// Attempt is one forward_retry_logs row; its JSON is `outbox show --json`'s.
 type Attempt struct {
-	ID              int64      `db:"id"`
-	AttemptNumber   int        `db:"attempt_number"`
-	ResultStatus    string     `db:"result_status"`
-	HTTPStatus      *int32     `db:"http_status"`
-	PlatformErrcode *string    `db:"platform_errcode"`
-	ErrorMessage    *string    `db:"error_message"`
-	DurationMS      *int32     `db:"duration_ms"`
-	AttemptedAt     time.Time  `db:"attempted_at"`
-	NextRetryAt     *time.Time `db:"next_retry_at"`
+	ID              int64      `db:"id" json:"-"`
+	AttemptedAt     time.Time  `db:"attempted_at" json:"attempted_at"`
+	AttemptNumber   int        `db:"attempt_number" json:"attempt_number"`
+	ResultStatus    string     `db:"result_status" json:"result_status"`
+	HTTPStatus      *int32     `db:"http_status" json:"http_status"`
+	PlatformErrcode *string    `db:"platform_errcode" json:"platform_errcode"`
+	DurationMS      *int32     `db:"duration_ms" json:"duration_ms"`
+	NextRetryAt     *time.Time `db:"next_retry_at" json:"next_retry_at"`
+	ErrorMessage    *string    `db:"error_message" json:"error_message"`
 }
 
 type attemptRow struct {
