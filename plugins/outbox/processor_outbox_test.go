@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
@@ -704,4 +705,37 @@ func str(p *string) string {
 		return "<nil>"
 	}
 	return *p
+}
+
+// TestKeyConflictCheckThatFailsIsLogged: the check for keys reused with
+// another payload runs after the batch is committed and returns nothing to
+// fail it with; when it fails (the database went away in between) it says
+// so at WARN, and a check cut short by the stream stopping says nothing.
+func TestKeyConflictCheckThatFailsIsLogged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, "api_type: HEARTBEAT")
+	gone, err := pgxpool.New(context.Background(), b.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	live := p.pool
+	p.pool = gone
+	t.Cleanup(func() { p.pool = live })
+	chunk := []outboxdb.NewRecord{{MessageKey: "k-1", Payload: []byte(`{"messageId":"k-1"}`)}}
+
+	// First, as the log is rate-limited per kind of message.
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.checkKeyConflicts(stopped, chunk)
+	if n := b.logs.count(slog.LevelWarn, "Could not check"); n != 0 {
+		t.Errorf("a check cut short by the stream stopping was logged:\n%s", b.logs.all())
+	}
+
+	p.checkKeyConflicts(context.Background(), chunk)
+	const want = "Could not check the duplicate keys of a batch for other payloads: comparing the payloads of duplicate keys: closed pool"
+	if n := b.logs.count(slog.LevelWarn, want); n != 1 {
+		t.Errorf("a failed check was logged %d times, want once with %q:\n%s", n, want, b.logs.all())
+	}
 }
