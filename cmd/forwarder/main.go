@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -50,6 +51,10 @@ func tuneGC() {
 }
 
 func main() {
+	if err := flagAfterPath(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	tuneGC()
 	setHelp()
 	// No outbox row is claimed until Benthos listens for SIGTERM: one

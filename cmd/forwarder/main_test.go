@@ -105,6 +105,16 @@ output:
 		}
 	})
 
+	t.Run("FlagAfterThePathsIsRefused", func(t *testing.T) {
+		t.Parallel()
+		out, err := run(t, nil, "lint", "../../pipelines/forwarder.yaml", "--skip-env-var-check")
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 ||
+			out != "forwarder lint: flag --skip-env-var-check after the path ../../pipelines/forwarder.yaml: flags go before the paths\n" {
+			t.Errorf("lint with a flag after its path: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("Help", func(t *testing.T) {
 		t.Parallel()
 		out, err := run(t, nil, "--help")
