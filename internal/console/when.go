@@ -2,7 +2,6 @@ package console
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -25,10 +24,7 @@ func ParseWhen(s string, now time.Time) (time.Time, error) {
 			return t, nil
 		}
 	}
-	// A duration's reason (too long, an unknown unit) says more than
-	// "neither" to someone who wrote a number and a unit: every time has a
-	// '-' or a ':'.
-	if s[0] >= '0' && s[0] <= '9' && !strings.ContainsAny(s, "-:") {
+	if outboxdb.MeantAsDuration(s) {
 		return time.Time{}, durErr
 	}
 	return time.Time{}, fmt.Errorf("%q is neither a duration (2h, 7d) nor a time (2026-05-21, \"2026-05-21 10:30\", RFC 3339)", s)

@@ -26,7 +26,7 @@ survives restarts. It ends by itself at --until, or at "outbox resume";
 delivery then ramps up from one request at a time, as after an outage.
 
 --until is a time (RFC 3339, 2026-12-02T06:00:00Z) or a duration from now
-(90m, 2h30m); without it the pause lasts until resumed. Pausing again while
+(90m, 2h30m; at least 1s); without it the pause lasts until resumed. Pausing again while
 paused keeps the pause's start and replaces its end and reason. Each pause
 and resume leaves a row in forward_operator_log; "outbox stats", the console
 and the metric forwarder_delivery_paused show it.`,

@@ -134,7 +134,9 @@ func TestPauseResume(t *testing.T) {
 		for until, want := range map[string]string{
 			"tomorrow":             "neither an RFC 3339 time",
 			"-5m":                  "must be positive",
-			"0":                    "must be positive",
+			"0":                    "must be at least 1s",
+			"1ms":                  "must be at least 1s", // passed before the database recorded it
+			"106752d":              "too long",
 			"2001-01-01T00:00:00Z": "has passed",
 		} {
 			out, err := b.run(t, "pause", "--until", until)

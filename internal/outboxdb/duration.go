@@ -87,6 +87,14 @@ func unwrapQuoted(err error) error {
 	return errors.New(msg)
 }
 
+// MeantAsDuration says whether s, which ParseDuration refused, was written
+// as a duration: it starts with a digit and has no '-' or ':', which every
+// date and time has. ParseDuration's error then says more than "neither a
+// duration nor a time" (too long, an unknown unit).
+func MeantAsDuration(s string) bool {
+	return s != "" && s[0] >= '0' && s[0] <= '9' && !strings.ContainsAny(s, "-:")
+}
+
 // FormatDuration writes d the way ParseDuration reads it, in whole days
 // then Go's syntax for the rest without its zero minutes and seconds
 // ("2d3h", "1h30m", "1h0m5s", "45s"), rounded to the second when it is at

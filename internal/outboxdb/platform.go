@@ -214,10 +214,15 @@ func ResumeDelivery(ctx context.Context, q Querier, by string) (bool, error) {
 	return was, nil
 }
 
+// MinPauseDuration is the shortest pause given as a duration: instances
+// follow a pause within a second, and one that ended before the database
+// recorded it would be refused there.
+const MinPauseDuration = time.Second
+
 // ParsePauseEnd reads when a pause should end, as an operator gives it:
-// empty (until resumed: the zero time), an RFC 3339 time, or a positive
-// duration from now in the syntax of every other duration an operator
-// types (ParseDuration: 90m, 2d). The end must be in the future.
+// empty (until resumed: the zero time), an RFC 3339 time, or a duration from
+// now of at least MinPauseDuration in the syntax of every other duration an
+// operator types (ParseDuration: 90m, 2d). The end must be in the future.
 func ParsePauseEnd(v string, now time.Time) (time.Time, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -226,14 +231,18 @@ func ParsePauseEnd(v string, now time.Time) (time.Time, error) {
 	if strings.HasPrefix(v, "-") {
 		return time.Time{}, fmt.Errorf("the end of the pause %s: a duration must be positive", v)
 	}
-	if d, err := ParseDuration(v); err == nil {
-		if d <= 0 {
-			return time.Time{}, fmt.Errorf("the end of the pause %s: a duration must be positive", v)
+	d, durErr := ParseDuration(v)
+	if durErr == nil {
+		if d < MinPauseDuration {
+			return time.Time{}, fmt.Errorf("the end of the pause %s: a duration must be at least %s (instances follow a pause within a second)", v, MinPauseDuration)
 		}
 		return now.Add(d), nil
 	}
 	t, err := time.Parse(time.RFC3339, v)
 	if err != nil {
+		if MeantAsDuration(v) {
+			return time.Time{}, fmt.Errorf("the end of the pause: %w", durErr)
+		}
 		return time.Time{}, fmt.Errorf("the end of the pause %q is neither an RFC 3339 time (2026-12-02T06:00:00Z) nor a duration (90m, 2d)", v)
 	}
 	if !t.After(now) {

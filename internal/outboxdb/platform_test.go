@@ -1,6 +1,7 @@
 package outboxdb_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -69,6 +70,37 @@ func TestRateWait(t *testing.T) {
 	} {
 		if got := outboxdb.RateWait(c.tokens, c.rate); got != c.want {
 			t.Errorf("%v tokens at %v a second: wait %v, want %v", c.tokens, c.rate, got, c.want)
+		}
+	}
+}
+
+func TestParsePauseEnd(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{
+		"":                     {},
+		"90m":                  now.Add(90 * time.Minute),
+		"2d":                   now.Add(48 * time.Hour),
+		"1s":                   now.Add(time.Second),
+		"2026-12-05T13:00:00Z": now.Add(time.Hour),
+	} {
+		got, err := outboxdb.ParsePauseEnd(in, now)
+		if err != nil || !got.Equal(want) {
+			t.Errorf("ParsePauseEnd(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"0s":                   "the end of the pause 0s: a duration must be at least 1s",
+		"1ms":                  "the end of the pause 1ms: a duration must be at least 1s",
+		"-1h":                  "the end of the pause -1h: a duration must be positive",
+		"106752d":              `the end of the pause: duration "106752d": too long (the limit is about 106751d)`,
+		"2x":                   `the end of the pause: duration "2x": unknown unit "x"`,
+		"tomorrow":             `the end of the pause "tomorrow" is neither an RFC 3339 time`,
+		"2026-12-05 13:00":     `the end of the pause "2026-12-05 13:00" is neither an RFC 3339 time`,
+		"2026-12-05T12:00:00Z": "the end of the pause 2026-12-05T12:00:00Z has passed",
+	} {
+		if _, err := outboxdb.ParsePauseEnd(in, now); err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("ParsePauseEnd(%q) error %v, want %q", in, err, want)
 		}
 	}
 }
