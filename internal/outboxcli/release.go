@@ -45,10 +45,14 @@ changes nothing. It fails when nothing blocks the key.`,
 			}
 			o := outboxdb.ReleaseOptions{Key: c.String("key"), ID: c.Int64("id"), Operator: operator, DryRun: c.Bool("dry-run")}
 			switch {
+			case c.IsSet("key") && c.IsSet("id"):
+				return cli.Exit("outbox release: name the blocked key (--key) or the FAILED row (--id), not both", 2)
+			case c.IsSet("key") && o.Key == "":
+				return cli.Exit("outbox release: --key is empty: name the blocked key", 2)
+			case c.IsSet("id") && o.ID <= 0:
+				return cli.Exit(fmt.Sprintf("outbox release: --id %d: want a row's id, at least 1", o.ID), 2)
 			case o.Key == "" && o.ID == 0:
 				return cli.Exit("outbox release: name the blocked key (--key) or the FAILED row (--id)", 2)
-			case o.ID < 0:
-				return cli.Exit("outbox release: --id must be positive", 2)
 			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				res, err := outboxdb.ReleaseKey(ctx, pool, o)

@@ -131,6 +131,10 @@ the number of rows in forward_operator_log.`,
 type keyList []string
 
 func (k *keyList) Set(v string) error {
+	if v == "" {
+		// A script's unset variable; no row has an empty key.
+		return errors.New("a message key is never empty")
+	}
 	*k = append(*k, v)
 	return nil
 }
