@@ -32,7 +32,10 @@ func TestVarCheck(t *testing.T) {
 		{"KAFKA_BATCH_PERIOD", "0s", ""},
 		{"OUTBOX_RETENTION", "7d", ""},
 		{"OUTBOX_RETENTION", "1d12h", ""},
-		{"OUTBOX_RETENTION", "7 days", `OUTBOX_RETENTION="7 days": not a duration (Go's syntax plus days`},
+		{"OUTBOX_RETENTION", "7 days", `OUTBOX_RETENTION="7 days": unknown unit " days" (want ns, us, ms, s, m, h or d), e.g. 7d`},
+		{"OUTBOX_RETENTION", "a week", `OUTBOX_RETENTION="a week": not a duration (Go's syntax plus days: 7d, 36h, 1d12h), e.g. 7d`},
+		{"OUTBOX_RETENTION", "106752d", "OUTBOX_RETENTION=106752d: too long (the limit is about 106751d), e.g. 7d"},
+		{"OUTBOX_RETENTION", "7x", `OUTBOX_RETENTION=7x: unknown unit "x" (want ns, us, ms, s, m, h or d), e.g. 7d`},
 		// The narrowest and widest partitions, and what is refused around them.
 		{"OUTBOX_PARTITION", "1h", ""},
 		{"OUTBOX_PARTITION", "6h", ""},

@@ -219,6 +219,10 @@ func (v Var) problem(value string) string {
 		}
 	case DurationDays:
 		if _, err := outboxdb.ParseDuration(value); err != nil {
+			// A number with a unit: why it is not one (too long, the unit).
+			if why := errors.Unwrap(err); why != nil && outboxdb.MeantAsDuration(value) {
+				return why.Error() + eg
+			}
 			return "not a duration (Go's syntax plus days: 7d, 36h, 1d12h)" + eg
 		}
 	case PositiveInt, NonNegativeInt:
