@@ -47,7 +47,17 @@ unspecified host (0.0.0.0, ::, empty) is asked on the loopback address.
 				Value: 5 * time.Second,
 			},
 		},
+		// A mistaken command line is one line and exit status 1, "not
+		// healthy", whatever runs it: Docker reserves 2, and urfave/cli's
+		// page of help would fill the health log. An argument is refused:
+		// urfave/cli reads no flag after one.
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return cli.Exit("forwarder healthcheck: "+err.Error()+" (see --help)", 1)
+		},
 		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return cli.Exit(fmt.Sprintf("forwarder healthcheck: unexpected argument %q: this command takes flags only (see --help)", c.Args().First()), 1)
+			}
 			url, err := healthcheckURL(c.String("addr"), c.String("path"))
 			if err != nil {
 				return cli.Exit("forwarder healthcheck: "+err.Error(), 1)

@@ -305,6 +305,20 @@ func TestHealthcheck(t *testing.T) {
 		}
 	})
 
+	t.Run("AMistakenCommandLineIsOneLine", func(t *testing.T) {
+		t.Parallel()
+		for args, want := range map[string]string{
+			"healthcheck --url http://x/ready":        "forwarder healthcheck: flag provided but not defined: -url (see --help)\n",
+			"healthcheck --timeout soon":              `forwarder healthcheck: invalid value "soon" for flag -timeout: parse error (see --help)` + "\n",
+			"healthcheck 127.0.0.1:4195 --path /ping": `forwarder healthcheck: unexpected argument "127.0.0.1:4195": this command takes flags only (see --help)` + "\n",
+		} {
+			out, err := run(t, nil, strings.Fields(args)...)
+			if exitCode(err) != 1 || out != want {
+				t.Errorf("%s: exit %d, want 1 and %q, got:\n%s", args, exitCode(err), want, out)
+			}
+		}
+	})
+
 	t.Run("RealService", func(t *testing.T) {
 		t.Parallel()
 		port := strings.TrimPrefix(closedAddr(t), "127.0.0.1:")
