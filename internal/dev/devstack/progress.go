@@ -47,14 +47,26 @@ func (s *Stack) Drain(ctx context.Context, within time.Duration) (Progress, bool
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	var last Progress
+	read := false
 	for {
 		p, err := s.Progress(ctx)
-		if err == nil && p.Rows.Persisted >= p.Produced.Rows() {
-			return p, true
+		if err == nil {
+			if p.Rows.Persisted >= p.Produced.Rows() {
+				return p, true
+			}
+			last, read = p, true
 		}
 		select {
 		case <-ctx.Done():
-			return p, false
+			// A read the deadline cut short has no rows: say what the
+			// last one found (it had said "persisted 0" of a large run).
+			if !read {
+				rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				last, _ = s.Progress(rctx)
+				cancel()
+			}
+			return last, false
 		case <-tick.C:
 		}
 	}
