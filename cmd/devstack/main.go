@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -97,6 +98,9 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (op
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q: the dev stack takes flags only, e.g. make run ARGS=\"-rate 500\"", fs.Arg(0))
 	}
+	if err := checkFlags(o, faults); err != nil {
+		return o, err
+	}
 	cfg.Faults, cfg.Env = faults, env
 	if verbose {
 		cfg.ForwarderLog = os.Stdout
@@ -114,6 +118,42 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (op
 		cfg.External = &ext
 	}
 	return o, nil
+}
+
+// checkFlags refuses a value the stack would refuse only once PostgreSQL,
+// Kafka, the platform and the forwarder were started (a negative rate, a
+// share above 1), or would run with unnoticed (a negative count or
+// duration, NaN).
+func checkFlags(o options, f mockplatform.Faults) error {
+	cfg := o.cfg
+	if !(cfg.Rate >= 0) || math.IsInf(cfg.Rate, 1) {
+		return fmt.Errorf("-rate %v: want messages per second, 0 for as fast as possible", cfg.Rate)
+	}
+	if cfg.Count < 0 {
+		return fmt.Errorf("-count %d: want a number of messages, 0 for no limit", cfg.Count)
+	}
+	if o.duration < 0 {
+		return fmt.Errorf("-duration %s: want a duration, 0 to run until Ctrl-C", o.duration)
+	}
+	if f.Latency < 0 || f.LatencyJitter < 0 {
+		return fmt.Errorf("-latency %s, -latency-jitter %s: a latency is not negative", f.Latency, f.LatencyJitter)
+	}
+	shares := []struct {
+		name string
+		v    float64
+	}{{"duplicates", cfg.DuplicateRate}, {"malformed", cfg.MalformedRate}, {"err998", f.Errcode998}, {"err999", f.Errcode999}, {"err5xx", f.HTTP5xx}}
+	for _, s := range shares {
+		if !(s.v >= 0 && s.v <= 1) {
+			return fmt.Errorf("-%s %v: want a share from 0 to 1", s.name, s.v)
+		}
+	}
+	if sum := cfg.DuplicateRate + cfg.MalformedRate; sum > 1 {
+		return fmt.Errorf("-duplicates and -malformed add up to %v, more than every message", sum)
+	}
+	if sum := f.Errcode998 + f.Errcode999 + f.HTTP5xx; sum > 1 {
+		return fmt.Errorf("-err998, -err999 and -err5xx add up to %v, more than every answer", sum)
+	}
+	return nil
 }
 
 func run() int {

@@ -68,6 +68,37 @@ func TestParseFlags(t *testing.T) {
 		}
 	})
 
+	// Each was refused only once PostgreSQL, Kafka, the platform and the
+	// forwarder had started, or ran unnoticed (a negative count, NaN); the
+	// smallest and largest values accepted start.
+	t.Run("ValuesTheStackCannotUseAreRefused", func(t *testing.T) {
+		for args, want := range map[string]string{
+			"-rate -5":                            "-rate -5: want messages per second, 0 for as fast as possible",
+			"-rate NaN":                           "-rate NaN: want messages per second",
+			"-rate +Inf":                          "-rate +Inf: want messages per second",
+			"-count -1":                           "-count -1: want a number of messages, 0 for no limit",
+			"-duration -1s":                       "-duration -1s: want a duration, 0 to run until Ctrl-C",
+			"-latency -1ms":                       "-latency -1ms, -latency-jitter 30ms: a latency is not negative",
+			"-latency-jitter -1s":                 "-latency 20ms, -latency-jitter -1s: a latency is not negative",
+			"-duplicates 2":                       "-duplicates 2: want a share from 0 to 1",
+			"-malformed -0.1":                     "-malformed -0.1: want a share from 0 to 1",
+			"-duplicates NaN":                     "-duplicates NaN: want a share from 0 to 1",
+			"-err5xx 1.5":                         "-err5xx 1.5: want a share from 0 to 1",
+			"-duplicates 0.6 -malformed 0.6":      "-duplicates and -malformed add up to 1.2, more than every message",
+			"-err998 0.5 -err999 0.5 -err5xx 0.5": "-err998, -err999 and -err5xx add up to 1.5, more than every answer",
+		} {
+			fs := flag.NewFlagSet("devstack", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			_, err := parseFlags(fs, strings.Fields(args), func(k string) string { return env[k] })
+			if err == nil || !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("%s: %v, want %q", args, err, want)
+			}
+		}
+		parse(t, "-rate", "0", "-count", "0", "-duration", "0s", "-latency", "0s", "-latency-jitter", "0s",
+			"-duplicates", "0", "-malformed", "0", "-err998", "0", "-err999", "0", "-err5xx", "0")
+		parse(t, "-duplicates", "1", "-malformed", "0", "-err998", "0", "-err999", "0", "-err5xx", "1")
+	})
+
 	t.Run("HelpShowsNoSecret", func(t *testing.T) {
 		fs := flag.NewFlagSet("devstack", flag.ContinueOnError)
 		var help bytes.Buffer

@@ -67,8 +67,8 @@ func New(cfg Config) (*Generator, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("eventgen: no Kafka brokers given")
 	}
-	if cfg.Rate < 0 {
-		return nil, fmt.Errorf("eventgen: rate %v is negative", cfg.Rate)
+	if !(cfg.Rate >= 0) {
+		return nil, fmt.Errorf("eventgen: rate %v is not a number of messages per second", cfg.Rate)
 	}
 	src, err := NewSource(cfg.SourceConfig)
 	if err != nil {

@@ -200,7 +200,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 		cfg.Now = time.Now
 	}
 	for name, r := range map[string]float64{"duplicate": cfg.DuplicateRate, "malformed": cfg.MalformedRate, "missing-id": cfg.MissingIDRate} {
-		if r < 0 || r > 1 {
+		if !(r >= 0 && r <= 1) { // NaN too
 			return nil, fmt.Errorf("eventgen: %s rate %v is not in [0, 1]", name, r)
 		}
 	}

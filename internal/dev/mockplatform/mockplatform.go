@@ -82,7 +82,7 @@ type Faults struct {
 
 func (f Faults) validate() error {
 	for name, r := range map[string]float64{"Errcode998": f.Errcode998, "Errcode999": f.Errcode999, "HTTP5xx": f.HTTP5xx, "FirstTry999": f.FirstTry999} {
-		if r < 0 || r > 1 {
+		if !(r >= 0 && r <= 1) { // NaN too
 			return fmt.Errorf("mockplatform: %s rate %v is not in [0, 1]", name, r)
 		}
 	}
