@@ -103,7 +103,11 @@ func CheckAddr(addr, token string) error {
 	}
 	if token != "" {
 		if len(token) < MinTokenLength {
-			return fmt.Errorf("CONSOLE_TOKEN is %d characters long: use at least %d (a random one: openssl rand -hex 24)", len(token), MinTokenLength)
+			unit := "characters"
+			if len(token) == 1 {
+				unit = "character"
+			}
+			return fmt.Errorf("CONSOLE_TOKEN is %d %s long: use at least %d (a random one: openssl rand -hex 24)", len(token), unit, MinTokenLength)
 		}
 		if n := symbols(token); n < minTokenSymbols {
 			return fmt.Errorf("CONSOLE_TOKEN uses %d different characters: use a random token of at least %d characters (openssl rand -hex 24)", n, MinTokenLength)

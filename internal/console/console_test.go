@@ -44,6 +44,7 @@ func TestCheckAddr(t *testing.T) {
 		{"10.1.2.3:4196", "", "set CONSOLE_TOKEN"},
 		{"console.example:4196", "", "set CONSOLE_TOKEN"},
 		{"0.0.0.0:4196", testToken, ""},
+		{"0.0.0.0:4196", "Q", "CONSOLE_TOKEN is 1 character long: use at least 32"},
 		{"0.0.0.0:4196", "short", "CONSOLE_TOKEN is 5 characters long: use at least 32"},
 		{"0.0.0.0:4196", strings.Repeat("a", 16), "CONSOLE_TOKEN is 16 characters long: use at least 32"},
 		{"127.0.0.1:4196", strings.Repeat("a", 31), "CONSOLE_TOKEN is 31 characters long: use at least 32"},
