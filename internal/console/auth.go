@@ -375,7 +375,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("console login refused: too many attempts", "remote", r.RemoteAddr)
 		w.Header().Set("Retry-After", strconv.Itoa(secs))
 		s.render(w, r, http.StatusTooManyRequests, "login", loginData{Next: "/",
-			Error: fmt.Sprintf("Too many login attempts from your address: try again in %d seconds.", secs)})
+			Error: fmt.Sprintf("Too many login attempts from your address: try again in %s.", seconds(secs))})
 		return
 	}
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/x-www-form-urlencoded" {
@@ -445,4 +445,12 @@ func safeNext(next string) string {
 		return "/"
 	}
 	return next
+}
+
+// seconds is "1 second", "5 seconds".
+func seconds(n int) string {
+	if n == 1 {
+		return "1 second"
+	}
+	return strconv.Itoa(n) + " seconds"
 }

@@ -147,6 +147,14 @@ func TestLoginRateLimit(t *testing.T) {
 		!strings.Contains(w.Body.String(), "Too many login attempts") {
 		t.Errorf("attempt 11, with the right token: %d, Retry-After %q, cookie %q; want 429 and no session", w.Code, w.Header().Get("Retry-After"), w.Header().Get("Set-Cookie"))
 	}
+	// The page says the wait the header gives, "1 second" in the singular.
+	wait := w.Header().Get("Retry-After") + " seconds."
+	if wait == "1 seconds." {
+		wait = "1 second."
+	}
+	if !strings.Contains(w.Body.String(), "try again in "+wait) {
+		t.Errorf("attempt 11: the page does not say %q:\n%s", "try again in "+wait, w.Body.String())
+	}
 	if w := login("198.51.100.9:1000", testToken); w.Code != http.StatusSeeOther {
 		t.Errorf("another address: %d, want 303", w.Code)
 	}
