@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/user"
 	"strconv"
 	"strings"
 
@@ -191,29 +190,4 @@ func withPoolURL(c *cli.Context, dsn, source string, fn func(ctx context.Context
 		return cli.Exit(fmt.Sprintf("outbox %s: %s", c.Command.Name, console.SafeText(err.Error())), 1)
 	}
 	return nil
-}
-
-// operatorFlag names who runs a command that changes rows, for
-// forward_operator_log.
-func operatorFlag() cli.Flag {
-	return &cli.StringFlag{Name: "operator", Usage: "who is running this, for the audit log (default: $USER)"}
-}
-
-// operatorName is --operator, else $USER, else the OS account's name. An
-// --operator given empty is refused rather than replaced (a script's unset
-// variable must not sign the audit log with someone else's name).
-func operatorName(c *cli.Context) (string, error) {
-	if op := strings.TrimSpace(c.String("operator")); op != "" {
-		return op, nil
-	}
-	if c.IsSet("operator") {
-		return "", errors.New("--operator must not be empty")
-	}
-	if op := strings.TrimSpace(os.Getenv("USER")); op != "" {
-		return op, nil
-	}
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		return u.Username, nil
-	}
-	return "", errors.New("cannot tell who you are for the audit log: set --operator NAME")
 }
