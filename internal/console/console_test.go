@@ -448,14 +448,20 @@ func TestConsole(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		c := b.start(t, console.Config{})
+		// A NUL byte or bytes that are not UTF-8 in a filter were sent to
+		// PostgreSQL, which refused them: a 500 and an ERROR in the log.
 		for path, want := range map[string]int{"/records/999999": 404, "/records/abc": 404, "/search?status=DONE": 200,
-			"/search?since=yesterday": 200, "/nope": 404, "/failed/requeue?class=WHATEVER": 400} {
+			"/search?since=yesterday": 200, "/nope": 404, "/failed/requeue?class=WHATEVER": 400,
+			"/search?plate=%00": 200, "/search?berth=a%ffb&park=P1": 200, "/failed/requeue?class=TRANSIENT&reason=%00": 400} {
 			if code, _, _ := c.do("GET", path, nil, nil); code != want {
 				t.Errorf("GET %s: %d, want %d", path, code, want)
 			}
 		}
 		if body := c.get("/search?since=yesterday"); !strings.Contains(body, "since: ") {
 			t.Errorf("a bad since is not explained:\n%s", body)
+		}
+		if body := c.get("/search?plate=%00"); !strings.Contains(body, `plate &#34;\x00&#34;: not text (a NUL byte, or bytes that are not UTF-8)`) {
+			t.Errorf("a plate with a NUL byte is not explained:\n%s", body)
 		}
 		// A limit out of range is refused as the find command refuses it,
 		// 0 included (it used to be read as the default, 50).

@@ -470,6 +470,9 @@ func groupParams(get func(string) string) (class, reason string, err error) {
 	default:
 		return "", "", httpError{http.StatusBadRequest, "unknown failure class"}
 	}
+	if err := outboxdb.CheckText("reason", reason); err != nil {
+		return "", "", httpError{http.StatusBadRequest, err.Error()}
+	}
 	return class, reason, nil
 }
 
@@ -501,6 +504,10 @@ func (s *Server) requeueGroup(w http.ResponseWriter, r *http.Request) {
 	if q := r.PostFormValue("reason_q"); q != "" {
 		if reason, err = strconv.Unquote(q); err != nil {
 			s.fail(w, r, httpError{http.StatusBadRequest, "the form's reason_q is not a quoted string: reload the confirmation page"})
+			return
+		}
+		if err := outboxdb.CheckText("reason", reason); err != nil {
+			s.fail(w, r, httpError{http.StatusBadRequest, err.Error()})
 			return
 		}
 	}

@@ -197,6 +197,10 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"release", "--id", "0"}, "outbox release: --id 0: want a row's id, at least 1"},
 		{[]string{"release", "--id", "-1"}, "outbox release: --id -1: want a row's id, at least 1"},
 		{[]string{"requeue", "--dry-run", "--key", "f1", "--key", ""}, `outbox requeue: invalid value "" for flag -key: a message key is never empty`},
+		// No stored value holds them; PostgreSQL refused them with an error.
+		{[]string{"find", "--plate", "\xff"}, `outbox find: plate "\xff": not text (a NUL byte, or bytes that are not UTF-8)`},
+		{[]string{"requeue", "--dry-run", "--errcode", "99\xfe"}, `outbox requeue: errcode "99\xfe": not text`},
+		{[]string{"requeue", "--dry-run", "--key", "f1", "--key", "a\xffb"}, `outbox requeue: key "a\xffb": not text`},
 		{[]string{"release", "--id", "x"}, `outbox release: invalid value "x" for flag -id`},
 		{[]string{"purge"}, "outbox purge: --older-than is required"},
 		{[]string{"purge", "--dry-run"}, "outbox purge: --older-than is required"},

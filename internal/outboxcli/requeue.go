@@ -265,5 +265,5 @@ func requeueFilter(c *cli.Context) (outboxdb.RequeueFilter, error) {
 	if c.Int("batch-size") <= 0 {
 		return f, fmt.Errorf("--batch-size must be positive")
 	}
-	return f, nil
+	return f, f.Validate()
 }

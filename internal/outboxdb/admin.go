@@ -195,6 +195,15 @@ func (f RequeueFilter) args() ([]any, error) {
 			return nil, fmt.Errorf("unknown failure class %q: want TRANSIENT, REJECTED or INVALID", c)
 		}
 	}
+	texts := []struct{ name, v string }{{"errcode", textOf(f.Errcode)}, {"reason", textOf(f.Reason)}}
+	for _, k := range f.Keys {
+		texts = append(texts, struct{ name, v string }{"key", k})
+	}
+	for _, t := range texts {
+		if err := CheckText(t.name, t.v); err != nil {
+			return nil, err
+		}
+	}
 	var within, keys any
 	if f.UpdatedWithin < 0 {
 		return nil, fmt.Errorf("updated-within %s is negative", f.UpdatedWithin)
@@ -206,6 +215,20 @@ func (f RequeueFilter) args() ([]any, error) {
 		keys = f.Keys
 	}
 	return []any{ss, f.Errcode, within, keys, classes, f.Reason}, nil
+}
+
+// Validate says what is wrong with the filter, as Requeue and CountRequeue
+// would, without a database.
+func (f RequeueFilter) Validate() error {
+	_, err := f.args()
+	return err
+}
+
+func textOf(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // RequeueCount is what CountRequeue found.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -44,6 +45,11 @@ type FindFilter struct {
 
 // Validate checks the filter's values.
 func (f FindFilter) Validate() error {
+	for _, t := range []struct{ name, v string }{{"plate", f.Plate}, {"park", f.Park}, {"berth", f.Berth}, {"device", f.Device}, {"errcode", f.Errcode}} {
+		if err := CheckText(t.name, t.v); err != nil {
+			return err
+		}
+	}
 	switch f.Status {
 	case "", StatusPending, StatusInProgress, StatusSuccess, StatusFailed:
 	default:
@@ -54,6 +60,16 @@ func (f FindFilter) Validate() error {
 	}
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
 		return fmt.Errorf("since %s is not before until %s", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// CheckText refuses a value that cannot be compared with a text column: a
+// NUL byte, or bytes that are not UTF-8. No stored value holds either, and
+// PostgreSQL answers such a parameter with an error, not with no rows.
+func CheckText(name, v string) error {
+	if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+		return fmt.Errorf("%s %q: not text (a NUL byte, or bytes that are not UTF-8): no row holds it", name, v)
 	}
 	return nil
 }
