@@ -201,6 +201,8 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"find", "--plate", "\xff"}, `outbox find: plate "\xff": not text (a NUL byte, or bytes that are not UTF-8)`},
 		{[]string{"requeue", "--dry-run", "--errcode", "99\xfe"}, `outbox requeue: errcode "99\xfe": not text`},
 		{[]string{"requeue", "--dry-run", "--key", "f1", "--key", "a\xffb"}, `outbox requeue: key "a\xffb": not text`},
+		{[]string{"show", "k\xff"}, `outbox show: message_key "k\xff": not text`},
+		{[]string{"release", "--key", "P1/\xff"}, `outbox release: key "P1/\xff": not text`},
 		{[]string{"release", "--id", "x"}, `outbox release: invalid value "x" for flag -id`},
 		{[]string{"purge"}, "outbox purge: --older-than is required"},
 		{[]string{"purge", "--dry-run"}, "outbox purge: --older-than is required"},

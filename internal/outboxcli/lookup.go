@@ -84,6 +84,9 @@ and for at most 2 s.`,
 				return cli.Exit(fmt.Sprintf("outbox show: one message_key or id, got %s: flags go before the key", quoteArgs(c.Args().Slice())), 2)
 			}
 			ref := c.Args().First()
+			if err := outboxdb.CheckText("message_key", ref); err != nil {
+				return cli.Exit("outbox show: "+err.Error(), 2)
+			}
 			timeout, err := lookupTimeout(c)
 			if err != nil {
 				return err

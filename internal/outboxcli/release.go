@@ -44,11 +44,14 @@ changes nothing. It fails when nothing blocks the key.`,
 				return cli.Exit("outbox release: "+err.Error(), 2)
 			}
 			o := outboxdb.ReleaseOptions{Key: c.String("key"), ID: c.Int64("id"), Operator: operator, DryRun: c.Bool("dry-run")}
+			keyErr := outboxdb.CheckText("key", o.Key)
 			switch {
 			case c.IsSet("key") && c.IsSet("id"):
 				return cli.Exit("outbox release: name the blocked key (--key) or the FAILED row (--id), not both", 2)
 			case c.IsSet("key") && o.Key == "":
 				return cli.Exit("outbox release: --key is empty: name the blocked key", 2)
+			case keyErr != nil:
+				return cli.Exit("outbox release: "+keyErr.Error(), 2)
 			case c.IsSet("id") && o.ID <= 0:
 				return cli.Exit(fmt.Sprintf("outbox release: --id %d: want a row's id, at least 1", o.ID), 2)
 			case o.Key == "" && o.ID == 0:
