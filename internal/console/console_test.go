@@ -460,6 +460,9 @@ func TestConsole(t *testing.T) {
 		if body := c.get("/search?since=yesterday"); !strings.Contains(body, "since: ") {
 			t.Errorf("a bad since is not explained:\n%s", body)
 		}
+		if _, _, body := c.do("GET", "/records/99999999999999999999", nil, nil); !strings.Contains(body, "no row with id 99999999999999999999") {
+			t.Errorf("an id past int64 is not a row that does not exist:\n%s", body)
+		}
 		if body := c.get("/search?plate=%00"); !strings.Contains(body, `plate &#34;\x00&#34;: not text (a NUL byte, or bytes that are not UTF-8)`) {
 			t.Errorf("a plate with a NUL byte is not explained:\n%s", body)
 		}

@@ -370,7 +370,10 @@ type recordData struct {
 
 func (s *Server) loadRecord(r *http.Request) (outboxdb.RecordView, error) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil {
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return outboxdb.RecordView{}, httpError{http.StatusNotFound, fmt.Sprintf("no row with id %s: ids are below 2^63", r.PathValue("id"))}
+	case err != nil:
 		return outboxdb.RecordView{}, httpError{http.StatusNotFound, "no such row: the id is not a number"}
 	}
 	v, err := outboxdb.ShowRecordByID(r.Context(), s.pool, id, s.lookupOpts())
