@@ -58,6 +58,11 @@ unspecified host (0.0.0.0, ::, empty) is asked on the loopback address.
 			if c.NArg() > 0 {
 				return cli.Exit(fmt.Sprintf("forwarder healthcheck: unexpected argument %q: this command takes flags only (see --help)", c.Args().First()), 1)
 			}
+			// http.Client reads 0 and below as no timeout at all: a check
+			// of a service that hangs would hang too.
+			if t := c.Duration("timeout"); t <= 0 {
+				return cli.Exit(fmt.Sprintf("forwarder healthcheck: --timeout %s: want a duration above zero", t), 1)
+			}
 			url, err := healthcheckURL(c.String("addr"), c.String("path"))
 			if err != nil {
 				return cli.Exit("forwarder healthcheck: "+err.Error(), 1)

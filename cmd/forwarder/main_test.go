@@ -311,6 +311,8 @@ func TestHealthcheck(t *testing.T) {
 			"healthcheck --url http://x/ready":        "forwarder healthcheck: flag provided but not defined: -url (see --help)\n",
 			"healthcheck --timeout soon":              `forwarder healthcheck: invalid value "soon" for flag -timeout: parse error (see --help)` + "\n",
 			"healthcheck 127.0.0.1:4195 --path /ping": `forwarder healthcheck: unexpected argument "127.0.0.1:4195": this command takes flags only (see --help)` + "\n",
+			"healthcheck --timeout 0s":                "forwarder healthcheck: --timeout 0s: want a duration above zero\n",
+			"healthcheck --timeout -1s":               "forwarder healthcheck: --timeout -1s: want a duration above zero\n",
 		} {
 			out, err := run(t, nil, strings.Fields(args)...)
 			if exitCode(err) != 1 || out != want {
