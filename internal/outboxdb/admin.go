@@ -1,6 +1,7 @@
 package outboxdb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -195,14 +196,8 @@ func (f RequeueFilter) args() ([]any, error) {
 			return nil, fmt.Errorf("unknown failure class %q: want TRANSIENT, REJECTED or INVALID", c)
 		}
 	}
-	texts := []struct{ name, v string }{{"errcode", textOf(f.Errcode)}, {"reason", textOf(f.Reason)}}
-	for _, k := range f.Keys {
-		texts = append(texts, struct{ name, v string }{"key", k})
-	}
-	for _, t := range texts {
-		if err := CheckText(t.name, t.v); err != nil {
-			return nil, err
-		}
+	if err := cmp.Or(CheckText("errcode", textOf(f.Errcode)), CheckText("reason", textOf(f.Reason)), CheckText("key", f.Keys...)); err != nil {
+		return nil, err
 	}
 	var within, keys any
 	if f.UpdatedWithin < 0 {

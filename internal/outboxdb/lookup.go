@@ -1,6 +1,7 @@
 package outboxdb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,10 +46,9 @@ type FindFilter struct {
 
 // Validate checks the filter's values.
 func (f FindFilter) Validate() error {
-	for _, t := range []struct{ name, v string }{{"plate", f.Plate}, {"park", f.Park}, {"berth", f.Berth}, {"device", f.Device}, {"errcode", f.Errcode}} {
-		if err := CheckText(t.name, t.v); err != nil {
-			return err
-		}
+	if err := cmp.Or(CheckText("plate", f.Plate), CheckText("park", f.Park), CheckText("berth", f.Berth),
+		CheckText("device", f.Device), CheckText("errcode", f.Errcode)); err != nil {
+		return err
 	}
 	switch f.Status {
 	case "", StatusPending, StatusInProgress, StatusSuccess, StatusFailed:
@@ -64,12 +64,15 @@ func (f FindFilter) Validate() error {
 	return nil
 }
 
-// CheckText refuses a value that cannot be compared with a text column: a
+// CheckText refuses values that cannot be compared with a text column: a
 // NUL byte, or bytes that are not UTF-8. No stored value holds either, and
-// PostgreSQL answers such a parameter with an error, not with no rows.
-func CheckText(name, v string) error {
-	if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
-		return fmt.Errorf("%s %q: not text (a NUL byte, or bytes that are not UTF-8): no row holds it", name, v)
+// PostgreSQL answers such a parameter with an error, not with no rows. The
+// error names the first such value.
+func CheckText(name string, values ...string) error {
+	for _, v := range values {
+		if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+			return fmt.Errorf("%s %q: not text (a NUL byte, or bytes that are not UTF-8): no row holds it", name, v)
+		}
 	}
 	return nil
 }
