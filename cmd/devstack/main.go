@@ -172,7 +172,12 @@ func run() int {
 	// everything in order, and exit 0 - and so do go run and make.
 	restore := takeForeground()
 	defer restore()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// When the reader of our output goes (make run | head), the next write
+	// raises SIGPIPE, whose default action kills us and leaves PostgreSQL
+	// running. Caught for good, it fails that write instead; the first one
+	// stops everything in order, as Ctrl-C does.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
 	defer stop()
 	stopWithParent()
 

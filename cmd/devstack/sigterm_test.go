@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,23 +33,6 @@ func forwarderBin(t *testing.T) string {
 		t.Fatalf("building the forwarder: %v\n%s", err, out)
 	}
 	return bin
-}
-
-// goRunDevstack starts `go run ./cmd/devstack` as `make run` does, on data
-// directory dir.
-func goRunDevstack(t *testing.T, bin, dir string) (*exec.Cmd, *bufio.Scanner) {
-	t.Helper()
-	cmd := exec.Command("go", "run", "./cmd/devstack", "-data", dir, "-forwarder", bin, "-http-addr", "127.0.0.1:0", "-rate", "20")
-	cmd.Dir = repoRoot
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	return cmd, bufio.NewScanner(stdout)
 }
 
 // alive reports whether pid is a running process (not gone, not a zombie).
@@ -80,35 +64,50 @@ func readPid(t *testing.T, path string) int {
 	return pid
 }
 
-// TestSigtermToGoRunStopsEverything is `make run` stopped by a process
-// manager rather than Ctrl-C: a SIGTERM to `go run` (which dies without
-// passing it on) stops the dev stack, its forwarder and its PostgreSQL
-// server; nothing is left running. A second stack started meanwhile on the
-// same directory says that one is live instead of touching its PostgreSQL.
-func TestSigtermToGoRunStopsEverything(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a whole dev stack")
-	}
-	bin := forwarderBin(t)
-	dir := t.TempDir()
-	cmd, lines := goRunDevstack(t, bin, dir)
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+// stack is a dev stack started by goRunDevstack and up.
+type stack struct {
+	cmd    *exec.Cmd
+	stdout io.Closer // the read end of its output
+	pids   []process // forwarder, PostgreSQL, dev stack: the order they stop in
+	mu     sync.Mutex
+	out    strings.Builder
+}
 
-	var (
-		mu  sync.Mutex
-		out strings.Builder
-	)
-	output := func() string { mu.Lock(); defer mu.Unlock(); return out.String() }
+type process struct {
+	name string
+	pid  int
+}
+
+func (s *stack) output() string { s.mu.Lock(); defer s.mu.Unlock(); return s.out.String() }
+
+// startStack runs `go run ./cmd/devstack` as `make run` does, on data
+// directory dir, and waits until it says it is up and its processes run.
+func startStack(t *testing.T, bin, dir string) *stack {
+	t.Helper()
+	s := &stack{cmd: exec.Command("go", "run", "./cmd/devstack", "-data", dir, "-forwarder", bin, "-http-addr", "127.0.0.1:0", "-rate", "20")}
+	s.cmd.Dir = repoRoot
+	stdout, err := s.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.stdout = stdout
+	s.cmd.Stderr = s.cmd.Stdout
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.cmd.Process.Kill(); _ = s.cmd.Wait() })
+
 	fwdPid := 0
 	pidLine := regexp.MustCompile(`forwarder running \(pid (\d+)\)`)
 	ready := make(chan error, 1)
 	go func() {
+		lines := bufio.NewScanner(stdout)
 		up := false
 		for lines.Scan() {
 			line := lines.Text()
-			mu.Lock()
-			out.WriteString(line + "\n")
-			mu.Unlock()
+			s.mu.Lock()
+			s.out.WriteString(line + "\n")
+			s.mu.Unlock()
 			if m := pidLine.FindStringSubmatch(line); m != nil && !up {
 				fwdPid, _ = strconv.Atoi(m[1])
 			}
@@ -124,51 +123,46 @@ func TestSigtermToGoRunStopsEverything(t *testing.T) {
 	select {
 	case err := <-ready:
 		if err != nil {
-			t.Fatalf("%v:\n%s", err, output())
+			t.Fatalf("%v:\n%s", err, s.output())
 		}
 	case <-time.After(3 * time.Minute):
-		t.Fatalf("the dev stack did not come up in 3 minutes:\n%s", output())
+		t.Fatalf("the dev stack did not come up in 3 minutes:\n%s", s.output())
 	}
-	stackPid := readPid(t, filepath.Join(dir, "devstack.lock"))
-	pgPid := readPid(t, filepath.Join(dir, "pg", "postmaster.pid"))
-	for name, pid := range map[string]int{"dev stack": stackPid, "forwarder": fwdPid, "PostgreSQL": pgPid} {
-		if pid == 0 || !alive(pid) {
-			t.Fatalf("the %s (pid %d) is not running:\n%s", name, pid, output())
+	s.pids = []process{
+		{"forwarder", fwdPid},
+		{"PostgreSQL", readPid(t, filepath.Join(dir, "pg", "postmaster.pid"))},
+		{"dev stack", readPid(t, filepath.Join(dir, "devstack.lock"))},
+	}
+	for _, p := range s.pids {
+		if p.pid == 0 || !alive(p.pid) {
+			t.Fatalf("the %s (pid %d) is not running:\n%s", p.name, p.pid, s.output())
 		}
 	}
+	return s
+}
 
-	t.Run("ASecondStackSaysTheFirstIsLive", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		second := exec.CommandContext(ctx, "go", "run", "./cmd/devstack", "-data", dir, "-forwarder", bin, "-http-addr", "127.0.0.1:0")
-		second.Dir = repoRoot
-		got, err := second.CombinedOutput()
-		if err == nil || !strings.Contains(string(got), "another dev stack is running in this directory") ||
-			!strings.Contains(string(got), fmt.Sprintf("pid %d", stackPid)) {
-			t.Errorf("second stack on a live directory: err %v, want it to name the live stack:\n%s", err, got)
+// pid is the pid of the stack's process called name.
+func (s *stack) pid(name string) int {
+	for _, p := range s.pids {
+		if p.name == name {
+			return p.pid
 		}
-		if strings.Contains(string(got), "pg_ctl") {
-			t.Errorf("the second stack advises stopping the live stack's PostgreSQL:\n%s", got)
-		}
-		if !alive(pgPid) || !alive(stackPid) {
-			t.Error("the second stack stopped the live one")
-		}
-	})
-
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
 	}
-	// The stack's own bounds: 40 s for the forwarder, 60 s for pg_ctl stop.
+	panic("no process " + name)
+}
+
+// checkStopped fails unless every process of the stack ends within the
+// stack's own bounds after what (40 s for the forwarder, 60 s for pg_ctl
+// stop), and kills what is left.
+func (s *stack) checkStopped(t *testing.T, what string) {
+	t.Helper()
 	deadline := time.Now().Add(150 * time.Second)
-	for _, p := range []struct {
-		name string
-		pid  int
-	}{{"forwarder", fwdPid}, {"PostgreSQL", pgPid}, {"dev stack", stackPid}} {
+	for _, p := range s.pids {
 		for alive(p.pid) && time.Now().Before(deadline) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		if alive(p.pid) {
-			t.Errorf("the %s (pid %d) still runs after SIGTERM to go run", p.name, p.pid)
+			t.Errorf("the %s (pid %d) still runs after %s", p.name, p.pid, what)
 			if p.name != "PostgreSQL" {
 				// Stuck in Go code: say where before it goes.
 				dumpGoroutines(p.pid)
@@ -177,7 +171,67 @@ func TestSigtermToGoRunStopsEverything(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("dev stack output:\n%s", output())
+		t.Logf("dev stack output:\n%s", s.output())
+	}
+}
+
+// TestSigtermToGoRunStopsEverything is `make run` stopped by a process
+// manager rather than Ctrl-C: a SIGTERM to `go run` (which dies without
+// passing it on) stops the dev stack, its forwarder and its PostgreSQL
+// server; nothing is left running. A second stack started meanwhile on the
+// same directory says that one is live instead of touching its PostgreSQL.
+func TestSigtermToGoRunStopsEverything(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole dev stack")
+	}
+	bin := forwarderBin(t)
+	dir := t.TempDir()
+	s := startStack(t, bin, dir)
+
+	t.Run("ASecondStackSaysTheFirstIsLive", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		second := exec.CommandContext(ctx, "go", "run", "./cmd/devstack", "-data", dir, "-forwarder", bin, "-http-addr", "127.0.0.1:0")
+		second.Dir = repoRoot
+		got, err := second.CombinedOutput()
+		if err == nil || !strings.Contains(string(got), "another dev stack is running in this directory") ||
+			!strings.Contains(string(got), fmt.Sprintf("pid %d", s.pid("dev stack"))) {
+			t.Errorf("second stack on a live directory: err %v, want it to name the live stack:\n%s", err, got)
+		}
+		if strings.Contains(string(got), "pg_ctl") {
+			t.Errorf("the second stack advises stopping the live stack's PostgreSQL:\n%s", got)
+		}
+		if !alive(s.pid("PostgreSQL")) || !alive(s.pid("dev stack")) {
+			t.Error("the second stack stopped the live one")
+		}
+	})
+
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	s.checkStopped(t, "SIGTERM to go run")
+}
+
+// TestReaderGoneStopsEverything is `make run | head`: once the reader of
+// its output exits, the dev stack's next progress line meets a broken pipe.
+// It stops in order as on Ctrl-C instead of dying of SIGPIPE with its
+// PostgreSQL server left running, and so the next run on the same
+// directory starts.
+func TestReaderGoneStopsEverything(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole dev stack")
+	}
+	bin := forwarderBin(t)
+	dir := t.TempDir()
+	for run := 1; run <= 2; run++ {
+		s := startStack(t, bin, dir)
+		if err := s.stdout.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s.checkStopped(t, "the reader of its output went away")
+		if t.Failed() {
+			return
+		}
 	}
 }
 
