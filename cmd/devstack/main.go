@@ -11,6 +11,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/dev/devstack"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 )
 
@@ -123,7 +125,8 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (op
 // checkFlags refuses a value the stack would refuse only once PostgreSQL,
 // Kafka, the platform and the forwarder were started (a negative rate, a
 // share above 1), or would run with unnoticed (a negative count or
-// duration, NaN).
+// duration, NaN). The shares and latencies get the generator's and the
+// platform's own checks, which name the flags.
 func checkFlags(o options, f mockplatform.Faults) error {
 	cfg := o.cfg
 	if !(cfg.Rate >= 0) || math.IsInf(cfg.Rate, 1) {
@@ -135,25 +138,14 @@ func checkFlags(o options, f mockplatform.Faults) error {
 	if o.duration < 0 {
 		return fmt.Errorf("-duration %s: want a duration, 0 to run until Ctrl-C", o.duration)
 	}
-	if f.Latency < 0 || f.LatencyJitter < 0 {
-		return fmt.Errorf("-latency %s, -latency-jitter %s: a latency is not negative", f.Latency, f.LatencyJitter)
+	flags := map[string]string{
+		"DuplicateRate": "-duplicates", "MalformedRate": "-malformed",
+		"Errcode998": "-err998", "Errcode999": "-err999", "HTTP5xx": "-err5xx",
+		"Latency": "-latency", "LatencyJitter": "-latency-jitter",
 	}
-	shares := []struct {
-		name string
-		v    float64
-	}{{"duplicates", cfg.DuplicateRate}, {"malformed", cfg.MalformedRate}, {"err998", f.Errcode998}, {"err999", f.Errcode999}, {"err5xx", f.HTTP5xx}}
-	for _, s := range shares {
-		if !(s.v >= 0 && s.v <= 1) {
-			return fmt.Errorf("-%s %v: want a share from 0 to 1", s.name, s.v)
-		}
-	}
-	if sum := cfg.DuplicateRate + cfg.MalformedRate; sum > 1 {
-		return fmt.Errorf("-duplicates and -malformed add up to %v, more than every message", sum)
-	}
-	if sum := f.Errcode998 + f.Errcode999 + f.HTTP5xx; sum > 1 {
-		return fmt.Errorf("-err998, -err999 and -err5xx add up to %v, more than every answer", sum)
-	}
-	return nil
+	flagOf := func(field string) string { return flags[field] }
+	src := eventgen.SourceConfig{DuplicateRate: cfg.DuplicateRate, MalformedRate: cfg.MalformedRate}
+	return cmp.Or(src.Validate(flagOf), f.Validate(flagOf))
 }
 
 func run() int {

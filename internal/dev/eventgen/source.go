@@ -176,6 +176,27 @@ func (s *Source) step() (berth int, enter bool, plate string) {
 	return berth, true, plate
 }
 
+// Validate checks the shares of messages: each from 0 to 1, duplicates
+// and malformed ones together at most every message. Its errors call a field
+// name(field), e.g. the flag that set it; nil keeps the Go names.
+func (cfg SourceConfig) Validate(name func(field string) string) error {
+	if name == nil {
+		name = func(field string) string { return field }
+	}
+	for _, s := range []struct {
+		field string
+		v     float64
+	}{{"DuplicateRate", cfg.DuplicateRate}, {"MalformedRate", cfg.MalformedRate}, {"MissingIDRate", cfg.MissingIDRate}} {
+		if !(s.v >= 0 && s.v <= 1) { // NaN too
+			return fmt.Errorf("%s %v: want a share from 0 to 1", name(s.field), s.v)
+		}
+	}
+	if sum := cfg.DuplicateRate + cfg.MalformedRate; sum > 1 {
+		return fmt.Errorf("%s and %s add up to %v, more than every message", name("DuplicateRate"), name("MalformedRate"), sum)
+	}
+	return nil
+}
+
 // NewSource returns a Source.
 func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.VehicleTopic == "" {
@@ -199,13 +220,8 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	for name, r := range map[string]float64{"duplicate": cfg.DuplicateRate, "malformed": cfg.MalformedRate, "missing-id": cfg.MissingIDRate} {
-		if !(r >= 0 && r <= 1) { // NaN too
-			return nil, fmt.Errorf("eventgen: %s rate %v is not in [0, 1]", name, r)
-		}
-	}
-	if cfg.DuplicateRate+cfg.MalformedRate > 1 {
-		return nil, fmt.Errorf("eventgen: duplicate and malformed rates add up to %v, more than 1", cfg.DuplicateRate+cfg.MalformedRate)
+	if err := cfg.Validate(nil); err != nil {
+		return nil, fmt.Errorf("eventgen: %w", err)
 	}
 	seed := cfg.Seed
 	if seed == 0 {

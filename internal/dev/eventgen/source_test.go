@@ -3,6 +3,7 @@ package eventgen_test
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -361,5 +362,31 @@ func TestSourceBerthPairs(t *testing.T) {
 		if len(st.events) != 2 {
 			t.Errorf("berth %s has %d events in a round, want an enter and an exit", b, len(st.events))
 		}
+	}
+}
+
+// TestSourceRefusesImpossibleShares: a share outside [0, 1] (NaN too), or
+// duplicates and malformed messages that add up to more than every
+// message, is refused in the config's names, or the caller's.
+func TestSourceRefusesImpossibleShares(t *testing.T) {
+	for _, c := range []struct {
+		cfg  eventgen.SourceConfig
+		want string
+	}{
+		{eventgen.SourceConfig{DuplicateRate: 2}, "eventgen: DuplicateRate 2: want a share from 0 to 1"},
+		{eventgen.SourceConfig{MalformedRate: -0.1}, "eventgen: MalformedRate -0.1: want a share from 0 to 1"},
+		{eventgen.SourceConfig{MissingIDRate: math.NaN()}, "eventgen: MissingIDRate NaN: want a share from 0 to 1"},
+		{eventgen.SourceConfig{DuplicateRate: 0.5, MalformedRate: 0.75}, "eventgen: DuplicateRate and MalformedRate add up to 1.25, more than every message"},
+	} {
+		if _, err := eventgen.NewSource(c.cfg); err == nil || err.Error() != c.want {
+			t.Errorf("eventgen.NewSource(%+v): %v, want %q", c.cfg, err, c.want)
+		}
+	}
+	if _, err := eventgen.NewSource(eventgen.SourceConfig{DuplicateRate: 1, MissingIDRate: 1}); err != nil {
+		t.Errorf("the largest shares: %v", err)
+	}
+	err := eventgen.SourceConfig{MalformedRate: 1.5}.Validate(func(field string) string { return "--" + strings.ToLower(field) })
+	if want := "--malformedrate 1.5: want a share from 0 to 1"; err == nil || err.Error() != want {
+		t.Errorf("in the caller's names: %v, want %q", err, want)
 	}
 }

@@ -80,17 +80,26 @@ type Faults struct {
 	FirstTry999 float64
 }
 
-func (f Faults) validate() error {
-	for name, r := range map[string]float64{"Errcode998": f.Errcode998, "Errcode999": f.Errcode999, "HTTP5xx": f.HTTP5xx, "FirstTry999": f.FirstTry999} {
-		if !(r >= 0 && r <= 1) { // NaN too
-			return fmt.Errorf("mockplatform: %s rate %v is not in [0, 1]", name, r)
+// Validate checks the faults: each share from 0 to 1, the answers they
+// replace at most every answer, no negative latency. Its errors call a field
+// name(field), e.g. the flag that set it; nil keeps the Go names.
+func (f Faults) Validate(name func(field string) string) error {
+	if name == nil {
+		name = func(field string) string { return field }
+	}
+	for _, s := range []struct {
+		field string
+		v     float64
+	}{{"Errcode998", f.Errcode998}, {"Errcode999", f.Errcode999}, {"HTTP5xx", f.HTTP5xx}, {"FirstTry999", f.FirstTry999}} {
+		if !(s.v >= 0 && s.v <= 1) { // NaN too
+			return fmt.Errorf("%s %v: want a share from 0 to 1", name(s.field), s.v)
 		}
 	}
-	if f.Errcode998+f.Errcode999+f.HTTP5xx > 1 {
-		return fmt.Errorf("mockplatform: fault rates add up to %v, more than 1", f.Errcode998+f.Errcode999+f.HTTP5xx)
+	if sum := f.Errcode998 + f.Errcode999 + f.HTTP5xx; sum > 1 {
+		return fmt.Errorf("%s, %s and %s add up to %v, more than every answer", name("Errcode998"), name("Errcode999"), name("HTTP5xx"), sum)
 	}
 	if f.Latency < 0 || f.LatencyJitter < 0 {
-		return errors.New("mockplatform: latency must not be negative")
+		return fmt.Errorf("%s %s, %s %s: a latency is not negative", name("Latency"), f.Latency, name("LatencyJitter"), f.LatencyJitter)
 	}
 	return nil
 }
@@ -207,8 +216,8 @@ type BerthRequest struct {
 // New returns a platform. It panics on invalid fault rates, a programming
 // error; use SetFaults to validate input.
 func New(cfg Config) *Platform {
-	if err := cfg.Faults.validate(); err != nil {
-		panic(err)
+	if err := cfg.Faults.Validate(nil); err != nil {
+		panic("mockplatform: " + err.Error())
 	}
 	seed := cfg.Seed
 	if seed == 0 {
@@ -315,8 +324,8 @@ func (p *Platform) noteBerth(berth, id, outcome string, at time.Time) {
 
 // SetFaults replaces the injected failures.
 func (p *Platform) SetFaults(f Faults) error {
-	if err := f.validate(); err != nil {
-		return err
+	if err := f.Validate(nil); err != nil {
+		return fmt.Errorf("mockplatform: %w", err)
 	}
 	p.mu.Lock()
 	p.faults = f
@@ -672,8 +681,8 @@ func Start(cfg Config) (*Server, error) { return StartAt("127.0.0.1:0", cfg) }
 
 // StartAt serves a new Platform on addr.
 func StartAt(addr string, cfg Config) (*Server, error) {
-	if err := cfg.Faults.validate(); err != nil {
-		return nil, err
+	if err := cfg.Faults.Validate(nil); err != nil {
+		return nil, fmt.Errorf("mockplatform: %w", err)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

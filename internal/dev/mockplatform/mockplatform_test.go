@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -472,4 +473,34 @@ func TestPlatform(t *testing.T) {
 			t.Errorf("WaitFor on an unmet condition: %v, want DeadlineExceeded", err)
 		}
 	})
+}
+
+// TestFaultsRefusedInTheirNames: a share outside [0, 1] (NaN too), shares
+// of answers that add up to more than every answer, or a negative latency
+// is refused, in the fields' names or the caller's.
+func TestFaultsRefusedInTheirNames(t *testing.T) {
+	p := mockplatform.New(mockplatform.Config{})
+	for _, c := range []struct {
+		f    mockplatform.Faults
+		want string
+	}{
+		{mockplatform.Faults{HTTP5xx: 1.5}, "mockplatform: HTTP5xx 1.5: want a share from 0 to 1"},
+		{mockplatform.Faults{FirstTry999: math.NaN()}, "mockplatform: FirstTry999 NaN: want a share from 0 to 1"},
+		{mockplatform.Faults{Errcode998: 0.5, Errcode999: 0.5, HTTP5xx: 0.5}, "mockplatform: Errcode998, Errcode999 and HTTP5xx add up to 1.5, more than every answer"},
+		{mockplatform.Faults{LatencyJitter: -time.Second}, "mockplatform: Latency 0s, LatencyJitter -1s: a latency is not negative"},
+	} {
+		if err := p.SetFaults(c.f); err == nil || err.Error() != c.want {
+			t.Errorf("SetFaults(%+v): %v, want %q", c.f, err, c.want)
+		}
+		if _, err := mockplatform.Start(mockplatform.Config{Faults: c.f}); err == nil || err.Error() != c.want {
+			t.Errorf("Start with %+v: %v, want %q", c.f, err, c.want)
+		}
+	}
+	if err := p.SetFaults(mockplatform.Faults{HTTP5xx: 1, FirstTry999: 1}); err != nil {
+		t.Errorf("the largest shares: %v", err)
+	}
+	err := mockplatform.Faults{Errcode999: 2}.Validate(func(field string) string { return "-" + strings.ToLower(field) })
+	if want := "-errcode999 2: want a share from 0 to 1"; err == nil || err.Error() != want {
+		t.Errorf("in the caller's names: %v, want %q", err, want)
+	}
 }
