@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -473,6 +474,23 @@ func TestConsole(t *testing.T) {
 			if want := fmt.Sprintf("limit &#34;%s&#34;: want 1 to 1000", limit); !strings.Contains(body, want) || strings.Contains(body, "m-1") {
 				t.Errorf("limit=%s: the page does not say %q (or lists rows):\n%s", limit, want, body)
 			}
+		}
+		if _, _, body := c.do("GET", "/failed/requeue?class=WHATEVER", nil, nil); !strings.Contains(body, "unknown failure class &#34;WHATEVER&#34;: want TRANSIENT, REJECTED or INVALID") {
+			t.Errorf("an unknown class is not explained:\n%s", body)
+		}
+		// The confirmation's form posts the reason quoted: once unquoted it
+		// is checked as the link's is, before anything is requeued or
+		// recorded.
+		csrf := csrfOf(t, c.get("/"))
+		for reasonQ, want := range map[string]string{strconv.Quote("a\x00b"): `reason &#34;a\x00b&#34;: not text`, `"open`: "reason_q is not a quoted string"} {
+			form := url.Values{"csrf": {csrf}, "class": {"TRANSIENT"}, "reason": {"boom"}, "reason_q": {reasonQ}}
+			if code, _, body := c.do("POST", "/failed/requeue", form, nil); code != http.StatusBadRequest || !strings.Contains(body, want) {
+				t.Errorf("POST reason_q=%s: %d, want 400 saying %q:\n%s", reasonQ, code, want, body)
+			}
+		}
+		var actions int
+		if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM forward_operator_log").Scan(&actions); err != nil || actions != 0 {
+			t.Errorf("refused requeues recorded %d actions (%v), want none", actions, err)
 		}
 	})
 }

@@ -466,14 +466,19 @@ type confirmGroupData struct {
 	Rows          int64
 }
 
+// groupParams reads a group of FAILED rows from a request, its class and
+// reason, and refuses a group no row can be in. The confirmation form sends
+// the reason quoted (reason_q): a reason with a newline (a platform's reply
+// of several lines) comes back from a browser with CR LF and matched no row.
+// A script may still post it as it is (reason).
 func groupParams(get func(string) string) (class, reason string, err error) {
 	class, reason = get("class"), get("reason")
-	switch outboxdb.FailureClass(class) {
-	case "", outboxdb.ClassTransient, outboxdb.ClassRejected, outboxdb.ClassInvalid:
-	default:
-		return "", "", httpError{http.StatusBadRequest, "unknown failure class"}
+	if q := get("reason_q"); q != "" {
+		if reason, err = strconv.Unquote(q); err != nil {
+			return "", "", httpError{http.StatusBadRequest, "the form's reason_q is not a quoted string: reload the confirmation page"}
+		}
 	}
-	if err := outboxdb.CheckText("reason", reason); err != nil {
+	if err := groupFilter(class, reason).Validate(); err != nil {
 		return "", "", httpError{http.StatusBadRequest, err.Error()}
 	}
 	return class, reason, nil
@@ -499,20 +504,6 @@ func (s *Server) requeueGroup(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.fail(w, r, err)
 		return
-	}
-	// The confirmation form sends the reason quoted (reason_q): a reason
-	// with a newline (a platform's reply of several lines) comes back
-	// from a browser with CR LF and matched no row. A script may still
-	// post it as it is (reason).
-	if q := r.PostFormValue("reason_q"); q != "" {
-		if reason, err = strconv.Unquote(q); err != nil {
-			s.fail(w, r, httpError{http.StatusBadRequest, "the form's reason_q is not a quoted string: reload the confirmation page"})
-			return
-		}
-		if err := outboxdb.CheckText("reason", reason); err != nil {
-			s.fail(w, r, httpError{http.StatusBadRequest, err.Error()})
-			return
-		}
 	}
 	desc := fmt.Sprintf("console: FAILED rows failure_class=%s reason=%s", class, strconv.Quote(reason))
 	n, err := s.requeue(r.Context(), operatorOf(r), groupFilter(class, reason), desc)
