@@ -5,15 +5,20 @@ import (
 	"strings"
 )
 
-// valueFlags are the flags of Benthos's commands (the service's, lint's and
-// test's) that take a value as the next argument.
+// valueFlags are the flags of Benthos's commands (the service's, lint's,
+// test's and streams') that take a value as the next argument.
 var valueFlags = map[string]bool{
 	"config": true, "c": true, "log.level": true, "log": true, "set": true, "s": true,
 	"resources": true, "r": true, "env-file": true, "e": true, "templates": true, "t": true,
+	"observability": true, "o": true,
 }
 
-// flagAfterPath refuses a flag written after a path of `forwarder lint` or
-// `forwarder test` (args are the command line without the program's name).
+// pathCommands are the commands that take any number of paths.
+var pathCommands = map[string]bool{"lint": true, "test": true, "streams": true}
+
+// flagAfterPath refuses a flag written after a path of `forwarder lint`,
+// `forwarder test` or `forwarder streams` (args are the command line without
+// the program's name).
 // urfave/cli, on which Benthos builds its commands, reads no flag after the
 // first argument: `forwarder lint ./pipelines/... --skip-env-var-check`
 // linted a file named "--skip-env-var-check" ("open --skip-env-var-check:
@@ -35,7 +40,7 @@ func flagAfterPath(args []string) error {
 			command = a
 		}
 	}
-	if command != "lint" && command != "test" {
+	if !pathCommands[command] {
 		return nil
 	}
 	path := ""

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// TestFlagAfterPath: a flag after a path of lint or test is refused naming
+// TestFlagAfterPath: a flag after a path of lint, test or streams is refused naming
 // both (urfave/cli would read it as a path); flags before the paths, their
 // values, "--" and the other commands pass.
 func TestFlagAfterPath(t *testing.T) {
@@ -19,7 +19,10 @@ func TestFlagAfterPath(t *testing.T) {
 		{"test ./mappings/... --log debug", "forwarder test: flag --log after the path ./mappings/..."},
 		{"test --log debug ./mappings/... -r res.yaml", "forwarder test: flag -r after the path ./mappings/..."},
 		{"--log.level debug lint x.yaml --labels", "forwarder lint: flag --labels after the path x.yaml"},
+		{"streams a.yaml --chilled", "forwarder streams: flag --chilled after the path a.yaml"},
+		{"streams -o root.yaml a.yaml b.yaml --no-api", "forwarder streams: flag --no-api after the path a.yaml"},
 		{"lint --skip-env-var-check ./pipelines/...", ""},
+		{"streams -o root.yaml --no-api ./streams/a.yaml ./streams/b.yaml", ""},
 		{"lint --deprecated --labels a.yaml b.yaml", ""},
 		{"test --log debug ./mappings/...", ""},
 		{"test -r res.yaml -e .env ./pipelines/...", ""},
