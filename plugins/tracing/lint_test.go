@@ -14,7 +14,7 @@ func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
 	linttest.Component{Kind: linttest.Tracer, Name: "otlp", Spec: otlpSpec(),
 		Build: func(conf *service.ParsedConfig) error {
-			_, err := newOtlpFromParsed(conf, func(string) string { return "" })
+			_, err := newOtlpFromParsed(conf, func(string) string { return "" }, conf.Resources().Logger())
 			return err
 		}}.Run(t, []linttest.Case{
 		{Name: "RatioNegative", YAML: "sampling_ratio: -0.1", Want: "sampling_ratio: -0.1 is outside 0 to 1"},

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -17,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/forwarder/forwarder/internal/lograte"
 	"github.com/forwarder/forwarder/plugins/internal/fieldlint"
 )
 
@@ -51,7 +54,8 @@ With neither endpoint set the tracer is off: the components start no span, store
 and send no `+"`traceparent`"+`, at no measurable cost.
 
 Spans are sent in batches in the background (the SDK's batch span processor); at shutdown the
-spans not sent yet are flushed. A collector that is down loses spans, never messages.
+spans not sent yet are flushed. A collector that is down loses spans, never messages; the batches it
+refuses are logged as one warning a minute (`+"`otlp tracer: …`"+`, then the count of the others).
 
 Sampling is decided once per trace, where it starts: a record with a `+"`traceparent`"+` follows its
 sampled flag, whatever the ratio; a record without one starts a trace sampled with probability
@@ -73,13 +77,19 @@ tracer:
 
 func init() {
 	service.MustRegisterOtelTracerProvider("otlp", otlpSpec(), func(conf *service.ParsedConfig) (trace.TracerProvider, error) {
-		return newOtlpFromParsed(conf, os.Getenv)
+		return newOtlpFromParsed(conf, os.Getenv, conf.Resources().Logger())
 	})
 }
 
+// exportWarnWindow is how often a collector that keeps refusing spans is
+// reported: one warning, then one with the count of the others.
+const exportWarnWindow = time.Minute
+
 // newOtlpFromParsed returns the provider, or a no-op one when getenv gives
 // no endpoint. It never dials: the exporter connects when it first sends.
-func newOtlpFromParsed(conf *service.ParsedConfig, getenv func(string) string) (trace.TracerProvider, error) {
+// The SDK's errors (a batch the collector did not take) become warnings on
+// log.
+func newOtlpFromParsed(conf *service.ParsedConfig, getenv func(string) string, log *service.Logger) (trace.TracerProvider, error) {
 	ratio, err := conf.FieldFloat(otFieldSamplingRatio)
 	if err != nil {
 		return nil, err
@@ -98,6 +108,13 @@ func newOtlpFromParsed(conf *service.ParsedConfig, getenv func(string) string) (
 	if err != nil {
 		return nil, fmt.Errorf("creating the OTLP exporter: %w", err)
 	}
+	// The SDK's default handler prints each failed batch on standard error,
+	// in a format of its own, several times a second while a collector is
+	// down: lines that log pipelines reading the service's JSON cannot parse.
+	warns := lograte.New(log, exportWarnWindow)
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		warns.Warn("export", "otlp tracer: "+err.Error()+": these spans are lost; messages are delivered as ever")
+	}))
 	return sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))),

@@ -1,10 +1,19 @@
 package tracing
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/redpanda-data/benthos/v4/public/service"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -22,7 +31,7 @@ func TestOtlpTracer(t *testing.T) {
 		if !strings.Contains(yaml, "# no endpoint") {
 			env[envEndpoint] = "http://127.0.0.1:4318"
 		}
-		tp, err := newOtlpFromParsed(conf, func(k string) string { return env[k] })
+		tp, err := newOtlpFromParsed(conf, func(k string) string { return env[k] }, conf.Resources().Logger())
 		if err != nil {
 			return nil, false, err
 		}
@@ -98,3 +107,67 @@ func TestOtlpTracer(t *testing.T) {
 		}
 	})
 }
+
+// TestExportFailuresAreRateLimitedWarnings: with the collector down every
+// batch of spans fails to export. The SDK printed each failure on standard
+// error in a format of its own, several a second; the service now logs one
+// warning in its own log for all those of the window, naming the tracer and
+// the cause. Not parallel: it sets the exporter's endpoint variable and the
+// SDK's process-wide error handler.
+func TestExportFailuresAreRateLimitedWarnings(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close()
+	t.Setenv(envEndpoint, down)
+
+	var (
+		mu  sync.Mutex
+		out bytes.Buffer
+	)
+	log := service.NewLoggerFromSlog(slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return out.Write(p)
+	}), nil)))
+	conf, err := otlpSpec().ParseYAML("sampling_ratio: 1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := newOtlpFromParsed(conf, os.Getenv, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdk := tp.(*sdktrace.TracerProvider)
+	for range 600 { // more than a batch (512)
+		_, span := sdk.Tracer("test").Start(context.Background(), "span")
+		span.End()
+	}
+	if err := sdk.Shutdown(context.Background()); err != nil {
+		t.Logf("shutdown: %v", err)
+	}
+	for range 50 { // as many more failed batches as a minute of traffic
+		otel.Handle(errors.New("traces export: " + down + " refused"))
+	}
+
+	mu.Lock()
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	mu.Unlock()
+	if len(lines) != 1 {
+		t.Fatalf("%d log lines for the failed exports of one window, want 1:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	var rec struct{ Level, Msg string }
+	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil {
+		t.Fatalf("the warning is not the service's JSON log: %v: %s", err, lines[0])
+	}
+	if rec.Level != "WARN" || !strings.HasPrefix(rec.Msg, "otlp tracer: traces export: ") || !strings.Contains(rec.Msg, "connection refused") ||
+		!strings.HasSuffix(rec.Msg, "these spans are lost; messages are delivered as ever") {
+		t.Errorf("warning %+v, want a WARN naming the tracer, the refused connection and what is lost", rec)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
