@@ -400,6 +400,7 @@ func (d *Dispatcher) claim(ctx context.Context, pool *pgxpool.Pool, p outboxdb.C
 		d.OnClaim()
 	}
 	p.Lease, p.Claimer, p.MaxAttempts = d.cfg.Lease, d.cfg.Claimer, d.MaxAttempts()
+	until := d.leaseBound()
 	res, err := outboxdb.ClaimDue(claimCtx, pool, p)
 	if err != nil {
 		return res, err
@@ -411,7 +412,7 @@ func (d *Dispatcher) claim(ctx context.Context, pool *pgxpool.Pool, p outboxdb.C
 			d.log.Errorf("Could not mark %d rows out of attempts FAILED (they come back when their lease expires): %v", len(res.Exhausted), err)
 		}
 	}
-	if !d.ledger.Hold(res.Claimed) {
+	if !d.ledger.Hold(res.Claimed, until) {
 		// Closed meanwhile: the rows go back at once.
 		d.giveBackUnsent(ctx, pool, res.Claimed)
 		return outboxdb.ClaimResult{}, service.ErrEndOfInput
@@ -599,8 +600,14 @@ func (d *Dispatcher) Reserve(sizes []int) Grant {
 	if !d.started.Ready() {
 		return Grant{}
 	}
-	return d.ledger.Reserve(sizes)
+	g := d.ledger.Reserve(sizes)
+	g.until = d.leaseBound()
+	return g
 }
+
+// leaseBound is when a lease taken or renewed by a statement sent from now
+// on ends at the latest, on this instance's clock (see Ledger.Hold).
+func (d *Dispatcher) leaseBound() time.Time { return time.Now().Add(d.cfg.Lease) }
 
 // Deliver hands over rows inserted claimed under g (see Ledger.Deliver).
 func (d *Dispatcher) Deliver(g Grant, rows []outboxdb.Record) bool {

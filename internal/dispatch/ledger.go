@@ -127,6 +127,9 @@ func (l *Ledger) SetBlocked(v bool) {
 type Grant struct {
 	Rows  int
 	Bytes int64
+	// until bounds the leases of the rows claimed under the grant (see
+	// Hold); the dispatcher sets it when it grants.
+	until time.Time
 }
 
 // Reserve grants room to the first of the rows about to be inserted, whose
@@ -189,32 +192,48 @@ func (l *Ledger) Deliver(g Grant, rows []outboxdb.Record) bool {
 	if l.closed {
 		return false
 	}
-	l.holdLocked(rows)
+	l.holdLocked(rows, g.until)
 	l.queue = append(l.queue, rows...)
 	return true
 }
 
 // Hold takes rows the dispatcher claimed. It returns false, taking nothing,
 // when the ledger is closed.
-func (l *Ledger) Hold(rows []outboxdb.Record) bool {
+//
+// until bounds their leases on this instance's clock: the lease counted
+// from before the statement that claimed them was sent. A row's lease is
+// the earlier of it and the end the database wrote, which is on the
+// database's clock: with this instance's clock behind the database's, that
+// end alone would look further away than it is, and the lease would run out
+// before its renewal. Zero: the ends the database wrote.
+func (l *Ledger) Hold(rows []outboxdb.Record, until time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return false
 	}
-	l.holdLocked(rows)
+	l.holdLocked(rows, until)
 	return true
 }
 
-func (l *Ledger) holdLocked(rows []outboxdb.Record) {
+func (l *Ledger) holdLocked(rows []outboxdb.Record, until time.Time) {
 	for _, r := range rows {
 		if old, ok := l.held[r.ID]; ok {
 			l.heldBytes -= old.size
 		}
 		size := int64(len(r.Payload))
-		l.held[r.ID] = &heldRow{token: r.ClaimToken, deadline: r.LeaseExpiresAt(), size: size}
+		l.held[r.ID] = &heldRow{token: r.ClaimToken, deadline: earliest(r.LeaseExpiresAt(), until), size: size}
 		l.heldBytes += size
 	}
+}
+
+// earliest is the earlier of a lease's end as the database wrote it and
+// until, the bound on this instance's clock (zero: none).
+func earliest(written, until time.Time) time.Time {
+	if !until.IsZero() && until.Before(written) {
+		return until
+	}
+	return written
 }
 
 // Take hands out up to n delivered rows, oldest first.
@@ -317,8 +336,9 @@ func (l *Ledger) Expiring(t time.Time) []outboxdb.ClaimRef {
 }
 
 // Renewed records a renewal of asked: the claims in renewed hold their rows
-// until the deadline given; the others asked for were lost.
-func (l *Ledger) Renewed(asked []outboxdb.ClaimRef, renewed map[int64]time.Time) (lost int) {
+// until the deadline given, bounded by until as in Hold; the others asked
+// for were lost.
+func (l *Ledger) Renewed(asked []outboxdb.ClaimRef, renewed map[int64]time.Time, until time.Time) (lost int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, r := range asked {
@@ -327,7 +347,7 @@ func (l *Ledger) Renewed(asked []outboxdb.ClaimRef, renewed map[int64]time.Time)
 			continue // settled meanwhile
 		}
 		if d, ok := renewed[r.ID]; ok {
-			h.deadline = d
+			h.deadline = earliest(d, until)
 			continue
 		}
 		if !h.lost {

@@ -32,7 +32,7 @@ func TestLedger(t *testing.T) {
 		if rows, bytes := l.Room(); rows != 5 || bytes != -1 {
 			t.Fatalf("empty ledger: room %d rows, %d bytes; want 5, unbounded", rows, bytes)
 		}
-		l.Hold([]outboxdb.Record{row(1, 10), row(2, 10)})
+		l.Hold([]outboxdb.Record{row(1, 10), row(2, 10)}, time.Time{})
 		g := l.Reserve([]int{1, 1, 1, 1})
 		if g.Rows != 3 {
 			t.Fatalf("granted %d rows with 3 free, want 3", g.Rows)
@@ -51,7 +51,7 @@ func TestLedger(t *testing.T) {
 	t.Run("DirectRowsBoundGrantsNotClaims", func(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10, DirectRows: 4})
-		l.Hold([]outboxdb.Record{row(1, 1), row(2, 1), row(3, 1)})
+		l.Hold([]outboxdb.Record{row(1, 1), row(2, 1), row(3, 1)}, time.Time{})
 		g := l.Reserve([]int{1, 1, 1})
 		if g.Rows != 1 {
 			t.Fatalf("granted %d rows with 3 of 4 direct rows held, want 1", g.Rows)
@@ -81,7 +81,7 @@ func TestLedger(t *testing.T) {
 			t.Fatalf("an empty ledger granted %+v to a 500-byte row, want it alone", g)
 		}
 		l2 := NewLedger(Limits{Rows: 100, Bytes: 100})
-		l2.Hold([]outboxdb.Record{row(1, 60)})
+		l2.Hold([]outboxdb.Record{row(1, 60)}, time.Time{})
 		if g := l2.Reserve([]int{30, 30}); g.Rows != 1 || g.Bytes != 30 {
 			t.Fatalf("with 40 bytes free granted %+v, want only the first 30-byte row", g)
 		}
@@ -110,7 +110,7 @@ func TestLedger(t *testing.T) {
 		if g := l.Reserve([]int{1}); g.Rows != 0 {
 			t.Fatal("a closed ledger granted room")
 		}
-		if l.Hold([]outboxdb.Record{row(2, 1)}) {
+		if l.Hold([]outboxdb.Record{row(2, 1)}, time.Time{}) {
 			t.Fatal("a closed ledger took claimed rows")
 		}
 	})
@@ -131,7 +131,7 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10})
 		r := row(1, 1)
-		l.Hold([]outboxdb.Record{r})
+		l.Hold([]outboxdb.Record{r}, time.Time{})
 		l.Settle([]outboxdb.ClaimRef{{ID: 1, ClaimToken: "someone else's"}})
 		if l.Held() != 1 {
 			t.Fatal("a settle under another token forgot the claim")
@@ -146,13 +146,13 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10})
 		recorded, dropped, lost, fenced := row(1, 1), row(2, 1), row(3, 1), row(4, 1)
-		l.Hold([]outboxdb.Record{recorded, dropped, lost, fenced})
+		l.Hold([]outboxdb.Record{recorded, dropped, lost, fenced}, time.Time{})
 		l.Recorded([]outboxdb.Result{
 			{ID: recorded.ID, ClaimToken: recorded.ClaimToken},
 			// A result of an earlier claim of row 2 is not this claim's.
 			{ID: dropped.ID, ClaimToken: "an earlier claim"},
 		})
-		l.Renewed([]outboxdb.ClaimRef{lost.Ref()}, nil) // another instance took row 3
+		l.Renewed([]outboxdb.ClaimRef{lost.Ref()}, nil, time.Time{}) // another instance took row 3
 		l.Settle([]outboxdb.ClaimRef{fenced.Ref()})     // row 4: given back meanwhile
 		got := l.SettleAcked([]outboxdb.ClaimRef{recorded.Ref(), dropped.Ref(), lost.Ref(), fenced.Ref()})
 		if !slices.Equal(ids(got), []int64{2}) {
@@ -167,13 +167,13 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10})
 		a, b, c := row(1, 1), row(2, 1), row(3, 1)
-		l.Hold([]outboxdb.Record{a, b, c})
+		l.Hold([]outboxdb.Record{a, b, c}, time.Time{})
 		asked := l.Expiring(time.Unix(1002, 500))
 		if got := ids(asked); !slices.Equal(got, []int64{1, 2}) {
 			t.Fatalf("expiring before 1002.5: %v, want rows 1 and 2", got)
 		}
 		later := time.Unix(2000, 0)
-		if lost := l.Renewed(asked, map[int64]time.Time{1: later}); lost != 1 {
+		if lost := l.Renewed(asked, map[int64]time.Time{1: later}, time.Time{}); lost != 1 {
 			t.Fatalf("%d lost, want row 2", lost)
 		}
 		if d, ok := l.Lease(a.Ref()); !ok || !d.Equal(later) {
@@ -187,10 +187,41 @@ func TestLedger(t *testing.T) {
 		}
 	})
 
+	// The end of a lease the database writes is on the database's clock:
+	// with this instance's clock a minute behind, a lease of 60 s looked two
+	// minutes long, and ran out before the renewal at half of it. The
+	// ledger keeps the earlier of that end and the lease counted on this
+	// instance's clock from the statement (a clock ahead only renews
+	// earlier), for claims, inserts handed over and renewals alike.
+	t.Run("ALeaseEndsAtTheEarlierOfTheTwoClocks", func(t *testing.T) {
+		t.Parallel()
+		l := NewLedger(Limits{Rows: 10})
+		claimed, handed := row(1, 1), row(2, 1) // the database wrote 1001 and 1002
+		l.Hold([]outboxdb.Record{claimed}, time.Unix(941, 0))
+		g := l.Reserve([]int{1})
+		g.until = time.Unix(5000, 0) // this clock behind: the database's end is the earlier
+		l.Deliver(g, []outboxdb.Record{handed})
+		for _, c := range []struct {
+			r    outboxdb.Record
+			want time.Time
+		}{{claimed, time.Unix(941, 0)}, {handed, time.Unix(1002, 0)}} {
+			if d, ok := l.Lease(c.r.Ref()); !ok || !d.Equal(c.want) {
+				t.Errorf("row %d: lease until %v (%v), want %v", c.r.ID, d, ok, c.want)
+			}
+		}
+		if got := ids(l.Expiring(time.Unix(971, 0))); !slices.Equal(got, []int64{1}) {
+			t.Fatalf("expiring before 971: %v, want row 1, whose lease ends at 941 on this clock", got)
+		}
+		l.Renewed([]outboxdb.ClaimRef{claimed.Ref(), handed.Ref()}, map[int64]time.Time{1: time.Unix(1100, 0), 2: time.Unix(1100, 0)}, time.Unix(1040, 0))
+		if d, _ := l.Lease(claimed.Ref()); !d.Equal(time.Unix(1040, 0)) {
+			t.Errorf("renewed lease until %v, want 1040, this instance's bound", d)
+		}
+	})
+
 	t.Run("CloseSeparatesUnsentRows", func(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10})
-		l.Hold([]outboxdb.Record{row(1, 1)})
+		l.Hold([]outboxdb.Record{row(1, 1)}, time.Time{})
 		l.Deliver(l.Reserve([]int{1, 1}), []outboxdb.Record{row(2, 1), row(3, 1)})
 		l.Take(1) // row 2 goes down the pipeline
 		unsent, others := l.Close()

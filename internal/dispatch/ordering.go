@@ -39,6 +39,7 @@ func RecordResults(ctx context.Context, q outboxdb.Querier, d *Dispatcher, resul
 	}
 	opts := d.RecordOptions()
 	g := d.ledger.ReserveChain(finishing)
+	g.until = d.leaseBound()
 	opts.Chain = d.DirectClaim()
 	opts.Chain.Limit = g.Rows
 	out, err := outboxdb.RecordResultsChained(ctx, q, results, opts)

@@ -105,7 +105,7 @@ func TestOrdering(t *testing.T) {
 func TestLedgerReserveChain(t *testing.T) {
 	t.Parallel()
 	l := NewLedger(Limits{Rows: 2})
-	l.Hold([]outboxdb.Record{row(1, 10), row(2, 10)})
+	l.Hold([]outboxdb.Record{row(1, 10), row(2, 10)}, time.Time{})
 	g := l.ReserveChain(2)
 	if g.Rows != 2 {
 		t.Fatalf("granted %d with a full ledger, want 2", g.Rows)

@@ -47,6 +47,7 @@ func (d *Dispatcher) renewOnce(ctx context.Context, pool *pgxpool.Pool) (renewRe
 	}
 	rctx, cancel := context.WithTimeout(ctx, renewTimeout)
 	defer cancel()
+	until := d.leaseBound()
 	renewed, err := outboxdb.RenewLeases(rctx, pool, asked, d.cfg.Lease)
 	if err != nil {
 		return renewResult{Asked: len(asked)}, err
@@ -55,7 +56,7 @@ func (d *Dispatcher) renewOnce(ctx context.Context, pool *pgxpool.Pool) (renewRe
 	if len(renewed) < len(asked) {
 		asked = d.withoutSettled(rctx, pool, asked, renewed)
 	}
-	lost := d.ledger.Renewed(asked, renewed)
+	lost := d.ledger.Renewed(asked, renewed, until)
 	if d.m.Renewed != nil {
 		d.m.Renewed.Incr(int64(len(renewed)))
 	}

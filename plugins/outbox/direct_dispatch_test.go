@@ -130,7 +130,7 @@ func TestDirectDispatch(t *testing.T) {
 		loseFirstReply(p, func() {
 			// The dispatcher fills up while the processor waits to retry:
 			// the two slots given back on the failure are taken at once.
-			d.Ledger().Hold([]outboxdb.Record{{ID: 1 << 40, ClaimToken: "x"}, {ID: 1<<40 + 1, ClaimToken: "y"}})
+			d.Ledger().Hold([]outboxdb.Record{{ID: 1 << 40, ClaimToken: "x"}, {ID: 1<<40 + 1, ClaimToken: "y"}}, time.Time{})
 		})
 		process(t, p, kmsg(topicVehicle, 0, 1, vehicle("v1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h1")))
 		// Both were claimed by the lost attempt: handed over all the same,
