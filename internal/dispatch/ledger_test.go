@@ -153,7 +153,7 @@ func TestLedger(t *testing.T) {
 			{ID: dropped.ID, ClaimToken: "an earlier claim"},
 		})
 		l.Renewed([]outboxdb.ClaimRef{lost.Ref()}, nil, time.Time{}) // another instance took row 3
-		l.Settle([]outboxdb.ClaimRef{fenced.Ref()})     // row 4: given back meanwhile
+		l.Settle([]outboxdb.ClaimRef{fenced.Ref()})                  // row 4: given back meanwhile
 		got := l.SettleAcked([]outboxdb.ClaimRef{recorded.Ref(), dropped.Ref(), lost.Ref(), fenced.Ref()})
 		if !slices.Equal(ids(got), []int64{2}) {
 			t.Fatalf("unrecorded %v, want [2]: only a held claim, not lost, without a result", ids(got))
