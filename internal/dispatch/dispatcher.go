@@ -327,8 +327,8 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.Record, error) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if pingErr := pool.Ping(ctx); pingErr != nil {
-				d.log.Warnf("Outbox database unreachable, reconnecting: %v", pingErr)
+			if checkErr := outboxdb.CheckWritable(ctx, pool); checkErr != nil {
+				d.log.Warnf("Outbox database unreachable or read-only, reconnecting: %v", checkErr)
 				return nil, service.ErrNotConnected
 			}
 			return nil, err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The application_name of the service's connections (pg_stat_activity).
@@ -239,4 +240,44 @@ func IsCertificateError(err error) bool {
 	var host x509.HostnameError
 	var invalid x509.CertificateInvalidError
 	return errors.As(err, &verr) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid)
+}
+
+// ErrReadOnly says the database takes no writes: its sessions are read-only,
+// as on a hot standby or with default_transaction_read_only set for the
+// database or the role.
+var ErrReadOnly = errors.New("the database accepts no writes (a standby, or default_transaction_read_only is on): " +
+	"the connection must lead to the primary; with several hosts, add target_session_attrs=read-write")
+
+// readOnlySQLTransaction is PostgreSQL's SQLSTATE for a write refused in a
+// read-only transaction.
+const readOnlySQLTransaction = "25006"
+
+// WhenReadOnly returns err as ErrReadOnly when it is PostgreSQL's refusal of
+// a write in a read-only transaction, and then closes pool's connections
+// (see CheckWritable). Other errors, nil included, are returned as they are.
+func WhenReadOnly(pool *pgxpool.Pool, err error) error {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != readOnlySQLTransaction {
+		return err
+	}
+	pool.Reset()
+	return fmt.Errorf("%w: %w", ErrReadOnly, err)
+}
+
+// CheckWritable checks that pool leads to a database that takes writes: it
+// fails as a ping does when the database does not answer, and with
+// ErrReadOnly when its sessions are read-only. Then it closes the pool's
+// connections (pgxpool.Pool.Reset), since a session stays on its server and
+// keeps the read-only default it started with: new ones find the primary
+// (target_session_attrs=read-write) or the default an administrator set back.
+// A standby promoted under a session makes it writable by itself.
+func CheckWritable(ctx context.Context, pool *pgxpool.Pool) error {
+	var readOnly string
+	if err := pool.QueryRow(ctx, "SHOW transaction_read_only").Scan(&readOnly); err != nil {
+		return err
+	}
+	if readOnly != "off" {
+		pool.Reset()
+		return ErrReadOnly
+	}
+	return nil
 }

@@ -141,16 +141,16 @@ func (h *DB) waitFor(ctx context.Context, limit time.Duration, attempt func(cont
 }
 
 // Recheck is what Connect does when called again after a lost connection
-// on a pool it already holds: it waits until the database answers again,
-// as Open does, but trying every h.retryInitial without backing off. A
-// running instance holds claimed rows and leases, and consumes: while it
-// waits, its rows wait for it, so it follows a restarted or promoted
-// database within a second of its coming back rather than at the end of a
-// doubled delay (a 5 s failover met the next attempt 2 s late, its rows'
-// leases long over). A ping a second is nothing to a database.
+// on a pool it already holds: it waits until the database answers again
+// and takes writes, as Open does, but trying every h.retryInitial without
+// backing off. A running instance holds claimed rows and leases, and
+// consumes: while it waits, its rows wait for it, so it follows a restarted
+// or promoted database within a second of its coming back rather than at
+// the end of a doubled delay (a 5 s failover met the next attempt 2 s late,
+// its rows' leases long over). A query a second is nothing to a database.
 func (h *DB) Recheck(ctx context.Context, pool *pgxpool.Pool) error {
 	return h.waitFor(ctx, h.retryInitial, func(ctx context.Context) error {
-		if err := pool.Ping(ctx); err != nil {
+		if err := outboxdb.CheckWritable(ctx, pool); err != nil {
 			return fmt.Errorf("reconnecting: %w", err)
 		}
 		return nil

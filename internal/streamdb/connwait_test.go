@@ -15,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
+	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -220,4 +222,111 @@ func TestOneLine(t *testing.T) {
 	if got := oneLine(err); got != want {
 		t.Errorf("oneLine:\n got %q\nwant %q", got, want)
 	}
+}
+
+// TestOpenAndRecheckWaitForWrites: a database whose sessions are read-only
+// (a standby, or default_transaction_read_only set by an administrator)
+// answers pings, so the components used to connect and then fail every
+// write, logging an error a second. Open and Recheck now wait for it as
+// for a database that does not answer, saying why once, and follow it once
+// new sessions may write: the pool's sessions, which keep the read-only
+// default they started with, are closed at each refusal.
+func TestOpenAndRecheckWaitForWrites(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(context.Background(), pgtest.AdminURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	database := pgx.Identifier{strings.TrimPrefix(u.Path, "/")}.Sanitize()
+	readOnly := func(on bool) {
+		t.Helper()
+		stmt := "ALTER DATABASE " + database + " RESET default_transaction_read_only"
+		if on {
+			stmt = "ALTER DATABASE " + database + " SET default_transaction_read_only = on"
+		}
+		if _, err := admin.Exec(context.Background(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var logs syncBuffer
+	h, err := New(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.log = service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	h.retryInitial, h.retryMax = 20*time.Millisecond, 80*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	waiting := func(done chan error, what string) {
+		t.Helper()
+		for !strings.Contains(logs.String(), "accepts no writes") {
+			select {
+			case err := <-done:
+				t.Fatalf("%s returned %v on a read-only database: it must wait", what, err)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("%s returned %v on a read-only database: it must wait", what, err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		out := logs.String()
+		if n := strings.Count(out, "Waiting for the outbox database "+h.Database+": "); n != 1 || strings.Count(out, "\n") != 1 ||
+			!strings.Contains(out, "target_session_attrs=read-write") {
+			t.Errorf("%s: the wait is not logged once, naming target_session_attrs:\n%s", what, out)
+		}
+	}
+	writable := func(done chan error, what string) {
+		t.Helper()
+		readOnly(false)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s once the database takes writes: %v", what, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s did not return once new sessions could write", what)
+		}
+		if !strings.Contains(logs.String(), "The outbox database "+h.Database+" answers again") {
+			t.Errorf("%s: the end of the wait is not logged:\n%s", what, logs.String())
+		}
+	}
+
+	readOnly(true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.Open(ctx)
+		done <- err
+	}()
+	waiting(done, "Open")
+	writable(done, "Open")
+	defer h.Release()
+
+	// A failover that put the pool's sessions on a standby: a write fails,
+	// and Recheck waits until it can write again.
+	pool, err := h.Retain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	readOnly(true)
+	pool.Reset()
+	_, err = pool.Exec(ctx, "CREATE TABLE written_on_a_standby (id int)")
+	if err = outboxdb.WhenReadOnly(pool, err); !errors.Is(err, outboxdb.ErrReadOnly) || !strings.Contains(err.Error(), "SQLSTATE 25006") {
+		t.Fatalf("a write on a read-only session: %v, want ErrReadOnly with PostgreSQL's error", err)
+	}
+	logs.mu.Lock()
+	logs.b.Reset()
+	logs.mu.Unlock()
+	go func() { done <- h.Recheck(ctx, pool) }()
+	waiting(done, "Recheck")
+	writable(done, "Recheck")
 }

@@ -124,14 +124,19 @@ func (h *DB) Retain() (*pgxpool.Pool, error) {
 
 // Open retains the stream's pool (as Retain) and creates or upgrades the
 // schema; on error nothing is retained. Components call it from Connect.
-// While the database cannot be reached it waits, retrying with backoff
-// (waitFor), until it can or ctx ends.
+// While the database cannot be reached, or takes no writes (a standby), it
+// waits, retrying with backoff (waitFor), until it can or ctx ends.
 func (h *DB) Open(ctx context.Context) (*pgxpool.Pool, error) {
 	pool, err := h.Retain()
 	if err != nil {
 		return nil, err
 	}
-	if err := h.waitFor(ctx, h.retryMax, func(ctx context.Context) error { return h.EnsureSchema(ctx, pool) }); err != nil {
+	if err := h.waitFor(ctx, h.retryMax, func(ctx context.Context) error {
+		if err := outboxdb.WhenReadOnly(pool, h.EnsureSchema(ctx, pool)); err != nil {
+			return err
+		}
+		return outboxdb.CheckWritable(ctx, pool)
+	}); err != nil {
 		h.Release()
 		return nil, err
 	}

@@ -185,8 +185,8 @@ func (in *deadLetter) ReadBatch(ctx context.Context) (service.MessageBatch, serv
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
 			}
-			if pingErr := pool.Ping(ctx); pingErr != nil {
-				in.log.Warnf("Outbox database unreachable, reconnecting: %v", pingErr)
+			if checkErr := outboxdb.CheckWritable(ctx, pool); checkErr != nil {
+				in.log.Warnf("Outbox database unreachable or read-only, reconnecting: %v", checkErr)
 				return nil, nil, service.ErrNotConnected
 			}
 			return nil, nil, err

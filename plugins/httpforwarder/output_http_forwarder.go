@@ -176,7 +176,8 @@ func (h *httpForwarder) Connect(ctx context.Context) error {
 	rec := dispatch.NewRecorder(func(ctx context.Context, results []outboxdb.Result) ([]int64, error) {
 		// With the stream's ordering policy (the dispatcher's
 		// order_on_failed), handing the rows it releases to the dispatcher.
-		return dispatch.RecordResults(ctx, pool, h.hub.Dispatcher(), results)
+		ids, err := dispatch.RecordResults(ctx, pool, h.hub.Dispatcher(), results)
+		return ids, outboxdb.WhenReadOnly(pool, err)
 	}, maxResultsPerStatement)
 	rec.OnRetry = func(n int, err error) {
 		h.log.Warnf("Recording %d forward results failed, retrying until their claims expire: %v", n, err)

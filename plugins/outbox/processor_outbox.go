@@ -349,6 +349,7 @@ func (p *outboxProcessor) persist(ctx context.Context, insert func(context.Conte
 			err = insert(actx)
 		}
 		cancel()
+		err = outboxdb.WhenReadOnly(p.pool, err)
 		if err == nil {
 			p.recovered()
 			return nil
