@@ -180,7 +180,7 @@ func withPoolURL(c *cli.Context, dsn, source string, fn func(ctx context.Context
 		return cli.Exit(fmt.Sprintf("outbox %s: %v (database from %s)", c.Command.Name, err, source), 1)
 	}
 	defer pool.Close()
-	if err := fn(ctx, pool); err != nil {
+	if err := outboxdb.WhenReadOnly(pool, fn(ctx, pool)); err != nil {
 		var exit cli.ExitCoder
 		if errors.As(err, &exit) {
 			return err // a refusal that names its own exit status

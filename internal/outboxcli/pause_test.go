@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/jackc/pgx/v5"
 )
 
 // TestPauseResume: `outbox pause` and `outbox resume` change the pause every
@@ -151,4 +152,31 @@ func TestPauseResume(t *testing.T) {
 			t.Errorf("a refused pause changed the state: %+v", s.Pause)
 		}
 	})
+}
+
+// TestCommandsOnAReadOnlyDatabase: a command that writes, run against a
+// database that takes no writes (a standby, default_transaction_read_only),
+// says so and what to change, besides PostgreSQL's own error; one that only
+// reads works there.
+func TestCommandsOnAReadOnlyDatabase(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var name string
+	if err := b.pool.QueryRow(ctx, "SELECT current_database()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET default_transaction_read_only = on"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"pause", "--operator", "alice"}, {"requeue", "--status", "PENDING", "--operator", "alice"}} {
+		out, err := b.run(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "the database accepts no writes") ||
+			!strings.Contains(err.Error(), "target_session_attrs=read-write") || !strings.Contains(err.Error(), "SQLSTATE 25006") {
+			t.Errorf("outbox %s on a read-only database: %v, want it to say the database takes no writes:\n%s", args[0], err, out)
+		}
+	}
+	if out, err := b.run(t, "stats"); err != nil {
+		t.Errorf("outbox stats on a read-only database: %v\n%s", err, out)
+	}
 }
