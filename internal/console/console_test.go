@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/console"
@@ -442,6 +443,28 @@ func TestConsole(t *testing.T) {
 		want := `id="paused">Sending paused (Retry-After) until ` + until.UTC().Format("2006-01-02 15:04:05Z")
 		if body := c.get("/"); !strings.Contains(body, want) {
 			t.Errorf("a pause in force for 10 more minutes is not shown (want %q):\n%s", want, body)
+		}
+	})
+
+	// Pointed at a standby, the console shows what it reads, and an action
+	// says the database takes no writes rather than quoting PostgreSQL.
+	t.Run("ReadOnlyDatabase", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		var name string
+		if err := b.pool.QueryRow(ctx, "SELECT current_database()").Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET default_transaction_read_only = on"); err != nil {
+			t.Fatal(err)
+		}
+		b.pool.Reset() // new sessions take the read-only default
+		c := b.start(t, console.Config{})
+		overview := c.get("/")
+		code, _, body := c.do("POST", "/delivery/pause", url.Values{"csrf": {csrfOf(t, overview)}, "until": {"1h"}}, nil)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "The database accepts no writes") || !strings.Contains(body, "target_session_attrs=read-write") {
+			t.Errorf("pause on a read-only database: %d, want 503 saying the database takes no writes:\n%s", code, body)
 		}
 	})
 

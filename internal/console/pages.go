@@ -196,6 +196,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		s.render(w, r, he.status, "error", errorData{he.status, he.msg})
 		return
 	}
+	err = outboxdb.WhenReadOnly(s.pool, err)
 	s.log.Error("console: request failed", "path", r.URL.Path, "error", err)
 	status, msg := s.publicError(err)
 	s.render(w, r, status, "error", errorData{status, msg})
@@ -215,6 +216,9 @@ func (s *Server) publicError(err error) (int, string) {
 		fromServer = false
 	}
 	switch {
+	case errors.Is(err, outboxdb.ErrReadOnly):
+		return http.StatusServiceUnavailable, "The database accepts no writes (a standby, or default_transaction_read_only is on): " +
+			"the console's database URL must lead to the primary; with several hosts, add target_session_attrs=read-write."
 	case errors.Is(err, context.DeadlineExceeded) || fromServer && pgErr.Code == queryCanceled:
 		return http.StatusServiceUnavailable, fmt.Sprintf("The database took longer than the console waits "+
 			"(each statement %s, a request %s; --timeout), and the request was stopped.",
