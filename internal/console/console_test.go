@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/forwarder/forwarder/internal/console"
@@ -451,15 +450,7 @@ func TestConsole(t *testing.T) {
 	t.Run("ReadOnlyDatabase", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		ctx := context.Background()
-		var name string
-		if err := b.pool.QueryRow(ctx, "SELECT current_database()").Scan(&name); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET default_transaction_read_only = on"); err != nil {
-			t.Fatal(err)
-		}
-		b.pool.Reset() // new sessions take the read-only default
+		pgtest.SetReadOnly(t, b.pool, true)
 		c := b.start(t, console.Config{})
 		overview := c.get("/")
 		code, _, body := c.do("POST", "/delivery/pause", url.Values{"csrf": {csrfOf(t, overview)}, "until": {"1h"}}, nil)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
-	"github.com/jackc/pgx/v5"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 // TestPauseResume: `outbox pause` and `outbox resume` change the pause every
@@ -161,14 +161,7 @@ func TestPauseResume(t *testing.T) {
 func TestCommandsOnAReadOnlyDatabase(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := context.Background()
-	var name string
-	if err := b.pool.QueryRow(ctx, "SELECT current_database()").Scan(&name); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET default_transaction_read_only = on"); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.SetReadOnly(t, b.pool, true)
 	for _, args := range [][]string{{"pause", "--operator", "alice"}, {"requeue", "--status", "PENDING", "--operator", "alice"}} {
 		out, err := b.run(t, args...)
 		if err == nil || !strings.Contains(err.Error(), "the database accepts no writes") ||

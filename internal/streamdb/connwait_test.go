@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -233,27 +232,7 @@ func TestOneLine(t *testing.T) {
 // default they started with, are closed at each refusal.
 func TestOpenAndRecheckWaitForWrites(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.NewDB(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := pgx.Connect(context.Background(), pgtest.AdminURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
-	database := pgx.Identifier{strings.TrimPrefix(u.Path, "/")}.Sanitize()
-	readOnly := func(on bool) {
-		t.Helper()
-		stmt := "ALTER DATABASE " + database + " RESET default_transaction_read_only"
-		if on {
-			stmt = "ALTER DATABASE " + database + " SET default_transaction_read_only = on"
-		}
-		if _, err := admin.Exec(context.Background(), stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dsn, admin := pgtest.NewDBPool(t)
 
 	var logs syncBuffer
 	h, err := New(dsn)
@@ -286,7 +265,7 @@ func TestOpenAndRecheckWaitForWrites(t *testing.T) {
 	}
 	writable := func(done chan error, what string) {
 		t.Helper()
-		readOnly(false)
+		pgtest.SetReadOnly(t, admin, false)
 		select {
 		case err := <-done:
 			if err != nil {
@@ -300,7 +279,7 @@ func TestOpenAndRecheckWaitForWrites(t *testing.T) {
 		}
 	}
 
-	readOnly(true)
+	pgtest.SetReadOnly(t, admin, true)
 	done := make(chan error, 1)
 	go func() {
 		_, err := h.Open(ctx)
@@ -317,7 +296,7 @@ func TestOpenAndRecheckWaitForWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Release()
-	readOnly(true)
+	pgtest.SetReadOnly(t, admin, true)
 	pool.Reset()
 	_, err = pool.Exec(ctx, "CREATE TABLE written_on_a_standby (id int)")
 	if err = outboxdb.WhenReadOnly(pool, err); !errors.Is(err, outboxdb.ErrReadOnly) || !strings.Contains(err.Error(), "SQLSTATE 25006") {

@@ -285,6 +285,29 @@ func NewDBPool(t testing.TB) (dsn string, pool *pgxpool.Pool) {
 	return dsn, openPool(t, dsn)
 }
 
+// SetReadOnly makes the sessions of pool's database read-only, as a hot
+// standby's are, or writable again (default_transaction_read_only, set for
+// the database; pool's role must own it). A session keeps the default it
+// started with: pool's connections are closed, and the new ones follow.
+func SetReadOnly(t testing.TB, pool *pgxpool.Pool, readOnly bool) {
+	t.Helper()
+	ctx := context.Background()
+	var name string
+	if err := pool.QueryRow(ctx, "SELECT current_database()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	stmt := "ALTER DATABASE " + pgx.Identifier{name}.Sanitize() + " RESET default_transaction_read_only"
+	if readOnly {
+		stmt = "ALTER DATABASE " + pgx.Identifier{name}.Sanitize() + " SET default_transaction_read_only = on"
+	}
+	// The statement runs in a transaction of its own, which may write
+	// whatever the database's default.
+	if _, err := pool.Exec(ctx, "BEGIN READ WRITE; "+stmt+"; COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	pool.Reset()
+}
+
 // StartCluster starts a private server for one test (for tests that stop or
 // restart PostgreSQL) and removes it at the end of the test.
 func StartCluster(t testing.TB) *pgcluster.Cluster {
