@@ -27,7 +27,8 @@ type ListenerConfig struct {
 	// HealthCheckInterval is how long the Listener waits for a notification
 	// before it pings the server, so that a connection that died silently
 	// (no RST, for example after a network partition) is noticed and replaced
-	// instead of waiting forever. Default 30s.
+	// instead of waiting forever; and at most half the server's
+	// idle_session_timeout, which would end the session. Default 30s.
 	HealthCheckInterval time.Duration
 	// OnListen, when set, is called each time LISTEN takes effect: at start
 	// and after every reconnection.
@@ -115,9 +116,13 @@ func (l *Listener) runOnce(ctx context.Context) (listened bool, err error) {
 	if l.cfg.OnListen != nil {
 		l.cfg.OnListen()
 	}
+	interval := l.cfg.HealthCheckInterval
+	if limit := idleSessionTimeout(ctx, conn); limit > 0 {
+		interval = min(interval, limit/2)
+	}
 
 	for {
-		waitCtx, cancel := context.WithTimeout(ctx, l.cfg.HealthCheckInterval)
+		waitCtx, cancel := context.WithTimeout(ctx, interval)
 		n, err := conn.WaitForNotification(waitCtx)
 		cancel()
 		switch {
@@ -142,6 +147,20 @@ func (l *Listener) runOnce(ctx context.Context) (listened bool, err error) {
 			return true, fmt.Errorf("waiting for notifications: %w", err)
 		}
 	}
+}
+
+// idleSessionTimeout is how long the server lets conn's session sit idle
+// before it ends it (idle_session_timeout, which an administrator may set
+// for the role or the database), 0 for no limit or when the server does
+// not say. A listening session is idle between notifications: with a limit
+// below the health check's interval, the server ended it between pings and
+// the Listener reconnected, warning, every few seconds.
+func idleSessionTimeout(ctx context.Context, conn *pgx.Conn) time.Duration {
+	var ms int64
+	if err := conn.QueryRow(ctx, "SELECT setting::bigint FROM pg_settings WHERE name = 'idle_session_timeout'").Scan(&ms); err != nil {
+		return 0 // before PostgreSQL 14 there is no such limit
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 func (l *Listener) signal() {

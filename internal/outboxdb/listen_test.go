@@ -28,9 +28,15 @@ type listenTestBundle struct {
 // setupListenTest runs a Listener on a fresh database until the test ends.
 func setupListenTest(t *testing.T) *listenTestBundle {
 	t.Helper()
+	return setupListenTestOn(t, pgtest.NewPool(t))
+}
+
+// setupListenTestOn runs a Listener on pool's database until the test ends.
+func setupListenTestOn(t *testing.T, pool *pgxpool.Pool) *listenTestBundle {
+	t.Helper()
 	b := &listenTestBundle{
 		ctx:     context.Background(),
-		pool:    pgtest.NewPool(t),
+		pool:    pool,
 		appName: fmt.Sprintf("listen-test-%d", listenerSeq.Add(1)),
 		listens: make(chan struct{}, 16),
 		stopped: make(chan struct{}),
@@ -122,6 +128,28 @@ func TestListener(t *testing.T) {
 			t.Error("the lost connection was not reported")
 		}
 		b.waitWake(t) // the wake-up after re-LISTEN: work may have been missed
+		b.notify(t)
+		b.waitWake(t)
+	})
+
+	// A server that ends sessions idle for 1 s (idle_session_timeout, set
+	// for the database) ended the listening one between its pings, every
+	// second: it now pings within half that, and keeps its one LISTEN.
+	t.Run("OutlivesTheServersIdleSessionTimeout", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		pgtest.SetForDatabase(t, pool, "idle_session_timeout", "1s")
+		b := setupListenTestOn(t, pool)
+		b.waitListening(t)
+		time.Sleep(3500 * time.Millisecond)
+		select {
+		case <-b.listens:
+			t.Fatalf("the listener listened again: the server ended its idle session (%d errors)", b.errs.Load())
+		default:
+		}
+		if n := b.errs.Load(); n != 0 {
+			t.Fatalf("%d connection failures, want none", n)
+		}
 		b.notify(t)
 		b.waitWake(t)
 	})

@@ -221,7 +221,7 @@ func passwordCluster(t *testing.T) *pgcluster.Cluster {
 	if _, err := conn.Exec(ctx, `COPY (SELECT unnest(ARRAY[
 			'local all all trust',
 			'host all postgres 127.0.0.1/32 trust',
-			'host all all 127.0.0.1/32 scram-sha-256'])) TO `+quoteLiteral(hba)); err != nil {
+			'host all all 127.0.0.1/32 scram-sha-256'])) TO `+pgtest.QuoteLiteral(hba)); err != nil {
 		t.Fatalf("writing %s: %v", hba, err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
@@ -260,7 +260,7 @@ func createRole(t *testing.T, c *pgcluster.Cluster, role, pwd string) {
 	}
 	defer conn.Close(ctx)
 	// CREATE ROLE takes no parameters: the password is a literal.
-	if _, err := conn.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN PASSWORD "+quoteLiteral(pwd)); err != nil {
+	if _, err := conn.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN PASSWORD "+pgtest.QuoteLiteral(pwd)); err != nil {
 		t.Fatalf("creating role %s: %v", role, err)
 	}
 }
@@ -313,10 +313,6 @@ func roleKeywordDSN(t *testing.T, dsn, role, pwd string) string {
 		"user=" + q(role), "password=" + q(pwd), "sslmode=" + q(u.Query().Get("sslmode")),
 	}, " ")
 }
-
-// quoteLiteral is s as an SQL string literal (standard_conforming_strings
-// on: only the quote is doubled).
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // findSecret returns the first of secrets found in b, "" when none is.
 func findSecret(b []byte, secrets []string) string {

@@ -286,27 +286,43 @@ func NewDBPool(t testing.TB) (dsn string, pool *pgxpool.Pool) {
 }
 
 // SetReadOnly makes the sessions of pool's database read-only, as a hot
-// standby's are, or writable again (default_transaction_read_only, set for
-// the database; pool's role must own it). A session keeps the default it
-// started with: pool's connections are closed, and the new ones follow.
+// standby's are, or writable again (default_transaction_read_only).
 func SetReadOnly(t testing.TB, pool *pgxpool.Pool, readOnly bool) {
+	t.Helper()
+	value := ""
+	if readOnly {
+		value = "on"
+	}
+	SetForDatabase(t, pool, "default_transaction_read_only", value)
+}
+
+// SetForDatabase sets a server setting for the sessions of pool's database,
+// as an administrator does with ALTER DATABASE (value "": back to the
+// server's); pool's role must own the database. A session keeps the
+// settings it started with: pool's connections are closed, and the new ones
+// follow.
+func SetForDatabase(t testing.TB, pool *pgxpool.Pool, setting, value string) {
 	t.Helper()
 	ctx := context.Background()
 	var name string
 	if err := pool.QueryRow(ctx, "SELECT current_database()").Scan(&name); err != nil {
 		t.Fatal(err)
 	}
-	stmt := "ALTER DATABASE " + pgx.Identifier{name}.Sanitize() + " RESET default_transaction_read_only"
-	if readOnly {
-		stmt = "ALTER DATABASE " + pgx.Identifier{name}.Sanitize() + " SET default_transaction_read_only = on"
+	stmt := "ALTER DATABASE " + pgx.Identifier{name}.Sanitize() + " RESET " + pgx.Identifier{setting}.Sanitize()
+	if value != "" {
+		stmt = "ALTER DATABASE " + pgx.Identifier{name}.Sanitize() + " SET " + pgx.Identifier{setting}.Sanitize() + " = " + QuoteLiteral(value)
 	}
-	// The statement runs in a transaction of its own, which may write
-	// whatever the database's default.
+	// In a transaction of its own, which may write whatever the
+	// database's default (default_transaction_read_only).
 	if _, err := pool.Exec(ctx, "BEGIN READ WRITE; "+stmt+"; COMMIT"); err != nil {
 		t.Fatal(err)
 	}
 	pool.Reset()
 }
+
+// QuoteLiteral is s as an SQL string literal (standard_conforming_strings
+// on, PostgreSQL's default), for the statements that take no parameters.
+func QuoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // StartCluster starts a private server for one test (for tests that stop or
 // restart PostgreSQL) and removes it at the end of the test.
