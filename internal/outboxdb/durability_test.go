@@ -90,6 +90,21 @@ func TestOnlyTheInsertWaitsForTheWALFlush(t *testing.T) {
 		}
 	}
 	assertSettingNotLeaked(t, pool)
+
+	// An administrator turned synchronous_commit off for the database: the
+	// insert still waits for the disk, since the Kafka offsets of its
+	// messages are committed once it returns.
+	pgtest.SetForDatabase(t, pool, "synchronous_commit", "off")
+	offInserts := measure("insert, synchronous_commit off for the database", func(i int) {
+		rec := outboxdb.NewRecord{MessageKey: fmt.Sprintf("off-%d", i), APIType: outboxdb.APITypeHeartbeat,
+			KafkaTopic: "t", KafkaOffset: int64(rounds + i), Payload: []byte(`{}`), Status: outboxdb.StatusPending}
+		if _, err := outboxdb.InsertBatchCount(ctx, pool, []outboxdb.NewRecord{rec}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if offInserts < rounds {
+		t.Errorf("%d WAL flushes for %d inserts with synchronous_commit off for the database: an insert returned before its rows were on disk", offInserts, rounds)
+	}
 }
 
 // assertSettingNotLeaked: the asynchronous commit is local to each

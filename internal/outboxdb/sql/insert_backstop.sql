@@ -17,8 +17,17 @@
 -- 5 ms at 70 000 rows, and the insert's key locks held meanwhile made the
 -- result writes queue behind it (docs/benchmarks.md, "Latency collapse").
 --
+-- It also makes the commit wait for the WAL flush whatever the role or the
+-- database says: once the insert returns, the Kafka offsets of its messages
+-- are committed, so with synchronous_commit off (an administrator's setting
+-- for speed) a database crash could lose rows whose messages the group will
+-- not read again. A stronger setting (remote_write, remote_apply, on with
+-- synchronous standbys) is kept.
+--
 -- $1 the batch's message keys.
-SELECT count(forward_messages_stored_twice(k.key))
+SELECT count(forward_messages_stored_twice(k.key)),
+       (SELECT set_config('synchronous_commit', 'on', true)
+        WHERE current_setting('synchronous_commit') = 'off')
 FROM unnest($1::text[]) AS k(key)
 CROSS JOIN LATERAL (
     SELECT count(*) AS n
