@@ -107,6 +107,10 @@ func (l *Listener) runOnce(ctx context.Context) (listened bool, err error) {
 		_ = conn.Close(closeCtx)
 	}()
 
+	interval := l.cfg.HealthCheckInterval
+	if limit := idleSessionTimeout(ctx, conn); limit > 0 {
+		interval = min(interval, limit/2)
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.cfg.Channel}.Sanitize()); err != nil {
 		return false, fmt.Errorf("listening on channel %s: %w", l.cfg.Channel, err)
 	}
@@ -115,10 +119,6 @@ func (l *Listener) runOnce(ctx context.Context) (listened bool, err error) {
 	l.signal()
 	if l.cfg.OnListen != nil {
 		l.cfg.OnListen()
-	}
-	interval := l.cfg.HealthCheckInterval
-	if limit := idleSessionTimeout(ctx, conn); limit > 0 {
-		interval = min(interval, limit/2)
 	}
 
 	for {
