@@ -5,3 +5,9 @@ package outboxcli
 func CheckDatabase(dsn string) error {
 	return checkDatabase(database{dsn: dsn, dsnName: "DATABASE_URL", directName: "DATABASE_DIRECT_URL"})
 }
+
+// CheckDatabaseDirect is CheckDatabase for a DATABASE_URL dsn that leads to
+// a pooler, with DATABASE_DIRECT_URL direct.
+func CheckDatabaseDirect(dsn, direct string) error {
+	return checkDatabase(database{dsn: dsn, direct: direct, dsnName: "DATABASE_URL", directName: "DATABASE_DIRECT_URL"})
+}

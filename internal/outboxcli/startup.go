@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redpanda-data/benthos/v4/public/service"
 	"gopkg.in/yaml.v3"
@@ -34,7 +35,9 @@ var outboxComponents = map[string]bool{
 //     database has a schema already): the error names the command to run;
 //   - the role lacks a privilege the service needs;
 //   - the server's TLS certificate is refused (a wrong CA, a host name it
-//     does not name).
+//     does not name);
+//   - DATABASE_URL leads to a pooler whose sessions default to an isolation
+//     level other than read committed (outboxdb.ReadCommitted).
 //
 // An unreachable database is not an error here: the components wait for it,
 // and a migration under way is waited for by them.
@@ -97,6 +100,15 @@ func checkDatabase(db database) error {
 		return nil
 	}
 	defer pool.Close()
+	var isolation, role string
+	if err := pool.QueryRow(ctx, "SELECT current_setting('default_transaction_isolation'), current_user").Scan(&isolation, &role); err == nil && isolation != outboxdb.ReadCommitted {
+		// Only a pooler's sessions can get here: the service's own
+		// connections ask for read committed when they start.
+		return fmt.Errorf("database %s: %s: its sessions default to isolation level %q (default_transaction_isolation, set for the role or the database), "+
+			"and the service's statements are written for %q (the connections of a pooler take no setting from the service): "+
+			"ALTER ROLE %s SET default_transaction_isolation = 'read committed' (docs/deployment.md, Running on production PostgreSQL)",
+			where, db.dsnName, isolation, outboxdb.ReadCommitted, pgx.Identifier{role}.Sanitize())
+	}
 	st, err := outboxdb.ReadSchemaState(ctx, pool)
 	var pgErr *pgconn.PgError
 	switch {

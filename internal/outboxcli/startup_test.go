@@ -51,3 +51,21 @@ func TestStartChecksPendingOfflineMigrations(t *testing.T) {
 		t.Errorf("on a schema-4 database: %v, want ErrSchemaBehind naming 0005 and the command", err)
 	}
 }
+
+// TestStartRefusesAPoolerThatIsNotReadCommitted: on a database whose
+// sessions default to serializable, the service's own connections ask for
+// read committed and it starts; through a pooler (DATABASE_DIRECT_URL set)
+// they cannot, and start-up refuses, naming the statement that mends it.
+func TestStartRefusesAPoolerThatIsNotReadCommitted(t *testing.T) {
+	t.Parallel()
+	dsn, admin := pgtest.NewDBPool(t)
+	pgtest.SetForDatabase(t, admin, "default_transaction_isolation", "serializable")
+	if err := outboxcli.CheckDatabase(dsn); err != nil {
+		t.Errorf("direct connections: %v, want a start", err)
+	}
+	err := outboxcli.CheckDatabaseDirect(dsn, dsn)
+	if err == nil || !strings.Contains(err.Error(), `DATABASE_URL: its sessions default to isolation level "serializable"`) ||
+		!strings.Contains(err.Error(), `ALTER ROLE "postgres" SET default_transaction_isolation = 'read committed'`) {
+		t.Errorf("through a pooler: %v, want a refusal naming ALTER ROLE", err)
+	}
+}

@@ -85,17 +85,33 @@ func ParsePoolConfig(dsn string, cfg PoolConfig) (*pgxpool.Config, error) {
 	if cfg.ApplicationName != "" {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
 	}
-	switch {
-	case cfg.Pooled:
+	if cfg.Pooled {
 		if !strings.Contains(dsn, "default_query_exec_mode") {
 			pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 		}
-	case cfg.NoSeqScan:
+		return pcfg, nil
+	}
+	// Sent at connection start, it overrides a default an administrator set
+	// for the role or the database (see ReadCommitted).
+	pcfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = ReadCommitted
+	if cfg.NoSeqScan {
 		pcfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
 		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
 	return pcfg, nil
 }
+
+// ReadCommitted is the isolation level the statements are written for:
+// each statement sees what committed before it started. A claim skips the
+// rows other claims lock (SKIP LOCKED) and reads the rows they changed; the
+// insert's last statement looks again, with a newer snapshot, for a
+// message another transaction stored meanwhile. With a role or database
+// whose default_transaction_isolation is repeatable read, that second look
+// saw nothing new; with serializable, claims, inserts and result writes
+// failed with serialization errors, dozens a minute under load. Pools that
+// are not Pooled send it at connection start; start-up refuses a pooled
+// DATABASE_URL whose sessions default to another level.
+const ReadCommitted = "read committed"
 
 // Redact describes a database without its credentials, for logs and errors.
 func Redact(host string, port uint16, database string) string {

@@ -229,3 +229,36 @@ func TestServiceStatementsAreNotJITCompiled(t *testing.T) {
 		t.Errorf("control: with JIT on and sequential scans off the read is not JIT-compiled, so the check above proves nothing:\n%s", plan)
 	}
 }
+
+// TestTransactionsAreReadCommitted: with serializable set as the default
+// for the database by an administrator, claims, inserts and result writes
+// failed with serialization errors under load, and with repeatable read
+// the insert's second look for a message stored meanwhile saw nothing new.
+// The service's connections ask for read committed at start, which
+// overrides the database's and the role's defaults; a Pooled one cannot
+// (a pooler refuses startup parameters), and start-up checks it instead.
+func TestTransactionsAreReadCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := pgtest.NewDBPool(t)
+	pgtest.SetForDatabase(t, admin, "default_transaction_isolation", "serializable")
+	for _, c := range []struct {
+		cfg  outboxdb.PoolConfig
+		want string
+	}{
+		{outboxdb.PoolConfig{}, outboxdb.ReadCommitted},
+		{outboxdb.PoolConfig{NoSeqScan: true}, outboxdb.ReadCommitted},
+		{outboxdb.PoolConfig{Pooled: true}, "serializable"},
+	} {
+		pool, err := outboxdb.Open(ctx, dsn, c.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		err = pool.QueryRow(ctx, "SHOW transaction_isolation").Scan(&got)
+		pool.Close()
+		if err != nil || got != c.want {
+			t.Errorf("%+v: transactions at %q (%v), want %q", c.cfg, got, err, c.want)
+		}
+	}
+}
