@@ -95,7 +95,7 @@ func checkDatabase(db database) error {
 		return nil // unreachable: the components wait for it
 	}
 
-	pool, err := outboxdb.Open(ctx, db.dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: "forwarder-startup", Pooled: db.direct != ""})
+	pool, err := outboxdb.Open(ctx, db.dsn, outboxdb.PoolConfig{MaxConns: 1, ApplicationName: "forwarder-startup", ReadCommitted: true, Pooled: db.direct != ""})
 	if err != nil {
 		return nil
 	}

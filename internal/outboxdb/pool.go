@@ -38,6 +38,11 @@ type PoolConfig struct {
 	// enough for JIT to pay (internal/outboxdb
 	// TestServiceStatementsAreNotJITCompiled).
 	NoSeqScan bool
+	// ReadCommitted asks for the isolation level the service's statements
+	// are written for (see ReadCommitted) at connection start, which
+	// overrides a default an administrator set for the role or the
+	// database. Not for Pooled connections.
+	ReadCommitted bool
 	// Pooled says that the connection string leads to a transaction-pooling
 	// PgBouncer (DATABASE_DIRECT_URL is set; docs/deployment.md, "Running on
 	// production PostgreSQL"): consecutive transactions of one connection
@@ -91,9 +96,9 @@ func ParsePoolConfig(dsn string, cfg PoolConfig) (*pgxpool.Config, error) {
 		}
 		return pcfg, nil
 	}
-	// Sent at connection start, it overrides a default an administrator set
-	// for the role or the database (see ReadCommitted).
-	pcfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = ReadCommitted
+	if cfg.ReadCommitted {
+		pcfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = ReadCommitted
+	}
 	if cfg.NoSeqScan {
 		pcfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
 		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
@@ -108,9 +113,10 @@ func ParsePoolConfig(dsn string, cfg PoolConfig) (*pgxpool.Config, error) {
 // message another transaction stored meanwhile. With a role or database
 // whose default_transaction_isolation is repeatable read, that second look
 // saw nothing new; with serializable, claims, inserts and result writes
-// failed with serialization errors, dozens a minute under load. Pools that
-// are not Pooled send it at connection start; start-up refuses a pooled
-// DATABASE_URL whose sessions default to another level.
+// failed with serialization errors, dozens a minute under load. The
+// service's pools ask for it at connection start (PoolConfig.ReadCommitted);
+// start-up refuses a pooled DATABASE_URL whose sessions default to another
+// level.
 const ReadCommitted = "read committed"
 
 // Redact describes a database without its credentials, for logs and errors.

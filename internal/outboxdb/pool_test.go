@@ -236,7 +236,9 @@ func TestServiceStatementsAreNotJITCompiled(t *testing.T) {
 // the insert's second look for a message stored meanwhile saw nothing new.
 // The service's connections ask for read committed at start, which
 // overrides the database's and the role's defaults; a Pooled one cannot
-// (a pooler refuses startup parameters), and start-up checks it instead.
+// (a pooler refuses startup parameters), and start-up checks it instead;
+// other pools (the metrics exporter's, which may lead to a pooler the
+// service refuses) keep the server's default.
 func TestTransactionsAreReadCommitted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -246,9 +248,10 @@ func TestTransactionsAreReadCommitted(t *testing.T) {
 		cfg  outboxdb.PoolConfig
 		want string
 	}{
-		{outboxdb.PoolConfig{}, outboxdb.ReadCommitted},
-		{outboxdb.PoolConfig{NoSeqScan: true}, outboxdb.ReadCommitted},
-		{outboxdb.PoolConfig{Pooled: true}, "serializable"},
+		{outboxdb.PoolConfig{ReadCommitted: true}, outboxdb.ReadCommitted},
+		{outboxdb.PoolConfig{ReadCommitted: true, NoSeqScan: true}, outboxdb.ReadCommitted},
+		{outboxdb.PoolConfig{}, "serializable"},
+		{outboxdb.PoolConfig{ReadCommitted: true, Pooled: true}, "serializable"},
 	} {
 		pool, err := outboxdb.Open(ctx, dsn, c.cfg)
 		if err != nil {

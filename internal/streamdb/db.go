@@ -68,7 +68,7 @@ func For(res *service.Resources, dsn string) (*DB, error) {
 // (docs/deployment.md, "Running on production PostgreSQL").
 func WithDirect(res *service.Resources, dsn, directDSN string) (*DB, error) {
 	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{
-		ApplicationName: outboxdb.ServiceApplicationName, NoSeqScan: true, Pooled: directDSN != ""})
+		ApplicationName: outboxdb.ServiceApplicationName, NoSeqScan: true, ReadCommitted: true, Pooled: directDSN != ""})
 	if err != nil {
 		return nil, err
 	}
