@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -113,6 +114,7 @@ func runMigrate(c *cli.Context) error {
 	}
 	if v, err := outboxdb.SchemaVersion(ctx, conn); err == nil {
 		ms, _ := outboxdb.Migrations()
+		noteElsewhere(ctx, out, conn, v)
 		printPlan(ctx, out, conn, outboxdb.Pending(ms, v), "to apply")
 	}
 	res, err := outboxdb.MigrateConn(ctx, conn, opts)
@@ -143,6 +145,7 @@ func dryRun(ctx context.Context, c *cli.Context, conn *pgx.Conn, where string) e
 		return cli.Exit("outbox migrate: "+err.Error(), 1)
 	}
 	fmt.Fprintf(out, "%s is at schema version %d; this binary knows up to %d\n", where, v, outboxdb.LatestVersion())
+	noteElsewhere(ctx, out, conn, v)
 	pending := outboxdb.Pending(ms, v)
 	printPlan(ctx, out, conn, pending, "would apply")
 	if len(pending) == 0 {
@@ -178,5 +181,20 @@ func printPlan(ctx context.Context, out io.Writer, conn *pgx.Conn, pending []out
 		for _, line := range p.Lines() {
 			fmt.Fprintf(out, "  %s\n", line)
 		}
+	}
+}
+
+// noteElsewhere says, before a schema is made from nothing, that the
+// database already holds an outbox the session's search_path does not lead
+// to: the new one will be separate, and the service will use it.
+func noteElsewhere(ctx context.Context, out io.Writer, conn *pgx.Conn, version int) {
+	if version != 0 {
+		return
+	}
+	if schemas, err := outboxdb.OutboxSchemasElsewhere(ctx, conn); err == nil && len(schemas) > 0 {
+		var path string
+		_ = conn.QueryRow(ctx, "SELECT current_setting('search_path')").Scan(&path)
+		fmt.Fprintf(out, "note: schema %s already holds an outbox, which search_path %q does not lead to: this makes a second, separate one where it leads, and the service will use that one (if the search_path changed by mistake, set it back instead)\n",
+			strings.Join(schemas, ", "), path)
 	}
 }

@@ -127,6 +127,8 @@ func checkDatabase(db database) error {
 	case st.Version < latest && !st.CanMigrate:
 		return fmt.Errorf("database %s: %w: it is at version %d, this binary needs %d, and role %s may not change the schema: run `forwarder outbox migrate` as the schema's owner (DATABASE_MIGRATE_URL; docs/deployment.md, Roles and grants)",
 			where, outboxdb.ErrSchemaBehind, st.Version, latest, st.Role)
+	case st.Version == 0 && len(st.Elsewhere) > 0:
+		return fmt.Errorf("database %s: %w", where, st.ElsewhereError())
 	case st.Version == 0:
 		return nil // no schema: the first component creates all of it, offline steps included (outboxdb.MigrateConn)
 	case st.Version < latest:

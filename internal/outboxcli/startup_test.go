@@ -69,3 +69,55 @@ func TestStartRefusesAPoolerThatIsNotReadCommitted(t *testing.T) {
 		t.Errorf("through a pooler: %v, want a refusal naming ALTER ROLE", err)
 	}
 }
+
+// TestAnOutboxWhereSearchPathDoesNotLead: an administrator changed the
+// database's search_path to another schema. The service found no outbox
+// there and made a new, empty one, leaving the rows of the first unsent;
+// now start-up refuses, naming both, and the service's own check
+// (EnsureSchema) makes nothing. `outbox migrate`, an operator's explicit
+// step, says so and makes the second outbox.
+func TestAnOutboxWhereSearchPathDoesNotLead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, admin := pgtest.NewDBPool(t)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA other"); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.SetForDatabase(t, admin, "search_path", "other")
+	tablesInOther := func() int {
+		t.Helper()
+		var n int
+		if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = 'other'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	err := outboxcli.CheckDatabase(dsn)
+	if !errors.Is(err, outboxdb.ErrSchemaElsewhere) || !strings.Contains(err.Error(), `search_path is "other", schema public holds an outbox`) {
+		t.Errorf("start-up: %v, want ErrSchemaElsewhere naming search_path and schema public", err)
+	}
+	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := outboxdb.EnsureSchema(ctx, pool, nil); !errors.Is(err, outboxdb.ErrSchemaElsewhere) {
+		t.Errorf("the service's schema check: %v, want ErrSchemaElsewhere", err)
+	}
+	if n := tablesInOther(); n != 0 {
+		t.Fatalf("the service made %d tables in schema other", n)
+	}
+
+	b := &testBundle{dsn: dsn, pool: admin}
+	out := b.mustRun(t, "migrate")
+	if !strings.Contains(out, `note: schema public already holds an outbox, which search_path "other" does not lead to`) {
+		t.Errorf("outbox migrate does not say there is an outbox elsewhere:\n%s", out)
+	}
+	if tablesInOther() == 0 {
+		t.Error("outbox migrate made no outbox in schema other")
+	}
+	if err := outboxcli.CheckDatabase(dsn); err != nil {
+		t.Errorf("start-up once the second outbox exists: %v", err)
+	}
+}

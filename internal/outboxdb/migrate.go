@@ -674,6 +674,27 @@ func SchemaVersion(ctx context.Context, q Querier) (int, error) {
 	return v, nil
 }
 
+// ErrSchemaElsewhere says that the session's search_path leads to no
+// outbox while the database holds one in another schema: an administrator
+// changed the role's or the database's search_path. Migrating there would
+// make a second, empty outbox, and the rows of the first would never be
+// sent; so the service does not, and `outbox migrate` says so first.
+var ErrSchemaElsewhere = errors.New("the session's search_path leads to no outbox, and the database holds one in another schema")
+
+// OutboxSchemasElsewhere lists the schemas of the database that hold an
+// outbox (its migrations table) where the session's search_path does not
+// lead.
+func OutboxSchemasElsewhere(ctx context.Context, q Querier) ([]string, error) {
+	var schemas []string
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = 'forwarder_schema_migrations' AND c.relkind = 'r' AND NOT pg_table_is_visible(c.oid)`).Scan(&schemas)
+	if err != nil {
+		return nil, fmt.Errorf("looking for the outbox in other schemas: %w", err)
+	}
+	return schemas, nil
+}
+
 // SchemaState is what the service needs to know of the schema on start.
 type SchemaState struct {
 	// Version is the version recorded.
@@ -684,6 +705,18 @@ type SchemaState struct {
 	CanMigrate bool
 	// Role is the role connected.
 	Role string
+	// Elsewhere, when Version is 0, lists the schemas that hold an outbox
+	// the session's search_path (SearchPath) does not lead to.
+	Elsewhere  []string
+	SearchPath string
+}
+
+// ElsewhereError is ErrSchemaElsewhere with where the outbox is, where the
+// session looks, and what to do.
+func (st SchemaState) ElsewhereError() error {
+	return fmt.Errorf("%w: search_path is %q, schema %s holds an outbox: set the role's search_path back to it "+
+		"(ALTER ROLE %s SET search_path = ...), or, for a second outbox where search_path leads, run `forwarder outbox migrate` first",
+		ErrSchemaElsewhere, st.SearchPath, strings.Join(st.Elsewhere, ", "), pgx.Identifier{st.Role}.Sanitize())
 }
 
 // ReadSchemaState reads the schema version and whether the role may migrate
@@ -705,11 +738,16 @@ func ReadSchemaState(ctx context.Context, db TxBeginner) (SchemaState, error) {
 			return err
 		}
 		st.Version = v
-		return tx.QueryRow(ctx, `SELECT current_user::text, CASE
+		if v == 0 {
+			if st.Elsewhere, err = OutboxSchemasElsewhere(ctx, tx); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRow(ctx, `SELECT current_user::text, current_setting('search_path'), CASE
 				WHEN to_regclass('forward_records') IS NOT NULL
 				THEN pg_has_role((SELECT relowner FROM pg_class WHERE oid = to_regclass('forward_records')), 'USAGE')
 				ELSE coalesce(has_schema_privilege(current_schema(), 'CREATE'), false)
-			END`).Scan(&st.Role, &st.CanMigrate)
+			END`).Scan(&st.Role, &st.SearchPath, &st.CanMigrate)
 	})
 	if err != nil && !errors.Is(err, ErrMigrationRunning) {
 		return st, fmt.Errorf("reading schema version: %w", err)
@@ -743,6 +781,8 @@ func EnsureSchema(ctx context.Context, pool *pgxpool.Pool, session *pgx.ConnConf
 	}
 	latest := LatestVersion()
 	switch {
+	case st.Version == 0 && len(st.Elsewhere) > 0:
+		return fmt.Errorf("checking the schema of %s: %w", id, st.ElsewhereError())
 	case st.Version > latest:
 		return fmt.Errorf("checking the schema of %s: %w: it is at version %d, this binary knows up to %d; upgrade the forwarder", id, ErrSchemaTooNew, st.Version, latest)
 	case st.Version < latest && !st.CanMigrate:

@@ -124,8 +124,9 @@ func (h *DB) waitFor(ctx context.Context, limit time.Duration, attempt func(cont
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(err, outboxdb.ErrSchemaTooNew) {
-			// Waiting would not help: this binary is too old for the schema.
+		if errors.Is(err, outboxdb.ErrSchemaTooNew) || errors.Is(err, outboxdb.ErrSchemaElsewhere) {
+			// Waiting would not help: this binary is too old for the
+			// schema, or the outbox is where the session does not look.
 			return err
 		}
 		delay := connectDelay(n, h.retryInitial, limit)
