@@ -90,10 +90,14 @@ actions serves the console read-only.`,
 			defer stop()
 			dsn, source := consoleURL(c)
 			return withPoolURL(c, dsn, source, func(_ context.Context, pool *pgxpool.Pool) error {
-				if v, err := outboxdb.SchemaVersion(ctx, pool); err != nil {
+				switch st, err := outboxdb.ReadSchemaState(ctx, pool); {
+				case err != nil:
 					return err
-				} else if v < outboxdb.LatestVersion() {
-					return fmt.Errorf("the database schema is at version %d, the console needs %d: run forwarder outbox migrate (or start the service once)", v, outboxdb.LatestVersion())
+				case st.Version == 0 && len(st.Elsewhere) > 0:
+					// Migrating would make a second, empty outbox.
+					return st.ElsewhereError()
+				case st.Version < outboxdb.LatestVersion():
+					return fmt.Errorf("the database schema is at version %d, the console needs %d: run forwarder outbox migrate (or start the service once)", st.Version, outboxdb.LatestVersion())
 				}
 				// A read-only role (docs/deployment.md, Roles and grants)
 				// serves a console without actions instead of failing on

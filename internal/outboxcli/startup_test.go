@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -74,8 +75,9 @@ func TestStartRefusesAPoolerThatIsNotReadCommitted(t *testing.T) {
 // database's search_path to another schema. The service found no outbox
 // there and made a new, empty one, leaving the rows of the first unsent;
 // now start-up refuses, naming both, and the service's own check
-// (EnsureSchema) makes nothing. `outbox migrate`, an operator's explicit
-// step, says so and makes the second outbox.
+// (EnsureSchema) makes nothing, and the console says where the outbox is
+// rather than advising a migration. `outbox migrate`, an operator's
+// explicit step, says so and makes the second outbox.
 func TestAnOutboxWhereSearchPathDoesNotLead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -110,6 +112,24 @@ func TestAnOutboxWhereSearchPathDoesNotLead(t *testing.T) {
 	}
 
 	b := &testBundle{dsn: dsn, pool: admin}
+	// The console advised `outbox migrate` for a schema at version 0.
+	type result struct {
+		out string
+		err error
+	}
+	console := make(chan result, 1)
+	go func() {
+		out, err := b.run(t, "console", "--read-only", "--addr", "127.0.0.1:0")
+		console <- result{out, err}
+	}()
+	select {
+	case r := <-console:
+		if r.err == nil || !strings.Contains(r.err.Error(), `search_path is "other", schema public holds an outbox`) {
+			t.Errorf("outbox console: %v, want it to say where the outbox is:\n%s", r.err, r.out)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("outbox console started serving an outbox its search_path does not lead to")
+	}
 	out := b.mustRun(t, "migrate")
 	if !strings.Contains(out, `note: schema public already holds an outbox, which search_path "other" does not lead to`) {
 		t.Errorf("outbox migrate does not say there is an outbox elsewhere:\n%s", out)
