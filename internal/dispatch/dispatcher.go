@@ -594,10 +594,13 @@ func (d *Dispatcher) DirectClaim() outboxdb.DirectClaim {
 }
 
 // Reserve grants room to rows about to be inserted claimed (see
-// Ledger.Reserve), and none before the process has started: those rows are
-// inserted PENDING, for Next to claim.
+// Ledger.Reserve), and none before the process has started or before the
+// dispatcher has connected: those rows are inserted PENDING, for Next to
+// claim. Rows claimed for a dispatcher still waiting for its database (its
+// wait backs off further than ingest's) were held with no renewal running:
+// their leases ran out, Next claimed them again, and both claims were sent.
 func (d *Dispatcher) Reserve(sizes []int) Grant {
-	if !d.started.Ready() {
+	if !d.started.Ready() || d.Pool() == nil {
 		return Grant{}
 	}
 	g := d.ledger.Reserve(sizes)

@@ -180,6 +180,33 @@ func TestDispatcher(t *testing.T) {
 		}
 	})
 
+	// Ingest persists while the dispatcher still waits for its database
+	// (its wait backs off further): rows claimed for it then were held with
+	// no renewal running, their leases ran out, and Next claimed and sent
+	// them again (test/e2e TestReadOnlyDatabaseIsWaitedFor).
+	t.Run("NoDirectClaimBeforeConnect", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		d, err := NewDispatcher(b.hub, DispatcherConfig{}, quietLog, DispatcherMetrics{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Close(context.Background()) })
+		d.started = launch.NewGate()
+		d.started.Open()
+		if g := d.Reserve([]int{10}); g.Rows != 0 {
+			t.Fatalf("Reserve before Connect granted %+v; want nothing, so that the insert claims nothing", g)
+		}
+		if err := d.Connect(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if g := d.Reserve([]int{10}); g.Rows != 1 {
+			t.Fatalf("Reserve once connected granted %+v; want the row", g)
+		} else {
+			d.Deliver(g, nil)
+		}
+	})
+
 	t.Run("ClaimsWaitWhileTheAttachedOutputsProtectionBlocks", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -11,9 +11,9 @@ import (
 )
 
 // dispatcher registers a dispatcher (the outbox_retry input's engine) in
-// the bundle's stream with room for room rows; closed says it has closed
-// already. It is never connected: the processor only reserves room and
-// delivers rows to it.
+// the bundle's stream with room for room rows, connected (a dispatcher
+// grants no room before); closed says it has closed already. Nothing reads
+// from it: the processor only reserves room and delivers rows to it.
 func (b *testBundle) dispatcher(t *testing.T, room int, closed bool) *dispatch.Dispatcher {
 	t.Helper()
 	hub, err := dispatch.HubFor(b.res, b.dsn)
@@ -26,6 +26,9 @@ func (b *testBundle) dispatcher(t *testing.T, room int, closed bool) *dispatch.D
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	if err := d.Connect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if closed {
 		if err := d.Close(context.Background()); err != nil {
 			t.Fatal(err)
