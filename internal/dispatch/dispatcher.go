@@ -594,13 +594,16 @@ func (d *Dispatcher) DirectClaim() outboxdb.DirectClaim {
 }
 
 // Reserve grants room to rows about to be inserted claimed (see
-// Ledger.Reserve), and none before the process has started or before the
-// dispatcher has connected: those rows are inserted PENDING, for Next to
-// claim. Rows claimed for a dispatcher still waiting for its database (its
-// wait backs off further than ingest's) were held with no renewal running:
-// their leases ran out, Next claimed them again, and both claims were sent.
+// Ledger.Reserve), and none before the process has started, before the
+// dispatcher has connected, or while its renewals are late: those rows are
+// inserted PENDING, for Next to claim. Rows claimed for a dispatcher still
+// waiting for its database (its wait backs off further than ingest's) were
+// held with no renewal running: their leases ran out, Next claimed them
+// again, and both claims were sent. A dispatcher whose renewals fail (its
+// database lost after start, its pool exhausted) would hold new claims the
+// same way.
 func (d *Dispatcher) Reserve(sizes []int) Grant {
-	if !d.started.Ready() || d.Pool() == nil {
+	if !d.started.Ready() || !d.renewing() {
 		return Grant{}
 	}
 	g := d.ledger.Reserve(sizes)

@@ -207,6 +207,31 @@ func TestDispatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("NoDirectClaimWhileRenewalsAreLate", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A lease of an hour: the renew loop (every eighth of it) does not
+		// run during the test, so renewOK is what the test sets.
+		d := b.dispatcher(t, DispatcherConfig{Lease: time.Hour})
+		d.started = launch.NewGate()
+		d.started.Open()
+		setRenewOK := func(at time.Time) {
+			d.mu.Lock()
+			d.renewOK = at
+			d.mu.Unlock()
+		}
+		setRenewOK(time.Now().Add(-31 * time.Minute))
+		if g := d.Reserve([]int{10}); g.Rows != 0 {
+			t.Fatalf("Reserve with the last renewal more than half a lease ago granted %+v; want nothing, so that no lease is taken that renewals may not keep", g)
+		}
+		setRenewOK(time.Now())
+		if g := d.Reserve([]int{10}); g.Rows != 1 {
+			t.Fatalf("Reserve with renewals on time granted %+v; want the row", g)
+		} else {
+			d.Deliver(g, nil)
+		}
+	})
+
 	t.Run("ClaimsWaitWhileTheAttachedOutputsProtectionBlocks", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

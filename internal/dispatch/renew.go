@@ -125,8 +125,14 @@ func (d *Dispatcher) LeaseFor(ref outboxdb.ClaimRef) (state int, deadline time.T
 		}
 		return LeaseUnknown, time.Time{}, false
 	}
+	return LeaseHeld, deadline, d.renewing()
+}
+
+// renewing is true while the dispatcher is connected and its renewals
+// succeed on time: the last one within half a lease, so that a lease taken
+// now is renewed before it runs out.
+func (d *Dispatcher) renewing() bool {
 	d.mu.Lock()
-	renewing = !d.closed && d.pool != nil && time.Since(d.renewOK) < d.cfg.Lease/2
-	d.mu.Unlock()
-	return LeaseHeld, deadline, renewing
+	defer d.mu.Unlock()
+	return !d.closed && d.pool != nil && time.Since(d.renewOK) < d.cfg.Lease/2
 }
