@@ -280,6 +280,9 @@ func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
+		// net/http's own messages (a handler's panic, an accept error)
+		// are lines of the console's log, not of the standard logger.
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelError),
 	}
 	if ready != nil {
 		ready(ln.Addr().String())
