@@ -51,6 +51,13 @@ func TryPurgeWithSession(ctx context.Context, pool *pgxpool.Pool, session *pgx.C
 		// the lock is released first, in a statement (below), for whoever
 		// asks right after this returns.
 		defer conn.Close(context.WithoutCancel(ctx))
+		// The session is idle while the retirements run on pool, for as
+		// long as the purge takes: an idle_session_timeout set by an
+		// administrator would end it mid-purge, and the lock with it.
+		// (Before PostgreSQL 14 there is no such setting.)
+		if _, err := conn.Exec(ctx, "SELECT set_config(name, '0', false) FROM pg_settings WHERE name = 'idle_session_timeout'"); err != nil {
+			return res, false, fmt.Errorf("connecting for the retention lock: %w", err)
+		}
 		lockConn, q = conn, pool
 	} else {
 		conn, err := pool.Acquire(ctx)

@@ -70,3 +70,53 @@ func TestTryPurgeWithSession(t *testing.T) {
 		t.Fatalf("%d advisory locks left after the run (%v), want none", held, err)
 	}
 }
+
+// TestRetentionLockOutlivesAnIdleSessionTimeout: the session that holds the
+// retention lock is idle while the retirements run on the pool. With an
+// idle_session_timeout an administrator set (here on that session alone)
+// shorter than the purge, the server would end the session mid-purge and
+// the lock with it, and another instance could purge beside it.
+func TestRetentionLockOutlivesAnIdleSessionTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, pool := pgtest.NewDBPool(t)
+	db := fixture.New(t, pool)
+	db.Insert(fixture.Row{Key: "old", Status: "SUCCESS", Age: 48 * time.Hour})
+	session, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	session.RuntimeParams["idle_session_timeout"] = "200ms"
+	// A reader keeps the partition from being dropped: the purge waits for
+	// it 300ms at a time, five times.
+	release := holdLock(t, dsn, "SELECT count(*) FROM forward_messages")
+	opts := outboxdb.PurgeOptions{OlderThan: 24 * time.Hour, LockTimeout: 300 * time.Millisecond, LockTries: 5}
+	type result struct {
+		locked bool
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		_, locked, err := outboxdb.TryPurgeWithSession(ctx, pool, session, opts)
+		done <- result{locked, err}
+	}()
+	time.Sleep(time.Second)
+	other, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(context.Background())
+	var took bool
+	if err := other.QueryRow(ctx, "SELECT pg_try_advisory_lock(x'666f727770757267'::bigint)").Scan(&took); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	r := <-done
+	if took {
+		t.Errorf("another session took the retention lock during the purge: the session holding it was ended while idle")
+	}
+	if r.err != nil || !r.locked {
+		t.Errorf("TryPurgeWithSession: locked %v, %v; want a run that held the lock", r.locked, r.err)
+	}
+}
