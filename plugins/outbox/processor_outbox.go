@@ -171,6 +171,9 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 	for i, msg := range batch {
 		recs[i] = p.record(i, msg, keyExec, typeExec)
 	}
+	if err := p.keyReusedCoordinatesApart(ctx, recs); err != nil {
+		return nil, err
+	}
 	if p.tracer == nil {
 		return p.persistAll(ctx, recs)
 	}
@@ -250,6 +253,46 @@ func (p *outboxProcessor) checkKeyConflicts(ctx context.Context, chunk []outboxd
 		p.conflicts.Warn("conflict", fmt.Sprintf("Message %s[%d]@%d not stored: its key %q is stored already with a different payload (a redelivery would be identical: does the producer reuse messageId?); the stored one: forwarder outbox show %q",
 			r.KafkaTopic, r.KafkaPartition, r.KafkaOffset, r.MessageKey, r.MessageKey))
 	}
+}
+
+// keyReusedCoordinatesApart gives each record keyed by its Kafka
+// coordinates (it has no messageId) whose coordinates already key a row
+// with another payload a key of its own, reusedCoordinatesKey, before it is
+// inserted. Kafka redelivers a record byte for byte, so the stored row is an
+// earlier message's at the same coordinates: the topic was deleted and
+// created again (its offsets start over) or the cluster was replaced.
+// Under the coordinates alone the message would be skipped as a key
+// conflict and never sent. The new key is the same for every redelivery of
+// the message, so those are still recognized, and the records keep their
+// places in the batch (and so their order per berth).
+func (p *outboxProcessor) keyReusedCoordinatesApart(ctx context.Context, recs []outboxdb.NewRecord) error {
+	var (
+		idx []int
+		sub []outboxdb.NewRecord
+	)
+	for i := range recs {
+		if r := &recs[i]; r.MessageKey == coordinates(r.KafkaTopic, r.KafkaPartition, r.KafkaOffset) {
+			idx, sub = append(idx, i), append(sub, *r)
+		}
+	}
+	if len(sub) == 0 {
+		return nil
+	}
+	var reused []int
+	err := p.persist(ctx, func(ctx context.Context) (err error) {
+		reused, err = outboxdb.KeyConflicts(ctx, p.pool, sub)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for _, j := range reused {
+		r := &recs[idx[j]]
+		r.MessageKey = reusedCoordinatesKey(r.MessageKey, r.Payload)
+		p.conflicts.Warn("coordinates", fmt.Sprintf("Message %s[%d]@%d has no messageId and its Kafka coordinates already key an earlier message with another payload (the topic was deleted and created again, or the Kafka cluster replaced): persisting it under the key %q",
+			r.KafkaTopic, r.KafkaPartition, r.KafkaOffset, r.MessageKey))
+	}
+	return nil
 }
 
 // handover is what a chunk's attempts at direct dispatch share: the claim

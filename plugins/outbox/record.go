@@ -2,6 +2,7 @@ package outbox
 
 import (
 	cryptorand "crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"strconv"
@@ -142,6 +143,16 @@ func fallbackKey(topic string, partition int32, offset int64, haveCoords bool) s
 	var b [16]byte
 	_, _ = cryptorand.Read(b[:])
 	return "no-kafka-coordinates-" + hex.EncodeToString(b[:])
+}
+
+// reusedCoordinatesKey is the key of a message keyed by its Kafka
+// coordinates when they already key an earlier message (see
+// keyReusedCoordinatesApart): <topic>-<partition>-<offset>~ and the first 16
+// hex digits of its payload's SHA-256. '~' is not a character of Kafka
+// topic names, so no coordinates read as such a key.
+func reusedCoordinatesKey(coords string, payload []byte) string {
+	sum := sha256.Sum256(payload)
+	return coords + "~" + hex.EncodeToString(sum[:8])
 }
 
 func coordinates(topic string, partition int32, offset int64) string {

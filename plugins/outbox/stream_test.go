@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
@@ -496,5 +499,80 @@ func TestStreamCountsMissingMessageIDs(t *testing.T) {
 	}
 	if n := s.logs.count(slog.LevelWarn, "fallback key"); n != 9 {
 		t.Errorf("%d warnings, want 9", n)
+	}
+}
+
+// TestStreamKeysReusedCoordinatesApart: messages without a messageId are
+// keyed by their Kafka coordinates. When the topic is deleted and created
+// again its offsets start over, and the new topic's messages meet the old
+// topic's rows under the same coordinates with other payloads. They are
+// stored under keys of their own (coordinates~hash) and sent, not skipped
+// as key conflicts; a redelivery of either is still recognized.
+func TestStreamKeysReusedCoordinatesApart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t)
+	withoutID := func(device string) func(int64) []byte {
+		return func(offset int64) []byte {
+			return []byte(fmt.Sprintf(`{"deviceId":%q,"inoutType":1,"seq":%d}`, device, offset))
+		}
+	}
+	run := func(body func(int64) []byte, n int) *streamBundle {
+		t.Helper()
+		in := newFakeKafka(topicVehicle, 3)
+		in.body = body
+		s := startStream(t, dsn, in, 1)
+		in.release(n)
+		waitFor(t, "all commits", func() bool { return len(in.committed()) == n })
+		if err := s.stream.StopWithin(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	run(withoutID("CAM-OLD"), 4)
+	// The topic created again: offsets 0 to 5, two more than before.
+	s := run(withoutID("CAM-NEW"), 6)
+	if got := s.metrics.get("forwarder_key_conflicts_total"); got != 0 {
+		t.Errorf("forwarder_key_conflicts_total = %d, want 0: the new topic's messages are not other messages reusing a key", got)
+	}
+	if got := s.metrics.get("forwarder_rows_persisted_total,status=PENDING"); got != 6 {
+		t.Errorf("the new topic's run persisted %d rows, want 6", got)
+	}
+	if n := s.logs.count(slog.LevelWarn, "already key an earlier message"); n < 1 {
+		t.Errorf("no warning that coordinates were reused:\n%s", s.logs.all())
+	}
+	// Redeliveries of both topics' messages add nothing.
+	run(withoutID("CAM-NEW"), 6)
+	run(withoutID("CAM-OLD"), 4)
+
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rows, err := pool.Query(ctx, "SELECT message_key, convert_from(payload, 'UTF8') FROM forward_messages ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Key, Payload string }])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != 10 {
+		t.Fatalf("%d rows, want 10 (4 of the old topic, 6 of the new):\n%v", len(stored), stored)
+	}
+	for i, r := range stored {
+		coords := fmt.Sprintf("%s-0-%d", topicVehicle, i)
+		if i >= 4 {
+			coords = fmt.Sprintf("%s-0-%d", topicVehicle, i-4)
+		}
+		want := coords
+		if i >= 4 && i-4 < 4 {
+			sum := sha256.Sum256([]byte(r.Payload))
+			want = coords + "~" + hex.EncodeToString(sum[:8])
+		}
+		if r.Key != want {
+			t.Errorf("row %d (%s) has key %q, want %q", i, r.Payload, r.Key, want)
+		}
 	}
 }
