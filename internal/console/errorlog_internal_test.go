@@ -1,42 +1,23 @@
 package console
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 )
-
-// lockedBuffer is a bytes.Buffer the server's goroutines and the test may
-// share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestServerErrorsGoToTheLogger: net/http's own messages (here a handler's
 // panic) are lines of the console's log, in its format and at error
 // level, not lines of the standard logger on stderr.
 func TestServerErrorsGoToTheLogger(t *testing.T) {
 	t.Parallel()
-	var logged lockedBuffer
+	var logged logbuf.Buffer
 	s, err := New(Config{Addr: "127.0.0.1:0", Operator: "x", Logger: slog.New(slog.NewJSONHandler(&logged, nil))}, nil)
 	if err != nil {
 		t.Fatal(err)

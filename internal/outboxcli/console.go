@@ -2,12 +2,15 @@ package outboxcli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
@@ -60,7 +63,8 @@ the browser's Host on (docs/operations.md, the console's security model).
 It connects to CONSOLE_DATABASE_URL when set (a role of its own, read-only
 or with the grants its actions need: docs/deployment.md), else DATABASE_URL
 (or --database-url, which wins over both). A role without the grants of the
-actions serves the console read-only.`,
+actions serves the console read-only. Started while a schema migration runs,
+it says so and waits for the migration to finish.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: console.DefaultAddr, EnvVars: []string{"CONSOLE_ADDR"}, Usage: "host:port to listen on"},
 			&cli.BoolFlag{Name: "read-only", Usage: "hide and refuse the actions"},
@@ -90,7 +94,9 @@ actions serves the console read-only.`,
 			defer stop()
 			dsn, source := consoleURL(c)
 			return withPoolURL(c, dsn, source, func(_ context.Context, pool *pgxpool.Pool) error {
-				switch st, err := outboxdb.ReadSchemaState(ctx, pool); {
+				switch st, err := schemaStateAfterMigration(ctx, pool, c.App.Writer); {
+				case ctx.Err() != nil:
+					return nil // stopped while waiting
 				case err != nil:
 					return err
 				case st.Version == 0 && len(st.Elsewhere) > 0:
@@ -133,5 +139,29 @@ actions serves the console read-only.`,
 				})
 			})
 		},
+	}
+}
+
+// schemaStateAfterMigration reads the schema's state once no migration
+// holds its lock, looking again every second meanwhile (a Helm upgrade's
+// migration Job may run while an operator opens the console): the console
+// then serves the migrated schema instead of exiting. It says once that it
+// waits.
+func schemaStateAfterMigration(ctx context.Context, pool *pgxpool.Pool, w io.Writer) (outboxdb.SchemaState, error) {
+	said := false
+	for {
+		st, err := outboxdb.ReadSchemaState(ctx, pool)
+		if !errors.Is(err, outboxdb.ErrMigrationRunning) {
+			return st, err
+		}
+		if !said {
+			fmt.Fprintln(w, "waiting for the schema migration in progress to finish (forwarder outbox migrate, or a starting instance)")
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(time.Second):
+		}
 	}
 }

@@ -48,6 +48,12 @@ func (b *testBundle) run(t *testing.T, args ...string) (string, error) {
 // runTo is run writing the output to w.
 func (b *testBundle) runTo(t *testing.T, w io.Writer, args ...string) error {
 	t.Helper()
+	return b.runCtx(context.Background(), t, w, args...)
+}
+
+// runCtx is runTo until ctx ends (a command that runs until interrupted).
+func (b *testBundle) runCtx(ctx context.Context, t *testing.T, w io.Writer, args ...string) error {
+	t.Helper()
 	app := &cli.App{
 		Name:           "forwarder",
 		Writer:         w,
@@ -56,7 +62,7 @@ func (b *testBundle) runTo(t *testing.T, w io.Writer, args ...string) error {
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	full := append([]string{"forwarder", "outbox", "--database-url", b.dsn}, args...)
-	return app.RunContext(context.Background(), full)
+	return app.RunContext(ctx, full)
 }
 
 func (b *testBundle) mustRun(t *testing.T, args ...string) string {

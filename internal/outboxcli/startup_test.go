@@ -11,6 +11,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxcli"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
@@ -139,5 +140,57 @@ func TestAnOutboxWhereSearchPathDoesNotLead(t *testing.T) {
 	}
 	if err := outboxcli.CheckDatabase(dsn); err != nil {
 		t.Errorf("start-up once the second outbox exists: %v", err)
+	}
+}
+
+// TestConsoleWaitsForAMigrationInProgress: a console started while a
+// migration holds its lock (a Helm upgrade's Job, a starting instance) says
+// it waits, serves nothing meanwhile, and starts once the migration has
+// finished, instead of exiting.
+func TestConsoleWaitsForAMigrationInProgress(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	migration, err := pgx.Connect(ctx, b.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migration.Close(context.Background())
+	const lock = "x'666f727761726472'::bigint" // the migration lock's key
+	if _, err := migration.Exec(ctx, "SELECT pg_advisory_lock("+lock+")"); err != nil {
+		t.Fatal(err)
+	}
+	var out logbuf.Buffer
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.runCtx(runCtx, t, &out, "console", "--read-only", "--addr", "127.0.0.1:0") }()
+	waitForOutput := func(what string) {
+		t.Helper()
+		for !strings.Contains(out.String(), what) {
+			select {
+			case err := <-done:
+				t.Fatalf("outbox console returned %v before saying %q:\n%s", err, what, out.String())
+			case <-ctx.Done():
+				t.Fatalf("outbox console did not say %q:\n%s", what, out.String())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	waitForOutput("waiting for the schema migration in progress to finish")
+	time.Sleep(1500 * time.Millisecond) // a look or two while it waits
+	if strings.Contains(out.String(), "console on http://") {
+		t.Fatalf("the console served during the migration:\n%s", out.String())
+	}
+	if _, err := migration.Exec(ctx, "SELECT pg_advisory_unlock("+lock+")"); err != nil {
+		t.Fatal(err)
+	}
+	waitForOutput("console on http://")
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("outbox console stopped with %v, want nil", err)
+	}
+	if n := strings.Count(out.String(), "waiting for the schema migration"); n != 1 {
+		t.Errorf("said %d times that it waits, want once:\n%s", n, out.String())
 	}
 }
