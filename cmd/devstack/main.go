@@ -210,11 +210,11 @@ func run() int {
 }
 
 // drainWithin bounds how long the stopping dev stack waits for the
-// forwarder to persist what the generator produced.
+// forwarder to read (persist and commit) what the generator produced.
 const drainWithin = 10 * time.Second
 
-// stopEmbedded stops the generator first and lets the forwarder persist
-// what it produced (the dev broker keeps nothing between runs), then the
+// stopEmbedded stops the generator first and lets the forwarder read what
+// it produced (the dev broker keeps nothing between runs), then the
 // forwarder, whose in-flight requests finish, and reports this run's rows
 // as the forwarder left them, before it stops the rest.
 func stopEmbedded(s *devstack.Stack, drain bool) int {
@@ -223,9 +223,11 @@ func stopEmbedded(s *devstack.Stack, drain bool) int {
 		fmt.Fprintf(os.Stderr, "devstack: generator: %v\n", err)
 	}
 	// (A forwarder that stopped on its own, or none, persists nothing more.)
+	drained := false
 	if drain && s.Forwarder != nil {
-		if p, ok := s.Drain(context.Background(), drainWithin); !ok {
-			fmt.Printf("devstack: after %s the forwarder has persisted %d of the %d rows produced: the rest are dropped with the dev broker\n",
+		var p devstack.Progress
+		if p, drained = s.Drain(context.Background(), drainWithin); !drained {
+			fmt.Printf("devstack: after %s the forwarder has not read every message produced (%d rows persisted for %d messages): those still unread are dropped with the dev broker\n",
 				drainWithin, p.Rows.Persisted, p.Produced.Rows())
 		}
 	}
@@ -244,6 +246,11 @@ func stopEmbedded(s *devstack.Stack, drain bool) int {
 		kept = "the database stays in " + s.PG.Dir() + " for the next run"
 	}
 	printFinal(final, kept)
+	if short := final.Produced.Rows() - final.Rows.Persisted; drained && short > 0 {
+		// Every message was read: the missing rows are messages the
+		// outbox took for redeliveries of an earlier run's rows.
+		fmt.Printf("devstack: %d of the messages produced had the bytes and Kafka coordinates of a row of an earlier run (the dev broker's offsets start at 0 each run, the database stays): the outbox took them for redeliveries\n", short)
+	}
 	return 0
 }
 

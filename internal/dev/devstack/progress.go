@@ -12,6 +12,8 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Progress is a snapshot of the stack: what the generator produced, where
@@ -37,39 +39,67 @@ func (s *Stack) Progress(ctx context.Context) (Progress, error) {
 	return p, err
 }
 
-// Drain waits, for at most within, until this run's rows account for every
-// message the generator had Kafka acknowledge (Stats.Rows), and says whether
-// they do. With the generator stopped first, a forwarder stopped after a
-// drain leaves nothing unread in the dev broker, which keeps nothing
-// between runs.
+// Drain waits, for at most within, until the stack's consumer group has
+// committed every record of the topics the generator writes (its lag is 0),
+// says whether it has, and reads the Progress then. With the generator
+// stopped first, a forwarder stopped after a drain leaves nothing unread in
+// the dev broker, which keeps nothing between runs. A count of this run's
+// rows would not tell: the broker's offsets start at 0 each run while the
+// database stays, and a message with the bytes and the Kafka coordinates of
+// an earlier run's row (an empty one, a tombstone) is taken for a
+// redelivery of it and makes no row.
 func (s *Stack) Drain(ctx context.Context, within time.Duration) (Progress, bool) {
-	ctx, cancel := context.WithTimeout(ctx, within)
+	wctx, cancel := context.WithTimeout(ctx, within)
+	drained := s.waitForNoLag(wctx)
+	cancel()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
+	p, _ := s.Progress(rctx)
+	return p, drained
+}
+
+// waitForNoLag waits until the stack's consumer group has committed the end
+// of every partition of the generator's topics, and says whether it has
+// before ctx ended.
+func (s *Stack) waitForNoLag(ctx context.Context) bool {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...))
+	if err != nil {
+		return false
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	var last Progress
-	read := false
 	for {
-		p, err := s.Progress(ctx)
-		if err == nil {
-			if p.Rows.Persisted >= p.Produced.Rows() {
-				return p, true
-			}
-			last, read = p, true
+		if lags, err := adm.Lag(ctx, Group); err == nil && caughtUp(lags[Group]) {
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			// A read the deadline cut short has no rows: say what the
-			// last one found (it had said "persisted 0" of a large run).
-			if !read {
-				rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				last, _ = s.Progress(rctx)
-				cancel()
-			}
-			return last, false
+			return false
 		case <-tick.C:
 		}
 	}
+}
+
+// caughtUp: the group has committed the end offset of every partition of
+// the generator's topics (one it never committed counts from the log start).
+func caughtUp(g kadm.DescribedGroupLag) bool {
+	if g.Error() != nil {
+		return false
+	}
+	for _, topic := range []string{eventgen.DefaultVehicleTopic, eventgen.DefaultHeartbeatTopic} {
+		parts, ok := g.Lag[topic]
+		if !ok {
+			return false
+		}
+		for _, m := range parts {
+			if m.Err != nil || m.Lag != 0 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // headerEvery is how many progress lines go by before the header is
