@@ -213,26 +213,55 @@ func InsertBatchClaim(ctx context.Context, q Querier, recs []NewRecord, c Direct
 	return counts, claimed, nil
 }
 
+// ReusedCoordinates returns the indexes in recs, records about to be
+// inserted each keyed by its Kafka coordinates, of those to be stored under
+// reusedKeys[i] instead (insert_reused_coordinates.sql): their coordinates
+// key a row with another payload, an earlier message's at the same
+// coordinates, or a row is stored under reusedKeys[i] already.
+func ReusedCoordinates(ctx context.Context, q Querier, recs []NewRecord, reusedKeys []string) ([]int, error) {
+	keys, payloads := keysAndPayloads(recs)
+	idx, err := positions(q.Query(ctx, reusedCoordsSQL, keys, payloads, reusedKeys))
+	if err != nil {
+		return nil, fmt.Errorf("looking for rows at the same Kafka coordinates: %w", err)
+	}
+	return idx, nil
+}
+
 // KeyConflicts returns the indexes in recs, a batch inserted already, of the
 // records whose key is stored with a different payload (keyConflictsSQL):
 // messages that reused another's key and were not stored, where a
 // redelivery of the stored message would be byte for byte the same.
 func KeyConflicts(ctx context.Context, q Querier, recs []NewRecord) ([]int, error) {
+	keys, payloads := keysAndPayloads(recs)
+	idx, err := positions(q.Query(ctx, keyConflictsSQL, keys, payloads))
+	if err != nil {
+		return nil, fmt.Errorf("comparing the payloads of duplicate keys: %w", err)
+	}
+	return idx, nil
+}
+
+// keysAndPayloads are recs' keys and payloads, as the statements that
+// compare them take them.
+func keysAndPayloads(recs []NewRecord) ([]string, [][]byte) {
 	keys := make([]string, len(recs))
 	payloads := make([][]byte, len(recs))
 	for i := range recs {
 		keys[i], payloads[i] = recs[i].MessageKey, recs[i].Payload
 	}
-	rows, err := q.Query(ctx, keyConflictsSQL, keys, payloads)
+	return keys, payloads
+}
+
+// positions turns the 1-based positions a statement returns into indexes.
+func positions(rows pgx.Rows, err error) ([]int, error) {
 	if err != nil {
-		return nil, fmt.Errorf("comparing the payloads of duplicate keys: %w", err)
+		return nil, err
 	}
-	positions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	ns, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("comparing the payloads of duplicate keys: %w", err)
+		return nil, err
 	}
-	idx := make([]int, len(positions))
-	for i, n := range positions {
+	idx := make([]int, len(ns))
+	for i, n := range ns {
 		idx[i] = int(n) - 1
 	}
 	return idx, nil

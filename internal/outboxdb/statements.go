@@ -36,6 +36,7 @@ var (
 	insertSQL         = mustSQL("insert.sql")
 	insertBackstopSQL = mustSQL("insert_backstop.sql")
 	keyConflictsSQL   = mustSQL("insert_conflicts.sql")
+	reusedCoordsSQL   = mustSQL("insert_reused_coordinates.sql")
 	claimSQL          = mustSQL("claim.sql")
 	claimProbeSQL     = spliceLocked(claimSQL, mustSQL("claim_probe.sql"))
 	nextDueSQL        = mustSQL("next_due.sql")

@@ -263,16 +263,20 @@ func (p *outboxProcessor) checkKeyConflicts(ctx context.Context, chunk []outboxd
 // created again (its offsets start over) or the cluster was replaced.
 // Under the coordinates alone the message would be skipped as a key
 // conflict and never sent. The new key is the same for every redelivery of
-// the message, so those are still recognized, and the records keep their
-// places in the batch (and so their order per berth).
+// the message, and a record whose new key has a row already is given it
+// too (a redelivery, a replay of the topic, after retention retired the
+// coordinates' first row), so redeliveries are still recognized. The
+// records keep their places in the batch (and so their order per berth).
 func (p *outboxProcessor) keyReusedCoordinatesApart(ctx context.Context, recs []outboxdb.NewRecord) error {
 	var (
-		idx []int
-		sub []outboxdb.NewRecord
+		idx        []int
+		sub        []outboxdb.NewRecord
+		reusedKeys []string
 	)
 	for i := range recs {
 		if r := &recs[i]; r.MessageKey == coordinates(r.KafkaTopic, r.KafkaPartition, r.KafkaOffset) {
 			idx, sub = append(idx, i), append(sub, *r)
+			reusedKeys = append(reusedKeys, reusedCoordinatesKey(r.MessageKey, r.Payload))
 		}
 	}
 	if len(sub) == 0 {
@@ -280,7 +284,7 @@ func (p *outboxProcessor) keyReusedCoordinatesApart(ctx context.Context, recs []
 	}
 	var reused []int
 	err := p.persist(ctx, func(ctx context.Context) (err error) {
-		reused, err = outboxdb.KeyConflicts(ctx, p.pool, sub)
+		reused, err = outboxdb.ReusedCoordinates(ctx, p.pool, sub, reusedKeys)
 		return err
 	})
 	if err != nil {
@@ -288,8 +292,8 @@ func (p *outboxProcessor) keyReusedCoordinatesApart(ctx context.Context, recs []
 	}
 	for _, j := range reused {
 		r := &recs[idx[j]]
-		r.MessageKey = reusedCoordinatesKey(r.MessageKey, r.Payload)
-		p.conflicts.Warn("coordinates", fmt.Sprintf("Message %s[%d]@%d has no messageId and its Kafka coordinates already key an earlier message with another payload (the topic was deleted and created again, or the Kafka cluster replaced): persisting it under the key %q",
+		r.MessageKey = reusedKeys[j]
+		p.conflicts.Warn("coordinates", fmt.Sprintf("Message %s[%d]@%d has no messageId and its Kafka coordinates were an earlier message's (the topic was deleted and created again, or the Kafka cluster replaced): persisting it under the key %q",
 			r.KafkaTopic, r.KafkaPartition, r.KafkaOffset, r.MessageKey))
 	}
 	return nil

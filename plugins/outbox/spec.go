@@ -83,7 +83,8 @@ missing id is logged as a warning and counted in ^forwarder_missing_message_id_t
 coordinates already key a row with another payload, the stored row is an earlier message's (the topic
 was deleted and created again and its offsets started over, or the Kafka cluster was replaced): the
 message is stored under ^<kafka_topic>-<kafka_partition>-<kafka_offset>~^ and the first 16 hex digits
-of its payload's SHA-256, the same for each redelivery, and a warning says so. A key that
+of its payload's SHA-256, the same for each redelivery (a redelivery finds it even once retention has
+retired the earlier row), and a warning says so. A key that
 PostgreSQL cannot index (over 1024 bytes, NUL characters) fails the message with the fallback key.
 A message whose key is stored already is not stored again; when its payload differs from the stored
 one it is not a redelivery but another message reusing the key, and it is counted in

@@ -507,7 +507,8 @@ func TestStreamCountsMissingMessageIDs(t *testing.T) {
 // again its offsets start over, and the new topic's messages meet the old
 // topic's rows under the same coordinates with other payloads. They are
 // stored under keys of their own (coordinates~hash) and sent, not skipped
-// as key conflicts; a redelivery of either is still recognized.
+// as key conflicts; a redelivery of either is still recognized, and so is a
+// replay of the new topic once retention has retired the old one's rows.
 func TestStreamKeysReusedCoordinatesApart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -538,7 +539,7 @@ func TestStreamKeysReusedCoordinatesApart(t *testing.T) {
 	if got := s.metrics.get("forwarder_rows_persisted_total,status=PENDING"); got != 6 {
 		t.Errorf("the new topic's run persisted %d rows, want 6", got)
 	}
-	if n := s.logs.count(slog.LevelWarn, "already key an earlier message"); n < 1 {
+	if n := s.logs.count(slog.LevelWarn, "its Kafka coordinates were an earlier message's"); n < 1 {
 		t.Errorf("no warning that coordinates were reused:\n%s", s.logs.all())
 	}
 	// Redeliveries of both topics' messages add nothing.
@@ -574,5 +575,18 @@ func TestStreamKeysReusedCoordinatesApart(t *testing.T) {
 		if r.Key != want {
 			t.Errorf("row %d (%s) has key %q, want %q", i, r.Payload, r.Key, want)
 		}
+	}
+	// Retention retires the old topic's rows (finished: a FAILED row's
+	// delivery row goes with it); a replay of the new topic finds its
+	// messages under the keys they were given.
+	if _, err := pool.Exec(ctx, `WITH old AS (
+		DELETE FROM forward_messages WHERE convert_from(payload, 'UTF8') LIKE '%CAM-OLD%' RETURNING id)
+		DELETE FROM forward_deliveries WHERE id IN (SELECT id FROM old)`); err != nil {
+		t.Fatal(err)
+	}
+	run(withoutID("CAM-NEW"), 6)
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM forward_messages").Scan(&n); err != nil || n != 6 {
+		t.Errorf("after the replay: %d rows (%v), want the new topic's 6", n, err)
 	}
 }
