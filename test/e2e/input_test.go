@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 )
 
 // vehicleJSON is a valid vehicle event (mappings/README.md) with edit applied.
@@ -134,4 +136,86 @@ func TestMalformedInput(t *testing.T) {
 	}
 	t.Logf("%d malformed messages FAILED with their reasons and %d good ones delivered in %s: %s",
 		len(cases), len(goods), time.Since(start).Round(time.Millisecond), r)
+}
+
+// TestTopicCreatedAgainWithoutMessageIDs: messages without a messageId are
+// keyed by their Kafka coordinates. The vehicle topic is deleted and created
+// again under a running forwarder, and its offsets start over: the new
+// topic's messages, at the old ones' coordinates with other payloads, are
+// each delivered once (under their coordinates, '~' and a hash), as the old
+// topic's were, instead of being skipped as other messages reusing a key.
+func TestTopicCreatedAgainWithoutMessageIDs(t *testing.T) {
+	scenario(t, light, 15*time.Second)
+	s := newStack(t, stackOptions{})
+	const n = 4
+	withoutID := func(plate string) *kgo.Record {
+		return &kgo.Record{Topic: topicVehicle, Key: []byte("CAM-0001"), Value: vehicleJSON("", func(m map[string]any) {
+			delete(m, "messageId")
+			m["plateNo"] = plate
+		})}
+	}
+	delivered := func(want int) []mockplatform.Delivery {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		if err := s.platform.WaitFor(ctx, func(st mockplatform.Stats) bool { return st.Accepted >= int64(want) }); err != nil {
+			t.Fatalf("the platform accepted %d messages, want %d: %v", s.platform.Stats().Accepted, want, err)
+		}
+		return s.platform.Deliveries()
+	}
+
+	old := make([]*kgo.Record, n)
+	for i := range old {
+		old[i] = withoutID(fmt.Sprintf("粤B0000%d", i))
+	}
+	s.produceRecords(old...)
+	s.start("forwarder", nil)
+	delivered(n)
+
+	ctx := t.Context()
+	if _, err := s.kafka.Admin(t).DeleteTopic(ctx, topicVehicle); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.kafka.Admin(t).CreateTopic(ctx, partitions, 1, nil, topicVehicle); err != nil {
+		t.Fatal(err)
+	}
+	// A client that never saw the old topic (the stack's producer keeps its ID).
+	producer := s.kafka.Client(t)
+	again := make([]*kgo.Record, n)
+	for i := range again {
+		again[i] = withoutID(fmt.Sprintf("粤B1111%d", i))
+	}
+	if err := producer.ProduceSync(ctx, again...).FirstErr(); err != nil {
+		t.Fatalf("producing to the new topic: %v", err)
+	}
+	for i := range again {
+		if a, o := again[i], old[i]; a.Partition != o.Partition || a.Offset != o.Offset {
+			t.Fatalf("the new topic's record %d is at %d@%d, the old one's at %d@%d: want the same coordinates", i, a.Partition, a.Offset, o.Partition, o.Offset)
+		}
+	}
+
+	delivered(2 * n)
+	time.Sleep(2 * time.Second) // anything more would show now
+	got := s.platform.Deliveries()
+	if len(got) != 2*n {
+		t.Fatalf("the platform has %d messages, want %d: %+v", len(got), 2*n, got)
+	}
+	plain, apart := 0, 0
+	for _, d := range got {
+		if d.Count != 1 {
+			t.Errorf("%s accepted %d times, want once", d.MessageID, d.Count)
+		}
+		if _, hash, ok := strings.Cut(d.MessageID, "~"); ok && len(hash) == 16 {
+			apart++
+		} else {
+			plain++
+		}
+	}
+	if plain != n || apart != n {
+		t.Errorf("%d messages under their coordinates and %d under coordinates~hash, want %d and %d: %+v", plain, apart, n, n, got)
+	}
+	var rows int
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM forward_messages").Scan(&rows); err != nil || rows != 2*n {
+		t.Errorf("%d rows (%v), want %d", rows, err, 2*n)
+	}
 }
