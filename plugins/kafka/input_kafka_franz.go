@@ -253,6 +253,12 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		kgo.OnPartitionsRevoked(f.onRevoked),
 		kgo.OnPartitionsLost(f.onLost),
 		kgo.AdjustFetchOffsetsFn(f.adjustFetchOffsets),
+		// Records of a transaction are read once it commits, and never
+		// when it aborts: a producer that rolled an event back does not
+		// want it delivered (billed). franz-go's default, like Java's,
+		// reads them all. A transaction left open holds the partition
+		// back until the broker aborts it (transaction.max.timeout.ms).
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.SessionTimeout(session),
 		kgo.HeartbeatInterval(heartbeat),
 		kgo.RebalanceTimeout(rebalance),

@@ -56,6 +56,10 @@ If no broker is reachable at start, connecting waits and retries with backoff; a
 
 A topic deleted and created again under the same name is read again without a restart (franz-go alone would stop reading it): the input logs a warning, leaves the old topic's partitions without committing their offsets, and reads the new topic from its oldest record.
 
+### Transactions
+
+Records a producer writes in a transaction are read once the transaction commits, and never when it aborts (Kafka's `+"`read_committed`"+` isolation; franz-go and the Java client read them all by default): an event the producer rolled back is not delivered. A transaction left open holds its partitions back, from its first record, until it ends or the broker aborts it (`+"`transaction.max.timeout.ms`"+`, 15 minutes by default); the consumer lag shows it.
+
 ### Metadata
 
 Each message carries:
