@@ -21,6 +21,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // repoRoot is the module root, where bin/, pipelines/ and mappings/ live.
@@ -344,4 +345,45 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// TestDrainWaitsForTheGroupToReadEverything: a drain is over when the
+// forwarder's consumer group has committed every record in the broker, not
+// when this run has a row for each message its generator produced (a
+// record may make no row: one with the bytes and Kafka coordinates of an
+// earlier run's row is a redelivery to the outbox). Records the generator
+// did not produce count too.
+func TestDrainWaitsForTheGroupToReadEverything(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	bin := buildForwarder(t, root)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := Start(ctx, Config{Dir: t.TempDir(), WorkDir: root, Forwarder: bin, NoGenerator: true, NoForwarder: true, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Stop() }()
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range 3 {
+		rec := &kgo.Record{Topic: eventgen.DefaultVehicleTopic, Value: []byte(fmt.Sprintf(`{"messageId":"drain-%d"}`, i))}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, ok := s.Drain(ctx, time.Second); ok {
+		t.Fatalf("drained with no forwarder reading the 3 records: %+v", p.Rows)
+	}
+	if _, err := s.StartForwarder(ctx, ForwarderOptions{HTTPAddr: "127.0.0.1:0"}); err != nil {
+		t.Fatal(err)
+	}
+	p, ok := s.Drain(ctx, time.Minute)
+	if !ok || p.Rows.Persisted != 3 {
+		t.Fatalf("drain: %v, %+v: want the 3 records read and persisted", ok, p.Rows)
+	}
 }
