@@ -129,8 +129,16 @@ func (h *DB) waitFor(ctx context.Context, limit time.Duration, attempt func(cont
 			// schema, or the outbox is where the session does not look.
 			return err
 		}
-		delay := connectDelay(n, h.retryInitial, limit)
-		h.outage.failed(h, err, delay, limit)
+		delay, upTo := connectDelay(n, h.retryInitial, limit), limit
+		if errors.Is(err, outboxdb.ErrMigrationRunning) {
+			// Not an outage: another instance (or outbox migrate) is
+			// migrating, and the schema is ready the moment it commits.
+			// Instances started together with the one migrating waited
+			// up to the doubled delay after it, idle. Look every
+			// h.retryInitial instead, and back off afresh after.
+			delay, upTo, n = h.retryInitial, h.retryInitial, 0
+		}
+		h.outage.failed(h, err, delay, upTo)
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -308,4 +309,56 @@ func TestOpenAndRecheckWaitForWrites(t *testing.T) {
 	go func() { done <- h.Recheck(ctx, pool) }()
 	waiting(done, "Recheck")
 	writable(done, "Recheck")
+}
+
+// TestOpenFollowsAMigrationAtOnce: a migration in progress (another
+// instance's, started at the same time) is not an outage to back off from:
+// Open looks again every retryInitial and returns as soon as the migration
+// ends. With the doubling delay it returned up to that delay later, the
+// instance idle meanwhile.
+func TestOpenFollowsAMigrationAtOnce(t *testing.T) {
+	t.Parallel()
+	dsn, _ := pgtest.NewDBPool(t)
+	h, err := New(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Doubling from 20 ms, a wait that began 2.6 s before the migration
+	// ended would next look 2.5 s after it.
+	h.retryInitial, h.retryMax = 20*time.Millisecond, time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	migration, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migration.Close(context.Background())
+	const lock = "x'666f727761726472'::bigint" // the migration lock's key
+	if _, err := migration.Exec(ctx, "SELECT pg_advisory_lock("+lock+")"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.Open(ctx)
+		done <- err
+	}()
+	time.Sleep(2600 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("Open returned %v during the migration", err)
+	default:
+	}
+	if _, err := migration.Exec(ctx, "SELECT pg_advisory_unlock("+lock+")"); err != nil {
+		t.Fatal(err)
+	}
+	ended := time.Now()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+	case <-time.After(1500 * time.Millisecond):
+		t.Fatalf("Open had not returned %v after the migration ended: it backs off from a migration as from an outage", time.Since(ended).Round(time.Millisecond))
+	}
 }
