@@ -152,15 +152,7 @@ func TestConsoleWaitsForAMigrationInProgress(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	migration, err := pgx.Connect(ctx, b.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer migration.Close(context.Background())
-	const lock = "x'666f727761726472'::bigint" // the migration lock's key
-	if _, err := migration.Exec(ctx, "SELECT pg_advisory_lock("+lock+")"); err != nil {
-		t.Fatal(err)
-	}
+	endMigration := pgtest.HoldMigrationLock(t, b.dsn)
 	var out logbuf.Buffer
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -182,9 +174,7 @@ func TestConsoleWaitsForAMigrationInProgress(t *testing.T) {
 	if strings.Contains(out.String(), "console on http://") {
 		t.Fatalf("the console served during the migration:\n%s", out.String())
 	}
-	if _, err := migration.Exec(ctx, "SELECT pg_advisory_unlock("+lock+")"); err != nil {
-		t.Fatal(err)
-	}
+	endMigration()
 	waitForOutput("console on http://")
 	stop()
 	if err := <-done; err != nil {

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
@@ -328,15 +327,7 @@ func TestOpenFollowsAMigrationAtOnce(t *testing.T) {
 	h.retryInitial, h.retryMax = 20*time.Millisecond, time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	migration, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer migration.Close(context.Background())
-	const lock = "x'666f727761726472'::bigint" // the migration lock's key
-	if _, err := migration.Exec(ctx, "SELECT pg_advisory_lock("+lock+")"); err != nil {
-		t.Fatal(err)
-	}
+	endMigration := pgtest.HoldMigrationLock(t, dsn)
 	done := make(chan error, 1)
 	go func() {
 		_, err := h.Open(ctx)
@@ -348,9 +339,7 @@ func TestOpenFollowsAMigrationAtOnce(t *testing.T) {
 		t.Fatalf("Open returned %v during the migration", err)
 	default:
 	}
-	if _, err := migration.Exec(ctx, "SELECT pg_advisory_unlock("+lock+")"); err != nil {
-		t.Fatal(err)
-	}
+	endMigration()
 	ended := time.Now()
 	select {
 	case err := <-done:

@@ -427,3 +427,25 @@ func sanitize(s string) string {
 	}
 	return b.String()
 }
+
+// HoldMigrationLock takes, on a session of its own, the advisory lock a
+// schema migration holds while it runs (outboxdb's migrationLockKey,
+// "forwardr"), as `outbox migrate` or an instance migrating on start
+// would; release ends the "migration". Released at the end of the test
+// too.
+func HoldMigrationLock(t testing.TB, dsn string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(x'666f727761726472'::bigint)"); err != nil {
+		_ = conn.Close(ctx)
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { _ = conn.Close(ctx) }) }
+	t.Cleanup(release)
+	return release
+}
