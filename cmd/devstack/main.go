@@ -249,7 +249,7 @@ func stopEmbedded(s *devstack.Stack, drain bool) int {
 	if short := final.Produced.Rows() - final.Rows.Persisted; drained && short > 0 {
 		// Every message was read: the missing rows are messages the
 		// outbox took for redeliveries of an earlier run's rows.
-		fmt.Printf("devstack: %d of the messages produced had the bytes and Kafka coordinates of a row of an earlier run (the dev broker's offsets start at 0 each run, the database stays): the outbox took them for redeliveries\n", short)
+		fmt.Printf("devstack: %d of the messages produced made no row: the outbox took them for redeliveries of an earlier run's rows (the same bytes at the same Kafka coordinates, as the dev broker's offsets start at 0 each run while the database stays; or, with a fixed -seed, the same messageIds)\n", short)
 	}
 	return 0
 }

@@ -274,7 +274,7 @@ func (p *outboxProcessor) keyReusedCoordinatesApart(ctx context.Context, recs []
 		reusedKeys []string
 	)
 	for i := range recs {
-		if r := &recs[i]; r.MessageKey == coordinates(r.KafkaTopic, r.KafkaPartition, r.KafkaOffset) {
+		if r := &recs[i]; keyedByCoordinates(r) {
 			idx, sub = append(idx, i), append(sub, *r)
 			reusedKeys = append(reusedKeys, reusedCoordinatesKey(r.MessageKey, r.Payload))
 		}

@@ -145,6 +145,14 @@ func fallbackKey(topic string, partition int32, offset int64, haveCoords bool) s
 	return "no-kafka-coordinates-" + hex.EncodeToString(b[:])
 }
 
+// keyedByCoordinates says whether r's key is its Kafka coordinates (the
+// fallback key), without building them for the messages keyed by their
+// messageId, which every batch is full of.
+func keyedByCoordinates(r *outboxdb.NewRecord) bool {
+	rest, ok := strings.CutPrefix(r.MessageKey, r.KafkaTopic)
+	return ok && strings.HasPrefix(rest, "-") && r.MessageKey == coordinates(r.KafkaTopic, r.KafkaPartition, r.KafkaOffset)
+}
+
 // reusedCoordinatesKey is the key of a message keyed by its Kafka
 // coordinates when they already key an earlier message (see
 // keyReusedCoordinatesApart): <topic>-<partition>-<offset>~ and the first 16

@@ -69,7 +69,10 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 
 	n := load(5_000, 2_000)
 	env := map[string]string{"DATABASE_URL": pooled, "DATABASE_DIRECT_URL": s.dsn}
-	wait := s.produceAsync(s.newSource(eventgen.SourceConfig{}), n)
+	// Duplicates and messages without a messageId take the insert's
+	// other statements (the key conflict check, the probe of reused
+	// Kafka coordinates) through the pooler too.
+	wait := s.produceAsync(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MissingIDRate: 0.02}), n)
 	a := s.start("forwarder-a", env)
 	bb := s.start("forwarder-b", env)
 	if err := wait(); err != nil {
