@@ -293,6 +293,11 @@ func (g *Gate) checkHoldLocked(now time.Time) bool {
 		return on
 	}
 	g.held = on
+	if !on {
+		// Before the paused gauge says resumed: a scrape between the two
+		// saw delivery resumed with the limit it had before the pause.
+		g.limiter.Reset(1)
+	}
 	g.pauseTimesLocked()
 	if g.m.Paused != nil {
 		var v int64
@@ -308,7 +313,6 @@ func (g *Gate) checkHoldLocked(now time.Time) bool {
 		}
 		g.log.Warnf("Delivery paused by %s %s (%s): no request is sent, not even a probe; messages wait PENDING", h.by, end, h.reason)
 	} else {
-		g.limiter.Reset(1)
 		g.log.Infof("Delivery resumed after the operator's pause: sending again, from one request at a time")
 	}
 	close(g.changed)
