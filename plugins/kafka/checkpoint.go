@@ -85,7 +85,11 @@ type partitionState struct {
 
 	next      kgo.EpochOffset // commit point: first offset not known to be acked; Offset < 0 until one is
 	committed int64           // last offset committed to the group, -1 if none by us
-	nextFetch int64           // offset after the last record fetched, -1 before the first
+	nextFetch int64           // offset after the last record or marker fetched, -1 before the first
+	// marker: past the transaction marker that ended the fetched records
+	// (Offset -1 if none), where the commit point goes once nothing
+	// before it is held.
+	marker kgo.EpochOffset
 
 	dead bool // revoked or lost: nothing may be committed or handed out for it any more
 	// stale: the topic was deleted and created again, and this is the old
@@ -100,6 +104,7 @@ func newPartitionState(tp topicPartition, budget *byteBudget) *partitionState {
 		next:      kgo.EpochOffset{Epoch: -1, Offset: -1},
 		committed: -1,
 		nextFetch: -1,
+		marker:    kgo.EpochOffset{Epoch: -1, Offset: -1},
 	}
 }
 
@@ -185,8 +190,35 @@ func (p *partitionState) ack(b *trackedBatch) bool {
 	}
 	if len(p.inflight) == 0 {
 		p.inflight = nil
+		moved = p.passMarker() || moved
 	}
 	return moved
+}
+
+// addMarker notes the transaction marker fetched after the records added
+// last (see withoutMarkers): the commit point passes it once none of them
+// is held, at once if none is.
+func (p *partitionState) addMarker(marker kgo.EpochOffset) {
+	if p.dead || marker.Offset <= p.nextFetch {
+		return
+	}
+	p.nextFetch = marker.Offset
+	p.marker = marker
+	p.passMarker()
+}
+
+// passMarker moves the commit point past the transaction marker that ended
+// the records fetched once none of them is held, and reports whether it
+// moved. The marker is an offset no message stands for: without this a
+// partition whose last write ended a transaction would stay committed one
+// offset short of its end, and an aborted transaction alone would never be
+// committed past.
+func (p *partitionState) passMarker() bool {
+	if p.marker.Offset <= p.next.Offset || len(p.pending) > 0 || len(p.inflight) > 0 {
+		return false
+	}
+	p.next = p.marker
+	return true
 }
 
 // committable returns the commit point when it is ahead of the last commit.

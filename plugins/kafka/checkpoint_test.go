@@ -134,6 +134,52 @@ func TestPartitionState(t *testing.T) {
 		}
 	})
 
+	// A transaction marker (the last offset a transactional producer's
+	// commit or abort writes) stands for no message: the commit point
+	// passes it when nothing before it is held.
+	marker := func(offset int64) kgo.EpochOffset { return kgo.EpochOffset{Epoch: 1, Offset: offset + 1} }
+
+	t.Run("MarkerIsPassedOnceTheRecordsBeforeItAreAcked", func(t *testing.T) {
+		t.Parallel()
+		ps := newTestPartition(1 << 30)
+		ps.add(records(0, 3))
+		ps.addMarker(marker(4))
+		a := handOut(t, ps, 2)
+		wantCommit(t, ps, -1)
+		ps.ack(a)
+		wantCommit(t, ps, 2)
+		if !ps.ack(handOut(t, ps, 2)) {
+			t.Fatal("the last ack did not move the commit point")
+		}
+		wantCommit(t, ps, 5)
+		if ps.nextFetch != 5 {
+			t.Fatalf("nextFetch = %d, want 5 (past the marker: the lag counts no record there)", ps.nextFetch)
+		}
+	})
+
+	t.Run("MarkerAloneIsPassedAtOnce", func(t *testing.T) {
+		t.Parallel()
+		ps := newTestPartition(1 << 30)
+		ps.addMarker(marker(3)) // an aborted transaction: offsets 0-2 never read
+		wantCommit(t, ps, 4)
+	})
+
+	t.Run("MarkerBehindLaterRecordsIsNotWhereTheCommitGoes", func(t *testing.T) {
+		t.Parallel()
+		ps := newTestPartition(1 << 30)
+		ps.add(records(0, 1))
+		ps.addMarker(marker(2))
+		a := handOut(t, ps, 2)
+		ps.add(records(3, 4))
+		b := handOut(t, ps, 2)
+		ps.ack(b)
+		wantCommit(t, ps, -1) // offsets 0-1 are not acked
+		ps.ack(a)
+		wantCommit(t, ps, 5)
+		ps.addMarker(marker(1)) // an older marker fetched again moves nothing
+		wantCommit(t, ps, 5)
+	})
+
 	t.Run("DropIgnoresLateAcks", func(t *testing.T) {
 		t.Parallel()
 		ps := newTestPartition(1 << 30)

@@ -259,6 +259,13 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		// reads them all. A transaction left open holds the partition
 		// back until the broker aborts it (transaction.max.timeout.ms).
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// A transaction ends with a marker, an offset no message stands
+		// for. Kept, it lets the commit point pass the marker once the
+		// records before it are acked (partitionState.add), as a Java
+		// consumer's position does: otherwise a partition whose last
+		// write ended a transaction stays committed one offset short of
+		// its end, and a lone aborted transaction is never committed past.
+		kgo.KeepControlRecords(),
 		kgo.SessionTimeout(session),
 		kgo.HeartbeatInterval(heartbeat),
 		kgo.RebalanceTimeout(rebalance),

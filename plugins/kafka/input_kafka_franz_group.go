@@ -41,9 +41,10 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 		// Messages are built before taking the lock, so the reader
 		// can hand out batches meanwhile.
 		type polledPartition struct {
-			tp   topicPartition
-			recs []fetched
-			hwm  int64
+			tp     topicPartition
+			recs   []fetched
+			marker kgo.EpochOffset // past a transaction marker fetched after recs; Offset -1 if none
+			hwm    int64
 		}
 		var (
 			polled []polledPartition
@@ -53,7 +54,10 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 			var recs []fetched
 			if len(fp.Records) > 0 {
 				f.expired.resumed(fp.Topic, fp.Partition, fp.Records[0].Offset)
-				recs = buildMessages(fp.Records, f.maxMessageBytes)
+			}
+			data, marker := withoutMarkers(fp.Records)
+			if len(data) > 0 {
+				recs = buildMessages(data, f.maxMessageBytes)
 			}
 			if tooLarge, ok := errors.AsType[*kgo.ErrDecompressTooLarge](fp.Err); ok {
 				refused := f.refusedBatch(tooLarge)
@@ -69,8 +73,8 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 				f.log.Warnf("kafka_franz: %s/%d: %s; it is delivered as one empty message marked %s, and the partition goes on from offset %d",
 					fp.Topic, fp.Partition, why, msgmeta.KafkaOversize, tooLarge.NextOffset)
 			}
-			if len(recs) > 0 {
-				polled = append(polled, polledPartition{topicPartition{fp.Topic, fp.Partition}, recs, fp.HighWatermark})
+			if len(recs) > 0 || marker.Offset >= 0 {
+				polled = append(polled, polledPartition{topicPartition{fp.Topic, fp.Partition}, recs, marker, fp.HighWatermark})
 			}
 		})
 
@@ -83,6 +87,7 @@ func (f *franzInput) pollLoop(ctx context.Context, cl *kgo.Client) {
 				f.parts[pr.tp] = ps
 			}
 			got += ps.add(pr.recs)
+			ps.addMarker(pr.marker)
 			f.setLagLocked(pr.tp, pr.hwm-ps.nextFetch)
 		}
 		if len(polled) > 0 {

@@ -94,3 +94,23 @@ func recordToMessage(r *kgo.Record, topic, partition any) *service.Message {
 	msg.MetaSetMut(msgmeta.KafkaTimestampMs, r.Timestamp.UnixMilli())
 	return msg
 }
+
+// withoutMarkers returns the records of one partition that carry data,
+// without the transaction markers (control records) among them, and where
+// the partition may be committed once they are acked when it ends on a
+// marker: the offset after that marker. marker.Offset is -1 when the last
+// record is data: its own ack moves the commit point far enough. recs is
+// reused.
+func withoutMarkers(recs []*kgo.Record) (data []*kgo.Record, marker kgo.EpochOffset) {
+	marker = kgo.EpochOffset{Epoch: -1, Offset: -1}
+	data = recs[:0]
+	for _, r := range recs {
+		if r.Attrs.IsControl() {
+			marker = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
+			continue
+		}
+		data = append(data, r)
+		marker.Offset = -1
+	}
+	return data, marker
+}

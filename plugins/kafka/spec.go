@@ -58,7 +58,7 @@ A topic deleted and created again under the same name is read again without a re
 
 ### Transactions
 
-Records a producer writes in a transaction are read once the transaction commits, and never when it aborts (Kafka's `+"`read_committed`"+` isolation; franz-go and the Java client read them all by default): an event the producer rolled back is not delivered. A transaction left open holds its partitions back, from its first record, until it ends or the broker aborts it (`+"`transaction.max.timeout.ms`"+`, 15 minutes by default); `+"`forwarder_kafka_consumer_lag`"+` counts the records held back.
+Records a producer writes in a transaction are read once the transaction commits, and never when it aborts (Kafka's `+"`read_committed`"+` isolation; franz-go and the Java client read them all by default): an event the producer rolled back is not delivered. A transaction left open holds its partitions back, from its first record, until it ends or the broker aborts it (`+"`transaction.max.timeout.ms`"+`, 15 minutes by default); `+"`forwarder_kafka_consumer_lag`"+` counts the records held back. Each transaction ends with a marker, an offset of its own that holds no message; the group's commit passes a marker once the records before it are acknowledged, as a Java consumer's does, so a partition whose last write ended a transaction (or an aborted transaction alone) is committed to its end and its lag is 0.
 
 ### Metadata
 
