@@ -23,6 +23,14 @@ import (
 // claim lost, none given back for lack of lease, and leases were renewed
 // (forwarder_leases_renewed_total > 0: rows were held that long). The platform takes a little time per request so that the
 // instances do hold rows behind their requests.
+//
+// The messages are produced once each instance reads partitions, so that
+// each ingests a share and the instances do contend for rows. Produced
+// before, the first instance up may read them all before the others join
+// the group; then it holds the head of every berth (the generator's ~200),
+// every later event of a berth waits behind its head and is claimed with
+// its result (docs/components.md, direct dispatch), and the others, with
+// nothing due to claim, deliver nothing.
 func TestThreeInstancesShortLease(t *testing.T) {
 	scenario(t, alone, 45*time.Second)
 	s := newStack(t, stackOptions{
@@ -31,7 +39,6 @@ func TestThreeInstancesShortLease(t *testing.T) {
 		faults:  mockplatform.Faults{Latency: 300 * time.Millisecond, LatencyJitter: 400 * time.Millisecond},
 	})
 	n := load(9_000, 3_000)
-	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MalformedRate: 0.01, MissingIDRate: 0.01}), n)
 
 	start := time.Now()
 	procs := make([]*proc, 3)
@@ -44,6 +51,8 @@ func TestThreeInstancesShortLease(t *testing.T) {
 	for _, p := range procs {
 		p.waitUp(t, 60*time.Second)
 	}
+	s.waitPartitionsShared(procs, time.Minute)
+	s.produce(s.newSource(eventgen.SourceConfig{DuplicateRate: 0.02, MalformedRate: 0.01, MissingIDRate: 0.01}), n)
 	peakConns := s.sampleConnections()
 	s.waitSettled(4 * time.Minute)
 	took := time.Since(start)
@@ -102,6 +111,38 @@ func TestThreeInstancesShortLease(t *testing.T) {
 	t.Logf("3 instances, lease 3s, timeout 1s, %d messages, settled in %s: %s; leases renewed %v, claims lost %v, LEASE_EXPIRED logs %d; "+
 		"give-backs %s; delivered rows by instance: %s",
 		n, took.Round(time.Millisecond), r, renewed, lost, expired, strings.Join(returned, "; "), strings.Join(shares, ", "))
+}
+
+// waitPartitionsShared waits until every one of procs reads partitions of
+// the consumer group (forwarder_kafka_partitions_assigned > 0) and together
+// they read them all.
+func (s *stack) waitPartitionsShared(procs []*proc, within time.Duration) {
+	s.t.Helper()
+	deadline := time.Now().Add(within)
+	var last []string
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var total float64
+		shared := true
+		last = last[:0]
+		for _, p := range procs {
+			m, err := scrapeMetrics(ctx, p)
+			n := m.sum("forwarder_kafka_partitions_assigned")
+			if err != nil || n == 0 {
+				shared = false
+			}
+			total += n
+			last = append(last, fmt.Sprintf("%s: %v", p.name, n))
+		}
+		cancel()
+		if shared && total == 2*partitions {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the group's %d partitions were not shared by the %d instances within %s: %s", 2*partitions, len(procs), within, strings.Join(last, ", "))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // sampleConnections counts the forwarders' connections to the scenario's
