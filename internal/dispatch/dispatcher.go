@@ -77,6 +77,12 @@ const (
 	// minIdleWait is the shortest wait when a row is due but another
 	// dispatcher holds it locked this instant; it doubles while that lasts.
 	minIdleWait = 10 * time.Millisecond
+	// idleNoticeInterval is the most often a dispatcher that finds nothing
+	// due tells the others (outboxdb.AnnounceIdle), and peerIdleFor how
+	// long a dispatcher that heard it releases the rows its results free
+	// as due rather than claiming them itself (Ledger.PeerIdle).
+	idleNoticeInterval = time.Second
+	peerIdleFor        = 3 * idleNoticeInterval
 	// defaultMaxAttempts applies when neither the dispatcher nor an output
 	// says.
 	defaultMaxAttempts = 5
@@ -131,9 +137,10 @@ type Dispatcher struct {
 	claimNeeded atomic.Bool
 
 	// Only Next uses these (it is never called concurrently).
-	idleWait time.Duration
-	dueAt    time.Time
-	dueKnown bool
+	idleWait       time.Duration
+	dueAt          time.Time
+	dueKnown       bool
+	lastIdleNotice time.Time
 
 	mu       sync.Mutex
 	pool     *pgxpool.Pool
@@ -226,6 +233,12 @@ func (d *Dispatcher) startLoops(pool *pgxpool.Pool) {
 			}
 		},
 		OnNotify: func(payload string) (wake bool) {
+			if claimer, ok := outboxdb.IdleNotice(payload); ok {
+				if claimer != d.cfg.Claimer {
+					d.ledger.PeerIdle(time.Now().Add(peerIdleFor))
+				}
+				return false
+			}
 			left, ok := outboxdb.PauseNotice(payload)
 			if !ok {
 				return true
@@ -343,6 +356,26 @@ func (d *Dispatcher) Next(ctx context.Context) ([]outboxdb.Record, error) {
 			d.idleWait = 0
 			return d.handOut(ctx, pool, res.Claimed)
 		}
+		if len(res.Exhausted) == 0 {
+			d.announceIdle(ctx, pool)
+		}
+	}
+}
+
+// announceIdle tells the other dispatchers that this one, with room to
+// claim, found nothing due, at most once per idleNoticeInterval. They stop
+// claiming the rows their result writes release (Ledger.PeerIdle), so a
+// backlog of few ordering keys, each claimed by the instance that sent its
+// previous row, spreads to this one instead of queueing behind the other's
+// requests. It is a hint: a failure is only logged.
+func (d *Dispatcher) announceIdle(ctx context.Context, pool *pgxpool.Pool) {
+	now := time.Now()
+	if now.Sub(d.lastIdleNotice) < idleNoticeInterval {
+		return
+	}
+	d.lastIdleNotice = now
+	if err := outboxdb.AnnounceIdle(ctx, pool, d.cfg.Claimer); err != nil && ctx.Err() == nil {
+		d.log.Debugf("Could not tell the other instances this one is idle: %v", err)
 	}
 }
 

@@ -40,6 +40,9 @@ type Ledger struct {
 	// would only give them back.
 	blocked bool
 	closed  bool
+	// peerIdleUntil: another dispatcher of the database found nothing due
+	// to claim lately (PeerIdle); until then ReserveChain grants nothing.
+	peerIdleUntil time.Time
 }
 
 // heldRow is one held claim.
@@ -166,17 +169,33 @@ func (l *Ledger) Reserve(sizes []int) Grant {
 // so the excess is bounded by the results being written and short-lived.
 // Unlike Reserve it grants rows while the dispatcher waits for room: a
 // chain keeps the slot its key had, so the room left for rows due in the
-// database is the same as without it. Nothing is granted once closed.
-// Payload bytes are counted when the rows are delivered. Every grant must
-// be ended by one Deliver.
-func (l *Ledger) ReserveChain(n int) Grant {
+// database is the same as without it. Nothing is granted once closed, nor
+// at now while another dispatcher is idle (PeerIdle): the released rows are
+// then due for whichever instance claims first. Payload bytes are counted
+// when the rows are delivered. Every grant must be ended by one Deliver.
+func (l *Ledger) ReserveChain(n int, now time.Time) Grant {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || n <= 0 {
+	if l.closed || n <= 0 || now.Before(l.peerIdleUntil) {
 		return Grant{}
 	}
 	l.reserved += n
 	return Grant{Rows: n}
+}
+
+// PeerIdle says another dispatcher of the database found nothing due to
+// claim with room to spare, and ReserveChain grants nothing until until. A
+// key whose next row this dispatcher would claim with its result could wait
+// behind this instance's other requests while that one sends nothing;
+// released as due, the row goes to whichever claims it first, this one
+// included. It lasts a little longer than the peers' notices come apart, so
+// chains stay off while a peer keeps finding nothing.
+func (l *Ledger) PeerIdle(until time.Time) {
+	l.mu.Lock()
+	if until.After(l.peerIdleUntil) {
+		l.peerIdleUntil = until
+	}
+	l.mu.Unlock()
 }
 
 // Deliver ends the reservation g and takes the rows inserted claimed under

@@ -63,7 +63,7 @@ func TestLedger(t *testing.T) {
 		if rows, _ := l.Room(); rows != 6 {
 			t.Fatalf("claim room %d with 4 of 10 rows held, want 6: the direct bound must not limit claims", rows)
 		}
-		if g := l.ReserveChain(2); g.Rows != 2 {
+		if g := l.ReserveChain(2, time.Now()); g.Rows != 2 {
 			t.Fatalf("chained grant %+v past the direct bound, want 2 rows: a chain keeps its key's slot", g)
 		}
 		if wide := NewLedger(Limits{Rows: 3, DirectRows: 5}); wide.Reserve([]int{1, 1, 1, 1}).Rows != 3 {

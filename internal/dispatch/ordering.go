@@ -38,7 +38,7 @@ func RecordResults(ctx context.Context, q outboxdb.Querier, d *Dispatcher, resul
 		}
 	}
 	opts := d.RecordOptions()
-	g := d.ledger.ReserveChain(finishing)
+	g := d.ledger.ReserveChain(finishing, time.Now())
 	g.until = d.leaseBound()
 	opts.Chain = d.DirectClaim()
 	opts.Chain.Limit = g.Rows

@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -25,12 +26,10 @@ import (
 // instances do hold rows behind their requests.
 //
 // The messages are produced once each instance reads partitions, so that
-// each ingests a share and the instances do contend for rows. Produced
-// before, the first instance up may read them all before the others join
-// the group; then it holds the head of every berth (the generator's ~200),
-// every later event of a berth waits behind its head and is claimed with
-// its result (docs/components.md, direct dispatch), and the others, with
-// nothing due to claim, deliver nothing.
+// each ingests and holds a share. Produced before, the first instance up
+// may read them all before the others join the group and hold the head of
+// every berth (the generator's ~200); the others then get only the rows it
+// leaves due for them (TestLateInstancesShareABerthBacklog).
 func TestThreeInstancesShortLease(t *testing.T) {
 	scenario(t, alone, 45*time.Second)
 	s := newStack(t, stackOptions{
@@ -232,4 +231,71 @@ func (s *stack) explainDuplicates(ctx context.Context) {
 		s.t.Logf("%s accepted %d times (first %s, last %s):\n  %s", d.MessageID, d.Count,
 			d.FirstAt.Format(time.StampMilli), d.LastAt.Format(time.StampMilli), strings.Join(lines, "\n  "))
 	}
+}
+
+// TestLateInstancesShareABerthBacklog: one forwarder reads a whole backlog
+// before two more start, so it holds the current event of every berth (the
+// generator's ~200) and every later event of a berth waits behind it. The
+// result write that ends a berth's event claims the next for the same
+// instance (chained dispatch), which kept the backlog on the first instance
+// while the latecomers, finding nothing due, sent nothing: three instances
+// delivered at one's rate. An instance that finds nothing due says so, and
+// the others then leave the next events due for whichever claims first
+// (docs/architecture.md, "Chained dispatch"): the latecomers must deliver a
+// share of what is left. The platform takes 300–700 ms a request, so the
+// first instance's 100 request slots are the bottleneck it would be alone.
+func TestLateInstancesShareABerthBacklog(t *testing.T) {
+	scenario(t, alone, 40*time.Second)
+	s := newStack(t, stackOptions{
+		emptyDB: true,
+		env:     map[string]string{"CLAIM_LEASE": "20s"},
+		faults:  mockplatform.Faults{Latency: 300 * time.Millisecond, LatencyJitter: 400 * time.Millisecond},
+	})
+	n := load(6_000, 3_000)
+	s.produce(s.newSource(eventgen.SourceConfig{}), n)
+
+	first := s.start("forwarder-a", nil)
+	s.waitUntil("the first instance to persist the whole backlog", time.Minute, func(ctx context.Context) (bool, string) {
+		var rows int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM forward_messages`).Scan(&rows); err != nil {
+			return false, err.Error()
+		}
+		return rows >= s.exp.rows(), fmt.Sprintf("%d rows of %d", rows, s.exp.rows())
+	})
+	late := s.startAll("forwarder-b", "forwarder-c")
+	var before int
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM forward_records WHERE status = 'SUCCESS'`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	s.waitSettled(4 * time.Minute)
+	r := s.verify()
+	if r.dupDeliveries > 0 {
+		t.Errorf("%d duplicate deliveries with no crash; want none:%s", r.dupDeliveries, s.dupHistory(r))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	shares := s.deliveredBy(ctx)
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var byLate int
+	for _, p := range late {
+		var c int
+		claimer := fmt.Sprintf("%s-%d", host, p.Pid()) // outbox_retry's default
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status = 'SUCCESS' AND claimed_by = $1`, claimer).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		byLate += c
+	}
+	left := r.delivered - before
+	// Alone among three the first would send a third; the latecomers must
+	// have sent a real share of what was left when they started.
+	if byLate*5 < left {
+		t.Errorf("the two instances started late delivered %d of the %d rows left once they were up; want at least a fifth (by instance: %s)",
+			byLate, left, strings.Join(shares, ", "))
+	}
+	t.Logf("%d rows delivered by the time the two late instances were up, %d after, %d of them by the late two; by instance: %s (first: %s)",
+		before, left, byLate, strings.Join(shares, ", "), first.name)
 }
