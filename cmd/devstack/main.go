@@ -199,7 +199,7 @@ func run() int {
 			fmt.Fprintf(os.Stderr, "devstack: stopping: %v\n", err)
 			return 1
 		}
-		printFinal(final, "the database keeps them")
+		printFinal(final, s.Leftover, "the database keeps them")
 	} else if code := stopEmbedded(s, runErr == nil); code != 0 {
 		return code
 	}
@@ -245,7 +245,7 @@ func stopEmbedded(s *devstack.Stack, drain bool) int {
 	if s.PG != nil {
 		kept = "the database stays in " + s.PG.Dir() + " for the next run"
 	}
-	printFinal(final, kept)
+	printFinal(final, s.Leftover, kept)
 	if short := final.Produced.Rows() - final.Rows.Persisted; drained && short > 0 {
 		// Every message was read: the missing rows are messages the
 		// outbox took for redeliveries of an earlier run's rows.
@@ -254,17 +254,25 @@ func stopEmbedded(s *devstack.Stack, drain bool) int {
 	return 0
 }
 
-// printFinal says what this run produced and where its rows ended.
-func printFinal(p devstack.Progress, kept string) {
+// printFinal says what this run produced and where its rows ended, and
+// what the platform received, earlier runs' leftover rows included.
+func printFinal(p devstack.Progress, leftover int64, kept string) {
 	r := p.Rows
 	fmt.Printf("devstack: stopped. %d produced (%d rows: duplicates add none), %d persisted: %d delivered, %d failed, %d to send; %s\n",
 		p.Produced.Produced, p.Produced.Rows(), r.Persisted, r.Delivered, r.Failed, r.Waiting+r.Retrying+r.InProgress, kept)
 	pl := p.Platform
-	fmt.Printf("devstack: the platform accepted %d, answered %d duplicates and %d errors, at most %d requests at once\n",
-		pl.Accepted, pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, pl.PeakInFlight)
+	among := ""
+	if leftover > 0 {
+		among = fmt.Sprintf(" (with rows of the %d earlier runs left)", leftover)
+	}
+	fmt.Printf("devstack: the platform accepted %d%s, answered %d duplicates and %d errors, at most %d requests at once\n",
+		pl.Accepted, among, pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, pl.PeakInFlight)
 }
 
 func printBanner(w io.Writer, s *devstack.Stack, cfg devstack.Config) {
+	if s.Leftover > 0 {
+		fmt.Fprintf(w, "devstack: the database holds %d rows earlier runs left to send: they are sent too, and the platform's figures count them (this run's progress does not)\n", s.Leftover)
+	}
 	if cfg.External != nil {
 		fmt.Fprintf(w, "devstack: mock platform on %s (PLATFORM_URL=http://<this host>:%s), accepting PLATFORM_ACCESS_NAME %q\n",
 			s.Platform.Addr, portOf(s.Platform.Addr), cfg.External.AccessName)

@@ -363,6 +363,19 @@ func MaxRecordID(ctx context.Context, q Querier) (int64, error) {
 	return id, nil
 }
 
+// UnsentUpTo counts the rows with an id up to lastID that are still to be
+// sent (PENDING or IN_PROGRESS): for the dev stack, the rows earlier runs
+// left. forward_deliveries holds only unfinished and FAILED rows, so this
+// reads no delivered row.
+func UnsentUpTo(ctx context.Context, q Querier, lastID int64) (int64, error) {
+	var n int64
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM forward_deliveries
+		WHERE status IN ('PENDING', 'IN_PROGRESS') AND id <= $1`, lastID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the rows still to send: %w", err)
+	}
+	return n, nil
+}
+
 // ReadProgress counts the rows with an id above afterID by status.
 func ReadProgress(ctx context.Context, q Querier, afterID int64) (Progress, error) {
 	var p Progress

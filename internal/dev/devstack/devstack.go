@@ -125,6 +125,10 @@ type Stack struct {
 	Brokers     []string
 	// LogPath is the forwarder's log file.
 	LogPath string
+	// Leftover is how many rows earlier runs left to send (PENDING or
+	// IN_PROGRESS when this run started): the forwarder sends them too, and
+	// the platform's counts include them while this run's progress does not.
+	Leftover int64
 
 	pool      *pgxpool.Pool
 	mark      int64 // the last record id before this run
@@ -215,6 +219,9 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 		return s, err
 	}
 	if s.mark, err = outboxdb.MaxRecordID(ctx, s.pool); err != nil {
+		return s, err
+	}
+	if s.Leftover, err = outboxdb.UnsentUpTo(ctx, s.pool, s.mark); err != nil {
 		return s, err
 	}
 

@@ -20,6 +20,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -385,5 +386,43 @@ func TestDrainWaitsForTheGroupToReadEverything(t *testing.T) {
 	p, ok := s.Drain(ctx, time.Minute)
 	if !ok || p.Rows.Persisted != 3 {
 		t.Fatalf("drain: %v, %+v: want the 3 records read and persisted", ok, p.Rows)
+	}
+}
+
+// TestLeftoverRowsOfEarlierRuns: a run counts the rows earlier runs left to
+// send (PENDING and IN_PROGRESS; not those delivered or FAILED), which the
+// forwarder sends too and the platform's figures include while the run's
+// own progress does not: the banner names them.
+func TestLeftoverRowsOfEarlierRuns(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := Start(ctx, Config{Dir: dir, WorkDir: root, NoForwarder: true, NoGenerator: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Leftover != 0 {
+		t.Errorf("a new database has %d leftover rows", s.Leftover)
+	}
+	db := fixture.New(t, s.pool)
+	db.Insert(
+		fixture.Row{Key: "waiting-1"}, fixture.Row{Key: "waiting-2"},
+		fixture.Row{Key: "in-flight", Status: "IN_PROGRESS"},
+		fixture.Row{Key: "failed", Status: "FAILED"},
+	)
+	db.InsertFinished(2)
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, err := Start(ctx, Config{Dir: dir, WorkDir: root, NoForwarder: true, NoGenerator: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Stop()
+	if s2.Leftover != 3 {
+		t.Errorf("the next run counts %d rows left to send, want 3 (two PENDING, one IN_PROGRESS)", s2.Leftover)
 	}
 }

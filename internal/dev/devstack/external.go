@@ -76,6 +76,9 @@ func startExternal(ctx context.Context, cfg Config) (s *Stack, err error) {
 	if s.mark, err = outboxdb.MaxRecordID(ctx, s.pool); err != nil {
 		return s, err
 	}
+	if s.Leftover, err = outboxdb.UnsentUpTo(ctx, s.pool, s.mark); err != nil {
+		return s, err
+	}
 
 	cfg.Logf("waiting for Kafka on %s", strings.Join(ext.Brokers, ","))
 	if err = retry(ctx, "creating the topics", cfg.Logf, func() error {
