@@ -263,7 +263,7 @@ func printFinal(p devstack.Progress, leftover int64, kept string) {
 	pl := p.Platform
 	among := ""
 	if leftover > 0 {
-		among = fmt.Sprintf(" (with rows of the %d earlier runs left)", leftover)
+		among = fmt.Sprintf(" (among them the %d rows earlier runs left to send)", leftover)
 	}
 	fmt.Printf("devstack: the platform accepted %d%s, answered %d duplicates and %d errors, at most %d requests at once\n",
 		pl.Accepted, among, pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, pl.PeakInFlight)

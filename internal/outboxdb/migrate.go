@@ -75,11 +75,11 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// migrationLockKey is the pg_advisory_lock key that serialises migrations, so
+// MigrationLockKey is the pg_advisory_lock key that serialises migrations, so
 // that instances starting together do not race on the DDL. The service's
 // schema check takes it shared (SchemaState), so an instance starting during
 // a migration waits for its end instead of seeing half of it.
-const migrationLockKey int64 = 0x666f7277_61726472 // "forwardr"
+const MigrationLockKey int64 = 0x666f7277_61726472 // "forwardr"
 
 // StepMode says how a migration step runs.
 type StepMode string
@@ -372,12 +372,12 @@ func MigrateConn(ctx context.Context, conn *pgx.Conn, opts MigrateOptions) (Migr
 		return MigrateResult{}, err
 	}
 	ms := opts.Migrations
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrationLockKey); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", MigrationLockKey); err != nil {
 		return MigrateResult{}, fmt.Errorf("taking migration lock: %w", err)
 	}
 	defer func() {
 		// A fresh context: the lock must go even when ctx was cancelled.
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrationLockKey)
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", MigrationLockKey)
 	}()
 	// Set once the migration lock is held (waiting for another migration
 	// is not waiting for a table). A step may take long: no statement
@@ -727,7 +727,7 @@ func ReadSchemaState(ctx context.Context, db TxBeginner) (SchemaState, error) {
 	var st SchemaState
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		var free bool
-		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock_shared($1)", migrationLockKey).Scan(&free); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock_shared($1)", MigrationLockKey).Scan(&free); err != nil {
 			return err
 		}
 		if !free {

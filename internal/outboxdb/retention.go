@@ -10,7 +10,7 @@ import (
 )
 
 // retentionLockKey is the pg_try_advisory_lock key of the periodic purge
-// ("forwpurg"), distinct from migrationLockKey: with several instances
+// ("forwpurg"), distinct from MigrationLockKey: with several instances
 // configured to purge, the one that holds it purges and the others skip
 // their turn instead of all walking the same rows at once.
 const retentionLockKey int64 = 0x666f7277_70757267

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -170,8 +169,7 @@ func TestOrphanedClaimsReclaimed(t *testing.T) {
 	a.kill9(t)
 	killedAt := time.Now()
 
-	host, _ := os.Hostname()
-	holder := host + "-" + strconv.Itoa(a.Pid())
+	holder := a.claimer()
 	type orphan struct {
 		id    int64
 		key   string
@@ -234,8 +232,7 @@ func TestOrphanedClaimsReclaimed(t *testing.T) {
 		default:
 			reclaims = append(reclaims, reclaimedAt.Sub(killedAt))
 		}
-		// The claimer id is <hostname>-<pid> (outbox_retry's default instance_id).
-		if status == "SUCCESS" && !strings.HasSuffix(claimedBy, "-"+strconv.Itoa(b.Pid())) {
+		if status == "SUCCESS" && claimedBy != b.claimer() {
 			t.Errorf("orphaned row %s was last claimed by %q, want the other instance (pid %d)", o.key, claimedBy, b.Pid())
 		}
 	}
@@ -300,8 +297,7 @@ func sigtermUnderLoad(t *testing.T, env map[string]string, wantHeld int) {
 	if code != 0 {
 		t.Errorf("the forwarder exited with status %d after SIGTERM, want 0:\n%s", code, a.tail(6000))
 	}
-	host, _ := os.Hostname()
-	holder := host + "-" + strconv.Itoa(a.Pid())
+	holder := a.claimer()
 	var held, inProgress int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE claimed_by = $1), count(*)
 		FROM forward_records WHERE status = 'IN_PROGRESS'`, holder).Scan(&held, &inProgress); err != nil {
@@ -406,11 +402,10 @@ func TestSigtermWhileStarting(t *testing.T) {
 	s.produce(s.newSource(eventgen.SourceConfig{}), load(3_000, 1_000))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	host, _ := os.Hostname()
 	// inProgress counts the rows IN_PROGRESS, and those claimed by p.
 	inProgress := func(p *proc) (all, its int) {
 		if err := s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE claimed_by = $1)
-			FROM forward_records WHERE status = 'IN_PROGRESS'`, host+"-"+strconv.Itoa(p.Pid())).Scan(&all, &its); err != nil {
+			FROM forward_records WHERE status = 'IN_PROGRESS'`, p.claimer()).Scan(&all, &its); err != nil {
 			t.Fatal(err)
 		}
 		return all, its

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -205,6 +206,13 @@ func (p *proc) waitUp(t *testing.T, within time.Duration) {
 	if err := p.WaitPing(ctx, p.httpAddr); err != nil {
 		t.Fatalf("%s %v:\n%s", p.name, err, p.tail(4000))
 	}
+}
+
+// claimer is the name p's outbox_retry claims rows under (claimed_by):
+// <hostname>-<pid>, its default instance id.
+func (p *proc) claimer() string {
+	host, _ := os.Hostname()
+	return host + "-" + strconv.Itoa(p.Pid())
 }
 
 // get fetches a path of the process's HTTP server.

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -276,15 +275,10 @@ func TestLateInstancesShareABerthBacklog(t *testing.T) {
 	defer cancel()
 
 	shares := s.deliveredBy(ctx)
-	host, err := os.Hostname()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var byLate int
 	for _, p := range late {
 		var c int
-		claimer := fmt.Sprintf("%s-%d", host, p.Pid()) // outbox_retry's default
-		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status = 'SUCCESS' AND claimed_by = $1`, claimer).Scan(&c); err != nil {
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM forward_records WHERE status = 'SUCCESS' AND claimed_by = $1`, p.claimer()).Scan(&c); err != nil {
 			t.Fatal(err)
 		}
 		byLate += c

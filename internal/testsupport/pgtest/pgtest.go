@@ -429,10 +429,9 @@ func sanitize(s string) string {
 }
 
 // HoldMigrationLock takes, on a session of its own, the advisory lock a
-// schema migration holds while it runs (outboxdb's migrationLockKey,
-// "forwardr"), as `outbox migrate` or an instance migrating on start
-// would; release ends the "migration". Released at the end of the test
-// too.
+// schema migration holds while it runs (outboxdb.MigrationLockKey), as
+// `outbox migrate` or an instance migrating on start would; release ends
+// the "migration". Released at the end of the test too.
 func HoldMigrationLock(t testing.TB, dsn string) (release func()) {
 	t.Helper()
 	ctx := context.Background()
@@ -440,7 +439,7 @@ func HoldMigrationLock(t testing.TB, dsn string) (release func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(x'666f727761726472'::bigint)"); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", outboxdb.MigrationLockKey); err != nil {
 		_ = conn.Close(ctx)
 		t.Fatal(err)
 	}
