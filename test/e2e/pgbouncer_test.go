@@ -2,9 +2,11 @@ package e2e_test
 
 import (
 	"context"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
 	"github.com/forwarder/forwarder/internal/dev/pgcluster"
+	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
@@ -27,7 +30,10 @@ import (
 // prepared-statement error or refused startup parameter in any log; the
 // instances' direct sessions make `outbox migrate` see them. Before that, an
 // instance without DATABASE_DIRECT_URL is refused at start-up with a message
-// naming it, instead of running with a LISTEN that hears nothing.
+// naming it, instead of running with a LISTEN that hears nothing. Once the
+// work is done, each instance's notice that it is idle, sent through the
+// pooler, reaches a LISTEN on PostgreSQL (docs/architecture.md,
+// "Notifications"), as the other instance's dispatcher hears it.
 func TestPgBouncerTransactionPooling(t *testing.T) {
 	scenario(t, heavy, 8*time.Second)
 	s := newStack(t, stackOptions{
@@ -110,6 +116,13 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 		t.Errorf("%d messages were delivered more than once:%s", r.dupMessages, s.dupHistory(r))
 	}
 
+	// Idle, each dispatcher polls at least every 5 s and says it found
+	// nothing, at most once a second: a pg_notify in a transaction
+	// PgBouncer hands to a server connection, delivered at its commit.
+	if missing := awaitIdleNotices(t, s.dsn, 30*time.Second, a.claimer(), bb.claimer()); len(missing) > 0 {
+		t.Errorf("no idle notice of %v came through PgBouncer in 30 s of the instances idling", missing)
+	}
+
 	var xacts, queries int64
 	for _, st := range bouncerRows(t, b, "SHOW STATS") {
 		if st["database"] == dbName {
@@ -135,6 +148,37 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 	}
 	t.Logf("through PgBouncer (transaction pooling): %s; SHOW STATS: %d transactions, %d queries; %d client connections of the instances at the peak",
 		r, xacts, queries, forwarderClients)
+}
+
+// awaitIdleNotices listens on PostgreSQL at dsn for the dispatchers' idle
+// notices (outboxdb.AnnounceIdle) until each of claimers has sent one or
+// wait has passed, and returns the claimers not heard.
+func awaitIdleNotices(t *testing.T, dsn string, wait time.Duration, claimers ...string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connecting to listen for idle notices: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outboxdb.NotifyChannel}.Sanitize()); err != nil {
+		t.Fatalf("LISTEN: %v", err)
+	}
+	missing := map[string]bool{}
+	for _, c := range claimers {
+		missing[c] = true
+	}
+	for len(missing) > 0 {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			break
+		}
+		if claimer, ok := outboxdb.IdleNotice(n.Payload); ok {
+			delete(missing, claimer)
+		}
+	}
+	return slices.Sorted(maps.Keys(missing))
 }
 
 // bouncerRows runs an admin console command of b and returns its rows as
