@@ -261,17 +261,33 @@ func printFinal(p devstack.Progress, leftover int64, kept string) {
 	fmt.Printf("devstack: stopped. %d produced (%d rows: duplicates add none), %d persisted: %d delivered, %d failed, %d to send; %s\n",
 		p.Produced.Produced, p.Produced.Rows(), r.Persisted, r.Delivered, r.Failed, r.Waiting+r.Retrying+r.InProgress, kept)
 	pl := p.Platform
-	among := ""
-	if leftover > 0 {
-		among = fmt.Sprintf(" (among them the %d rows earlier runs left to send)", leftover)
-	}
 	fmt.Printf("devstack: the platform accepted %d%s, answered %d duplicates and %d errors, at most %d requests at once\n",
-		pl.Accepted, among, pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, pl.PeakInFlight)
+		pl.Accepted, leftoverAmong(leftover), pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, pl.PeakInFlight)
+}
+
+// leftoverAmong names, after the platform's count of accepted requests,
+// the rows of earlier runs it includes; "" when there are none.
+func leftoverAmong(n int64) string {
+	switch {
+	case n == 1:
+		return " (among them the row earlier runs left to send)"
+	case n > 1:
+		return fmt.Sprintf(" (among them the %d rows earlier runs left to send)", n)
+	}
+	return ""
+}
+
+// leftoverBanner says that n > 0 rows of earlier runs will be sent too.
+func leftoverBanner(n int64) string {
+	if n == 1 {
+		return "the database holds 1 row earlier runs left to send: it is sent too, and the platform's figures count it (this run's progress does not)"
+	}
+	return fmt.Sprintf("the database holds %d rows earlier runs left to send: they are sent too, and the platform's figures count them (this run's progress does not)", n)
 }
 
 func printBanner(w io.Writer, s *devstack.Stack, cfg devstack.Config) {
 	if s.Leftover > 0 {
-		fmt.Fprintf(w, "devstack: the database holds %d rows earlier runs left to send: they are sent too, and the platform's figures count them (this run's progress does not)\n", s.Leftover)
+		fmt.Fprintf(w, "devstack: %s\n", leftoverBanner(s.Leftover))
 	}
 	if cfg.External != nil {
 		fmt.Fprintf(w, "devstack: mock platform on %s (PLATFORM_URL=http://<this host>:%s), accepting PLATFORM_ACCESS_NAME %q\n",

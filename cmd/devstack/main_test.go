@@ -116,3 +116,29 @@ func TestParseFlags(t *testing.T) {
 		}
 	})
 }
+
+// TestLeftoverWording: the lines about rows earlier runs left say "row" for
+// one and the count for more, and the platform's line names none when
+// there are none.
+func TestLeftoverWording(t *testing.T) {
+	for _, c := range []struct {
+		n             int64
+		among, banner string
+	}{
+		{0, "", ""},
+		{1, " (among them the row earlier runs left to send)",
+			"the database holds 1 row earlier runs left to send: it is sent too, and the platform's figures count it (this run's progress does not)"},
+		{6, " (among them the 6 rows earlier runs left to send)",
+			"the database holds 6 rows earlier runs left to send: they are sent too, and the platform's figures count them (this run's progress does not)"},
+	} {
+		if got := leftoverAmong(c.n); got != c.among {
+			t.Errorf("leftoverAmong(%d) = %q, want %q", c.n, got, c.among)
+		}
+		if c.n == 0 {
+			continue
+		}
+		if got := leftoverBanner(c.n); got != c.banner {
+			t.Errorf("leftoverBanner(%d) = %q, want %q", c.n, got, c.banner)
+		}
+	}
+}
