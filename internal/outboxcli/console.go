@@ -53,9 +53,9 @@ Actions: requeue a row or a group of FAILED rows (each shows what it will
 change first and needs a confirmation), and pause or resume delivery as
 "outbox pause" and "outbox resume" do. Each is recorded with the
 operator's name in forward_operator_log (a requeue also in the rows'
-attempt logs). The operator is
-the name given at login, the basic-auth user, or --operator (default
-$USER) for requests that carry no name. --read-only removes the actions.
+attempt logs). The operator is the name given at login, the basic-auth
+user, or --operator (default $USER) for requests that carry no name.
+--read-only removes the actions.
 Every lookup runs with a statement timeout (--timeout) and a row limit.
 Behind a proxy, set CONSOLE_TOKEN even on loopback, and have the proxy pass
 the browser's Host on (docs/operations.md, the console's security model).
