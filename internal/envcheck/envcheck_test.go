@@ -30,6 +30,10 @@ func TestVarCheck(t *testing.T) {
 		{"DEAD_LETTER_POLL_INTERVAL", "0", "DEAD_LETTER_POLL_INTERVAL=0: not a duration above zero"},
 		{"FORWARD_RETRY_INITIAL", "0s", ""},
 		{"KAFKA_BATCH_PERIOD", "0s", ""},
+		// The longest batching period, and a typo of 10ms refused.
+		{"KAFKA_BATCH_PERIOD", "1s", ""},
+		{"KAFKA_BATCH_PERIOD", "1001ms", "KAFKA_BATCH_PERIOD=1001ms: longer than 1s: every message would wait up to that long before it is stored; the period is meant in milliseconds, e.g. 10ms"},
+		{"KAFKA_BATCH_PERIOD", "10m", "KAFKA_BATCH_PERIOD=10m: longer than 1s"},
 		{"OUTBOX_RETENTION", "7d", ""},
 		{"OUTBOX_RETENTION", "1d12h", ""},
 		{"OUTBOX_RETENTION", "7 days", `OUTBOX_RETENTION="7 days": unknown unit " days" (want ns, us, ms, s, m, h or d), e.g. 7d`},

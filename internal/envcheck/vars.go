@@ -100,6 +100,10 @@ type Var struct {
 	// Max is the largest a PositiveInt or NonNegativeInt may be, when
 	// above zero.
 	Max int
+	// Longest is the longest a Duration may be, when above zero, and Why
+	// says what a longer one would do.
+	Longest time.Duration
+	Why     string
 }
 
 // kafkaTopic matches the names Kafka accepts for a topic.
@@ -122,7 +126,8 @@ var Vars = []Var{
 	{Name: "KAFKA_SASL_MECHANISM", Kind: Enum, Options: []string{"none", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}},
 	{Name: "KAFKA_SASL_USERNAME", Kind: Text},
 	{Name: "KAFKA_SASL_PASSWORD", Kind: Text, Secret: true},
-	{Name: "KAFKA_BATCH_PERIOD", Kind: Duration, Example: "10ms"},
+	{Name: "KAFKA_BATCH_PERIOD", Kind: Duration, Example: "10ms", Longest: time.Second,
+		Why: "every message would wait up to that long before it is stored; the period is meant in milliseconds"},
 	{Name: "DATABASE_URL", Kind: PostgresDSN, Secret: true},
 	{Name: "DATABASE_DIRECT_URL", Kind: PostgresDSN, Secret: true},
 	{Name: "DATABASE_MIGRATE_URL", Kind: PostgresDSN, Secret: true},
@@ -206,8 +211,12 @@ func (v Var) problem(value string) string {
 	}
 	switch v.Kind {
 	case Duration:
-		if d, err := time.ParseDuration(value); err != nil || d < 0 {
+		d, err := time.ParseDuration(value)
+		if err != nil || d < 0 {
 			return "not a duration" + eg
+		}
+		if v.Longest > 0 && d > v.Longest {
+			return fmt.Sprintf("longer than %v: %s%s", v.Longest, v.Why, eg)
 		}
 	case PositiveDuration:
 		d, err := time.ParseDuration(value)

@@ -52,6 +52,7 @@ func TestSettingsAtTheirBounds(t *testing.T) {
 			"OUTBOX_MAX_UNACKED_BYTES":  "4EiB",
 			"FORWARD_MAX_IN_FLIGHT":     strconv.Itoa(pluginconf.MaxInFlight),
 			"FORWARD_MAX_ATTEMPTS":      strconv.Itoa(outboxdb.MaxAttemptsLimit),
+			"KAFKA_BATCH_PERIOD":        "1s",
 		}, load(4000, 1000), 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
