@@ -188,8 +188,10 @@ func (l *Ledger) ReserveChain(n int, now time.Time) Grant {
 // key whose next row this dispatcher would claim with its result could wait
 // behind this instance's other requests while that one sends nothing;
 // released as due, the row goes to whichever claims it first, this one
-// included. It lasts a little longer than the peers' notices come apart, so
-// chains stay off while a peer keeps finding nothing.
+// included. A peer says so each time it looks and finds nothing, at most once
+// a second: a peer the released rows' notifications keep waking (and that
+// others beat to them) renews it before it lapses; one asleep for its poll
+// interval lets chains resume until it looks again.
 func (l *Ledger) PeerIdle(until time.Time) {
 	l.mu.Lock()
 	if until.After(l.peerIdleUntil) {

@@ -261,7 +261,7 @@ func newFranzInputFromParsed(conf *service.ParsedConfig, res *service.Resources)
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// A transaction ends with a marker, an offset no message stands
 		// for. Kept, it lets the commit point pass the marker once the
-		// records before it are acked (partitionState.add), as a Java
+		// records before it are acked (partitionState.addMarker), as a Java
 		// consumer's position does: otherwise a partition whose last
 		// write ended a transaction stays committed one offset short of
 		// its end, and a lone aborted transaction is never committed past.
