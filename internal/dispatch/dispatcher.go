@@ -159,8 +159,10 @@ type Dispatcher struct {
 
 	// Test hooks, set before Connect: OnListen runs after every LISTEN,
 	// OnIdle when Next starts waiting with nothing due, OnClaim before
-	// every claim statement.
+	// every claim statement, OnIdleNotice once the listener has taken an
+	// idle notice (its own included) with the claimer that sent it.
 	OnListen, OnIdle, OnClaim func()
+	OnIdleNotice              func(claimer string)
 }
 
 // NewDispatcher registers a dispatcher with hub; its settings are checked
@@ -236,6 +238,9 @@ func (d *Dispatcher) startLoops(pool *pgxpool.Pool) {
 			if claimer, ok := outboxdb.IdleNotice(payload); ok {
 				if claimer != d.cfg.Claimer {
 					d.ledger.PeerIdle(time.Now().Add(peerIdleFor))
+				}
+				if d.OnIdleNotice != nil {
+					d.OnIdleNotice(claimer)
 				}
 				return false
 			}

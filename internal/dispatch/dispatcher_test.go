@@ -42,11 +42,15 @@ var quietLog = service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(io.Discard
 
 // dispatcher builds and connects a dispatcher on the bundle's hub, closed at
 // the end of the test.
-func (b *testBundle) dispatcher(t *testing.T, cfg DispatcherConfig) *Dispatcher {
+// dispatcher connects a dispatcher with cfg, its test hooks set by hooks.
+func (b *testBundle) dispatcher(t *testing.T, cfg DispatcherConfig, hooks ...func(*Dispatcher)) *Dispatcher {
 	t.Helper()
 	d, err := NewDispatcher(b.hub, cfg, quietLog, DispatcherMetrics{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		h(d)
 	}
 	t.Cleanup(func() { _ = d.Close(context.Background()) })
 	if err := d.Connect(b.ctx); err != nil {

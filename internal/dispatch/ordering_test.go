@@ -11,14 +11,14 @@ import (
 
 // enterSent is a berth's enter and exit, the exit held behind the enter,
 // and a dispatcher "me" that has claimed the enter (rows).
-func enterSent(t *testing.T) (b *testBundle, d *Dispatcher, ids []int64, rows []outboxdb.Record) {
+func enterSent(t *testing.T, hooks ...func(*Dispatcher)) (b *testBundle, d *Dispatcher, ids []int64, rows []outboxdb.Record) {
 	t.Helper()
 	b = setup(t)
 	ids = b.db.Insert(
 		fixture.Row{Key: "enter", OrderingKey: "P1/B1"},
 		fixture.Row{Key: "exit", OrderingKey: "P1/B1", OrderHeld: true},
 	)
-	d = b.dispatcher(t, DispatcherConfig{Claimer: "me"})
+	d = b.dispatcher(t, DispatcherConfig{Claimer: "me"}, hooks...)
 	rows = b.next(t, d)
 	if len(rows) != 1 || rows[0].ID != ids[0] {
 		t.Fatalf("handed out %+v, want the enter", rows)
@@ -103,11 +103,37 @@ func TestOrdering(t *testing.T) {
 	// own notice does not stop its chains.
 	t.Run("ReleasedRowsGoDueWhileAnotherInstanceIsIdle", func(t *testing.T) {
 		t.Parallel()
-		b, d, ids, rows := enterSent(t)
+		listening, heard := make(chan struct{}, 1), make(chan string, 1)
+		b, d, ids, rows := enterSent(t, func(d *Dispatcher) {
+			d.OnListen = func() {
+				select {
+				case listening <- struct{}{}:
+				default:
+				}
+			}
+			d.OnIdleNotice = func(c string) {
+				select {
+				case heard <- c:
+				default: // the other instance's later notices
+				}
+			}
+		})
+		select {
+		case <-listening:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the dispatcher never listened for notifications")
+		}
 		if err := outboxdb.AnnounceIdle(b.ctx, d.Pool(), "me"); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond) // the listener's delivery
+		select {
+		case c := <-heard:
+			if c != "me" {
+				t.Fatalf("heard an idle notice from %q, want its own", c)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the listener never delivered its own idle notice")
+		}
 		if g := d.Ledger().ReserveChain(1, time.Now()); g.Rows != 1 {
 			t.Fatalf("its own idle notice stopped chains (granted %d)", g.Rows)
 		} else {
