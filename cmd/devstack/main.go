@@ -28,6 +28,7 @@ import (
 	"github.com/forwarder/forwarder/internal/dev/devstack"
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 type envFlags map[string]string
@@ -199,7 +200,7 @@ func run() int {
 			fmt.Fprintf(os.Stderr, "devstack: stopping: %v\n", err)
 			return 1
 		}
-		printFinal(final, s.Leftover, "the database keeps them")
+		printFinal(os.Stdout, final, s.Leftover, "the database keeps them")
 	} else if code := stopEmbedded(s, runErr == nil); code != 0 {
 		return code
 	}
@@ -245,7 +246,7 @@ func stopEmbedded(s *devstack.Stack, drain bool) int {
 	if s.PG != nil {
 		kept = "the database stays in " + s.PG.Dir() + " for the next run"
 	}
-	printFinal(final, s.Leftover, kept)
+	printFinal(os.Stdout, final, s.Leftover, kept)
 	if short := final.Produced.Rows() - final.Rows.Persisted; drained && short > 0 {
 		// Every message was read: the missing rows are messages the
 		// outbox took for redeliveries of an earlier run's rows.
@@ -256,13 +257,15 @@ func stopEmbedded(s *devstack.Stack, drain bool) int {
 
 // printFinal says what this run produced and where its rows ended, and
 // what the platform received, earlier runs' leftover rows included.
-func printFinal(p devstack.Progress, leftover int64, kept string) {
+func printFinal(w io.Writer, p devstack.Progress, leftover int64, kept string) {
 	r := p.Rows
-	fmt.Printf("devstack: stopped. %d produced (%d rows: duplicates add none), %d persisted: %d delivered, %d failed, %d to send; %s\n",
-		p.Produced.Produced, p.Produced.Rows(), r.Persisted, r.Delivered, r.Failed, r.Waiting+r.Retrying+r.InProgress, kept)
+	fmt.Fprintf(w, "devstack: stopped. %d produced (%s: duplicates add none), %d persisted: %d delivered, %d failed, %d to send; %s\n",
+		p.Produced.Produced, plural.Count(p.Produced.Rows(), "row", "rows"), r.Persisted, r.Delivered, r.Failed, r.Waiting+r.Retrying+r.InProgress, kept)
 	pl := p.Platform
-	fmt.Printf("devstack: the platform accepted %d%s, answered %d duplicates and %d errors, at most %d requests at once\n",
-		pl.Accepted, leftoverAmong(leftover), pl.Duplicates, pl.Errcode998+pl.Errcode999+pl.HTTP5xx+pl.Unavailable+pl.AuthFailures+pl.BadRequests, pl.PeakInFlight)
+	errs := pl.Errcode998 + pl.Errcode999 + pl.HTTP5xx + pl.Unavailable + pl.AuthFailures + pl.BadRequests
+	fmt.Fprintf(w, "devstack: the platform accepted %d%s, answered %s and %s, at most %s at once\n",
+		pl.Accepted, leftoverAmong(leftover), plural.Count(pl.Duplicates, "duplicate", "duplicates"),
+		plural.Count(errs, "error", "errors"), plural.Count(pl.PeakInFlight, "request", "requests"))
 }
 
 // leftoverAmong names, after the platform's count of accepted requests,

@@ -9,6 +9,9 @@ import (
 	"testing"
 
 	"github.com/forwarder/forwarder/internal/dev/devstack"
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -140,5 +143,35 @@ func TestLeftoverWording(t *testing.T) {
 		if got := leftoverBanner(c.n); got != c.banner {
 			t.Errorf("leftoverBanner(%d) = %q, want %q", c.n, got, c.banner)
 		}
+	}
+}
+
+// TestFinalLinesCountInEnglish: the lines printed when the dev stack stops
+// say "1 row", "1 error", "1 request" for one and the plural for more.
+func TestFinalLinesCountInEnglish(t *testing.T) {
+	one := devstack.Progress{
+		Produced: eventgen.Stats{Produced: 2, Deliverable: 1},
+		Rows:     outboxdb.Progress{Persisted: 1, Delivered: 1},
+		Platform: mockplatform.Stats{Accepted: 1, Duplicates: 1, HTTP5xx: 1, PeakInFlight: 1},
+	}
+	var b bytes.Buffer
+	printFinal(&b, one, 0, "kept")
+	want := "devstack: stopped. 2 produced (1 row: duplicates add none), 1 persisted: 1 delivered, 0 failed, 0 to send; kept\n" +
+		"devstack: the platform accepted 1, answered 1 duplicate and 1 error, at most 1 request at once\n"
+	if b.String() != want {
+		t.Errorf("for one of each, printed\n%s\nwant\n%s", b.String(), want)
+	}
+
+	more := devstack.Progress{
+		Produced: eventgen.Stats{Produced: 9, Deliverable: 5, Malformed: 2},
+		Rows:     outboxdb.Progress{Persisted: 7, Delivered: 4, Failed: 2, Waiting: 1},
+		Platform: mockplatform.Stats{Accepted: 10, Duplicates: 0, Errcode998: 1, Unavailable: 2, PeakInFlight: 3},
+	}
+	b.Reset()
+	printFinal(&b, more, 6, "kept")
+	want = "devstack: stopped. 9 produced (7 rows: duplicates add none), 7 persisted: 4 delivered, 2 failed, 1 to send; kept\n" +
+		"devstack: the platform accepted 10 (among them the 6 rows earlier runs left to send), answered 0 duplicates and 3 errors, at most 3 requests at once\n"
+	if b.String() != want {
+		t.Errorf("for several, printed\n%s\nwant\n%s", b.String(), want)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 // The lookup commands: show and find. Both only read, in a read-only
@@ -238,7 +239,7 @@ func writeShow(w io.Writer, v outboxdb.RecordView, preview console.Preview) {
 // holderLine says what a held row waits for: the row ahead of it, and what
 // that row waits for in turn.
 func holderLine(h *outboxdb.Holder) string {
-	line := fmt.Sprintf("row %d (message_key %s): %s, %s", h.ID, console.SafeLine(h.MessageKey), h.Status, plural(h.AttemptCount, "attempt", "attempts"))
+	line := fmt.Sprintf("row %d (message_key %s): %s, %s", h.ID, console.SafeLine(h.MessageKey), h.Status, plural.Count(h.AttemptCount, "attempt", "attempts"))
 	switch {
 	case h.Blocking:
 		line += fmt.Sprintf(", blocking its key (ORDER_ON_FAILED=block; forwarder outbox release --id %d lets the key go on)", h.ID)
@@ -465,7 +466,7 @@ func writeFind(w io.Writer, rows []outboxdb.FoundRow, f outboxdb.FindFilter) {
 	// Padded by display width: plates hold Chinese characters.
 	_ = writeTable(w, table, 2)
 	if len(rows) == f.Limit || (f.Limit == 0 && len(rows) == outboxdb.DefaultFindLimit) {
-		fmt.Fprintf(w, "(%s shown, there may be more: --limit raises the cap, up to %d)\n", plural(len(rows), "row", "rows"), outboxdb.MaxFindLimit)
+		fmt.Fprintf(w, "(%s shown, there may be more: --limit raises the cap, up to %d)\n", plural.Count(len(rows), "row", "rows"), outboxdb.MaxFindLimit)
 	}
 }
 

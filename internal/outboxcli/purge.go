@@ -12,6 +12,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 func purgeCommand() *cli.Command {
@@ -124,7 +125,7 @@ func purge(ctx context.Context, w io.Writer, pool *pgxpool.Pool, r purgeRun) err
 	// is retired; a run that retired none leaves a row of its own, so that
 	// every purge is in the log.
 	if msgs == 0 {
-		filter := fmt.Sprintf("partitions that ended before %s (older than %s): none retired, %s kept", at, r.given, plural(len(res.Kept()), "partition", "partitions"))
+		filter := fmt.Sprintf("partitions that ended before %s (older than %s): none retired, %s kept", at, r.given, plural.Count(len(res.Kept()), "partition", "partitions"))
 		if r.forced {
 			filter += " --force"
 		}
@@ -134,10 +135,10 @@ func purge(ctx context.Context, w io.Writer, pool *pgxpool.Pool, r purgeRun) err
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("%s retired before the error: %w", plural(parts, "partition", "partitions"), err)
+		return fmt.Errorf("%s retired before the error: %w", plural.Count(parts, "partition", "partitions"), err)
 	}
-	fmt.Fprintf(w, "retired %s of %s (%d FAILED); kept %s\n", plural(parts, "partition", "partitions"),
-		plural(msgs, "message", "messages"), failed, plural(len(res.Kept()), "partition", "partitions"))
+	fmt.Fprintf(w, "retired %s of %s (%d FAILED); kept %s\n", plural.Count(parts, "partition", "partitions"),
+		plural.Count(msgs, "message", "messages"), failed, plural.Count(len(res.Kept()), "partition", "partitions"))
 	return nil
 }
 
@@ -150,7 +151,7 @@ func printOutcome(w io.Writer, o outboxdb.PartitionOutcome, dryRun bool) {
 		if dryRun {
 			verb = "would be retired"
 		}
-		line := fmt.Sprintf("%s %s: %s", o.Label(), verb, plural(o.Messages, "message", "messages"))
+		line := fmt.Sprintf("%s %s: %s", o.Label(), verb, plural.Count(o.Messages, "message", "messages"))
 		if o.Failed > 0 {
 			line += fmt.Sprintf(", %d of them FAILED", o.Failed)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 func requeueCommand() *cli.Command {
@@ -92,19 +93,19 @@ the number of rows in forward_operator_log.`,
 					return err
 				}
 				if c.Bool("dry-run") {
-					fmt.Fprintf(w, "%s would be requeued (dry run, nothing changed): %s\n", plural(count.Rows, "row", "rows"), desc)
+					fmt.Fprintf(w, "%s would be requeued (dry run, nothing changed): %s\n", plural.Count(count.Rows, "row", "rows"), desc)
 					writeLeftOut(w, count)
 					writeDelivered(w, delivered, "would be")
 					return nil
 				}
 				if resendMany && !c.Bool("force") {
-					fmt.Fprintf(w, "%s would be requeued: %s\n", plural(count.Rows, "row", "rows"), desc)
+					fmt.Fprintf(w, "%s would be requeued: %s\n", plural.Count(count.Rows, "row", "rows"), desc)
 					writeDelivered(w, delivered, "would be")
 					return cli.Exit(fmt.Sprintf("outbox requeue: --status SUCCESS without --key would send %s "+
 						"to the platform again; nothing changed. Add --force to do it, or name the rows with --key.",
-						plural(delivered, "delivered message", "delivered messages")), 2)
+						plural.Count(delivered, "delivered message", "delivered messages")), 2)
 				}
-				fmt.Fprintf(w, "requeueing %s: %s (operator %s)\n", plural(count.Rows, "row", "rows"), desc, console.SafeLine(operator))
+				fmt.Fprintf(w, "requeueing %s: %s (operator %s)\n", plural.Count(count.Rows, "row", "rows"), desc, console.SafeLine(operator))
 				writeLeftOut(w, count)
 				writeDelivered(w, delivered, "will be")
 				n, err := outboxdb.Requeue(ctx, pool, f, outboxdb.RequeueOptions{
@@ -115,9 +116,9 @@ the number of rows in forward_operator_log.`,
 					err = errors.Join(err, auditErr)
 				}
 				if err != nil {
-					return fmt.Errorf("%s requeued before the error: %w", plural(n, "row", "rows"), err)
+					return fmt.Errorf("%s requeued before the error: %w", plural.Count(n, "row", "rows"), err)
 				}
-				fmt.Fprintf(w, "%s requeued\n", plural(n, "row", "rows"))
+				fmt.Fprintf(w, "%s requeued\n", plural.Count(n, "row", "rows"))
 				return nil
 			})
 		},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/console"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 func statsCommand() *cli.Command {
@@ -148,7 +149,7 @@ func writeDeliveryPause(w io.Writer, p outboxdb.DeliveryPause, now time.Time) {
 // blocked first, with what unblocks them.
 func writeOrdering(w io.Writer, o outboxdb.OrderingStats) {
 	fmt.Fprintf(w, "ordering: %s held behind an earlier row of their key (counted in PENDING), %s blocked by a FAILED row\n",
-		plural(o.HeldRows, "row", "rows"), plural(o.BlockedKeys, "key", "keys"))
+		plural.Count(o.HeldRows, "row", "rows"), plural.Count(o.BlockedKeys, "key", "keys"))
 	if len(o.Blocked) == 0 {
 		return
 	}

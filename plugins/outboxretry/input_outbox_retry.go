@@ -6,7 +6,6 @@ package outboxretry
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	"github.com/forwarder/forwarder/internal/msgmeta"
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/pluginconf"
+	"github.com/forwarder/forwarder/internal/plural"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
 	"github.com/forwarder/forwarder/internal/tracectx"
 )
@@ -156,15 +156,8 @@ func (in *outboxRetry) inFlight() string {
 	if n <= 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d %s handed out by the dispatcher to be mapped, sent to the platform and recorded "+
-		"(no new claims; unsent claims are given back once they are done)", n, plural(n, "row", "rows"))
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
+	return plural.Count(n, "row", "rows") + " handed out by the dispatcher to be mapped, sent to the platform and recorded " +
+		"(no new claims; unsent claims are given back once they are done)"
 }
 
 // Connect connects the dispatcher and makes sure the partitions of now and
