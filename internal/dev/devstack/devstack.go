@@ -213,15 +213,7 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 	if s.pool, err = outboxdb.Open(ctx, s.DatabaseURL, outboxdb.PoolConfig{MaxConns: 4, ApplicationName: "forwarder-devstack"}); err != nil {
 		return s, err
 	}
-	// The forwarder migrates on start too; doing it first lets the stack
-	// read the tables from its first progress line. Both may run at once.
-	if _, err = outboxdb.Migrate(ctx, s.pool); err != nil {
-		return s, err
-	}
-	if s.mark, err = outboxdb.MaxRecordID(ctx, s.pool); err != nil {
-		return s, err
-	}
-	if s.Leftover, err = outboxdb.UnsentUpTo(ctx, s.pool, s.mark); err != nil {
+	if err = s.markStart(ctx); err != nil {
 		return s, err
 	}
 

@@ -70,13 +70,7 @@ func startExternal(ctx context.Context, cfg Config) (s *Stack, err error) {
 	}); err != nil {
 		return s, err
 	}
-	if _, err = outboxdb.Migrate(ctx, s.pool); err != nil {
-		return s, err
-	}
-	if s.mark, err = outboxdb.MaxRecordID(ctx, s.pool); err != nil {
-		return s, err
-	}
-	if s.Leftover, err = outboxdb.UnsentUpTo(ctx, s.pool, s.mark); err != nil {
+	if err = s.markStart(ctx); err != nil {
 		return s, err
 	}
 

@@ -27,6 +27,23 @@ type Progress struct {
 	Platform mockplatform.Stats
 }
 
+// markStart creates or upgrades the schema and marks where this run's rows
+// start: progress counts the rows after the mark, and Leftover the rows
+// before it still to send. The forwarder migrates on start too; doing it
+// first lets the stack read the tables from its first progress line. Both
+// may run at once.
+func (s *Stack) markStart(ctx context.Context) error {
+	if _, err := outboxdb.Migrate(ctx, s.pool); err != nil {
+		return err
+	}
+	var err error
+	if s.mark, err = outboxdb.MaxRecordID(ctx, s.pool); err != nil {
+		return err
+	}
+	s.Leftover, err = outboxdb.UnsentUpTo(ctx, s.pool, s.mark)
+	return err
+}
+
 // Progress reads a snapshot.
 func (s *Stack) Progress(ctx context.Context) (Progress, error) {
 	var p Progress
