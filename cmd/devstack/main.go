@@ -21,6 +21,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -271,21 +272,16 @@ func printFinal(w io.Writer, p devstack.Progress, leftover int64, kept string) {
 // leftoverAmong names, after the platform's count of accepted requests,
 // the rows of earlier runs it includes; "" when there are none.
 func leftoverAmong(n int64) string {
-	switch {
-	case n == 1:
-		return " (among them the row earlier runs left to send)"
-	case n > 1:
-		return fmt.Sprintf(" (among them the %d rows earlier runs left to send)", n)
+	if n <= 0 {
+		return ""
 	}
-	return ""
+	return fmt.Sprintf(" (among them the %s earlier runs left to send)", plural.Noun(n, "row", strconv.FormatInt(n, 10)+" rows"))
 }
 
 // leftoverBanner says that n > 0 rows of earlier runs will be sent too.
 func leftoverBanner(n int64) string {
-	if n == 1 {
-		return "the database holds 1 row earlier runs left to send: it is sent too, and the platform's figures count it (this run's progress does not)"
-	}
-	return fmt.Sprintf("the database holds %d rows earlier runs left to send: they are sent too, and the platform's figures count them (this run's progress does not)", n)
+	return fmt.Sprintf("the database holds %s earlier runs left to send: %s sent too, and the platform's figures count %s (this run's progress does not)",
+		plural.Count(n, "row", "rows"), plural.Noun(n, "it is", "they are"), plural.Noun(n, "it", "them"))
 }
 
 func printBanner(w io.Writer, s *devstack.Stack, cfg devstack.Config) {

@@ -18,6 +18,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 const (
@@ -375,7 +377,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("console login refused: too many attempts", "remote", r.RemoteAddr)
 		w.Header().Set("Retry-After", strconv.Itoa(secs))
 		s.render(w, r, http.StatusTooManyRequests, "login", loginData{Next: "/",
-			Error: fmt.Sprintf("Too many login attempts from your address: try again in %s.", seconds(secs))})
+			Error: fmt.Sprintf("Too many login attempts from your address: try again in %s.", plural.Count(secs, "second", "seconds"))})
 		return
 	}
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/x-www-form-urlencoded" {
@@ -445,12 +447,4 @@ func safeNext(next string) string {
 		return "/"
 	}
 	return next
-}
-
-// seconds is "1 second", "5 seconds".
-func seconds(n int) string {
-	if n == 1 {
-		return "1 second"
-	}
-	return strconv.Itoa(n) + " seconds"
 }

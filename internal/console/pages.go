@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 // layout is what every page gets besides its own data.
@@ -511,10 +512,7 @@ func (s *Server) requeueGroup(w http.ResponseWriter, r *http.Request) {
 	}
 	desc := fmt.Sprintf("console: FAILED rows failure_class=%s reason=%s", class, strconv.Quote(reason))
 	n, err := s.requeue(r.Context(), operatorOf(r), groupFilter(class, reason), desc)
-	rows := "rows"
-	if n == 1 {
-		rows = "row"
-	}
+	rows := plural.Noun(n, "row", "rows")
 	switch {
 	case err != nil && n == 0:
 		s.fail(w, r, err)

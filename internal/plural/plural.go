@@ -1,5 +1,5 @@
-// Package plural spells counts in what the operator commands, the service's
-// status lines and the dev stack print: "1 row", "2 rows".
+// Package plural spells counts in what the operator commands, the console,
+// the service's status lines and the dev stack print: "1 row", "2 rows".
 package plural
 
 import "strconv"

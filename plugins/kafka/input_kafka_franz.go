@@ -21,6 +21,7 @@ import (
 	"github.com/forwarder/forwarder/internal/metricseries"
 	"github.com/forwarder/forwarder/internal/periodic"
 	"github.com/forwarder/forwarder/internal/pluginconf"
+	"github.com/forwarder/forwarder/internal/plural"
 	"github.com/forwarder/forwarder/internal/shutdownlog"
 	"github.com/forwarder/forwarder/internal/tracectx"
 )
@@ -370,11 +371,8 @@ func (f *franzInput) awaited() string {
 	if n <= 0 {
 		return ""
 	}
-	what := "records"
-	if n == 1 {
-		what = "record"
-	}
-	return fmt.Sprintf("kafka_franz: %d %s read from Kafka to be persisted (acknowledged) before the final commit of group %q", n, what, f.group)
+	return fmt.Sprintf("kafka_franz: %s read from Kafka to be persisted (acknowledged) before the final commit of group %q",
+		plural.Count(n, "record", "records"), f.group)
 }
 
 func (f *franzInput) readBatch(ctx context.Context) (service.MessageBatch, service.AckFunc, error) {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 // Event is something a forwarder of the stack did that the screen shows
@@ -164,10 +166,7 @@ func (s *Stack) groupMembers(group string) (string, error) {
 		}
 	}
 	s.mu.Unlock()
-	text := strconv.Itoa(n) + " member"
-	if n != 1 {
-		text += "s"
-	}
+	text := plural.Count(n, "member", "members")
 	if extra := n - ours; extra > 0 {
 		text += fmt.Sprintf(", %d more than the dev stack started (a forwarder started by hand with KAFKA_GROUP=%s?)", extra, group)
 	}
