@@ -473,6 +473,7 @@ type planNode struct {
 	NodeType     string     `json:"Node Type"`
 	RelationName string     `json:"Relation Name"`
 	IndexName    string     `json:"Index Name"`
+	IndexCond    string     `json:"Index Cond"`
 	ActualLoops  *float64   `json:"Actual Loops"`
 	Plans        []planNode `json:"Plans"`
 }

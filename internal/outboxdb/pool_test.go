@@ -22,6 +22,16 @@ import (
 // executions, however much the table grows before the next ANALYZE.
 func genericPlan(t *testing.T, dsn string, cfg outboxdb.PoolConfig, sql string, args ...any) string {
 	t.Helper()
+	return explain(t, dsn, cfg, true, "", sql, args...)
+}
+
+// explain returns EXPLAIN's output, with options ("FORMAT JSON", or ""),
+// for sql with args, prepared on one session of a pool opened with cfg: the
+// generic plan a prepared statement keeps (generic), or the plan of one
+// execution with these values (what a pooled connection, which keeps no
+// plan, runs).
+func explain(t *testing.T, dsn string, cfg outboxdb.PoolConfig, generic bool, options, sql string, args ...any) string {
+	t.Helper()
 	ctx := context.Background()
 	cfg.MaxConns = 1
 	pool, err := outboxdb.Open(ctx, dsn, cfg)
@@ -29,17 +39,16 @@ func genericPlan(t *testing.T, dsn string, cfg outboxdb.PoolConfig, sql string, 
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
+	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+	mode := "force_custom_plan"
+	if generic {
+		mode = "force_generic_plan"
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tx.Exec(ctx, "PREPARE stmt AS "+sql); err != nil {
@@ -49,7 +58,10 @@ func genericPlan(t *testing.T, dsn string, cfg outboxdb.PoolConfig, sql string, 
 	for i := range args {
 		placeholders[i] = "$" + strconv.Itoa(i+1)
 	}
-	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE stmt("+strings.Join(placeholders, ",")+")",
+	if options != "" {
+		options = "(" + options + ") "
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN "+options+"EXECUTE stmt("+strings.Join(placeholders, ",")+")",
 		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
 	if err != nil {
 		t.Fatal(err)

@@ -15,5 +15,8 @@ SET dead_lettered_at        = now(),
     dead_letter_lease_until = NULL
 FROM unnest($1::bigint[], $2::text[]) AS held (id, token)
 WHERE r.id = held.id
+  -- The join's condition again, as one the primary key answers: one probe
+  -- per row whatever the statistics say (record.sql).
+  AND r.id = ANY ($1::bigint[])
   AND r.dead_letter_token::text = held.token
   AND r.status = 'FAILED';

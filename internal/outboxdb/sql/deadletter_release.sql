@@ -10,5 +10,8 @@ SET dead_letter_token       = NULL,
     dead_letter_lease_until = now() + $3::bigint * interval '1 millisecond'
 FROM unnest($1::bigint[], $2::text[]) AS held (id, token)
 WHERE r.id = held.id
+  -- The join's condition again, as one the primary key answers: one probe
+  -- per row whatever the statistics say (record.sql).
+  AND r.id = ANY ($1::bigint[])
   AND r.dead_letter_token::text = held.token
   AND r.status = 'FAILED';

@@ -178,6 +178,10 @@ WITH batch AS (
         SELECT d.id, d.message_key, d.status, d.claim_token, d.created_at, d.next_retry_at
         FROM forward_deliveries d
         WHERE d.message_key = k.message_key
+          -- The condition again, as one the key index answers: the LATERAL
+          -- is flattened into a join, which statistics taken while the queue
+          -- looked empty read by walking the whole index (record.sql).
+          AND d.message_key = ANY ($1::text[])
     ) r
     WHERE $19::boolean
       AND k.claim_token <> ''

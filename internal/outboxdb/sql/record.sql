@@ -81,6 +81,13 @@ WITH async AS (
     DELETE FROM forward_deliveries AS r
     USING result
     WHERE r.id = result.id
+      -- The join's condition again, as one the primary key answers: the
+      -- rows are found by one probe per result whatever the statistics say.
+      -- With the join alone, statistics taken while the queue looked empty
+      -- had the planner walk the whole index, every live and dead row, on
+      -- each write (docs/architecture.md, "A queue's statistics are not
+      -- trusted").
+      AND r.id = ANY ($1::bigint[])
       AND r.claim_token::text = result.claim_token
       -- IS TRUE keeps this test out of index conditions: the rows must be
       -- found by primary key, one probe per result, never by reading every
@@ -116,6 +123,7 @@ WITH async AS (
         updated_at       = now()
     FROM result
     WHERE r.id = result.id
+      AND r.id = ANY ($1::bigint[])  -- one probe per result, as in "delivered"
       AND r.claim_token::text = result.claim_token
       AND (r.status = 'IN_PROGRESS') IS TRUE
       AND (result.status <> 'SUCCESS' OR result.undo)

@@ -34,6 +34,9 @@ WITH released AS (
         updated_at    = now()
     FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
     WHERE r.id = held.id
+      -- The join's condition again, as one the primary key answers: one
+      -- probe per row whatever the statistics say (record.sql).
+      AND r.id = ANY ($1::bigint[])
       AND r.claim_token::text = held.claim_token
       AND r.status = 'IN_PROGRESS'
     RETURNING r.id, r.created_at, r.attempt_count, r.next_retry_at

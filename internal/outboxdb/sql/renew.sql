@@ -23,7 +23,10 @@ WITH async AS (
     SELECT f.id
     FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
     JOIN forward_deliveries f ON f.id = held.id
-    WHERE f.claim_token::text = held.claim_token
+    -- The join's condition again, as one the primary key answers: one probe
+    -- per row whatever the statistics say (record.sql).
+    WHERE f.id = ANY ($1::bigint[])
+      AND f.claim_token::text = held.claim_token
       AND f.status = 'IN_PROGRESS'
     ORDER BY f.id
     FOR UPDATE OF f SKIP LOCKED
@@ -32,4 +35,5 @@ UPDATE forward_deliveries AS r
 SET next_retry_at = now() + $3::bigint * interval '1 millisecond'
 FROM locked, async
 WHERE r.id = locked.id
+  AND r.id = ANY ($1::bigint[])
 RETURNING r.id, r.next_retry_at;

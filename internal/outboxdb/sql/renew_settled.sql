@@ -21,6 +21,9 @@ LEFT JOIN LATERAL (
     SELECT f.claim_token
     FROM forward_deliveries f
     WHERE f.id = held.id
+      -- The condition again, as one the primary key answers: one probe per
+      -- row whatever the statistics say (record.sql).
+      AND f.id = ANY ($1::bigint[])
 ) AS r ON true
 WHERE r.claim_token::text = held.claim_token
    OR (r IS NULL AND EXISTS (

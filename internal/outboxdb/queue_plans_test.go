@@ -1,0 +1,137 @@
+package outboxdb_test
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/fixture"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+)
+
+// unboundedReads lists the nodes of an EXPLAIN (FORMAT JSON) plan that
+// read table without an index condition: a sequential scan, or an index
+// scan that walks the whole index (chosen for its order, or because the
+// statistics say the table is empty). Either reads every row the table
+// holds, live and dead.
+func unboundedReads(t *testing.T, planJSON, table string) []string {
+	t.Helper()
+	var found []string
+	for _, n := range planNodes(t, planJSON) {
+		if n.RelationName != table {
+			continue
+		}
+		switch {
+		case n.NodeType == "Seq Scan":
+			found = append(found, "Seq Scan")
+		case (n.NodeType == "Index Scan" || n.NodeType == "Index Only Scan") && n.IndexCond == "":
+			found = append(found, fmt.Sprintf("%s using %s without an index condition", n.NodeType, n.IndexName))
+		}
+	}
+	return found
+}
+
+// TestQueuePlansHoldWhenTheQueueLooksEmpty: forward_deliveries is a queue.
+// A delivered row leaves it, so at a steady rate it holds a few dozen live
+// rows among thousands of dead ones, and autovacuum, whenever it comes,
+// records what it sees: many pages, almost no rows. Planned with those
+// statistics, the result write joined its results to the table through a
+// walk of the whole primary key (estimated at one row), read every live and
+// dead row of the table on each batch, and held its ordering keys' locks
+// meanwhile: at 2 000 messages a second the latency grew without bound from
+// the first autovacuum on (docs/architecture.md, "A queue's statistics are
+// not trusted"). Every statement of the
+// delivery path must reach the table by an index condition, whatever the
+// statistics say, in the generic plan a direct pool keeps and in the plan a
+// pooled connection makes for each execution.
+func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
+	t.Parallel()
+	dsn, pool := pgtest.NewDBPool(t)
+	db := fixture.New(t, pool)
+
+	// What autovacuum saw: many pages, no live row.
+	db.InsertDue("gone", 20000)
+	db.Exec(`DELETE FROM forward_deliveries`)
+	db.Exec(`ANALYZE forward_deliveries`)
+	var pages int
+	var tuples float64
+	if err := pool.QueryRow(db.Ctx, `SELECT relpages, reltuples FROM pg_class WHERE oid = 'forward_deliveries'::regclass`).Scan(&pages, &tuples); err != nil {
+		t.Fatal(err)
+	}
+	if pages < 100 || tuples > 0 {
+		t.Fatalf("the statistics are %d pages and %.0f rows, want many pages and no rows", pages, tuples)
+	}
+	// What the queue holds then: rows in flight, held rows behind heads.
+	db.InsertDue("live", 2000)
+	claimed := db.ClaimN(20)
+	ids := make([]int64, len(claimed))
+	tokens := make([]string, len(claimed))
+	for i, r := range claimed {
+		ids[i], tokens[i] = r.ID, r.ClaimToken
+	}
+	for i := range 50 {
+		db.InsertHeld(fmt.Sprintf("P%d/B1", i), 3)
+	}
+	messageKeys := []string{"live-1", "live-2", "k1"}
+	file := func(name string) string { // statements without an accessor
+		b, err := os.ReadFile("sql/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+
+	n := len(ids)
+	strs := func(s string) []string {
+		v := make([]string, n)
+		for i := range v {
+			v[i] = s
+		}
+		return v
+	}
+	recordArgs := []any{ids, tokens, strs("SUCCESS"), make([]*int64, n), make([]*int32, n),
+		make([]*string, n), make([]*string, n), make([]*int32, n), make([]bool, n),
+		make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel, "me", time.Minute.Milliseconds(), 10}
+	keys := []string{"P1/B1", "P2/B1"}
+	one := []string{""}
+	insertArgs := []any{[]string{"k1"}, []string{"VEHICLE_EVENT"}, []string{"t"}, []int32{0}, []int64{1},
+		[][]byte{nil}, [][]byte{[]byte("{}")}, []string{"IN_PROGRESS"}, one,
+		[]string{"00000000-0000-4000-8000-000000000001"}, one, one, one, one, []string{"P1/B1"},
+		outboxdb.NotifyChannel, time.Minute.Milliseconds(), "me", true, one}
+	statements := []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"record", outboxdb.RecordSQL(), recordArgs},
+		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
+		{"claim", outboxdb.ClaimSQL(), []any{100, time.Minute.Milliseconds(), "me", 5, int64(-1)}},
+		{"renew", outboxdb.RenewSQL(), []any{ids, tokens, time.Minute.Milliseconds()}},
+		{"renew_settled", outboxdb.RenewSettledSQL(), []any{ids, tokens, "me"}},
+		{"order_lock", outboxdb.OrderLockSQL(), []any{keys, ids}},
+		{"insert", outboxdb.InsertSQL(), insertArgs},
+		{"order_lock_active", file("order_lock_active.sql"), []any{keys}},
+		{"insert_backstop", file("insert_backstop.sql"), []any{messageKeys}},
+		{"deadletter_mark", file("deadletter_mark.sql"), []any{ids, tokens}},
+		{"deadletter_release", file("deadletter_release.sql"), []any{ids, tokens, time.Minute.Milliseconds()}},
+	}
+	for _, st := range statements {
+		for _, c := range []struct {
+			name    string
+			cfg     outboxdb.PoolConfig
+			generic bool
+		}{
+			{"direct pool, generic plan", outboxdb.PoolConfig{NoSeqScan: true}, true},
+			{"pooled connection, each execution planned", outboxdb.PoolConfig{Pooled: true}, false},
+		} {
+			plan := explain(t, dsn, c.cfg, c.generic, "FORMAT JSON", st.sql, st.args...)
+			if bad := unboundedReads(t, plan, "forward_deliveries"); len(bad) > 0 {
+				text := explain(t, dsn, c.cfg, c.generic, "", st.sql, st.args...)
+				t.Errorf("%s (%s): reads forward_deliveries without an index condition (%s):\n%s", st.name, c.name, strings.Join(bad, "; "), text)
+			}
+		}
+	}
+}
