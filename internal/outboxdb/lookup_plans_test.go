@@ -475,6 +475,8 @@ type planNode struct {
 	IndexName    string     `json:"Index Name"`
 	IndexCond    string     `json:"Index Cond"`
 	ActualLoops  *float64   `json:"Actual Loops"`
+	ActualRows   float64    `json:"Actual Rows"`
+	RowsRemoved  float64    `json:"Rows Removed by Filter"`
 	Plans        []planNode `json:"Plans"`
 }
 

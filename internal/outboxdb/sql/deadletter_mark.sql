@@ -9,14 +9,18 @@
 -- as text, as in release.sql.
 --
 -- $1 ids, $2 dead-letter tokens (pairwise with $1).
+-- Each row's token looked up rather than joined: one probe and one lookup
+-- per row whatever the statistics say (record.sql). MATERIALIZED: computed
+-- once, not again for each row.
+WITH tokens AS MATERIALIZED (
+    SELECT jsonb_object_agg(held.id::text, held.token) AS by_id
+    FROM unnest($1::bigint[], $2::text[]) AS held (id, token)
+)
 UPDATE forward_deliveries AS r
 SET dead_lettered_at        = now(),
     dead_letter_token       = NULL,
     dead_letter_lease_until = NULL
-FROM unnest($1::bigint[], $2::text[]) AS held (id, token)
-WHERE r.id = held.id
-  -- The join's condition again, as one the primary key answers: one probe
-  -- per row whatever the statistics say (record.sql).
-  AND r.id = ANY ($1::bigint[])
-  AND r.dead_letter_token::text = held.token
+FROM tokens
+WHERE r.id = ANY ($1::bigint[])
+  AND r.dead_letter_token::text = tokens.by_id ->> r.id::text
   AND r.status = 'FAILED';

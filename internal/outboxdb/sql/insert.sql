@@ -178,10 +178,11 @@ WITH batch AS (
         SELECT d.id, d.message_key, d.status, d.claim_token, d.created_at, d.next_retry_at
         FROM forward_deliveries d
         WHERE d.message_key = k.message_key
-          -- The condition again, as one the key index answers: the LATERAL
-          -- is flattened into a join, which statistics taken while the queue
-          -- looked empty read by walking the whole index (record.sql).
-          AND d.message_key = ANY ($1::text[])
+        -- OFFSET 0 keeps the subquery from being flattened into a join,
+        -- which statistics taken while the queue looked empty planned as a
+        -- walk of the whole index, or as a reread of the keys for each row
+        -- (docs/architecture.md, "A queue's statistics are not trusted").
+        OFFSET 0
     ) r
     WHERE $19::boolean
       AND k.claim_token <> ''

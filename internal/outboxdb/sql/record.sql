@@ -77,24 +77,27 @@ WITH async AS (
                 $10::text[], $11::boolean[], $13::boolean[])
         AS t(id, claim_token, status, retry_in_ms, http_status, error, errcode, duration_ms, undo,
              failure_class, for_lease, logged)
+), tokens AS MATERIALIZED (
+    -- Each result's claim token by row id, in one value that the fences
+    -- below look a row up in (a jsonb object: a binary search). Joined to
+    -- the results themselves, the rows were matched by a nested loop that
+    -- read every result for every row whenever the statistics said the
+    -- queue was empty: a million comparisons for a write of a thousand
+    -- (docs/architecture.md, "A queue's statistics are not trusted").
+    -- MATERIALIZED: computed once, not again for each row.
+    SELECT jsonb_object_agg(id::text, claim_token) AS by_id
+    FROM result
 ), delivered AS (
     DELETE FROM forward_deliveries AS r
-    USING result
-    WHERE r.id = result.id
-      -- The join's condition again, as one the primary key answers: the
-      -- rows are found by one probe per result whatever the statistics say.
-      -- With the join alone, statistics taken while the queue looked empty
-      -- had the planner walk the whole index, every live and dead row, on
-      -- each write (docs/architecture.md, "A queue's statistics are not
-      -- trusted").
-      AND r.id = ANY ($1::bigint[])
-      AND r.claim_token::text = result.claim_token
+    USING tokens
+    -- One probe of the primary key per result, whatever the statistics say.
+    WHERE r.id = ANY (ARRAY(SELECT id FROM result WHERE status = 'SUCCESS' AND NOT undo))
+      AND r.claim_token::text = tokens.by_id ->> r.id::text
       -- IS TRUE keeps this test out of index conditions: the rows must be
       -- found by primary key, one probe per result, never by reading every
       -- IN_PROGRESS row of every instance through the status index, which
       -- the planner would pick whenever its statistics saw few of them.
       AND (r.status = 'IN_PROGRESS') IS TRUE
-      AND result.status = 'SUCCESS' AND NOT result.undo
     RETURNING r.id, r.created_at, r.attempt_count, 'SUCCESS'::text AS status,
               NULL::timestamptz AS next_retry_at, r.ordering_key, NULL::text AS last_error,
               r.claimed_by, false AS unlogged
@@ -123,7 +126,10 @@ WITH async AS (
         updated_at       = now()
     FROM result
     WHERE r.id = result.id
-      AND r.id = ANY ($1::bigint[])  -- one probe per result, as in "delivered"
+      -- Only the rows of these results, one probe each: they are few but
+      -- in an outage, and each is matched to its result by reading the
+      -- results again when the statistics say the queue is empty.
+      AND r.id = ANY (ARRAY(SELECT id FROM result WHERE status <> 'SUCCESS' OR undo))
       AND r.claim_token::text = result.claim_token
       AND (r.status = 'IN_PROGRESS') IS TRUE
       AND (result.status <> 'SUCCESS' OR result.undo)

@@ -21,7 +21,13 @@
 --
 -- $1 ids, $2 claim tokens (pairwise with $1), $3 delay in milliseconds,
 -- $4 undo the attempt, $5 reason, $6 notification channel.
-WITH released AS (
+WITH tokens AS MATERIALIZED (
+    -- Each row's claim token by id, looked up rather than joined: one probe
+    -- and one lookup per row whatever the statistics say (record.sql).
+    -- MATERIALIZED: computed once, not again for each row.
+    SELECT jsonb_object_agg(held.id::text, held.claim_token) AS by_id
+    FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
+), released AS (
     UPDATE forward_deliveries AS r
     SET status        = 'PENDING',
         next_retry_at = now() + $3::bigint * interval '1 millisecond',
@@ -32,12 +38,9 @@ WITH released AS (
         claimed_by    = NULL,
         claimed_at    = NULL,
         updated_at    = now()
-    FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
-    WHERE r.id = held.id
-      -- The join's condition again, as one the primary key answers: one
-      -- probe per row whatever the statistics say (record.sql).
-      AND r.id = ANY ($1::bigint[])
-      AND r.claim_token::text = held.claim_token
+    FROM tokens
+    WHERE r.id = ANY ($1::bigint[])
+      AND r.claim_token::text = tokens.by_id ->> r.id::text
       AND r.status = 'IN_PROGRESS'
     RETURNING r.id, r.created_at, r.attempt_count, r.next_retry_at
 ), logged AS (
