@@ -93,9 +93,7 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.NewDB(t)
 	ids, tokens := []int64{1, 2}, []string{"a", "b"}
-	recordArgs := []any{ids, tokens, []string{"SUCCESS", "SUCCESS"}, []*int64{nil, nil}, []*int32{nil, nil},
-		[]*string{nil, nil}, []*string{nil, nil}, []*int32{nil, nil}, []bool{false, false},
-		[]*string{nil, nil}, []bool{false, false}, outboxdb.MaxLeaseReturns, []bool{false, false}, "skip", outboxdb.NotifyChannel, "", int64(0), 0}
+	recordArgs := recordSuccessArgs(ids, tokens)
 	statements := []struct {
 		name string
 		sql  string

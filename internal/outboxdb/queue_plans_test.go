@@ -51,10 +51,48 @@ func rereadBatches(t *testing.T, planJSON string) []string {
 	return found
 }
 
-// queueLooksEmpty gives forward_deliveries the statistics autovacuum takes
-// of a queue at a steady rate: many pages, no live row.
-func queueLooksEmpty(t *testing.T, db *fixture.DB) {
+// planningModes are the two ways a statement is planned: a direct pool's
+// prepared statement keeps a generic plan, a pooled connection's is
+// planned with its values at each execution.
+var planningModes = []struct {
+	name    string
+	cfg     outboxdb.PoolConfig
+	generic bool
+}{
+	{"direct pool, generic plan", outboxdb.PoolConfig{NoSeqScan: true}, true},
+	{"pooled connection, each execution planned", outboxdb.PoolConfig{Pooled: true}, false},
+}
+
+// recordSuccessArgs are record.sql's parameters for a SUCCESS result of
+// each claimed row (ids and tokens pairwise), no order_on_failed block,
+// released rows claimed for "me".
+func recordSuccessArgs(ids []int64, tokens []string) []any {
+	n := len(ids)
+	success := make([]string, n)
+	for i := range success {
+		success[i] = string(outboxdb.StatusSuccess)
+	}
+	return []any{ids, tokens, success, make([]*int64, n), make([]*int32, n),
+		make([]*string, n), make([]*string, n), make([]*int32, n), make([]bool, n),
+		make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel,
+		"me", time.Minute.Milliseconds(), 10}
+}
+
+// claims returns the ids and claim tokens of claimed rows, pairwise.
+func claims(claimed []outboxdb.Record) (ids []int64, tokens []string) {
+	for _, r := range claimed {
+		ids, tokens = append(ids, r.ID), append(tokens, r.ClaimToken)
+	}
+	return ids, tokens
+}
+
+// queueLooksEmpty returns a new outbox whose forward_deliveries has the
+// statistics autovacuum takes of a queue at a steady rate: many pages, no
+// live row.
+func queueLooksEmpty(t *testing.T) (dsn string, db *fixture.DB) {
 	t.Helper()
+	dsn, pool := pgtest.NewDBPool(t)
+	db = fixture.New(t, pool)
 	db.InsertDue("gone", 20000)
 	db.Exec(`DELETE FROM forward_deliveries`)
 	db.Exec(`ANALYZE forward_deliveries`)
@@ -66,6 +104,7 @@ func queueLooksEmpty(t *testing.T, db *fixture.DB) {
 	if pages < 100 || tuples > 0 {
 		t.Fatalf("the statistics are %d pages and %.0f rows, want many pages and no rows", pages, tuples)
 	}
+	return dsn, db
 }
 
 // TestQueuePlansHoldWhenTheQueueLooksEmpty: forward_deliveries is a queue.
@@ -77,24 +116,16 @@ func queueLooksEmpty(t *testing.T, db *fixture.DB) {
 // dead row of the table on each batch, and held its ordering keys' locks
 // meanwhile: at 2 000 messages a second the latency grew without bound from
 // the first autovacuum on (docs/architecture.md, "A queue's statistics are
-// not trusted"). Every statement of the
-// delivery path must reach the table by an index condition, whatever the
-// statistics say, in the generic plan a direct pool keeps and in the plan a
-// pooled connection makes for each execution.
+// not trusted"). Every statement of the delivery path must reach the table
+// by an index condition, whatever the statistics say, in the generic plan a
+// direct pool keeps and in the plan a pooled connection makes for each
+// execution.
 func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 	t.Parallel()
-	dsn, pool := pgtest.NewDBPool(t)
-	db := fixture.New(t, pool)
-
-	queueLooksEmpty(t, db)
+	dsn, db := queueLooksEmpty(t)
 	// What the queue holds then: rows in flight, held rows behind heads.
 	db.InsertDue("live", 2000)
-	claimed := db.ClaimN(20)
-	ids := make([]int64, len(claimed))
-	tokens := make([]string, len(claimed))
-	for i, r := range claimed {
-		ids[i], tokens[i] = r.ID, r.ClaimToken
-	}
+	ids, tokens := claims(db.ClaimN(20))
 	for i := range 50 {
 		db.InsertHeld(fmt.Sprintf("P%d/B1", i), 3)
 	}
@@ -107,17 +138,6 @@ func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 		return string(b)
 	}
 
-	n := len(ids)
-	strs := func(s string) []string {
-		v := make([]string, n)
-		for i := range v {
-			v[i] = s
-		}
-		return v
-	}
-	recordArgs := []any{ids, tokens, strs("SUCCESS"), make([]*int64, n), make([]*int32, n),
-		make([]*string, n), make([]*string, n), make([]*int32, n), make([]bool, n),
-		make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel, "me", time.Minute.Milliseconds(), 10}
 	keys := []string{"P1/B1", "P2/B1"}
 	one := []string{""}
 	insertArgs := []any{[]string{"k1"}, []string{"VEHICLE_EVENT"}, []string{"t"}, []int32{0}, []int64{1},
@@ -129,7 +149,7 @@ func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 		sql  string
 		args []any
 	}{
-		{"record", outboxdb.RecordSQL(), recordArgs},
+		{"record", outboxdb.RecordSQL(), recordSuccessArgs(ids, tokens)},
 		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
 		{"claim", outboxdb.ClaimSQL(), []any{100, time.Minute.Milliseconds(), "me", 5, int64(-1)}},
 		{"renew", outboxdb.RenewSQL(), []any{ids, tokens, time.Minute.Milliseconds()}},
@@ -142,14 +162,7 @@ func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 		{"deadletter_release", file("deadletter_release.sql"), []any{ids, tokens, time.Minute.Milliseconds()}},
 	}
 	for _, st := range statements {
-		for _, c := range []struct {
-			name    string
-			cfg     outboxdb.PoolConfig
-			generic bool
-		}{
-			{"direct pool, generic plan", outboxdb.PoolConfig{NoSeqScan: true}, true},
-			{"pooled connection, each execution planned", outboxdb.PoolConfig{Pooled: true}, false},
-		} {
+		for _, c := range planningModes {
 			plan := explain(t, dsn, c.cfg, c.generic, "FORMAT JSON", st.sql, st.args...)
 			if bad := unboundedReads(t, plan, "forward_deliveries"); len(bad) > 0 {
 				text := explain(t, dsn, c.cfg, c.generic, "", st.sql, st.args...)
@@ -172,41 +185,20 @@ func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 // few but in an outage, which the platform protection slows down.
 func TestBatchWritesReadEachResultOnce(t *testing.T) {
 	t.Parallel()
-	dsn, pool := pgtest.NewDBPool(t)
-	db := fixture.New(t, pool)
-	queueLooksEmpty(t, db)
+	dsn, db := queueLooksEmpty(t)
 	db.InsertDue("live", 1000)
-	claimed := db.ClaimN(1000)
-	n := len(claimed)
-	ids := make([]int64, n)
-	tokens := make([]string, n)
-	for i, r := range claimed {
-		ids[i], tokens[i] = r.ID, r.ClaimToken
-	}
-	success := make([]string, n)
-	for i := range success {
-		success[i] = "SUCCESS"
-	}
+	ids, tokens := claims(db.ClaimN(1000))
 	statements := []struct {
 		name string
 		sql  string
 		args []any
 	}{
-		{"record", outboxdb.RecordSQL(), []any{ids, tokens, success, make([]*int64, n), make([]*int32, n),
-			make([]*string, n), make([]*string, n), make([]*int32, n), make([]bool, n),
-			make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel, "me", time.Minute.Milliseconds(), 10}},
+		{"record", outboxdb.RecordSQL(), recordSuccessArgs(ids, tokens)},
 		{"renew", outboxdb.RenewSQL(), []any{ids, tokens, time.Minute.Milliseconds()}},
 		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
 	}
 	for _, st := range statements {
-		for _, c := range []struct {
-			name    string
-			cfg     outboxdb.PoolConfig
-			generic bool
-		}{
-			{"direct pool, generic plan", outboxdb.PoolConfig{NoSeqScan: true}, true},
-			{"pooled connection, each execution planned", outboxdb.PoolConfig{Pooled: true}, false},
-		} {
+		for _, c := range planningModes {
 			plan := explain(t, dsn, c.cfg, c.generic, "ANALYZE, FORMAT JSON", st.sql, st.args...)
 			if bad := rereadBatches(t, plan); len(bad) > 0 {
 				t.Errorf("%s (%s): rereads its batch for each row (%s):\n%s", st.name, c.name, strings.Join(bad, "; "),
