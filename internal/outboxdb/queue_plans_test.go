@@ -67,12 +67,18 @@ var planningModes = []struct {
 // each claimed row (ids and tokens pairwise), no order_on_failed block,
 // released rows claimed for "me".
 func recordSuccessArgs(ids []int64, tokens []string) []any {
+	return recordArgs(ids, tokens, outboxdb.StatusSuccess)
+}
+
+// recordArgs are recordSuccessArgs with another status for every result
+// (PENDING: a retry due at once).
+func recordArgs(ids []int64, tokens []string, status outboxdb.Status) []any {
 	n := len(ids)
-	success := make([]string, n)
-	for i := range success {
-		success[i] = string(outboxdb.StatusSuccess)
+	statuses := make([]string, n)
+	for i := range statuses {
+		statuses[i] = string(status)
 	}
-	return []any{ids, tokens, success, make([]*int64, n), make([]*int32, n),
+	return []any{ids, tokens, statuses, make([]*int64, n), make([]*int32, n),
 		make([]*string, n), make([]*string, n), make([]*int32, n), make([]bool, n),
 		make([]*string, n), make([]bool, n), outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel,
 		"me", time.Minute.Milliseconds(), 10}
@@ -180,9 +186,8 @@ func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 // join's filter), holding its ordering keys' locks meanwhile, and the
 // backlog it let grow made the next writes larger still
 // (docs/benchmarks.md, "The queue's statistics and the first autovacuum").
-// Results that change the row rather than delete it (a failure, a retry,
-// a give-back in the result write) are still matched that way: they are
-// few but in an outage, which the platform protection slows down.
+// A write of retries (results that change the row rather than delete it)
+// is checked too.
 func TestBatchWritesReadEachResultOnce(t *testing.T) {
 	t.Parallel()
 	dsn, db := queueLooksEmpty(t)
@@ -194,6 +199,7 @@ func TestBatchWritesReadEachResultOnce(t *testing.T) {
 		args []any
 	}{
 		{"record", outboxdb.RecordSQL(), recordSuccessArgs(ids, tokens)},
+		{"record of retries", outboxdb.RecordSQL(), recordArgs(ids, tokens, outboxdb.StatusPending)},
 		{"renew", outboxdb.RenewSQL(), []any{ids, tokens, time.Minute.Milliseconds()}},
 		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
 	}

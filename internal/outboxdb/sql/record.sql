@@ -101,44 +101,55 @@ WITH async AS (
     RETURNING r.id, r.created_at, r.attempt_count, 'SUCCESS'::text AS status,
               NULL::timestamptz AS next_retry_at, r.ordering_key, NULL::text AS last_error,
               r.claimed_by, false AS unlogged
+), outcomes AS MATERIALIZED (
+    -- The results that change a row rather than delete it (a retry, a
+    -- failure, a give-back), by row id, in one value looked up per row as
+    -- the tokens are: never joined, whatever the statistics say.
+    SELECT jsonb_object_agg(id::text, jsonb_build_object(
+               'status', status, 'retry_in_ms', retry_in_ms, 'http_status', http_status,
+               'error', error, 'failure_class', failure_class, 'undo', undo,
+               'for_lease', for_lease, 'logged', logged)) AS by_id
+    FROM result
+    WHERE status <> 'SUCCESS' OR undo
 ), updated AS (
     UPDATE forward_deliveries AS r
-    SET status           = result.status,
-        next_retry_at    = CASE WHEN result.status = 'PENDING'
-                                THEN now() + coalesce(result.retry_in_ms, 0) * interval '1 millisecond'
-                           END,
-        attempt_count    = CASE WHEN result.undo AND NOT (result.for_lease AND r.lease_returns >= $12::integer)
-                                THEN greatest(r.attempt_count - 1, 0)
-                                ELSE r.attempt_count END,
-        lease_returns    = CASE WHEN NOT result.undo THEN 0
-                                WHEN result.for_lease AND r.lease_returns >= $12::integer THEN 0
-                                WHEN result.for_lease THEN r.lease_returns + 1
-                                ELSE r.lease_returns END,
-        last_http_status = CASE WHEN result.undo AND NOT result.logged THEN r.last_http_status
-                                ELSE result.http_status END,
-        last_error       = CASE WHEN result.undo AND NOT result.logged
-                                     AND NOT (result.for_lease AND r.lease_returns >= $12::integer)
-                                THEN r.last_error ELSE result.error END,
-        failure_class    = CASE WHEN result.status = 'FAILED' THEN coalesce(result.failure_class, 'TRANSIENT') END,
-        failed_at        = CASE WHEN result.status = 'FAILED' THEN now() ELSE r.failed_at END,
-        order_blocked    = (result.status = 'FAILED' AND r.ordering_key IS NOT NULL
-                            AND $14::text = 'block'),
-        updated_at       = now()
-    FROM result
-    WHERE r.id = result.id
-      -- Only the rows of these results, one probe each: they are few but
-      -- in an outage, and each is matched to its result by reading the
-      -- results again when the statistics say the queue is empty.
-      AND r.id = ANY (ARRAY(SELECT id FROM result WHERE status <> 'SUCCESS' OR undo))
-      AND r.claim_token::text = result.claim_token
+    SET (status, next_retry_at, attempt_count, lease_returns, last_http_status, last_error,
+         failure_class, failed_at, order_blocked, updated_at) = (
+        SELECT o.status,
+               CASE WHEN o.status = 'PENDING'
+                    THEN now() + coalesce(o.retry_in_ms, 0) * interval '1 millisecond'
+               END,
+               CASE WHEN o.undo AND NOT (o.for_lease AND r.lease_returns >= $12::integer)
+                    THEN greatest(r.attempt_count - 1, 0)
+                    ELSE r.attempt_count END,
+               CASE WHEN NOT o.undo THEN 0
+                    WHEN o.for_lease AND r.lease_returns >= $12::integer THEN 0
+                    WHEN o.for_lease THEN r.lease_returns + 1
+                    ELSE r.lease_returns END,
+               CASE WHEN o.undo AND NOT o.logged THEN r.last_http_status
+                    ELSE o.http_status END,
+               CASE WHEN o.undo AND NOT o.logged
+                         AND NOT (o.for_lease AND r.lease_returns >= $12::integer)
+                    THEN r.last_error ELSE o.error END,
+               CASE WHEN o.status = 'FAILED' THEN coalesce(o.failure_class, 'TRANSIENT') END,
+               CASE WHEN o.status = 'FAILED' THEN now() ELSE r.failed_at END,
+               (o.status = 'FAILED' AND r.ordering_key IS NOT NULL AND $14::text = 'block'),
+               now()
+        FROM jsonb_to_record(outcomes.by_id -> r.id::text)
+            AS o(status text, retry_in_ms bigint, http_status integer, error text,
+                 failure_class text, undo boolean, for_lease boolean, logged boolean))
+    FROM tokens, outcomes
+    -- One probe of the primary key per result, as in "delivered".
+    WHERE r.id = ANY (ARRAY(SELECT id FROM result WHERE status <> 'SUCCESS' OR undo))
+      AND r.claim_token::text = tokens.by_id ->> r.id::text
       AND (r.status = 'IN_PROGRESS') IS TRUE
-      AND (result.status <> 'SUCCESS' OR result.undo)
     RETURNING r.id, r.created_at, r.attempt_count, r.status, r.next_retry_at, r.ordering_key, r.last_error,
               r.claimed_by,
               -- An undo for lack of lease past the bound kept its attempt:
-              -- it is logged like one.
-              (result.undo AND NOT result.logged
-               AND NOT (result.for_lease AND r.lease_returns = 0)) AS unlogged
+              -- it is logged like one. (r.lease_returns is the new value.)
+              (SELECT o.undo AND NOT o.logged AND NOT (o.for_lease AND r.lease_returns = 0)
+               FROM jsonb_to_record(outcomes.by_id -> r.id::text)
+                   AS o(undo boolean, for_lease boolean, logged boolean)) AS unlogged
 ), recorded AS (
     SELECT * FROM delivered
     UNION ALL
