@@ -2,7 +2,6 @@ package outboxdb_test
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -136,13 +135,6 @@ func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 		db.InsertHeld(fmt.Sprintf("P%d/B1", i), 3)
 	}
 	messageKeys := []string{"live-1", "live-2", "k1"}
-	file := func(name string) string { // statements without an accessor
-		b, err := os.ReadFile("sql/" + name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
 
 	keys := []string{"P1/B1", "P2/B1"}
 	one := []string{""}
@@ -162,10 +154,10 @@ func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 		{"renew_settled", outboxdb.RenewSettledSQL(), []any{ids, tokens, "me"}},
 		{"order_lock", outboxdb.OrderLockSQL(), []any{keys, ids}},
 		{"insert", outboxdb.InsertSQL(), insertArgs},
-		{"order_lock_active", file("order_lock_active.sql"), []any{keys}},
-		{"insert_backstop", file("insert_backstop.sql"), []any{messageKeys}},
-		{"deadletter_mark", file("deadletter_mark.sql"), []any{ids, tokens}},
-		{"deadletter_release", file("deadletter_release.sql"), []any{ids, tokens, time.Minute.Milliseconds()}},
+		{"order_lock_active", mustReadSQL(t, "order_lock_active.sql"), []any{keys}},
+		{"insert_backstop", mustReadSQL(t, "insert_backstop.sql"), []any{messageKeys}},
+		{"deadletter_mark", mustReadSQL(t, "deadletter_mark.sql"), []any{ids, tokens}},
+		{"deadletter_release", mustReadSQL(t, "deadletter_release.sql"), []any{ids, tokens, time.Minute.Milliseconds()}},
 	}
 	for _, st := range statements {
 		for _, c := range planningModes {
@@ -192,7 +184,8 @@ func TestBatchWritesReadEachResultOnce(t *testing.T) {
 	t.Parallel()
 	dsn, db := queueLooksEmpty(t)
 	db.InsertDue("live", 1000)
-	ids, tokens := claims(db.ClaimN(1000))
+	claimed := db.ClaimN(1000)
+	ids, tokens := claims(claimed)
 	statements := []struct {
 		name string
 		sql  string
@@ -202,6 +195,8 @@ func TestBatchWritesReadEachResultOnce(t *testing.T) {
 		{"record of retries", outboxdb.RecordSQL(), recordArgs(ids, tokens, outboxdb.StatusPending)},
 		{"renew", outboxdb.RenewSQL(), []any{ids, tokens, time.Minute.Milliseconds()}},
 		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
+		{"renew_settled", outboxdb.RenewSettledSQL(), []any{ids, tokens, "me"}},
+		{"insert retried after a lost reply", outboxdb.InsertSQL(), insertRetryArgs(claimed)},
 	}
 	for _, st := range statements {
 		for _, c := range planningModes {
@@ -212,4 +207,28 @@ func TestBatchWritesReadEachResultOnce(t *testing.T) {
 			}
 		}
 	}
+}
+
+// insertRetryArgs are insert.sql's parameters for inserting again, after a
+// lost reply, the records of rows already stored and claimed under their
+// tokens (direct dispatch): each comes back as recovered.
+func insertRetryArgs(claimed []outboxdb.Record) []any {
+	n := len(claimed)
+	text := func(v string) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = v
+		}
+		return out
+	}
+	keys, tokens := make([]string, n), make([]string, n)
+	partitions, offsets := make([]int32, n), make([]int64, n)
+	kafkaKeys, payloads := make([][]byte, n), make([][]byte, n)
+	for i, r := range claimed {
+		keys[i], tokens[i], offsets[i], payloads[i] = r.MessageKey, r.ClaimToken, int64(i), []byte("{}")
+	}
+	none := text("")
+	return []any{keys, text("VEHICLE_EVENT"), text("device-vehicle-event"), partitions, offsets,
+		kafkaKeys, payloads, text("IN_PROGRESS"), none, tokens, none, none, none, none, none,
+		outboxdb.NotifyChannel, time.Minute.Milliseconds(), "me", true, none}
 }
