@@ -477,6 +477,7 @@ type planNode struct {
 	ActualLoops  *float64   `json:"Actual Loops"`
 	ActualRows   float64    `json:"Actual Rows"`
 	RowsRemoved  float64    `json:"Rows Removed by Filter"`
+	Output       []string   `json:"Output"` // with VERBOSE
 	Plans        []planNode `json:"Plans"`
 }
 

@@ -20,7 +20,6 @@ UPDATE forward_deliveries AS r
 SET dead_lettered_at        = now(),
     dead_letter_token       = NULL,
     dead_letter_lease_until = NULL
-FROM tokens
 WHERE r.id = ANY ($1::bigint[])
-  AND r.dead_letter_token::text = tokens.by_id ->> r.id::text
+  AND r.dead_letter_token::text = (SELECT by_id FROM tokens) ->> r.id::text
   AND r.status = 'FAILED';

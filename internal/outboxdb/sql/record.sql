@@ -84,15 +84,16 @@ WITH async AS (
     -- read every result for every row whenever the statistics said the
     -- queue was empty: a million comparisons for a write of a thousand
     -- (docs/architecture.md, "A queue's statistics are not trusted").
-    -- MATERIALIZED: computed once, not again for each row.
+    -- MATERIALIZED: computed once, not again for each row. Read as a
+    -- value, (SELECT by_id FROM tokens), never joined: a join makes each
+    -- row written carry a copy of the whole object, n copies of n entries.
     SELECT jsonb_object_agg(id::text, claim_token) AS by_id
     FROM result
 ), delivered AS (
     DELETE FROM forward_deliveries AS r
-    USING tokens
     -- One probe of the primary key per result, whatever the statistics say.
     WHERE r.id = ANY (ARRAY(SELECT id FROM result WHERE status = 'SUCCESS' AND NOT undo))
-      AND r.claim_token::text = tokens.by_id ->> r.id::text
+      AND r.claim_token::text = (SELECT by_id FROM tokens) ->> r.id::text
       -- IS TRUE keeps this test out of index conditions: the rows must be
       -- found by primary key, one probe per result, never by reading every
       -- IN_PROGRESS row of every instance through the status index, which
@@ -135,20 +136,19 @@ WITH async AS (
                CASE WHEN o.status = 'FAILED' THEN now() ELSE r.failed_at END,
                (o.status = 'FAILED' AND r.ordering_key IS NOT NULL AND $14::text = 'block'),
                now()
-        FROM jsonb_to_record(outcomes.by_id -> r.id::text)
+        FROM jsonb_to_record((SELECT by_id FROM outcomes) -> r.id::text)
             AS o(status text, retry_in_ms bigint, http_status integer, error text,
                  failure_class text, undo boolean, for_lease boolean, logged boolean))
-    FROM tokens, outcomes
     -- One probe of the primary key per result, as in "delivered".
     WHERE r.id = ANY (ARRAY(SELECT id FROM result WHERE status <> 'SUCCESS' OR undo))
-      AND r.claim_token::text = tokens.by_id ->> r.id::text
+      AND r.claim_token::text = (SELECT by_id FROM tokens) ->> r.id::text
       AND (r.status = 'IN_PROGRESS') IS TRUE
     RETURNING r.id, r.created_at, r.attempt_count, r.status, r.next_retry_at, r.ordering_key, r.last_error,
               r.claimed_by,
               -- An undo for lack of lease past the bound kept its attempt:
               -- it is logged like one. (r.lease_returns is the new value.)
               (SELECT o.undo AND NOT o.logged AND NOT (o.for_lease AND r.lease_returns = 0)
-               FROM jsonb_to_record(outcomes.by_id -> r.id::text)
+               FROM jsonb_to_record((SELECT by_id FROM outcomes) -> r.id::text)
                    AS o(undo boolean, for_lease boolean, logged boolean)) AS unlogged
 ), recorded AS (
     SELECT * FROM delivered

@@ -24,7 +24,7 @@
 WITH tokens AS MATERIALIZED (
     -- Each row's claim token by id, looked up rather than joined: one probe
     -- and one lookup per row whatever the statistics say (record.sql).
-    -- MATERIALIZED: computed once, not again for each row.
+    -- MATERIALIZED: computed once; read as a value, never joined (record.sql).
     SELECT jsonb_object_agg(held.id::text, held.claim_token) AS by_id
     FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
 ), released AS (
@@ -38,9 +38,8 @@ WITH tokens AS MATERIALIZED (
         claimed_by    = NULL,
         claimed_at    = NULL,
         updated_at    = now()
-    FROM tokens
     WHERE r.id = ANY ($1::bigint[])
-      AND r.claim_token::text = tokens.by_id ->> r.id::text
+      AND r.claim_token::text = (SELECT by_id FROM tokens) ->> r.id::text
       AND r.status = 'IN_PROGRESS'
     RETURNING r.id, r.created_at, r.attempt_count, r.next_retry_at
 ), logged AS (
