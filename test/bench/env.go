@@ -79,6 +79,10 @@ func startEnv(ctx context.Context, cfg benchConfig, kafkaOpts ...kfake.Opt) (env
 		settings["shared_preload_libraries"] = "pg_stat_statements"
 		settings["pg_stat_statements.track"] = "all"
 	}
+	for _, kv := range cfg.PGSets {
+		name, value, _ := strings.Cut(kv, "=")
+		settings[strings.TrimSpace(name)] = value
+	}
 	logf("starting PostgreSQL in %s", filepath.Join(env.dir, "pg"))
 	if env.pg, err = pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(env.dir, "pg"), Durable: cfg.Durable, Settings: settings}); err != nil {
 		return nil, err

@@ -94,25 +94,27 @@ type benchConfig struct {
 	Pipeline      string
 	Sets          listFlag
 	Env           listFlag
-	NaiveWorkers  int
-	BatchSize     int
-	BatchPosts    int
-	RiverWorkers  int
-	PprofDir      string
-	PprofSeconds  int
-	Ceilings      bool
-	WaitLoad      float64
-	WaitLoadMax   time.Duration
-	Dir           string
-	Keep          bool
-	Timeout       time.Duration
-	Seed          uint64
-	Durable       bool
-	PGStatements  bool
-	Markdown      string
-	LogLevel      string
-	SelfProfile   string
-	Root          string
+	// PGSets are extra PostgreSQL settings, name=value.
+	PGSets       listFlag
+	NaiveWorkers int
+	BatchSize    int
+	BatchPosts   int
+	RiverWorkers int
+	PprofDir     string
+	PprofSeconds int
+	Ceilings     bool
+	WaitLoad     float64
+	WaitLoadMax  time.Duration
+	Dir          string
+	Keep         bool
+	Timeout      time.Duration
+	Seed         uint64
+	Durable      bool
+	PGStatements bool
+	Markdown     string
+	LogLevel     string
+	SelfProfile  string
+	Root         string
 	// Berths spreads the traffic over this many berths (0: 2 000).
 	Berths int
 	// Previous is the checkout the forwarder-previous scenario runs.
@@ -136,6 +138,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.StringVar(&c.Forwarder, "forwarder", "bin/forwarder", "the forwarder binary (relative to the repository root)")
 	fs.StringVar(&c.Pipeline, "pipeline", "pipelines/forwarder.yaml", "the forwarder's config (relative to the repository root)")
 	fs.Var(&c.Sets, "set", "extra `path=value` passed to the forwarder as --set (repeatable), e.g. input.broker.inputs.1.outbox_retry.batch_size=500")
+	fs.Var(&c.PGSets, "pg-set", "extra PostgreSQL `setting=value` for the bench's cluster (repeatable), e.g. session_preload_libraries=auto_explain with auto_explain.log_min_duration=40ms to log slow plans to the cluster's server.log (kept with -keep or -dir); reported with the results")
 	fs.Var(&c.Env, "env", "extra `KEY=VALUE` in the forwarder's environment (repeatable), e.g. FORWARD_MAX_IN_FLIGHT=200")
 	fs.IntVar(&c.NaiveWorkers, "naive-workers", 32, "workers of the naive baseline")
 	fs.IntVar(&c.BatchSize, "batch-size", 500, "batch size of the hand-batched baseline")
@@ -186,6 +189,11 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 			c.Phases[p] = true
 		default:
 			return c, fmt.Errorf("-phases: unknown phase %q (throughput, latency)", p)
+		}
+	}
+	for _, kv := range c.PGSets {
+		if name, _, ok := strings.Cut(kv, "="); !ok || strings.TrimSpace(name) == "" {
+			return c, fmt.Errorf("-pg-set %q: want setting=value", kv)
 		}
 	}
 	if c.LatencyTraces && c.LatencySamples == "" {

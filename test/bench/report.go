@@ -40,6 +40,9 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "Load average (1 min): %.2f before, %.2f after. PostgreSQL: %s. Kafka: kfake in the bench process, %d partitions per topic. Run at %s.\n",
 		r.loadBefore, r.loadAfter, map[bool]string{true: "**durable**: fsync, full_page_writes and synchronous_commit on (production settings)", false: "**not durable** (-durable=false): fsync and full_page_writes off, as in the tests"}[r.cfg.Durable],
 		r.cfg.Partitions, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	if len(r.cfg.PGSets) > 0 {
+		fmt.Fprintf(&b, "PostgreSQL overrides: %s.\n", strings.Join(r.cfg.PGSets, ", "))
+	}
 	if len(r.cfg.Sets) > 0 || len(r.cfg.Env) > 0 {
 		fmt.Fprintf(&b, "Forwarder overrides: %s.\n", strings.Join(append(append([]string{}, r.cfg.Sets...), r.cfg.Env...), ", "))
 	}
