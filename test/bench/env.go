@@ -78,6 +78,9 @@ func startEnv(ctx context.Context, cfg benchConfig, kafkaOpts ...kfake.Opt) (env
 	if cfg.PGStatements {
 		settings["shared_preload_libraries"] = "pg_stat_statements"
 		settings["pg_stat_statements.track"] = "all"
+		// Planning time too: a statement planned at each call (a custom
+		// plan, or no prepared statement behind a pooler) shows it.
+		settings["pg_stat_statements.track_planning"] = "on"
 	}
 	for _, kv := range cfg.PGSets {
 		name, value, _ := strings.Cut(kv, "=")
@@ -279,7 +282,7 @@ func (env *benchEnv) dropDB(ctx context.Context, name string) {
 // consumerEnv is the documented environment (docs/configuration.md) of one run, given to the
 // forwarder and to the baselines alike.
 func (env *benchEnv) consumerEnv(dsn, platformURL, group, vehicle, heartbeat string) map[string]string {
-	return map[string]string{
+	vars := map[string]string{
 		"KAFKA_BROKERS":         env.brokers,
 		"KAFKA_GROUP":           group,
 		"KAFKA_TOPIC_VEHICLE":   vehicle,
@@ -290,6 +293,11 @@ func (env *benchEnv) consumerEnv(dsn, platformURL, group, vehicle, heartbeat str
 		"PLATFORM_ACCESS_PWD":   env.accessPwd,
 		"LOG_LEVEL":             env.cfg.LogLevel,
 	}
+	if env.cfg.Pooled {
+		// The baselines ignore it.
+		vars["DATABASE_DIRECT_URL"] = dsn
+	}
+	return vars
 }
 
 // isForwarder says whether scenario runs a build of the forwarder (not a

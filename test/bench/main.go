@@ -117,6 +117,8 @@ type benchConfig struct {
 	Root         string
 	// Berths spreads the traffic over this many berths (0: 2 000).
 	Berths int
+	// Pooled runs the forwarder in the mode DATABASE_DIRECT_URL selects.
+	Pooled bool
 	// Previous is the checkout the forwarder-previous scenario runs.
 	Previous string
 }
@@ -139,6 +141,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.StringVar(&c.Pipeline, "pipeline", "pipelines/forwarder.yaml", "the forwarder's config (relative to the repository root)")
 	fs.Var(&c.Sets, "set", "extra `path=value` passed to the forwarder as --set (repeatable), e.g. input.broker.inputs.1.outbox_retry.batch_size=500")
 	fs.Var(&c.PGSets, "pg-set", "extra PostgreSQL `setting=value` for the bench's cluster (repeatable), e.g. session_preload_libraries=auto_explain with auto_explain.log_min_duration=40ms to log slow plans to the cluster's server.log (kept with -keep or -dir); reported with the results")
+	fs.BoolVar(&c.Pooled, "pooled", false, "run the forwarder as behind a transaction pooler: DATABASE_DIRECT_URL set to its database too, so DATABASE_URL's statements are sent unnamed and planned at each execution (docs/deployment.md, PgBouncer); the mode's cost without PgBouncer's own hop")
 	fs.Var(&c.Env, "env", "extra `KEY=VALUE` in the forwarder's environment (repeatable), e.g. FORWARD_MAX_IN_FLIGHT=200")
 	fs.IntVar(&c.NaiveWorkers, "naive-workers", 32, "workers of the naive baseline")
 	fs.IntVar(&c.BatchSize, "batch-size", 500, "batch size of the hand-batched baseline")

@@ -43,6 +43,9 @@ func (r *report) markdown() string {
 	if len(r.cfg.PGSets) > 0 {
 		fmt.Fprintf(&b, "PostgreSQL overrides: %s.\n", strings.Join(r.cfg.PGSets, ", "))
 	}
+	if r.cfg.Pooled {
+		b.WriteString("Forwarder's database connection: **pooled mode** (-pooled: DATABASE_DIRECT_URL set, statements unnamed and planned at each execution).\n")
+	}
 	if len(r.cfg.Sets) > 0 || len(r.cfg.Env) > 0 {
 		fmt.Fprintf(&b, "Forwarder overrides: %s.\n", strings.Join(append(append([]string{}, r.cfg.Sets...), r.cfg.Env...), ", "))
 	}
@@ -127,9 +130,9 @@ func (r *report) markdown() string {
 		if len(ss) == 0 {
 			return
 		}
-		fmt.Fprintf(&b, "\n#### %s: top statements (pg_stat_statements)\n\n| calls | calls/msg | total ms | longest ms | rows | query |\n|---:|---:|---:|---:|---:|---|\n", title)
+		fmt.Fprintf(&b, "\n#### %s: top statements (pg_stat_statements)\n\n| calls | calls/msg | total ms | longest ms | rows | plans | planning ms | query |\n|---:|---:|---:|---:|---:|---:|---:|---|\n", title)
 		for _, s := range ss {
-			fmt.Fprintf(&b, "| %d | %.3f | %.0f | %.0f | %d | `%s` |\n", s.Calls, float64(s.Calls)/float64(msgs), s.TotalMs, s.MaxMs, s.Rows,
+			fmt.Fprintf(&b, "| %d | %.3f | %.0f | %.0f | %d | %d | %.0f | `%s` |\n", s.Calls, float64(s.Calls)/float64(msgs), s.TotalMs, s.MaxMs, s.Rows, s.Plans, s.PlanMs,
 				strings.ReplaceAll(s.Query, "|", "\\|"))
 		}
 	}

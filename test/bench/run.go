@@ -114,7 +114,11 @@ type stmtStat struct {
 	// MaxMs is the longest call.
 	MaxMs float64
 	Rows  int64
-	Query string
+	// Plans and PlanMs are the statement's plannings and their time: as
+	// many plans as calls means a custom plan made at every call.
+	Plans  int64
+	PlanMs float64
+	Query  string
 }
 
 // prepareRun gives one phase of a scenario a fresh database (and a pool on
@@ -282,9 +286,10 @@ func waitAllSuccess(ctx context.Context, c *child, mp *mockplatform.Server, pool
 }
 
 func topStatements(ctx context.Context, pool *pgxpool.Pool) []stmtStat {
-	rows, err := pool.Query(ctx, `SELECT calls, total_exec_time, max_exec_time, rows, query FROM pg_stat_statements
+	rows, err := pool.Query(ctx, `SELECT calls, total_exec_time, max_exec_time, rows, plans, total_plan_time, query
+		FROM pg_stat_statements
 		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-		ORDER BY total_exec_time DESC LIMIT 12`)
+		ORDER BY total_exec_time + total_plan_time DESC LIMIT 12`)
 	if err != nil {
 		logf("reading pg_stat_statements: %v", err)
 		return nil
@@ -293,7 +298,7 @@ func topStatements(ctx context.Context, pool *pgxpool.Pool) []stmtStat {
 	var out []stmtStat
 	for rows.Next() {
 		var s stmtStat
-		if err := rows.Scan(&s.Calls, &s.TotalMs, &s.MaxMs, &s.Rows, &s.Query); err != nil {
+		if err := rows.Scan(&s.Calls, &s.TotalMs, &s.MaxMs, &s.Rows, &s.Plans, &s.PlanMs, &s.Query); err != nil {
 			return out
 		}
 		s.Query = strings.Join(strings.Fields(s.Query), " ")
