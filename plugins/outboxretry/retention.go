@@ -41,6 +41,13 @@ type retentionResult struct {
 // hours of margin.
 const maxEnsureInterval = time.Hour
 
+// manyPartitions is how many partitions the upkeep lets accumulate with
+// retention off before it warns: every insert looks each message's key up in
+// every partition (docs/architecture.md, "Dedupe across partitions"), so
+// past a few dozen the lookups cost more than the insert itself
+// (docs/operations.md, "Retention").
+const manyPartitions = 60
+
 // maintenance is the outbox_retry input's background work on the database:
 // it keeps partitions created ahead (on every instance: the database
 // serialises the creations, docs/architecture.md "Partitions") and, when
@@ -129,7 +136,22 @@ func (m *maintenance) ensureAndLog(ctx context.Context) {
 		m.log.Errorf("Partitions: %v; trying again in %s", err, m.ensureInterval())
 	case n > 0:
 		m.log.Infof("Partitions: created %d partitions of %s ahead", n, outboxdb.FormatDuration(m.width))
+		m.warnIfMany(ctx)
 	}
+}
+
+// warnIfMany warns, with retention off, once more than manyPartitions are
+// kept; it runs when partitions were created, so once per width at most.
+func (m *maintenance) warnIfMany(ctx context.Context) {
+	if m.retention != nil {
+		return
+	}
+	ps, err := outboxdb.ListPartitions(ctx, m.pool)
+	if err != nil || len(ps) <= manyPartitions {
+		return
+	}
+	m.log.Warnf("Partitions: %d partitions are kept (from %s) and retention is off: every insert looks each message's key up in all of them, so each one kept makes inserts slower; set OUTBOX_RETENTION (docs/operations.md, Retention)",
+		len(ps), ps[0].Label())
 }
 
 func (m *maintenance) retainAndLog(ctx context.Context) {

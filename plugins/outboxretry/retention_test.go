@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
+	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
 )
 
 const day = 24 * time.Hour
@@ -352,5 +354,53 @@ func TestPartitionUpkeep(t *testing.T) {
 			t.Fatalf("partitions from now on: %+v, want the current hour and %d ahead made again by the upkeep", ahead(), outboxdb.PartitionsAhead)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestUpkeepWarnsOfManyPartitionsWithoutRetention: with retention off the
+// partitions accumulate, and every insert probes each of them for its keys;
+// past manyPartitions the upkeep says so, naming the setting. Not before,
+// and not with retention on (it retires them).
+func TestUpkeepWarnsOfManyPartitionsWithoutRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var logs logbuf.Buffer
+	log := service.NewLoggerFromSlog(slog.New(slog.NewTextHandler(&logs, nil)))
+	warnings := func() []string {
+		var out []string
+		for _, line := range logs.Lines() {
+			if strings.Contains(line, "level=WARN") {
+				out = append(out, line)
+			}
+		}
+		return out
+	}
+	off := newMaintenance(day, nil, b.pool, nil, log)
+	off.warnIfMany(b.ctx)
+	if w := warnings(); len(w) > 0 {
+		t.Fatalf("warned with the partitions of a new database: %q", w)
+	}
+
+	fixture.New(t, b.pool).EnsurePartitions(manyPartitions * day)
+	ps, err := outboxdb.ListPartitions(b.ctx, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) <= manyPartitions {
+		t.Fatalf("%d partitions made, want more than %d", len(ps), manyPartitions)
+	}
+	newMaintenance(day, &retentionConfig{OlderThan: 7 * day, Interval: time.Hour}, b.pool, nil, log).warnIfMany(b.ctx)
+	if w := warnings(); len(w) > 0 {
+		t.Fatalf("warned with retention on: %q", w)
+	}
+	off.warnIfMany(b.ctx)
+	w := warnings()
+	if len(w) != 1 {
+		t.Fatalf("warnings with %d partitions and retention off: %q, want one", len(ps), w)
+	}
+	for _, want := range []string{fmt.Sprintf("%d partitions are kept", len(ps)), "from " + ps[0].Label(), "OUTBOX_RETENTION"} {
+		if !strings.Contains(w[0], want) {
+			t.Errorf("warning %q does not say %q", w[0], want)
+		}
 	}
 }
