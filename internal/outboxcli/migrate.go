@@ -131,6 +131,15 @@ func runMigrate(c *cli.Context) error {
 		}
 		fmt.Fprintf(out, "schema migrated from version %d to %d\n", res.From, res.To)
 	}
+	// The functions this binary's statements run through behind a
+	// transaction pooler (docs/deployment.md, PgBouncer).
+	made, err := outboxdb.MakeStatementFunctions(ctx, conn)
+	if err != nil {
+		return fail("%s: %v", where, err)
+	}
+	if made > 0 {
+		fmt.Fprintf(out, "made %d statement functions (their plans are kept behind PgBouncer)\n", made)
+	}
 	return nil
 }
 

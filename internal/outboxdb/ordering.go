@@ -96,6 +96,7 @@ func pipeline(ctx context.Context, q Querier, before, main, after step, each fun
 	if skipOrderLocks && before.sql == orderLockSQL {
 		before.run = false
 	}
+	viaFunctions(q, &before.sql, &main.sql, &after.sql)
 	for i, a := range before.args {
 		switch v := a.(type) {
 		case []string:

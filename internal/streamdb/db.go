@@ -140,7 +140,33 @@ func (h *DB) Open(ctx context.Context) (*pgxpool.Pool, error) {
 		h.Release()
 		return nil, err
 	}
+	if h.direct != nil {
+		h.useStatementFunctions(ctx, pool)
+	}
 	return pool, nil
+}
+
+// useStatementFunctions makes the pooled pool run its statements through
+// their functions (outboxdb.UseStatementFunctions), making those missing
+// first when the role may change the schema. Without them the statements
+// are sent as they are, planned at every execution: slower, not wrong, so
+// nothing here stops the stream.
+func (h *DB) useStatementFunctions(ctx context.Context, pool *pgxpool.Pool) {
+	if st, err := outboxdb.ReadSchemaState(ctx, pool); err == nil && st.CanMigrate {
+		if conn, err := pgx.ConnectConfig(ctx, h.direct.Copy()); err == nil {
+			if _, err := outboxdb.MakeStatementFunctions(ctx, conn); err != nil {
+				h.log.Warnf("Database %s: %v", h.Database, err)
+			}
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+	}
+	missing, err := outboxdb.UseStatementFunctions(ctx, pool)
+	switch {
+	case err != nil:
+		h.log.Warnf("Database %s: %v; statements behind the pooler are planned at every execution", h.Database, err)
+	case missing > 0:
+		h.log.Infof("Database %s: %d statement functions of this version are missing, so those statements are planned at every execution behind the pooler; run `forwarder outbox migrate` as the schema's owner to make them (docs/deployment.md, PgBouncer)", h.Database, missing)
+	}
 }
 
 // EnsureSchema checks the schema behind pool, the DB's pool, and migrates

@@ -73,6 +73,17 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 		t.Logf("refused: %s", lastLine(p.tail(2000), "DATABASE_DIRECT_URL"))
 	})
 
+	// Counted calls of PL/pgSQL functions: the statement functions'.
+	if admin, err := pgx.Connect(ctx, s.dsn); err != nil {
+		t.Fatal(err)
+	} else {
+		_, err = admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{dbName}.Sanitize()+" SET track_functions = 'pl'")
+		admin.Close(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	n := load(5_000, 2_000)
 	env := map[string]string{"DATABASE_URL": pooled, "DATABASE_DIRECT_URL": s.dsn}
 	// Duplicates and messages without a messageId take the insert's
@@ -121,6 +132,20 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 	// PgBouncer hands to a server connection, delivered at its commit.
 	if missing := awaitIdleNotices(t, s.dsn, 30*time.Second, a.claimer(), bb.claimer()); len(missing) > 0 {
 		t.Errorf("no idle notice of %v came through PgBouncer in 30 s of the instances idling", missing)
+	}
+
+	// The statements of the insert and the result write went through the
+	// functions the instances made on start (the test's role may change the
+	// schema), whose plans the server sessions keep, not planned at each
+	// execution.
+	calls := statementFunctionCalls(t, s.dsn)
+	if len(calls) != 5 {
+		t.Errorf("statement functions called: %v, want the 5 of the insert and the result write", calls)
+	}
+	for fn, n := range calls {
+		if n == 0 {
+			t.Errorf("statement function %s never called", fn)
+		}
 	}
 
 	var xacts, queries int64
@@ -249,4 +274,43 @@ func lastLine(text, substr string) string {
 		}
 	}
 	return ""
+}
+
+// statementFunctionCalls reads, on PostgreSQL at dsn, how often each
+// statement function (outboxdb.MakeStatementFunctions) was called, once the
+// sessions' counts have reached the statistics (at most ~10 s after their
+// last transaction).
+func statementFunctionCalls(t *testing.T, dsn string) map[string]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var calls map[string]int64
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
+		rows, err := conn.Query(ctx, `SELECT p.proname::text, coalesce(s.calls, 0)
+			FROM pg_proc p LEFT JOIN pg_stat_user_functions s ON s.funcid = p.oid
+			WHERE p.proname LIKE 'forward\_stmt\_%'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = map[string]int64{}
+		var name string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { calls[name] = n; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		called := 0
+		for _, n := range calls {
+			if n > 0 {
+				called++
+			}
+		}
+		if called == len(calls) || time.Now().After(deadline) {
+			return calls
+		}
+	}
 }
