@@ -40,6 +40,9 @@ type DB struct {
 	mu    sync.Mutex
 	pool  *pgxpool.Pool
 	users int
+	// missingLogged is the count of missing statement functions last
+	// logged, so that each component's Open does not say it again.
+	missingLogged int
 }
 
 type dbKey struct{ database string }
@@ -161,10 +164,15 @@ func (h *DB) useStatementFunctions(ctx context.Context, pool *pgxpool.Pool) {
 		}
 	}
 	missing, err := outboxdb.UseStatementFunctions(ctx, pool)
-	switch {
-	case err != nil:
+	if err != nil {
 		h.log.Warnf("Database %s: %v; statements behind the pooler are planned at every execution", h.Database, err)
-	case missing > 0:
+		return
+	}
+	h.mu.Lock()
+	changed := missing != h.missingLogged
+	h.missingLogged = missing
+	h.mu.Unlock()
+	if changed && missing > 0 {
 		h.log.Infof("Database %s: %d statement functions of this version are missing, so those statements are planned at every execution behind the pooler; run `forwarder outbox migrate` as the schema's owner to make them (docs/deployment.md, PgBouncer)", h.Database, missing)
 	}
 }
