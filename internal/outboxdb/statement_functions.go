@@ -40,10 +40,12 @@ var pooledStatements = []struct{ name, sql string }{
 }
 
 // statementFunction names the function of a statement: by a hash of its
-// text, so that the functions of two versions of the forwarder, whose
-// statements differ, exist side by side while one replaces the other.
+// text and of the schema version, so that the functions of two versions of
+// the forwarder, whose statements differ, exist side by side while one
+// replaces the other, and a migration that changes a column's type (and
+// so a function's declared result) without changing the text gets new ones.
 func statementFunction(name, sql string) string {
-	sum := sha256.Sum256([]byte(sql))
+	sum := sha256.Sum256([]byte(fmt.Sprintf("schema %d\n%s", LatestVersion(), sql)))
 	return "forward_stmt_" + name + "_" + hex.EncodeToString(sum[:6])
 }
 

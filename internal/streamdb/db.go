@@ -41,8 +41,10 @@ type DB struct {
 	pool  *pgxpool.Pool
 	users int
 	// missingLogged is the count of missing statement functions last
-	// logged, so that each component's Open does not say it again.
+	// logged, so that each component's Open does not say it again; made
+	// says this process made (or found) them, so later Opens skip it.
 	missingLogged int
+	made          bool
 }
 
 type dbKey struct{ database string }
@@ -155,10 +157,19 @@ func (h *DB) Open(ctx context.Context) (*pgxpool.Pool, error) {
 // are sent as they are, planned at every execution: slower, not wrong, so
 // nothing here stops the stream.
 func (h *DB) useStatementFunctions(ctx context.Context, pool *pgxpool.Pool) {
-	if st, err := outboxdb.ReadSchemaState(ctx, pool); err == nil && st.CanMigrate {
+	h.mu.Lock()
+	made := h.made
+	h.mu.Unlock()
+	if made {
+		// Nothing to make.
+	} else if st, err := outboxdb.ReadSchemaState(ctx, pool); err == nil && st.CanMigrate {
 		if conn, err := pgx.ConnectConfig(ctx, h.direct.Copy()); err == nil {
 			if _, err := outboxdb.MakeStatementFunctions(ctx, conn); err != nil {
 				h.log.Warnf("Database %s: %v", h.Database, err)
+			} else {
+				h.mu.Lock()
+				h.made = true
+				h.mu.Unlock()
 			}
 			_ = conn.Close(context.WithoutCancel(ctx))
 		}
