@@ -244,6 +244,12 @@ func (d *Dispatcher) startLoops(pool *pgxpool.Pool) {
 				}
 				return false
 			}
+			if instance, ago, ok := outboxdb.HealthyNotice(payload); ok {
+				if g := d.hub.gate(); g != nil {
+					g.FollowPeerHealthy(instance, ago)
+				}
+				return false
+			}
 			left, ok := outboxdb.PauseNotice(payload)
 			if !ok {
 				return true

@@ -329,6 +329,93 @@ func TestDispatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("ThePlatformAnsweringAnotherInstanceKeepsTheBreakerClosed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		d, err := NewDispatcher(b.hub, DispatcherConfig{}, quietLog, DispatcherMetrics{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		listening := make(chan struct{}, 1)
+		d.OnListen = func() {
+			select {
+			case listening <- struct{}{}:
+			default:
+			}
+		}
+		t.Cleanup(func() { _ = d.Close(context.Background()) })
+		if err := d.Connect(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Instance a's own replies are all failures of distinct messages,
+		// a silence four times the breaker's, while instance b's requests
+		// are answered (with three instances at the end of a burst, one
+		// may send nothing but messages the platform fails).
+		breaker := protection.BreakerConfig{Messages: 5, Silence: time.Second}
+		newGate := func(instance string) *protection.Gate {
+			g := protection.NewGate(protection.Config{MaxInFlight: 10, ProbeInterval: time.Hour, SyncInterval: 50 * time.Millisecond,
+				Breaker: breaker, Instance: instance}, quietLog, protection.Metrics{})
+			if err := g.Start(b.ctx, d.Pool()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(g.Stop)
+			return g
+		}
+		a, other := newGate("a"), newGate("b")
+		if err := b.hub.AttachOutput(Output{Timeout: time.Second, Protection: a}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-listening:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the dispatcher did not listen within 10s")
+		}
+		reply := func(g *protection.Gate, id int64, unavailable bool) {
+			t.Helper()
+			ticket, err := g.Admit(b.ctx, id)
+			if err != nil {
+				t.Fatalf("admitting row %d: %v", id, err)
+			}
+			ticket.Finish(b.ctx, protection.Reply{Unavailable: unavailable, Fresh: true, Why: "http 500"})
+		}
+		answering := make(chan struct{})
+		answered := make(chan struct{})
+		go func() {
+			defer close(answered)
+			for id := int64(1_000_000); ; id++ {
+				select {
+				case <-answering:
+					return
+				case <-time.After(20 * time.Millisecond):
+					if ticket, err := other.Admit(b.ctx, id); err == nil {
+						ticket.Finish(b.ctx, protection.Reply{Fresh: true})
+					}
+				}
+			}
+		}()
+		id := int64(1)
+		for start := time.Now(); time.Since(start) < 4*breaker.Silence; id++ {
+			time.Sleep(breaker.Silence / 20)
+			reply(a, id, true)
+			if a.State() != protection.BreakerClosed {
+				close(answering)
+				<-answered
+				t.Fatalf("a opened the breaker after %v of its own failures (%d messages) while b's requests were answered", time.Since(start), id)
+			}
+		}
+		// Once no instance is answered, a judges the platform as before.
+		close(answering)
+		<-answered
+		time.Sleep(2 * breaker.Silence)
+		// (Fewer may do: a's last failures before b stopped count.)
+		for i := 0; i < breaker.Messages && a.State() == protection.BreakerClosed; i++ {
+			reply(a, id+int64(i), true)
+		}
+		if a.State() != protection.BreakerOpen {
+			t.Fatalf("a: %v after %d failures of distinct messages and %v with no instance answered; want it open", a.State(), breaker.Messages, 2*breaker.Silence)
+		}
+	})
+
 	t.Run("ExhaustedRowsEndFailedAndAreNotHandedOut", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -145,6 +145,37 @@ func PauseNotice(payload string) (left time.Duration, ok bool) {
 	return time.Duration(n) * time.Millisecond, true
 }
 
+// healthyNotice starts the payload of the notification on NotifyChannel with
+// which AnnounceHealthy tells the other instances the platform answered.
+const healthyNotice = "healthy "
+
+// AnnounceHealthy tells every instance sharing the database that instance
+// had a healthy reply from the platform ago (in whole milliseconds, rounded
+// down: the reply is never taken as later than it was).
+func AnnounceHealthy(ctx context.Context, q Querier, instance string, ago time.Duration) error {
+	payload := healthyNotice + strconv.FormatInt(max(ago, 0).Milliseconds(), 10) + " " + instance
+	if _, err := q.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
+		return fmt.Errorf("announcing a healthy reply: %w", err)
+	}
+	return nil
+}
+
+// HealthyNotice reads a notification's payload on NotifyChannel: ok when it
+// is AnnounceHealthy's, with the instance that sent it and how long before
+// it was sent the platform answered that instance.
+func HealthyNotice(payload string) (instance string, ago time.Duration, ok bool) {
+	rest, found := strings.CutPrefix(payload, healthyNotice)
+	if !found {
+		return "", 0, false
+	}
+	ms, instance, found := strings.Cut(rest, " ")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if !found || err != nil || n < 0 || n > int64(math.MaxInt64/time.Millisecond) {
+		return "", 0, false
+	}
+	return instance, time.Duration(n) * time.Millisecond, true
+}
+
 // TakeRateTokens takes n tokens of the global rate limit (rate per second,
 // bucket of burst tokens). When it cannot, it returns how long until n
 // tokens will be there.

@@ -1,11 +1,13 @@
 package outboxdb_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 // TestPausePlatformIsNeverShorterThanAsked: a Retry-After pause shared in
@@ -49,6 +51,54 @@ func TestPauseNotice(t *testing.T) {
 	for _, payload := range []string{"", "requeued", "pause", "pause ", "pause -5", "pause 1.5", "pause 5s", "Pause 5", "pause 99999999999999999999", "pause 9223372036854775807"} {
 		if got, ok := outboxdb.PauseNotice(payload); ok {
 			t.Errorf("PauseNotice(%q) = %v, true; want not a pause", payload, got)
+		}
+	}
+}
+
+// TestHealthyNotice: a healthy reply's announcement reads back as sent,
+// whatever the instance's name holds; nothing else on the channel is one.
+func TestHealthyNotice(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	for _, sent := range []struct {
+		instance string
+		ago      time.Duration
+		want     time.Duration
+	}{
+		{"pod-7-1234", 0, 0},
+		{"a host with spaces-9", 1500 * time.Microsecond, time.Millisecond},
+		{"", -time.Second, 0},
+		{"ünïcode 'quoted' \\ host", 24 * time.Hour, 24 * time.Hour},
+	} {
+		if err := outboxdb.AnnounceHealthy(ctx, pool, sent.instance, sent.ago); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := conn.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		instance, ago, ok := outboxdb.HealthyNotice(n.Payload)
+		if !ok || instance != sent.instance || ago != sent.want {
+			t.Errorf("announced %q %v, read %q %v %v; want %q %v", sent.instance, sent.ago, instance, ago, ok, sent.instance, sent.want)
+		}
+		if _, ok := outboxdb.PauseNotice(n.Payload); ok {
+			t.Errorf("%q read as a pause", n.Payload)
+		}
+	}
+	for _, payload := range []string{"", "requeued", "healthy", "healthy ", "healthy 5", "healthy -5 x", "healthy 1.5 x", "Healthy 5 x", "healthy 9223372036854775807 x", "pause 5000", "idle x"} {
+		if instance, ago, ok := outboxdb.HealthyNotice(payload); ok {
+			t.Errorf("HealthyNotice(%q) = %q, %v, true; want not a healthy reply's", payload, instance, ago)
 		}
 	}
 }

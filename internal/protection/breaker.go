@@ -193,6 +193,35 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 	return stay, counts
 }
 
+// observePeerHealthy records that another instance sharing the database
+// had a healthy reply at (on this instance's clock, as its announcement
+// said at now). A platform that answers other requests is up, whichever
+// instance sent them: without it, an instance whose own requests were all
+// failures for the silence (with three instances, each sees a third of the
+// replies: at the end of a burst, the retries of a few failing messages
+// could be all it sent) judged the platform down while the others were
+// answered. Failures this instance saw after at still count as failing
+// since; the per-message memory (when a healthy request was sent, the
+// messages healed in half-open) stays this instance's own: a peer's reply
+// says the platform is up, not which of this instance's messages it would
+// answer.
+func (b *breaker) observePeerHealthy(now, at time.Time) {
+	if at.After(now) {
+		at = now
+	}
+	b.expire(now)
+	if b.state == BreakerOpen || !at.After(b.lastHealthy) {
+		return
+	}
+	b.lastHealthy = at
+	for _, f := range b.failures {
+		if f.at.After(at) {
+			break
+		}
+		b.healthySeq = max(b.healthySeq, f.seq)
+	}
+}
+
 // failsOnItsOwn says whether a message that last failed at previous (zero:
 // never) fails on its own: the platform has since answered a request sent
 // after that failure, so it fails again while others get through.

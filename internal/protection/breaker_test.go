@@ -271,6 +271,41 @@ func TestBreaker(t *testing.T) {
 		}
 	})
 
+	t.Run("AnotherInstancesHealthyReplyIsEvidenceTheLatestOneCounts", func(t *testing.T) {
+		t.Parallel()
+		b := newBreaker(cfg)
+		b.observe(t0, 100, true, false)
+		// Four messages fail here; then another instance is answered, and
+		// says so 500 ms later; 4s after this instance's own last answer,
+		// a fifth message fails: one distinct failure since the platform
+		// last answered, whoever it answered.
+		for id := range int64(4) {
+			b.observe(t0.Add(time.Second), id, true, true)
+		}
+		b.observePeerHealthy(t0.Add(2500*time.Millisecond), t0.Add(2*time.Second))
+		if tr, counts := b.observe(t0.Add(4*time.Second), 4, true, true); tr != stay || !counts {
+			t.Fatalf("a 5th failing message with another instance answered 2s ago: %v, counts %v; want it closed and the attempt counted", tr, counts)
+		}
+		// The other instance's announcement of a reply older than this
+		// one's own changes nothing; four more distinct failures, and 3s
+		// after the latest reply anywhere, the breaker opens.
+		b.observePeerHealthy(t0.Add(4*time.Second), t0.Add(time.Second))
+		for id := range int64(3) {
+			b.observe(t0.Add(4500*time.Millisecond), 10+id, true, true)
+		}
+		if tr, _ := b.observe(t0.Add(4900*time.Millisecond), 13, true, true); tr != stay {
+			t.Fatalf("5 distinct failures 2.9s after another instance's answer: %v, want it closed until 3s", tr)
+		}
+		if tr, _ := b.observe(t0.Add(5*time.Second), 14, true, true); tr != trip {
+			t.Fatalf("failures of distinct messages 3s after the last answer anywhere: %v, want it open", tr)
+		}
+		// Open, it opened on evidence: a late announcement does not undo it.
+		b.observePeerHealthy(t0.Add(5100*time.Millisecond), t0.Add(5050*time.Millisecond))
+		if b.state != BreakerOpen {
+			t.Fatalf("an announcement reopened it: %v", b.state)
+		}
+	})
+
 	t.Run("StaleEvidenceDoesNotCount", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)

@@ -107,6 +107,9 @@ type Gate struct {
 	// of it is under way (see pause).
 	pauseWanted  time.Time
 	pauseSharing bool
+	// answered is when this instance last had a healthy reply, and
+	// announced the one it last told the others of (see announceHealthy).
+	answered, announced time.Time
 	// db runs the gate's statements; nil while stopped.
 	db *session
 	// syncs reads the shared state every SyncInterval while started.
@@ -222,6 +225,45 @@ func (g *Gate) sync(ctx context.Context) {
 		return
 	}
 	g.follow(s, time.Now(), seen)
+	g.announceHealthy(ctx, db)
+}
+
+// announceHealthy tells the other instances sharing the database, on the
+// outbox's notification channel, when this one last had a healthy reply, if
+// it had one since it last said so: at most once per SyncInterval. Their
+// breakers take it as their own (FollowPeerHealthy), so that the cluster
+// judges the platform from every reply, as one instance would. It is a
+// hint: a failure is only logged.
+func (g *Gate) announceHealthy(ctx context.Context, db *session) {
+	g.mu.Lock()
+	answered := g.answered
+	if !answered.After(g.announced) {
+		g.mu.Unlock()
+		return
+	}
+	g.announced = answered
+	g.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, syncReadTimeout)
+	defer cancel()
+	err := db.do(actx, func(q outboxdb.Querier) error {
+		return outboxdb.AnnounceHealthy(actx, q, g.cfg.Instance, time.Since(answered))
+	})
+	if err != nil && ctx.Err() == nil {
+		g.log.Debugf("Could not tell the other instances the platform answered: %v", err)
+	}
+}
+
+// FollowPeerHealthy takes the announcement of instance (AnnounceHealthy):
+// it had a healthy reply ago before the announcement arrived. This
+// instance's own announcements are ignored.
+func (g *Gate) FollowPeerHealthy(instance string, ago time.Duration) {
+	if instance == g.cfg.Instance {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	g.b.observePeerHealthy(now, now.Add(-ago))
 }
 
 // follow takes the shared state s, whose reply arrived at the local time
@@ -488,6 +530,11 @@ type Reply struct {
 func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted bool) {
 	if r.PauseFor > 0 {
 		g.pause(ctx, r.PauseFor)
+	}
+	if !r.Unavailable {
+		g.mu.Lock()
+		g.answered = time.Now()
+		g.mu.Unlock()
 	}
 	if p == Probe {
 		g.mu.Lock()
