@@ -348,10 +348,10 @@ func TestDispatcher(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Instance a's own replies are all failures of distinct messages,
-		// a silence four times the breaker's, while instance b's requests
+		// a silence three times the breaker's, while instance b's requests
 		// are answered (with three instances at the end of a burst, one
 		// may send nothing but messages the platform fails).
-		breaker := protection.BreakerConfig{Messages: 5, Silence: time.Second}
+		breaker := protection.BreakerConfig{Messages: 5, Silence: 2 * time.Second}
 		newGate := func(instance string) *protection.Gate {
 			g := protection.NewGate(protection.Config{MaxInFlight: 10, ProbeInterval: time.Hour, SyncInterval: 50 * time.Millisecond,
 				Breaker: breaker, Instance: instance}, quietLog, protection.Metrics{})
@@ -394,8 +394,8 @@ func TestDispatcher(t *testing.T) {
 			}
 		}()
 		id := int64(1)
-		for start := time.Now(); time.Since(start) < 4*breaker.Silence; id++ {
-			time.Sleep(breaker.Silence / 20)
+		for start := time.Now(); time.Since(start) < 3*breaker.Silence; id++ {
+			time.Sleep(breaker.Silence / 40)
 			reply(a, id, true)
 			if a.State() != protection.BreakerClosed {
 				close(answering)
@@ -406,13 +406,13 @@ func TestDispatcher(t *testing.T) {
 		// Once no instance is answered, a judges the platform as before.
 		close(answering)
 		<-answered
-		time.Sleep(2 * breaker.Silence)
+		time.Sleep(breaker.Silence + 200*time.Millisecond)
 		// (Fewer may do: a's last failures before b stopped count.)
 		for i := 0; i < breaker.Messages && a.State() == protection.BreakerClosed; i++ {
 			reply(a, id+int64(i), true)
 		}
 		if a.State() != protection.BreakerOpen {
-			t.Fatalf("a: %v after %d failures of distinct messages and %v with no instance answered; want it open", a.State(), breaker.Messages, 2*breaker.Silence)
+			t.Fatalf("a: %v after %d failures of distinct messages and %v with no instance answered; want it open", a.State(), breaker.Messages, breaker.Silence)
 		}
 	})
 
