@@ -531,13 +531,11 @@ func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	if r.PauseFor > 0 {
 		g.pause(ctx, r.PauseFor)
 	}
-	if !r.Unavailable {
-		g.mu.Lock()
-		g.answered = time.Now()
-		g.mu.Unlock()
-	}
 	if p == Probe {
 		g.mu.Lock()
+		if !r.Unavailable {
+			g.answered = time.Now()
+		}
 		unspent := g.probes[id]
 		delete(g.probes, id)
 		g.mu.Unlock()
@@ -553,6 +551,9 @@ func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	g.mu.Lock()
 	from := g.b.state
 	now := time.Now()
+	if !r.Unavailable {
+		g.answered = now
+	}
 	t, counts := g.b.observeReply(now, id, r)
 	if now.Before(g.pausedUntil) || g.checkHoldLocked(now) {
 		counts = false

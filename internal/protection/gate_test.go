@@ -497,3 +497,79 @@ func eventually(t *testing.T, what string, ok func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestGateAnnouncesHealthyReplies: a gate tells the other instances on the
+// notification channel when it last had a healthy reply, once per read of
+// the shared state and only when it had one since it last said so; its
+// breaker ignores its own announcement.
+func TestGateAnnouncesHealthyReplies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	const sync = 50 * time.Millisecond
+	g := NewGate(Config{MaxInFlight: 10, SyncInterval: sync, Instance: "pod-1"}, quietLog, Metrics{})
+	if err := g.Start(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Stop)
+	// notices reads the healthy replies announced within d.
+	notices := func(d time.Duration) (got []string) {
+		wctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		for {
+			n, err := conn.Conn().WaitForNotification(wctx)
+			if err != nil {
+				return got
+			}
+			if instance, ago, ok := outboxdb.HealthyNotice(n.Payload); ok {
+				if instance != "pod-1" || ago < 0 || ago > time.Second {
+					t.Errorf("announced %q: want pod-1's reply of moments ago", n.Payload)
+				}
+				got = append(got, n.Payload)
+			}
+		}
+	}
+	if got := notices(5 * sync); len(got) != 0 {
+		t.Fatalf("announced %v before any reply", got)
+	}
+	g.report(ctx, 1, Send, Reply{Unavailable: true, Fresh: true, Why: "http 503"})
+	if got := notices(5 * sync); len(got) != 0 {
+		t.Fatalf("announced %v after an unavailable reply only", got)
+	}
+	for id := range int64(20) {
+		g.report(ctx, 100+id, Send, Reply{})
+	}
+	// Once, or twice should a read of the shared state fall within the
+	// burst: not once per reply.
+	if got := notices(5 * sync); len(got) < 1 || len(got) > 2 {
+		t.Fatalf("announced %v after a burst of 20 healthy replies, want it once", got)
+	}
+	if got := notices(5 * sync); len(got) != 0 {
+		t.Fatalf("announced %v again with no reply since", got)
+	}
+	// Its own announcement is not another instance's reply.
+	g.mu.Lock()
+	before := g.b.lastHealthy
+	g.mu.Unlock()
+	lastHealthy := func() time.Time {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.b.lastHealthy
+	}
+	g.FollowPeerHealthy("pod-1", 0)
+	if got := lastHealthy(); !got.Equal(before) {
+		t.Fatalf("its own announcement moved its last healthy reply by %v", got.Sub(before))
+	}
+	g.FollowPeerHealthy("pod-2", 0)
+	if !lastHealthy().After(before) {
+		t.Fatal("another instance's announcement was not taken")
+	}
+}
