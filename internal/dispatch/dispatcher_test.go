@@ -70,6 +70,36 @@ func (b *testBundle) next(t *testing.T, d *Dispatcher) []outboxdb.Record {
 	return rows
 }
 
+// listeningDispatcher is a connected dispatcher, and a wait until it
+// listens for notifications (to be called once something that reacts to
+// them is attached).
+func (b *testBundle) listeningDispatcher(t *testing.T) (*Dispatcher, func()) {
+	t.Helper()
+	d, err := NewDispatcher(b.hub, DispatcherConfig{}, quietLog, DispatcherMetrics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan struct{}, 1)
+	d.OnListen = func() {
+		select {
+		case listening <- struct{}{}:
+		default:
+		}
+	}
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	if err := d.Connect(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	return d, func() {
+		t.Helper()
+		select {
+		case <-listening:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the dispatcher did not listen within 10s")
+		}
+	}
+}
+
 func TestDispatcher(t *testing.T) {
 	t.Parallel()
 
@@ -276,21 +306,7 @@ func TestDispatcher(t *testing.T) {
 	t.Run("APauseSharedByAnotherInstanceHoldsAtOnce", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		d, err := NewDispatcher(b.hub, DispatcherConfig{}, quietLog, DispatcherMetrics{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		listening := make(chan struct{}, 1)
-		d.OnListen = func() {
-			select {
-			case listening <- struct{}{}:
-			default:
-			}
-		}
-		t.Cleanup(func() { _ = d.Close(context.Background()) })
-		if err := d.Connect(b.ctx); err != nil {
-			t.Fatal(err)
-		}
+		d, listening := b.listeningDispatcher(t)
 		// The gate reads the shared state when it starts and then hourly:
 		// only the database's announcement can tell it of the pause in time.
 		g := protection.NewGate(protection.Config{MaxInFlight: 1, ProbeInterval: time.Hour, SyncInterval: time.Hour}, quietLog, protection.Metrics{})
@@ -301,11 +317,7 @@ func TestDispatcher(t *testing.T) {
 		if err := b.hub.AttachOutput(Output{Timeout: time.Second, Protection: g}); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-listening:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the dispatcher did not listen within 10s")
-		}
+		listening()
 		if blocked, _, _ := g.Blocked(); blocked {
 			t.Fatal("the gate holds before any pause")
 		}
@@ -332,21 +344,7 @@ func TestDispatcher(t *testing.T) {
 	t.Run("ThePlatformAnsweringAnotherInstanceKeepsTheBreakerClosed", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		d, err := NewDispatcher(b.hub, DispatcherConfig{}, quietLog, DispatcherMetrics{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		listening := make(chan struct{}, 1)
-		d.OnListen = func() {
-			select {
-			case listening <- struct{}{}:
-			default:
-			}
-		}
-		t.Cleanup(func() { _ = d.Close(context.Background()) })
-		if err := d.Connect(b.ctx); err != nil {
-			t.Fatal(err)
-		}
+		d, listening := b.listeningDispatcher(t)
 		// Instance a's own replies are all failures of distinct messages,
 		// a silence three times the breaker's, while instance b's requests
 		// are answered (with three instances at the end of a burst, one
@@ -365,11 +363,7 @@ func TestDispatcher(t *testing.T) {
 		if err := b.hub.AttachOutput(Output{Timeout: time.Second, Protection: a}); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-listening:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the dispatcher did not listen within 10s")
-		}
+		listening()
 		reply := func(g *protection.Gate, id int64, unavailable bool) {
 			t.Helper()
 			ticket, err := g.Admit(b.ctx, id)

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/urfave/cli/v2"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 func TestRequeue(t *testing.T) {
@@ -277,14 +277,7 @@ func TestRequeue(t *testing.T) {
 		b.insert(t, row{key: "f", status: "FAILED"})
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		conn, err := pgx.Connect(ctx, b.dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(context.Background())
-		if _, err := conn.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
-			t.Fatal(err)
-		}
+		conn := pgtest.Listen(t, b.pool, outboxdb.NotifyChannel)
 		b.mustRun(t, "requeue")
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {

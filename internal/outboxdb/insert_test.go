@@ -179,15 +179,8 @@ func TestInsertBatchCount(t *testing.T) {
 
 	t.Run("NotifiesOnlyWhenAPendingRowIsInserted", func(t *testing.T) {
 		t.Parallel()
-		dsn, pool := pgtest.NewDBPool(t)
-		listener, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = listener.Close(ctx) })
-		if _, err := listener.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
-			t.Fatal(err)
-		}
+		pool := pgtest.NewPool(t)
+		listener := pgtest.Listen(t, pool, outboxdb.NotifyChannel)
 
 		failed := pendingRec("f", 1)
 		failed.Status, failed.LastError = outboxdb.StatusFailed, "payload is empty"

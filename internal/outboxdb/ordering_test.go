@@ -560,15 +560,7 @@ func TestOrdering(t *testing.T) {
 // listen opens a connection listening on the dispatchers' channel.
 func listen(t *testing.T, db *fixture.DB) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.ConnectConfig(db.Ctx, db.Pool.Config().ConnConfig.Copy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	if _, err := conn.Exec(db.Ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
-	return conn
+	return pgtest.Listen(t, db.Pool, outboxdb.NotifyChannel)
 }
 
 func drainNotifications(conn *pgx.Conn) {

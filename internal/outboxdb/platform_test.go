@@ -61,14 +61,7 @@ func TestHealthyNotice(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
 	ctx := context.Background()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := pgtest.Listen(t, pool, outboxdb.NotifyChannel)
 	for _, sent := range []struct {
 		instance string
 		ago      time.Duration
@@ -83,7 +76,7 @@ func TestHealthyNotice(t *testing.T) {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := conn.Conn().WaitForNotification(wctx)
+		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		if err != nil {
 			t.Fatal(err)

@@ -8,10 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
+	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
 func TestRelease(t *testing.T) {
@@ -118,14 +117,7 @@ func TestRelease(t *testing.T) {
 			refs[i] = r.Ref()
 		}
 
-		conn, err := pgx.ConnectConfig(b.Ctx, b.Pool.Config().ConnConfig.Copy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(b.Ctx)
-		if _, err := conn.Exec(b.Ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
-			t.Fatal(err)
-		}
+		conn := pgtest.Listen(t, b.Pool, outboxdb.NotifyChannel)
 
 		n, err := outboxdb.Release(b.Ctx, b.Pool, refs, 0, strings.Repeat("é", 2000)+"\x00\xff")
 		if err != nil || n != 500 {

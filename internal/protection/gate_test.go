@@ -506,14 +506,7 @@ func TestGateAnnouncesHealthyReplies(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "LISTEN "+outboxdb.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := pgtest.Listen(t, pool, outboxdb.NotifyChannel)
 	const sync = 50 * time.Millisecond
 	g := NewGate(Config{MaxInFlight: 10, SyncInterval: sync, Instance: "pod-1"}, quietLog, Metrics{})
 	if err := g.Start(ctx, pool); err != nil {
@@ -525,7 +518,7 @@ func TestGateAnnouncesHealthyReplies(t *testing.T) {
 		wctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
 		for {
-			n, err := conn.Conn().WaitForNotification(wctx)
+			n, err := conn.WaitForNotification(wctx)
 			if err != nil {
 				return got
 			}

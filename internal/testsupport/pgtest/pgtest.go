@@ -285,6 +285,22 @@ func NewDBPool(t testing.TB) (dsn string, pool *pgxpool.Pool) {
 	return dsn, openPool(t, dsn)
 }
 
+// Listen opens a connection to pool's database, as pool connects, that
+// listens on channel; it is closed at the end of the test.
+func Listen(t testing.TB, pool *pgxpool.Pool, channel string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // SetReadOnly makes the sessions of pool's database read-only, as a hot
 // standby's are, or writable again (default_transaction_read_only).
 func SetReadOnly(t testing.TB, pool *pgxpool.Pool, readOnly bool) {
