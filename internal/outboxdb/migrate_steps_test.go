@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -348,11 +347,11 @@ func TestEnsureSchemaLeastPrivilege(t *testing.T) {
 		dsn := pgtest.NewEmptyDB(t)
 		owner := openPool(t, dsn)
 		migrateTo(t, owner, mustMigrations(t)[:3])
-		role := createLoginRole(t, dsn, "svc")
+		role := pgtest.LoginRole(t, dsn, "svc")
 		if _, err := owner.Exec(ctx, "GRANT USAGE ON SCHEMA public TO "+role+"; GRANT SELECT ON forwarder_schema_migrations TO "+role); err != nil {
 			t.Fatal(err)
 		}
-		svc := openPool(t, asRole(t, dsn, role))
+		svc := openPool(t, pgtest.AsRole(t, dsn, role))
 		err := outboxdb.EnsureSchema(ctx, svc, nil)
 		if !errors.Is(err, outboxdb.ErrSchemaBehind) || !strings.Contains(err.Error(), "run `forwarder outbox migrate`") || !strings.Contains(err.Error(), "role "+strings.Trim(role, `"`)) {
 			t.Fatalf("err = %v, want ErrSchemaBehind naming the role and the command", err)
@@ -380,46 +379,4 @@ func openPool(t *testing.T, dsn string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
-}
-
-// createLoginRole creates a role (a unique name starting with prefix) that
-// logs in without a password (the test server trusts local connections),
-// dropped at the end of the test with everything granted to it in the
-// database of dsn.
-func createLoginRole(t *testing.T, dsn, prefix string) string {
-	t.Helper()
-	ctx := context.Background()
-	name := strings.ToLower(prefix + "_" + strings.NewReplacer("/", "_", "-", "_").Replace(t.Name()))
-	if len(name) > 60 {
-		name = name[:60]
-	}
-	admin, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	ident := pgx.Identifier{name}.Sanitize()
-	if _, err := admin.Exec(ctx, "DROP ROLE IF EXISTS "+ident+"; CREATE ROLE "+ident+" LOGIN"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return
-		}
-		defer conn.Close(ctx)
-		_, _ = conn.Exec(ctx, "DROP OWNED BY "+ident+"; DROP ROLE "+ident)
-	})
-	return ident
-}
-
-// asRole is dsn with its user replaced by role.
-func asRole(t *testing.T, dsn, role string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(strings.Trim(role, `"`))
-	return u.String()
 }

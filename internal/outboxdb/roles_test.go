@@ -3,14 +3,11 @@ package outboxdb_test
 import (
 	"context"
 	"errors"
-	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -39,13 +36,13 @@ func TestRoleGrants(t *testing.T) {
 	owner := openPool(t, dsn)
 	migrateTo(t, owner, mustMigrations(t))
 
-	service := createLoginRole(t, dsn, "svc")
-	consoleRO := createLoginRole(t, dsn, "con_ro")
-	consoleRW := createLoginRole(t, dsn, "con_rw")
-	blocks := ownerGrantBlocks(t)
-	runGrants(t, owner, blocks[0], service, consoleRO)
-	runGrants(t, owner, blocks[0], service, consoleRW)
-	runGrants(t, owner, blocks[1], service, consoleRW)
+	service := pgtest.LoginRole(t, dsn, "svc")
+	consoleRO := pgtest.LoginRole(t, dsn, "con_ro")
+	consoleRW := pgtest.LoginRole(t, dsn, "con_rw")
+	blocks := pgtest.OwnerGrantBlocks(t)
+	pgtest.RunGrants(t, owner, blocks[0], service, consoleRO)
+	pgtest.RunGrants(t, owner, blocks[0], service, consoleRW)
+	pgtest.RunGrants(t, owner, blocks[1], service, consoleRW)
 
 	want := map[string][]outboxdb.Grant{
 		service:   outboxdb.ServiceGrants,
@@ -56,9 +53,9 @@ func TestRoleGrants(t *testing.T) {
 		checkExactPrivileges(t, owner, role, grants)
 	}
 
-	svc := openPool(t, asRole(t, dsn, service))
-	ro := openPool(t, asRole(t, dsn, consoleRO))
-	rw := openPool(t, asRole(t, dsn, consoleRW))
+	svc := openPool(t, pgtest.AsRole(t, dsn, service))
+	ro := openPool(t, pgtest.AsRole(t, dsn, consoleRO))
+	rw := openPool(t, pgtest.AsRole(t, dsn, consoleRW))
 	for role, pool := range map[string]*pgxpool.Pool{service: svc, consoleRO: ro, consoleRW: rw} {
 		if missing, err := outboxdb.MissingGrants(ctx, pool, want[role]); err != nil || len(missing) > 0 {
 			t.Errorf("%s: MissingGrants says %v (%v), want nothing missing", role, missing, err)
@@ -244,36 +241,6 @@ func TestRoleGrants(t *testing.T) {
 			t.Errorf("MissingGrants = %v (%v), want the sequence named", missing, err)
 		}
 	})
-}
-
-// ownerGrantBlocks are the SQL blocks of docs/deployment.md run as the
-// schema's owner (<!-- roles: owner, forwarder -->): the grants of the
-// service and the read-only console, then those of the console's actions.
-func ownerGrantBlocks(t *testing.T) []string {
-	t.Helper()
-	doc, err := os.ReadFile("../../docs/deployment.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var blocks []string
-	for _, m := range regexp.MustCompile("(?s)<!-- roles: owner, forwarder -->\n```sql\n(.*?)```").FindAllStringSubmatch(string(doc), -1) {
-		blocks = append(blocks, m[1])
-	}
-	if len(blocks) != 2 {
-		t.Fatalf("found %d grant blocks run as the owner in docs/deployment.md, want 2", len(blocks))
-	}
-	return blocks
-}
-
-// runGrants runs a block of the docs with this test's roles in place of
-// forwarder_service and forwarder_console (roles are shared by the tests of
-// the server; names of their own keep them apart).
-func runGrants(t *testing.T, owner *pgxpool.Pool, block, service, console string) {
-	t.Helper()
-	sql := strings.NewReplacer("forwarder_service", service, "forwarder_console", console).Replace(block)
-	if _, err := owner.Exec(context.Background(), sql, pgx.QueryExecModeSimpleProtocol); err != nil {
-		t.Fatalf("the grants of docs/deployment.md: %v\n%s", err, sql)
-	}
 }
 
 // checkExactPrivileges compares role's privileges on every table, view and

@@ -196,8 +196,7 @@ func TestStatementFunctionsNeedNoGrants(t *testing.T) {
 	dsn := pgtest.NewEmptyDB(t)
 	owner := openPool(t, dsn)
 	migrateTo(t, owner, mustMigrations(t))
-	service := createLoginRole(t, dsn, "svc")
-	runGrants(t, owner, ownerGrantBlocks(t)[0], service, createLoginRole(t, dsn, "con"))
+	service := pgtest.ServiceRole(t, dsn)
 	conn, err := owner.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +206,7 @@ func TestStatementFunctionsNeedNoGrants(t *testing.T) {
 	if err != nil || made != 5 {
 		t.Fatalf("the owner made %d statement functions (%v), want 5", made, err)
 	}
-	sent, missing := deliverPooled(t, asRole(t, dsn, service), true)
+	sent, missing := deliverPooled(t, service, true)
 	if missing != 0 {
 		t.Errorf("the service's role finds %d statement functions missing, want 0", missing)
 	}
