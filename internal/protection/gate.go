@@ -65,8 +65,9 @@ const (
 )
 
 // Gate protects the platform, for every instance sharing the database at
-// once: a circuit breaker (each instance judges from the replies it sees;
-// the state is shared through PostgreSQL so that all stop within a second),
+// once: a circuit breaker (each instance judges from the replies it sees and
+// the healthy ones the others announce; the state is shared through
+// PostgreSQL so that all stop within a second),
 // probes (one per interval across the cluster, taken in PostgreSQL), a pause
 // asked for by Retry-After, an operator's pause of delivery (see hold), an
 // adaptive concurrency limit per instance and an optional rate limit across
@@ -74,7 +75,8 @@ const (
 //
 // The output admits each request (Admit) and finishes it with the reply
 // (Ticket.Finish), one call each; the dispatcher asks it whether to claim at
-// all (Blocked) and takes the probes (TryProbe, MarkProbe).
+// all (Blocked), takes the probes (TryProbe, MarkProbe) and hands it what
+// its listener hears of the others (FollowPause, FollowPeerHealthy).
 type Gate struct {
 	cfg     Config
 	log     *service.Logger
