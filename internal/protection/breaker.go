@@ -92,6 +92,11 @@ type breaker struct {
 	// still come one after the other.
 	lastHealthy time.Time
 	healthySeq  uint64
+	// peerHealthy is the latest healthy reply another instance announced
+	// (see observePeerHealthy), and peerSeq the number of the last reply
+	// this breaker saw before it.
+	peerHealthy time.Time
+	peerSeq     uint64
 	seq         uint64
 	// healthySent is when the latest-sent request answered healthy was
 	// sent: a reply to a request sent before a message's failure says
@@ -196,29 +201,33 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 // observePeerHealthy records that another instance sharing the database
 // had a healthy reply at (on this instance's clock, as its announcement
 // said at now). A platform that answers other requests is up, whichever
-// instance sent them: without it, an instance whose own requests were all
-// failures for the silence (with three instances, each sees a third of the
-// replies: at the end of a burst, the retries of a few failing messages
-// could be all it sent) judged the platform down while the others were
-// answered. Failures this instance saw after at still count as failing
-// since; the per-message memory (when a healthy request was sent, the
-// messages healed in half-open) stays this instance's own: a peer's reply
-// says the platform is up, not which of this instance's messages it would
-// answer.
+// instance sent them, so the breaker does not open: without it, an
+// instance whose own requests were all failures for the silence (with
+// three instances, each sees a third of the replies: at the end of a
+// burst, the retries of a few failing messages could be all it sent)
+// judged the platform down while the others were answered. Failures this
+// instance saw after at still count toward opening it.
+//
+// It makes no attempt count: whether this instance's failures spend
+// attempts stays judged from its own replies (evidentlyUp). An instance
+// that cannot reach the platform while the others can (its network, its
+// proxy) fails every request; taking the others' replies as its own, it
+// would spend its rows' attempts and end them FAILED while the platform is
+// up.
 func (b *breaker) observePeerHealthy(now, at time.Time) {
 	if at.After(now) {
 		at = now
 	}
 	b.expire(now)
-	if b.state == BreakerOpen || !at.After(b.lastHealthy) {
+	if b.state == BreakerOpen || !at.After(b.peerHealthy) {
 		return
 	}
-	b.lastHealthy = at
+	b.peerHealthy = at
 	for _, f := range b.failures {
 		if f.at.After(at) {
 			break
 		}
-		b.healthySeq = max(b.healthySeq, f.seq)
+		b.peerSeq = max(b.peerSeq, f.seq)
 	}
 }
 
@@ -240,25 +249,33 @@ func (b *breaker) evidentlyUp(now time.Time) bool {
 }
 
 // judgedDown: fresh failures span Messages distinct messages, and nothing
-// has been answered for Silence. Retries of messages that have failed on
-// their own are no evidence: when they are all that is due (the other
-// messages delivered, or held behind them by ordering), nothing else can be
-// answered, and that silence says nothing of the platform.
+// has been answered for Silence, on this instance or, as announced, on
+// another. Retries of messages that have failed on their own are no
+// evidence: when they are all that is due (the other messages delivered,
+// or held behind them by ordering), nothing else can be answered, and that
+// silence says nothing of the platform.
 func (b *breaker) judgedDown(now time.Time) bool {
 	answered := b.lastHealthy
+	if b.peerHealthy.After(answered) {
+		answered = b.peerHealthy
+	}
 	if answered.IsZero() {
 		answered = b.first
 	}
-	return now.Sub(answered) >= b.cfg.Silence && b.failingSinceHealthy() >= b.cfg.Messages
+	return now.Sub(answered) >= b.cfg.Silence && b.failingSince(max(b.healthySeq, b.peerSeq)) >= b.cfg.Messages
 }
 
 // failingSinceHealthy counts, up to Messages, the distinct messages not
-// failing on their own (fresh) that failed after the last healthy reply.
-// It reads the failures newest first and stops at Messages, so that it
-// costs a few steps whatever the load.
-func (b *breaker) failingSinceHealthy() int {
+// failing on their own (fresh) that failed after this instance's last
+// healthy reply.
+func (b *breaker) failingSinceHealthy() int { return b.failingSince(b.healthySeq) }
+
+// failingSince counts, up to Messages, the distinct fresh messages among
+// the failures numbered after seq. It reads the failures newest first and
+// stops at Messages, so that it costs a few steps whatever the load.
+func (b *breaker) failingSince(seq uint64) int {
 	var seen []int64
-	for i := len(b.failures) - 1; i >= 0 && b.failures[i].seq > b.healthySeq; i-- {
+	for i := len(b.failures) - 1; i >= 0 && b.failures[i].seq > seq; i-- {
 		f := b.failures[i]
 		if !f.fresh || slices.Contains(seen, f.id) {
 			continue

@@ -271,23 +271,25 @@ func TestBreaker(t *testing.T) {
 		}
 	})
 
-	t.Run("AnotherInstancesHealthyReplyIsEvidenceTheLatestOneCounts", func(t *testing.T) {
+	t.Run("AnotherInstancesHealthyReplyKeepsItClosedTheLatestOneCounts", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
 		b.observe(t0, 100, true, false)
 		// Four messages fail here; then another instance is answered, and
 		// says so 500 ms later; 4s after this instance's own last answer,
 		// a fifth message fails: one distinct failure since the platform
-		// last answered, whoever it answered.
+		// last answered, whoever it answered. The attempt does not count:
+		// five distinct messages failed here since this instance's own
+		// last answer.
 		for id := range int64(4) {
 			b.observe(t0.Add(time.Second), id, true, true)
 		}
 		b.observePeerHealthy(t0.Add(2500*time.Millisecond), t0.Add(2*time.Second))
-		if tr, counts := b.observe(t0.Add(4*time.Second), 4, true, true); tr != stay || !counts {
-			t.Fatalf("a 5th failing message with another instance answered 2s ago: %v, counts %v; want it closed and the attempt counted", tr, counts)
+		if tr, counts := b.observe(t0.Add(4*time.Second), 4, true, true); tr != stay || counts {
+			t.Fatalf("a 5th failing message with another instance answered 2s ago: %v, counts %v; want it closed, no attempt counted", tr, counts)
 		}
-		// The other instance's announcement of a reply older than this
-		// one's own changes nothing; four more distinct failures, and 3s
+		// The other instance's announcement of a reply older than its
+		// last one changes nothing; four more distinct failures, and 3s
 		// after the latest reply anywhere, the breaker opens.
 		b.observePeerHealthy(t0.Add(4*time.Second), t0.Add(time.Second))
 		for id := range int64(3) {
@@ -303,6 +305,31 @@ func TestBreaker(t *testing.T) {
 		b.observePeerHealthy(t0.Add(5100*time.Millisecond), t0.Add(5050*time.Millisecond))
 		if b.state != BreakerOpen {
 			t.Fatalf("an announcement reopened it: %v", b.state)
+		}
+	})
+
+	t.Run("AnInstanceCutOffFromThePlatformSpendsNoAttempt", func(t *testing.T) {
+		t.Parallel()
+		// This instance reaches the platform no more (its network, its
+		// proxy): every request it sends fails, while the others announce
+		// their healthy replies each second. For ten minutes, it keeps the
+		// breaker closed for all, and no attempt of its rows counts: not
+		// the first, nor a retry whose previous failure left the window.
+		// (Its own last answer, 11s before, is out of the window.)
+		b := newBreaker(cfg)
+		b.observe(t0, 100, true, false)
+		previous := map[int64]time.Time{}
+		for i := range 6000 {
+			at := t0.Add(11*time.Second + time.Duration(i)*100*time.Millisecond)
+			if i%10 == 0 {
+				b.observePeerHealthy(at, at.Add(-300*time.Millisecond))
+			}
+			id := int64(i % 50) // 50 messages, each retried every 5s
+			tr, counts := b.observeReply(at, id, Reply{Sent: at, Unavailable: true, Fresh: true, PreviousFailure: previous[id], Why: "connection refused"})
+			if tr != stay || counts {
+				t.Fatalf("failure %d at %v, the others answered 300ms before: %v, counts %v; want it closed, no attempt counted", i, at.Sub(t0), tr, counts)
+			}
+			previous[id] = at
 		}
 	})
 
