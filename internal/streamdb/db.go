@@ -163,7 +163,9 @@ func (h *DB) useStatementFunctions(ctx context.Context, pool *pgxpool.Pool) {
 	if made {
 		// Nothing to make.
 	} else if st, err := outboxdb.ReadSchemaState(ctx, pool); err == nil && st.CanMigrate {
-		if conn, err := pgx.ConnectConfig(ctx, h.direct.Copy()); err == nil {
+		if conn, err := pgx.ConnectConfig(ctx, h.direct.Copy()); err != nil {
+			h.log.Warnf("Database %s: connecting directly to make the statement functions: %v", h.Database, err)
+		} else {
 			if _, err := outboxdb.MakeStatementFunctions(ctx, conn); err != nil {
 				h.log.Warnf("Database %s: %v", h.Database, err)
 			} else {
