@@ -149,7 +149,13 @@ const (
 // at the start of an outage the requests sent before it are still
 // answered for a moment, so that a message retried quickly would otherwise
 // find one of those replies between each of its failures and spend every
-// attempt on the outage).
+// attempt on the outage). The reply that would end the row FAILED (r.Last)
+// asks more: the message failed before and a request sent after that
+// failure was answered healthy. Its first failure, however evidently up
+// the platform, may be the outage beginning (the requests in flight when it
+// goes down fail as new messages while the replies before it still make it
+// look up): counted, a row allowed a single attempt ended FAILED by an
+// outage.
 // The previous failure is the later of the one this breaker saw and the
 // one the row carries (r.PreviousFailure), since a row's retries may go to
 // any instance.
@@ -190,7 +196,7 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 	b.latest[id] = f
 	b.failures = append(b.failures, f)
 	counts = b.state == BreakerClosed && b.evidentlyUp(now) &&
-		(previous.IsZero() || ownFailure || now.Sub(previous) > b.cfg.Window)
+		(ownFailure || !r.Last && (previous.IsZero() || now.Sub(previous) > b.cfg.Window))
 	if b.state != BreakerOpen && b.judgedDown(now) {
 		b.set(BreakerOpen, now)
 		return trip, false

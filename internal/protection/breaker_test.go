@@ -333,6 +333,37 @@ func TestBreaker(t *testing.T) {
 		}
 	})
 
+	t.Run("ALastAttemptCountsOnlyForAMessageSeenFailingOnItsOwn", func(t *testing.T) {
+		t.Parallel()
+		// The platform answers every 100ms, then goes down: the requests in
+		// flight fail at once as the first failures of new messages, with
+		// the last answer 50ms old. A row allowed one attempt must not end
+		// FAILED on that: its first failure counts no attempt, the last or
+		// not. A message that failed, then failed again after the platform
+		// answered a request sent after its failure, fails on its own: its
+		// last attempt counts.
+		b := newBreaker(cfg)
+		healthyEvery(b, t0, t0.Add(time.Second), 100*time.Millisecond)
+		down := t0.Add(950 * time.Millisecond)
+		if _, counts := b.observeReply(down, 1, Reply{Sent: down.Add(-time.Second), Unavailable: true, Fresh: true, Last: true}); counts {
+			t.Fatal("the first failure of a message allowed one attempt counts: an outage beginning ends its row FAILED")
+		}
+		if _, counts := b.observeReply(down, 2, Reply{Sent: down.Add(-time.Second), Unavailable: true, Fresh: true}); !counts {
+			t.Fatal("the first failure of a message with attempts left, the platform evidently up, does not count")
+		}
+		b = newBreaker(cfg)
+		failed := t0.Add(200 * time.Millisecond)
+		healthyEvery(b, t0, failed, 100*time.Millisecond)
+		if _, counts := b.observeReply(failed, 3, Reply{Sent: failed, Unavailable: true, Fresh: true, Last: true}); counts {
+			t.Fatal("the first failure of a message allowed one attempt counts")
+		}
+		healthyEvery(b, failed.Add(100*time.Millisecond), failed.Add(time.Second), 100*time.Millisecond)
+		again := failed.Add(time.Second)
+		if _, counts := b.observeReply(again, 3, Reply{Sent: again, Unavailable: true, Fresh: true, Last: true, PreviousFailure: failed}); !counts {
+			t.Fatal("a message failing again after the platform answered others since its failure: its last attempt does not count, it never ends FAILED")
+		}
+	})
+
 	t.Run("StaleEvidenceDoesNotCount", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)

@@ -503,6 +503,10 @@ type Reply struct {
 	// messages' failures are evidence of an outage; a message that has
 	// failed on its own fails again for its own reasons.
 	Fresh bool
+	// Last: the row has no attempt left after this one, so that an
+	// unavailable reply that counts ends it FAILED. Such a reply counts
+	// only when the message has been seen failing on its own.
+	Last bool
 	// Overloaded: the platform asked for less (429, 502, 503, 504) or did
 	// not answer (a timeout, a refused connection). Only these halve the
 	// concurrency limit: a 500 says the platform failed that request, and a

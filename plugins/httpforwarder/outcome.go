@@ -138,6 +138,7 @@ func (p policy) decide(r response, t try, report func(protection.Reply) (counted
 	counted := report(protection.Reply{
 		Unavailable:     d.Health == unavailable,
 		Fresh:           t.attempt <= 1,
+		Last:            t.attempt >= p.maxAttempts,
 		Overloaded:      d.Overloaded,
 		PauseFor:        d.PauseFor,
 		Why:             d.Result.Error,

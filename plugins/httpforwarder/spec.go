@@ -161,7 +161,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 					Default(0.1).
 					LintRule(fieldlint.Float(checkRetryJitter)),
 				service.NewIntField(hfFieldRetryMaxAttempts).
-					Description("Attempts before a retryable row becomes FAILED (`FORWARD_MAX_ATTEMPTS`), from 1 to 2147483647.").
+					Description("Attempts before a retryable row becomes FAILED (`FORWARD_MAX_ATTEMPTS`), from 1 to 2147483647. An attempt the platform did not answer (5xx, timeout, connection error) ends the row only once its message has failed before and others were answered since, so that the start of an outage fails no row: with 1, such a message is sent twice.").
 					Default(5).
 					LintRule(fieldlint.Int(checkRetryMaxAttempts)),
 			).Description("The retry schedule of rows whose reply is retryable.").

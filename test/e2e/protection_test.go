@@ -259,15 +259,22 @@ func arrivals(platform *mockplatform.Server) (stop func() []time.Time) {
 // between 1 and FORWARD_MAX_IN_FLIGHT, and the platform gets at most the
 // ramp's requests in the first second of sending after the probe succeeded
 // (docs/architecture.md, Protecting the platform). Once with the platform
-// answering 503, once with it hanging (timeouts).
+// answering 503, once with it hanging (timeouts) and one attempt a row.
 func TestOutageFailsNothing(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"Down503", "Hanging"} {
-		t.Run(mode, func(t *testing.T) {
+	// A hanging platform runs with the least FORWARD_MAX_ATTEMPTS, 1: there
+	// any failure counted ends its row FAILED, even a message's first.
+	for _, tc := range []struct {
+		mode     string
+		attempts int
+	}{{"Down503", 3}, {"Hanging", 1}} {
+		mode := tc.mode
+		t.Run(fmt.Sprintf("%s/MaxAttempts%d", mode, tc.attempts), func(t *testing.T) {
 			scenario(t, quiet, 35*time.Second)
 			env := merged(shortAttempts, map[string]string{
 				"FORWARD_MAX_IN_FLIGHT": strconv.Itoa(outageMaxInFlight),
 				"FORWARD_TIMEOUT":       outageTimeout.String(),
+				"FORWARD_MAX_ATTEMPTS":  strconv.Itoa(tc.attempts),
 			})
 			s := newStack(t, stackOptions{env: env, faults: mockplatform.Faults{Latency: outageLatency, LatencyJitter: 20 * time.Millisecond}})
 			src := s.newSource(eventgen.SourceConfig{})
