@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -403,6 +404,70 @@ func TestOutageFailsNothing(t *testing.T) {
 				closedAfter.Round(time.Millisecond), firstSecond, allowed, strings.Join(ramps, "; "), r)
 		})
 	}
+}
+
+// TestAnInstanceCutOffFromThePlatform: one of three instances loses its
+// network to the platform (its connections closed, new ones refused) while
+// the other two reach it, under a steady load with one attempt a row. The
+// platform is up: the others' healthy replies, announced, keep the cut
+// instance from opening the breaker for all, its failures spend no attempt
+// (one counted would end its row FAILED), and the rows it fails are
+// delivered by the others (docs/architecture.md, "The platform answering
+// any instance is up").
+func TestAnInstanceCutOffFromThePlatform(t *testing.T) {
+	scenario(t, quiet, 40*time.Second)
+	s := newStack(t, stackOptions{env: map[string]string{"FORWARD_MAX_ATTEMPTS": "1"}})
+	platform, err := url.Parse(s.platform.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	network := newNetCut(t, platform.Host)
+	through := *platform
+	through.Host = network.Addr()
+	procs := []*proc{s.start("fwd-a", nil), s.start("fwd-b", nil),
+		s.start("fwd-cut", map[string]string{"PLATFORM_URL": through.String()})}
+	cut := procs[2]
+	watch := s.breakerWatch()
+	stopLoad := s.steadyLoad(s.newSource(eventgen.SourceConfig{Berths: 200}), 100)
+	defer stopLoad()
+
+	attempts := func(ctx context.Context, after time.Time) (delivered, failed, counted int) {
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE result_status = 'SUCCESS'),
+				count(*) FILTER (WHERE result_status <> 'SUCCESS'),
+				count(*) FILTER (WHERE result_status <> 'SUCCESS' AND error_message NOT LIKE 'platform unavailable, attempt not counted%')
+			FROM forward_retry_logs WHERE attempted_by = $1 AND attempted_at > $2`, cut.claimer(), after).Scan(&delivered, &failed, &counted); err != nil {
+			t.Fatal(err)
+		}
+		return delivered, failed, counted
+	}
+	s.waitUntil("the instance to be cut delivering", 30*time.Second, func(ctx context.Context) (bool, string) {
+		d, _, _ := attempts(ctx, time.Time{})
+		return d >= 20, fmt.Sprintf("%d delivered by %s", d, cut.name)
+	})
+	cutAt := time.Now()
+	network.Cut()
+	time.Sleep(15 * time.Second)
+	stopLoad()
+	s.waitSettled(time.Minute)
+	seen := watch()
+	r := s.verify()
+
+	ctx := context.Background()
+	_, failed, counted := attempts(ctx, cutAt)
+	// A request in flight at the cut may have been answered: a second's
+	// margin for its result write.
+	delivered, _, _ := attempts(ctx, cutAt.Add(time.Second))
+	if delivered != 0 {
+		t.Errorf("%s delivered %d messages after its network to the platform was cut: the cut did not hold", cut.name, delivered)
+	}
+	if failed < 10 {
+		t.Errorf("%s made %d attempts after the cut, want at least 10: it did not go on claiming rows and failing them, so the scenario proves nothing", cut.name, failed)
+	}
+	if counted != 0 {
+		t.Errorf("%d of the %d attempts %s failed after the cut counted:\n  %s", counted, failed, cut.name, strings.Join(s.attemptsOf(ctx, "FAILED", 5), "\n  "))
+	}
+	s.assertNeverOpened(seen, procs)
+	t.Logf("%s, cut off, failed %d attempts, none counted; breaker states %v; %s", cut.name, failed, seen, r)
 }
 
 // TestRetryAfterPausesEveryInstance: one 429 with Retry-After stops both
