@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -252,6 +253,64 @@ func TestRetriesUntilFailed(t *testing.T) {
 		if i < 2 && (l.RetryIn == nil || *l.RetryIn < wantRetry[i][0] || *l.RetryIn > wantRetry[i][1]) {
 			t.Errorf("log %d: retry in %v, want within %v", i, l.RetryIn, wantRetry[i])
 		}
+	}
+}
+
+// TestOneAttemptFailsAMessageOnlyOnceSeenFailingOnItsOwn: with
+// max_attempts 1, a message the platform answers 500 while it answers the
+// others is sent twice. Its first failure cannot be told from an outage
+// beginning, so it counts no attempt; once a request sent after it was
+// answered, its second failure is its own and ends it FAILED
+// (docs/architecture.md, "No row FAILED by an outage").
+func TestOneAttemptFailsAMessageOnlyOnceSeenFailingOnItsOwn(t *testing.T) {
+	t.Parallel()
+	var bad atomic.Value // the failing message's key
+	bad.Store("")
+	b := setup(t, setupOpts{
+		extra: "retry:\n  initial: 1s\n  max: 10s\n  max_attempts: 1",
+		handler: func(w http.ResponseWriter, r *http.Request, body []byte) {
+			if key := bad.Load().(string); key != "" && strings.Contains(string(body), key) {
+				reply(500, "cannot handle this one")(w, r, body)
+				return
+			}
+			reply(200, `{"result":0}`)(w, r, body)
+		},
+	})
+	send := func(r outboxdb.Record) {
+		t.Helper()
+		if err := b.out.WriteBatch(b.ctx, service.MessageBatch{message(r, mappedBody(r))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := b.claim(t, 2, outboxdb.APITypeVehicleEvent)
+	good, failing := rows[0], rows[1]
+	bad.Store(failing.MessageKey)
+	send(good)
+	send(failing)
+	got := b.row(t, failing.ID)
+	if got.Status != "PENDING" || got.AttemptCount != 0 || !strings.HasPrefix(str(got.LastError), "platform unavailable, attempt not counted: http 500") {
+		t.Fatalf("after its first failure: %s, %d attempts, %q; want PENDING with its attempt not counted", got.Status, got.AttemptCount, str(got.LastError))
+	}
+
+	send(b.claim(t, 1, outboxdb.APITypeVehicleEvent)[0]) // answered after the failure
+	b.makeDue(t, failing.ID)
+	again := b.claimDue(t, 1)
+	if len(again) != 1 || again[0].ID != failing.ID {
+		t.Fatalf("claimed %+v, want row %d", again, failing.ID)
+	}
+	send(again[0])
+	got = b.row(t, failing.ID)
+	if got.Status != "FAILED" || got.AttemptCount != 1 || !strings.HasPrefix(str(got.LastError), "giving up after 1 attempts: http 500") {
+		t.Fatalf("after its second failure: %s, %d attempts, %q; want FAILED after 1 attempt", got.Status, got.AttemptCount, str(got.LastError))
+	}
+	sent := 0
+	for _, r := range b.platform.received() {
+		if strings.Contains(string(r.body), failing.MessageKey) {
+			sent++
+		}
+	}
+	if sent != 2 || len(got.Logs) != 2 || got.Logs[0].Status != "PENDING" || got.Logs[1].Status != "FAILED" {
+		t.Fatalf("the platform got the message %d times, attempt log %+v; want twice, PENDING then FAILED", sent, got.Logs)
 	}
 }
 
