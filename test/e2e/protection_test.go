@@ -415,7 +415,7 @@ func TestOutageFailsNothing(t *testing.T) {
 // delivered by the others (docs/architecture.md, "The platform answering
 // any instance is up").
 func TestAnInstanceCutOffFromThePlatform(t *testing.T) {
-	scenario(t, quiet, 40*time.Second)
+	scenario(t, quiet, 20*time.Second)
 	s := newStack(t, stackOptions{env: map[string]string{"FORWARD_MAX_ATTEMPTS": "1"}})
 	platform, err := url.Parse(s.platform.URL)
 	if err != nil {
