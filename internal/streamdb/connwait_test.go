@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"regexp"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +16,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/tcpproxy"
 )
 
 func TestConnectDelay(t *testing.T) {
@@ -32,51 +30,6 @@ func TestConnectDelay(t *testing.T) {
 	if got := connectDelay(1000, connectRetryInitial, connectRetryMax); got != connectRetryMax {
 		t.Errorf("delay after attempt 1000: %v, want the cap %v", got, connectRetryMax)
 	}
-}
-
-// gatedProxy forwards TCP connections to target while open; while closed it
-// accepts and hangs up at once, as a database that is down does.
-type gatedProxy struct {
-	addr   string
-	open   atomic.Bool
-	dials  atomic.Int64
-	closed chan struct{}
-}
-
-func newGatedProxy(t *testing.T, target string) *gatedProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &gatedProxy{addr: l.Addr().String(), closed: make(chan struct{})}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); close(p.closed); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			p.dials.Add(1)
-			if !p.open.Load() {
-				c.Close()
-				continue
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(up, c); up.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(c, up); c.Close() }()
-			go func() { <-p.closed; c.Close(); up.Close() }()
-		}
-	}()
-	return p
 }
 
 // syncBuffer is a log sink written from several goroutines.
@@ -109,8 +62,8 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newGatedProxy(t, u.Host)
-	u.Host = proxy.addr
+	proxy := tcpproxy.New(t, u.Host, tcpproxy.Options{Refusing: true})
+	u.Host = proxy.Addr()
 	q := u.Query()
 	q.Set("sslmode", "disable")
 	u.RawQuery = q.Encode()
@@ -139,7 +92,7 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 	}()
 
 	// Down: Open keeps trying, and logs the wait once.
-	for proxy.dials.Load() < 10 {
+	for proxy.Dials() < 10 {
 		select {
 		case r := <-done:
 			t.Fatalf("Open returned %v while the database was down: it must wait", r.err)
@@ -148,14 +101,14 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 	}
 	out := logs.String()
 	if n := strings.Count(out, "Waiting for the outbox database "+h.Database); n != 1 {
-		t.Errorf("after %d attempts the wait is logged %d times, want once:\n%s", proxy.dials.Load(), n, out)
+		t.Errorf("after %d attempts the wait is logged %d times, want once:\n%s", proxy.Dials(), n, out)
 	}
 	if strings.Count(out, "\n") != 1 {
 		t.Errorf("more than the one line about the wait at INFO and above:\n%s", out)
 	}
 
 	// Up: Open returns the pool, and says the wait is over.
-	proxy.open.Store(true)
+	proxy.Refuse(false)
 	select {
 	case r := <-done:
 		if r.err != nil {
@@ -171,7 +124,7 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 	// A lost connection: Recheck waits too, trying again after the first
 	// delay each time (its rows wait for it), and a shutdown ends the wait
 	// at once with the context's error.
-	proxy.open.Store(false)
+	proxy.Refuse(true)
 	logs.mu.Lock()
 	logs.b.Reset()
 	logs.mu.Unlock()

@@ -2,11 +2,8 @@ package prometheus
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +14,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
+	"github.com/forwarder/forwarder/internal/testsupport/tcpproxy"
 )
 
 // insertRows adds n rows in status through SQL, after one attempt each:
@@ -283,7 +281,7 @@ func TestOutboxGaugesSlowLink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.Host = slowLinkProxy(t, u.Host, 200*time.Millisecond)
+	u.Host = tcpproxy.New(t, u.Host, tcpproxy.Options{ReplyDelay: 200 * time.Millisecond}).Addr()
 	poolCfg, err := outboxdb.ParsePoolConfig(u.String(), outboxdb.PoolConfig{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -303,52 +301,4 @@ func TestOutboxGaugesSlowLink(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// slowLinkProxy forwards TCP to target and holds each chunk of the
-// server's replies for delay before passing it on. It returns its address.
-func slowLinkProxy(t *testing.T, target string, delay time.Duration) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				done := make(chan struct{}, 2)
-				go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-				go func() {
-					buf := make([]byte, 32<<10)
-					for {
-						n, err := up.Read(buf)
-						if n > 0 {
-							time.Sleep(delay)
-							if _, werr := c.Write(buf[:n]); werr != nil {
-								break
-							}
-						}
-						if err != nil {
-							break
-						}
-					}
-					done <- struct{}{}
-				}()
-				<-done
-			})
-		}
-	})
-	return l.Addr().String()
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/testsupport/tcpproxy"
 )
 
 // Settings that make a row's attempts short: three attempts within about a
@@ -421,7 +422,7 @@ func TestAnInstanceCutOffFromThePlatform(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	network := newNetCut(t, platform.Host)
+	network := tcpproxy.New(t, platform.Host, tcpproxy.Options{})
 	through := *platform
 	through.Host = network.Addr()
 	procs := []*proc{s.start("fwd-a", nil), s.start("fwd-b", nil),
