@@ -160,21 +160,8 @@ func (h *DB) useStatementFunctions(ctx context.Context, pool *pgxpool.Pool) {
 	h.mu.Lock()
 	made := h.made
 	h.mu.Unlock()
-	if made {
-		// Nothing to make.
-	} else if st, err := outboxdb.ReadSchemaState(ctx, pool); err == nil && st.CanMigrate {
-		if conn, err := pgx.ConnectConfig(ctx, h.direct.Copy()); err != nil {
-			h.log.Warnf("Database %s: connecting directly to make the statement functions: %v", h.Database, err)
-		} else {
-			if _, err := outboxdb.MakeStatementFunctions(ctx, conn); err != nil {
-				h.log.Warnf("Database %s: %v", h.Database, err)
-			} else {
-				h.mu.Lock()
-				h.made = true
-				h.mu.Unlock()
-			}
-			_ = conn.Close(context.WithoutCancel(ctx))
-		}
+	if !made {
+		h.makeStatementFunctions(ctx, pool)
 	}
 	missing, err := outboxdb.UseStatementFunctions(ctx, pool)
 	if err != nil {
@@ -188,6 +175,28 @@ func (h *DB) useStatementFunctions(ctx context.Context, pool *pgxpool.Pool) {
 	if changed && missing > 0 {
 		h.log.Infof("Database %s: %d statement functions of this version are missing, so those statements are planned at every execution behind the pooler; run `forwarder outbox migrate` as the schema's owner to make them (docs/deployment.md, PgBouncer)", h.Database, missing)
 	}
+}
+
+// makeStatementFunctions makes the statement functions missing, on the
+// direct connection, when the role may change the schema; once made (or
+// found), this process does not look again.
+func (h *DB) makeStatementFunctions(ctx context.Context, pool *pgxpool.Pool) {
+	if st, err := outboxdb.ReadSchemaState(ctx, pool); err != nil || !st.CanMigrate {
+		return
+	}
+	conn, err := pgx.ConnectConfig(ctx, h.direct.Copy())
+	if err != nil {
+		h.log.Warnf("Database %s: connecting directly to make the statement functions: %v", h.Database, err)
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := outboxdb.MakeStatementFunctions(ctx, conn); err != nil {
+		h.log.Warnf("Database %s: %v", h.Database, err)
+		return
+	}
+	h.mu.Lock()
+	h.made = true
+	h.mu.Unlock()
 }
 
 // EnsureSchema checks the schema behind pool, the DB's pool, and migrates
