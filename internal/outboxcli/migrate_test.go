@@ -16,8 +16,9 @@ import (
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
 
-// TestMigrateCommand: which connection `outbox migrate` takes, --dry-run,
-// and the refusal of a transaction pool.
+// TestMigrateCommand: which connection `outbox migrate` takes, the
+// statement functions it makes, --dry-run, and the refusal of a
+// transaction pool.
 func TestMigrateCommand(t *testing.T) {
 	// Not parallel: t.Setenv.
 	const unreachable = "postgres://127.0.0.1:1/none?connect_timeout=2"
@@ -40,6 +41,28 @@ func TestMigrateCommand(t *testing.T) {
 		t.Setenv("DATABASE_MIGRATE_URL", "")
 		if out, err := runArgs(t, "outbox", "migrate"); err != nil || !strings.Contains(out, "schema is up to date") {
 			t.Fatalf("outbox migrate with DATABASE_DIRECT_URL: %v\n%s", err, out)
+		}
+	})
+
+	// The schema's owner makes the statement functions a pooled service
+	// runs through (docs/deployment.md, PgBouncer): once, and says so.
+	t.Run("MakesTheStatementFunctionsOnce", func(t *testing.T) {
+		ctx := context.Background()
+		dsn := pgtest.NewEmptyDB(t)
+		t.Setenv("DATABASE_MIGRATE_URL", dsn)
+		if out, err := runArgs(t, "outbox", "migrate"); err != nil || !strings.Contains(out, "made 5 statement functions") {
+			t.Fatalf("outbox migrate of an empty database: %v, want it to make the 5 statement functions\n%s", err, out)
+		}
+		if out, err := runArgs(t, "outbox", "migrate"); err != nil || strings.Contains(out, "statement functions") {
+			t.Fatalf("outbox migrate run again: %v, want nothing made\n%s", err, out)
+		}
+		pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if missing, err := outboxdb.UseStatementFunctions(ctx, pool); err != nil || missing != 0 {
+			t.Fatalf("%d statement functions missing after outbox migrate (%v), want none", missing, err)
 		}
 	})
 
