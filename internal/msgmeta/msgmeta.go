@@ -41,9 +41,9 @@ const (
 	ClaimToken       = "claim_token"
 	CreatedAtMs      = "outbox_created_at_ms"
 	LeaseExpiresAtMs = "lease_expires_at_ms"
-	// PreviousFailureAtMs is when a failed attempt last sent the row back
-	// to PENDING (on any instance), rounded up to the millisecond; absent
-	// when it has not failed.
+	// PreviousFailureAtMs is when an attempt last failed for the row (on
+	// any instance), rounded up to the millisecond; absent when it has not
+	// failed since it was stored or last requeued.
 	PreviousFailureAtMs = "previous_failure_at_ms"
 	LastError           = "last_error"
 	LastHTTPStatus      = "last_http_status"
@@ -148,8 +148,9 @@ type Claim struct {
 	// zero when unknown. The dispatcher renews leases of rows it holds, so
 	// the output asks it for the current one.
 	LeaseExpiresAt time.Time
-	// PreviousFailure is when a failed attempt last sent the row back to
-	// PENDING, on whichever instance made it; zero when it has not failed.
+	// PreviousFailure is when an attempt last failed for the row, on
+	// whichever instance made it; zero when it has not failed since it was
+	// stored or last requeued.
 	// The platform's protection counts the row's next failure only once
 	// the platform has answered a request sent after that one.
 	PreviousFailure time.Time

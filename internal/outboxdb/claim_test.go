@@ -111,6 +111,36 @@ func TestClaimDue(t *testing.T) {
 			t.Fatalf("retry of row %d carries previous failure %v, want the result write's time, between %v and %v",
 				first.ID, retry.PreviousFailureAt, before, after)
 		}
+		failed := *retry.PreviousFailureAt
+
+		// A claim given back unsent (the lease too short for a request, the
+		// output stopping) was no failure: the next claim carries the same.
+		if _, err := outboxdb.ReleaseUnsent(b.Ctx, b.Pool, []outboxdb.ClaimRef{{ID: retry.ID, ClaimToken: retry.ClaimToken}}); err != nil {
+			t.Fatal(err)
+		}
+		again := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "a", MaxAttempts: 5}).Claimed[0]
+		if again.PreviousFailureAt == nil || !again.PreviousFailureAt.Equal(failed) {
+			t.Fatalf("after an unsent give-back row %d carries previous failure %v, want %v still", again.ID, again.PreviousFailureAt, failed)
+		}
+
+		// Failed for good, then requeued: the message is new again, whatever
+		// error it still shows, so its next failure is weighed as a first
+		// one (with one attempt a row, the requeue's time taken for a failure
+		// let it count at the start of an outage).
+		if _, err := outboxdb.RecordResults(b.Ctx, b.Pool, []outboxdb.Result{{ID: again.ID, ClaimToken: again.ClaimToken,
+			Status: outboxdb.StatusFailed, Sent: true, HTTPStatus: 503, Error: "http 503"}}, outboxdb.RecordOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := outboxdb.Requeue(b.Ctx, b.Pool, outboxdb.RequeueFilter{}, outboxdb.RequeueOptions{}); err != nil || n != 1 {
+			t.Fatalf("requeued %d rows (err %v), want 1", n, err)
+		}
+		requeued := b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "b", MaxAttempts: 5}).Claimed[0]
+		if requeued.ID != first.ID || requeued.PreviousFailureAt != nil {
+			t.Fatalf("requeued row %d carries previous failure %v, want none", requeued.ID, requeued.PreviousFailureAt)
+		}
+		if requeued.LastError == nil || *requeued.LastError != "http 503" {
+			t.Fatalf("requeued row %d shows last error %v, want its last attempt's (http 503)", requeued.ID, requeued.LastError)
+		}
 	})
 
 	t.Run("LimitIsHonoured", func(t *testing.T) {

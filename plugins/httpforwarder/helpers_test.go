@@ -207,16 +207,15 @@ func (b *testBundle) makeDue(t testing.TB, id int64) {
 // message is what outbox_retry plus the mapping would hand the output.
 func message(r outboxdb.Record, body string) *service.Message {
 	msg := service.NewMessage([]byte(body))
-	msg.MetaSetMut(msgmeta.OutboxID, r.ID)
-	msg.MetaSetMut(msgmeta.ClaimToken, r.ClaimToken)
-	msg.MetaSetMut(msgmeta.Attempt, int64(r.AttemptCount))
-	msg.MetaSetMut(msgmeta.APIType, r.APIType)
-	msg.MetaSetMut(msgmeta.MessageKey, r.MessageKey)
-	msg.MetaSetMut(msgmeta.CreatedAtMs, r.CreatedAt.UnixMilli())
-	msg.MetaSetMut(msgmeta.LeaseExpiresAtMs, r.LeaseExpiresAt().UnixMilli())
-	msg.MetaSetMut("kafka_topic", r.KafkaTopic)
-	msg.MetaSetMut("kafka_partition", strconv.Itoa(int(r.KafkaPartition)))
-	msg.MetaSetMut("kafka_offset", r.KafkaOffset)
+	c := msgmeta.Claim{
+		ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Attempt: r.AttemptCount, Token: r.ClaimToken,
+		Kafka:     msgmeta.Kafka{Topic: r.KafkaTopic, Partition: r.KafkaPartition, Offset: r.KafkaOffset, Key: r.KafkaKey},
+		CreatedAt: r.CreatedAt, LeaseExpiresAt: r.LeaseExpiresAt(),
+	}
+	if r.PreviousFailureAt != nil {
+		c.PreviousFailure = *r.PreviousFailureAt
+	}
+	msgmeta.SetClaim(msg, c)
 	return msg
 }
 

@@ -59,7 +59,7 @@ The message body is the stored payload, byte for byte. Metadata: `+"`outbox_id`"
 `+"`api_type`"+`, `+"`attempt`"+` (this attempt's number, 1-based), `+"`claim_token`"+`, `+"`kafka_topic`"+`,
 `+"`kafka_partition`"+`, `+"`kafka_offset`"+`, `+"`kafka_key`"+`, `+"`outbox_created_at_ms`"+`,
 `+"`lease_expires_at_ms`"+` and, on a retry of a failed attempt, `+"`previous_failure_at_ms`"+`
-(when that attempt's result was written, on any instance; Unix milliseconds).
+(when that attempt's result was written, on any instance; Unix milliseconds; not after a requeue).
 
 ### Leases
 

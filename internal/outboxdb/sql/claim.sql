@@ -44,7 +44,7 @@ WITH async AS (
            status        AS prev_status,
            attempt_count AS prev_attempt,
            claimed_by    AS prev_holder,
-           CASE WHEN status = 'PENDING' AND last_error IS NOT NULL THEN updated_at END AS prev_failure,
+           CASE WHEN status = 'PENDING' THEN failed_attempt_at END AS prev_failure,
            payload_size  AS size
     FROM forward_deliveries
     -- locked: begin (claim_probe.sql replaces which rows are locked)
@@ -107,12 +107,13 @@ WITH async AS (
 -- which at 10 M rows over 35 daily partitions made the claim 2-3 times
 -- slower (docs/benchmarks.md, "Scale"). An exhausted row's last_error names
 -- why it must fail. trace_parent continues the message's trace
--- (docs/operations.md, "Tracing"). previous_failure_at is when a failed
--- attempt last sent the row back to PENDING, on whichever instance (that
--- result write's time, or a later give-back's; NULL when it has not
--- failed): the platform's protection counts the row's next failure only
--- once the platform has answered a request sent after that one
--- (docs/architecture.md, "Protecting the platform").
+-- (docs/operations.md, "Tracing"). previous_failure_at is when an
+-- attempt last failed for the row, on whichever instance (failed_attempt_at:
+-- that result write's time, or a give-back's that kept its attempt; NULL
+-- when it has not failed since it was stored or last requeued): the
+-- platform's protection counts the row's next failure only once the
+-- platform has answered a request sent after that one (docs/architecture.md,
+-- "Protecting the platform").
 SELECT m.id, m.message_key, m.api_type, m.kafka_topic, m.kafka_partition, m.kafka_offset,
        m.kafka_key, m.payload, m.created_at, m.trace_parent,
        'IN_PROGRESS' AS status, c.attempt_count, c.claim_token::text AS claim_token, c.claimed_by,

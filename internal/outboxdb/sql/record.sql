@@ -22,6 +22,9 @@
 --
 -- A FAILED row gets its failure class ($10: TRANSIENT, REJECTED or INVALID)
 -- and failed_at, which automatic compensation and requeue filters read.
+-- A row whose attempt failed (counted, or undone but logged) gets the time
+-- in failed_attempt_at: the message's previous failure for its next claim
+-- (claim.sql). An attempt undone unlogged was never sent and keeps it.
 --
 -- An undone row ($9) was claimed but never sent (its lease was too short for
 -- a request, the platform was known to be down, or the output was stopping):
@@ -115,7 +118,7 @@ WITH async AS (
 ), updated AS (
     UPDATE forward_deliveries AS r
     SET (status, next_retry_at, attempt_count, lease_returns, last_http_status, last_error,
-         failure_class, failed_at, order_blocked, updated_at) = (
+         failure_class, failed_at, failed_attempt_at, order_blocked, updated_at) = (
         SELECT o.status,
                CASE WHEN o.status = 'PENDING'
                     THEN now() + coalesce(o.retry_in_ms, 0) * interval '1 millisecond'
@@ -134,6 +137,7 @@ WITH async AS (
                     THEN r.last_error ELSE o.error END,
                CASE WHEN o.status = 'FAILED' THEN coalesce(o.failure_class, 'TRANSIENT') END,
                CASE WHEN o.status = 'FAILED' THEN now() ELSE r.failed_at END,
+               CASE WHEN NOT o.undo OR o.logged THEN now() ELSE r.failed_attempt_at END,
                (o.status = 'FAILED' AND r.ordering_key IS NOT NULL AND $14::text = 'block'),
                now()
         FROM jsonb_to_record((SELECT by_id FROM outcomes) -> r.id::text)

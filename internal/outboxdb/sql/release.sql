@@ -10,7 +10,8 @@
 -- When $4 is true the claim is undone as if it never happened: the row was
 -- never handed out, so attempt_count goes back down and no attempt is logged.
 -- Otherwise the attempt stands (it may have reached the platform): it counts,
--- leaves $5 as last_error and an attempt log row, and a row released this way
+-- leaves $5 as last_error, its time as failed_attempt_at (the message's
+-- previous failure, claim.sql) and an attempt log row, and a row released this way
 -- on its last attempt is failed by the next claim instead of being sent again.
 --
 -- Released rows are announced on channel $6 so that idle dispatchers, on
@@ -37,6 +38,7 @@ WITH tokens AS MATERIALIZED (
         claim_token   = NULL,
         claimed_by    = NULL,
         claimed_at    = NULL,
+        failed_attempt_at = CASE WHEN $4::boolean THEN r.failed_attempt_at ELSE now() END,
         updated_at    = now()
     WHERE r.id = ANY ($1::bigint[])
       AND r.claim_token::text = (SELECT by_id FROM tokens) ->> r.id::text

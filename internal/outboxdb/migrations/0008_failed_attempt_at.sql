@@ -1,0 +1,21 @@
+-- migration: online
+
+-- Schema 8: when an attempt last failed for a row (docs/architecture.md,
+-- "No row FAILED by an outage"). The claim returns it as the message's
+-- previous failure, which the platform's protection weighs: a row's last
+-- attempt counts only for a message that failed before and saw the platform
+-- answer a request sent after that failure. It was read from updated_at,
+-- which a requeue, a promotion under ordering and a give-back of an unsent
+-- claim also move: a requeued message looked as if it had just failed, and
+-- with one attempt a row its first failure after the requeue could count at
+-- the start of an outage. A requeue clears failed_attempt_at: the requeued
+-- message is new again.
+--
+-- Online: schema-7 instances keep running while it is applied and after
+-- (they neither write nor read it); the column has no default, so the
+-- ALTER holds its lock for an instant. It is not filled in for the rows
+-- already there: a row that failed before the upgrade, or on a schema-7
+-- instance since, carries no previous failure, as a new message does, so
+-- its next failure is weighed as a first one (with one attempt a row, it
+-- is sent once more rather than counted).
+ALTER TABLE forward_deliveries ADD COLUMN failed_attempt_at timestamptz;
