@@ -27,6 +27,8 @@ func TestVarCheck(t *testing.T) {
 		{"FORWARD_TIMEOUT", "999us", "FORWARD_TIMEOUT=999us: shorter than 1ms: too short for a request to the platform, e.g. 10s"},
 		{"FORWARD_TIMEOUT", "1ns", "FORWARD_TIMEOUT=1ns: shorter than 1ms"},
 		{"PLATFORM_PROBE_INTERVAL", "0s", "PLATFORM_PROBE_INTERVAL=0s: not a duration above zero, e.g. 5s"},
+		{"PLATFORM_PROBE_INTERVAL", "1ms", ""},
+		{"PLATFORM_PROBE_INTERVAL", "999us", "PLATFORM_PROBE_INTERVAL=999us: shorter than 1ms: the instances space their probes in whole milliseconds, so every instance would probe as fast as it can, e.g. 5s"},
 		{"DEAD_LETTER_POLL_INTERVAL", "0", "DEAD_LETTER_POLL_INTERVAL=0: not a duration above zero"},
 		{"FORWARD_RETRY_INITIAL", "0s", ""},
 		{"KAFKA_BATCH_PERIOD", "0s", ""},

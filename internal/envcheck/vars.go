@@ -95,7 +95,8 @@ type Var struct {
 	Options []string
 	// Secret values are never printed.
 	Secret bool
-	// Min is the shortest a PositiveDuration may be, when above zero.
+	// Min is the shortest a PositiveDuration may be, when above zero, and
+	// Why says what a shorter one would do.
 	Min time.Duration
 	// Max is the largest a PositiveInt or NonNegativeInt may be, when
 	// above zero.
@@ -142,7 +143,8 @@ var Vars = []Var{
 	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100", Max: pluginconf.MaxInFlight},
 	// Below a millisecond every request to a platform across a network
 	// times out and nothing is delivered: a mistake, refused.
-	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s", Min: time.Millisecond},
+	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s", Min: time.Millisecond,
+		Why: "too short for a request to the platform"},
 	{Name: "FORWARD_MAX_ATTEMPTS", Kind: PositiveInt, Example: "5", Max: outboxdb.MaxAttemptsLimit},
 	{Name: "FORWARD_RETRY_INITIAL", Kind: Duration, Example: "5s"},
 	{Name: "FORWARD_RETRY_MAX", Kind: Duration, Example: "300s"},
@@ -158,7 +160,10 @@ var Vars = []Var{
 	{Name: "DEAD_LETTER_POLL_INTERVAL", Kind: PositiveDuration, Example: "5s"},
 	{Name: "LOG_LEVEL", Kind: LogLevel, Options: logLevels},
 	{Name: "SHUTDOWN_TIMEOUT", Kind: Duration, Example: "30s"},
-	{Name: "PLATFORM_PROBE_INTERVAL", Kind: PositiveDuration, Example: "5s"},
+	// The instances share the next probe's time in whole milliseconds:
+	// below one, nothing spaces the probes of an outage.
+	{Name: "PLATFORM_PROBE_INTERVAL", Kind: PositiveDuration, Example: "5s", Min: time.Millisecond,
+		Why: "the instances space their probes in whole milliseconds, so every instance would probe as fast as it can"},
 	{Name: "FORWARD_RATE_LIMIT", Kind: NonNegativeNumber, Example: "50"},
 	{Name: "FAILED_REQUEUE_AFTER", Kind: Duration, Example: "1h"},
 	{Name: "FAILED_REQUEUE_ROUNDS", Kind: NonNegativeInt, Example: "3", Max: outboxdb.MaxRequeueRounds},
@@ -224,7 +229,7 @@ func (v Var) problem(value string) string {
 			return "not a duration above zero" + eg
 		}
 		if d < v.Min {
-			return fmt.Sprintf("shorter than %v: too short for a request to the platform%s", v.Min, eg)
+			return fmt.Sprintf("shorter than %v: %s%s", v.Min, v.Why, eg)
 		}
 	case DurationDays:
 		if _, err := outboxdb.ParseDuration(value); err != nil {

@@ -51,6 +51,10 @@ const defaultTimeout = "10s"
 // platform across a network times out, and nothing is delivered.
 const minTimeout = time.Millisecond
 
+// minProbeInterval: the instances share the next probe's time in whole
+// milliseconds (outboxdb.TryProbe); below one, nothing spaces the probes.
+const minProbeInterval = time.Millisecond
+
 var httpForwarderSpec = sync.OnceValue(func() *service.ConfigSpec {
 	defaultRulesConf := make([]any, len(defaultRules))
 	for i, r := range defaultRules {
@@ -173,7 +177,7 @@ Setting `+"`rules`"+` replaces the defaults, which implement the platform's cont
 				LintRule(fieldlint.String(func(s string) error { _, err := parseLeaseField(s); return err })).
 				Advanced(),
 			service.NewDurationField(hfFieldProbeInterval).
-				Description("While the breaker is open, at most one probe request per interval across every instance on the database (`PLATFORM_PROBE_INTERVAL`).").
+				Description("While the breaker is open, at most one probe request per interval across every instance on the database (`PLATFORM_PROBE_INTERVAL`); at least `1ms`.").
 				Default("5s").
 				Example("${PLATFORM_PROBE_INTERVAL:5s}").
 				LintRule(fieldlint.Duration(hfFieldProbeInterval, checkProbeInterval)),
@@ -216,7 +220,8 @@ var (
 	checkRetryMultiplier  = fieldlint.Range(1, math.MaxFloat64, "field retry.multiplier: must be at least 1, got %v")
 	checkRetryMaxAttempts = fieldlint.Range(1, outboxdb.MaxAttemptsLimit,
 		fmt.Sprintf("field retry.max_attempts: must be from 1 to %d (a row counts its attempts in an integer column), got %%d (FORWARD_MAX_ATTEMPTS)", outboxdb.MaxAttemptsLimit))
-	checkProbeInterval  = fieldlint.Range(1, fieldlint.MaxDuration, "field "+hfFieldProbeInterval+": must be positive, got %v (PLATFORM_PROBE_INTERVAL)")
+	checkProbeInterval = fieldlint.Range(minProbeInterval, fieldlint.MaxDuration,
+		fmt.Sprintf("field %s: must be at least %v, got %%v (PLATFORM_PROBE_INTERVAL): the instances space their probes in whole milliseconds, so every instance would probe as fast as it can", hfFieldProbeInterval, minProbeInterval))
 	checkRateLimit      = fieldlint.Range(0, math.MaxFloat64, "field "+hfFieldRateLimit+": must be a number of at least 0, got %v (FORWARD_RATE_LIMIT)")
 	checkBreakerWindow  = fieldlint.Range(1, fieldlint.MaxDuration, "field breaker.window: must be positive, got %v")
 	checkBreakerSilence = fieldlint.Range(1, fieldlint.MaxDuration, "field breaker.silence: must be positive, got %v")
