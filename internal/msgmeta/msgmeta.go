@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
+
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
 // Keys set by the kafka_franz input, besides one per record header.
@@ -154,6 +156,19 @@ type Claim struct {
 	// The platform's protection counts the row's next failure only once
 	// the platform has answered a request sent after that one.
 	PreviousFailure time.Time
+}
+
+// ClaimOf is the claim of r, a row as the claim returns it.
+func ClaimOf(r outboxdb.Record) Claim {
+	c := Claim{
+		ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Attempt: r.AttemptCount, Token: r.ClaimToken,
+		Kafka:     Kafka{Topic: r.KafkaTopic, Partition: r.KafkaPartition, Offset: r.KafkaOffset, Key: r.KafkaKey},
+		CreatedAt: r.CreatedAt, LeaseExpiresAt: r.LeaseExpiresAt(),
+	}
+	if r.PreviousFailureAt != nil {
+		c.PreviousFailure = *r.PreviousFailureAt
+	}
+	return c
 }
 
 // SetClaim sets the claim metadata (and the row's Kafka origin) of msg.

@@ -8,7 +8,28 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/msgmeta"
+	"github.com/forwarder/forwarder/internal/outboxdb"
 )
+
+// TestClaimOf: a claimed row's claim, each field from its column, and no
+// previous failure for a row that carries none.
+func TestClaimOf(t *testing.T) {
+	created := time.UnixMilli(1779330600123)
+	lease, failed := created.Add(time.Minute), created.Add(time.Second)
+	r := outboxdb.Record{ID: 42, MessageKey: "8f14e45f", APIType: "VEHICLE_EVENT", AttemptCount: 3, ClaimToken: "tok",
+		KafkaTopic: "device-vehicle-event", KafkaPartition: 2, KafkaOffset: 99, KafkaKey: []byte("CAM-1"),
+		CreatedAt: created, NextRetryAt: &lease, PreviousFailureAt: &failed}
+	got := msgmeta.ClaimOf(r)
+	if got.ID != 42 || got.MessageKey != "8f14e45f" || got.APIType != "VEHICLE_EVENT" || got.Attempt != 3 || got.Token != "tok" ||
+		got.Kafka.Topic != "device-vehicle-event" || got.Kafka.Partition != 2 || got.Kafka.Offset != 99 || string(got.Kafka.Key) != "CAM-1" ||
+		!got.CreatedAt.Equal(created) || !got.LeaseExpiresAt.Equal(lease) || !got.PreviousFailure.Equal(failed) {
+		t.Fatalf("claim of %+v: %+v", r, got)
+	}
+	r.PreviousFailureAt = nil
+	if got := msgmeta.ClaimOf(r); !got.PreviousFailure.IsZero() {
+		t.Fatalf("a row without a previous failure gives %v", got.PreviousFailure)
+	}
+}
 
 func TestClaimRoundTrip(t *testing.T) {
 	created := time.UnixMilli(1779330600123)

@@ -207,15 +207,7 @@ func (b *testBundle) makeDue(t testing.TB, id int64) {
 // message is what outbox_retry plus the mapping would hand the output.
 func message(r outboxdb.Record, body string) *service.Message {
 	msg := service.NewMessage([]byte(body))
-	c := msgmeta.Claim{
-		ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Attempt: r.AttemptCount, Token: r.ClaimToken,
-		Kafka:     msgmeta.Kafka{Topic: r.KafkaTopic, Partition: r.KafkaPartition, Offset: r.KafkaOffset, Key: r.KafkaKey},
-		CreatedAt: r.CreatedAt, LeaseExpiresAt: r.LeaseExpiresAt(),
-	}
-	if r.PreviousFailureAt != nil {
-		c.PreviousFailure = *r.PreviousFailureAt
-	}
-	msgmeta.SetClaim(msg, c)
+	msgmeta.SetClaim(msg, msgmeta.ClaimOf(r))
 	return msg
 }
 

@@ -212,15 +212,7 @@ func (in *outboxRetry) ReadBatch(ctx context.Context) (service.MessageBatch, ser
 
 func newMessage(r outboxdb.Record) *service.Message {
 	msg := service.NewMessage(r.Payload)
-	c := msgmeta.Claim{
-		ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType, Attempt: r.AttemptCount, Token: r.ClaimToken,
-		Kafka:     msgmeta.Kafka{Topic: r.KafkaTopic, Partition: r.KafkaPartition, Offset: r.KafkaOffset, Key: r.KafkaKey},
-		CreatedAt: r.CreatedAt, LeaseExpiresAt: r.LeaseExpiresAt(),
-	}
-	if r.PreviousFailureAt != nil {
-		c.PreviousFailure = *r.PreviousFailureAt
-	}
-	msgmeta.SetClaim(msg, c)
+	msgmeta.SetClaim(msg, msgmeta.ClaimOf(r))
 	return msg
 }
 
