@@ -42,7 +42,7 @@ func forwarder(t *testing.T) string {
 		}
 		binPath = filepath.Join(buildDir, "forwarder")
 		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/forwarder")
-		cmd.Dir = repoRoot(t)
+		cmd.Dir = testinputs.ModuleRoot(t)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build ./cmd/forwarder: %v\n%s", err, out)
 		}
@@ -59,15 +59,6 @@ func TestMain(m *testing.M) {
 		_ = os.RemoveAll(buildDir)
 	}
 	os.Exit(code)
-}
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
 }
 
 // run runs the binary in dir with the environment the docs promise lint
@@ -102,7 +93,7 @@ func copyTree(t *testing.T) string {
 	t.Helper()
 	dst := t.TempDir()
 	for _, sub := range []string{"pipelines", "mappings"} {
-		src := filepath.Join(repoRoot(t), sub)
+		src := filepath.Join(testinputs.ModuleRoot(t), sub)
 		entries, err := os.ReadDir(src)
 		if err != nil {
 			t.Fatal(err)
@@ -171,14 +162,14 @@ func lineOf(t *testing.T, file, substr string) int {
 
 func TestShippedConfig(t *testing.T) {
 	t.Run("LintPasses", func(t *testing.T) {
-		out, code := run(t, repoRoot(t), "lint", "./pipelines/...", "./mappings/...")
+		out, code := run(t, testinputs.ModuleRoot(t), "lint", "./pipelines/...", "./mappings/...")
 		if code != 0 {
 			t.Fatalf("forwarder lint exited %d:\n%s", code, out)
 		}
 	})
 
 	t.Run("TestsPass", func(t *testing.T) {
-		out, code := run(t, repoRoot(t), "test", "./pipelines/...", "./mappings/...")
+		out, code := run(t, testinputs.ModuleRoot(t), "test", "./pipelines/...", "./mappings/...")
 		if code != 0 {
 			t.Fatalf("forwarder test exited %d:\n%s", code, out)
 		}

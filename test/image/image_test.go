@@ -23,13 +23,15 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 // imageUID is distroless's nonroot user, the image's USER.
 const imageUID = 65532
 
 func TestImageRunsLintAndTestFromAnEmptyRoot(t *testing.T) {
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	df := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
 	final := df.stages[len(df.stages)-1]
 
@@ -369,18 +371,6 @@ func chmodTree(t *testing.T, root string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		t.Fatalf("the repository root is not two levels above test/image: %v", err)
-	}
-	return dir
 }
 
 func lastLines(s string, n int) string {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dev/childproc"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 // TestDeadLetterExampleRuns follows docs/operations.md, "On the dev stack":
@@ -19,7 +20,7 @@ import (
 // broker, publishes a FAILED row to the topic the stack created.
 func TestDeadLetterExampleRuns(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	bin := buildForwarder(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

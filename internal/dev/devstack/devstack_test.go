@@ -25,25 +25,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// repoRoot is the module root, where bin/, pipelines/ and mappings/ live.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test's directory")
-		}
-		dir = parent
-	}
-}
-
 var (
 	buildOnce sync.Once
 	builtBin  string
@@ -97,7 +78,7 @@ func buildForwarder(t *testing.T, root string) string {
 // within 60 s. A second start on the same directory reuses the database.
 func TestSmoke(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	bin := buildForwarder(t, root)
 	dir := t.TempDir()
 
@@ -232,7 +213,7 @@ func TestSmoke(t *testing.T) {
 // all.
 func TestRequeueAfterBusyPlatform(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	bin := buildForwarder(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -311,7 +292,7 @@ func TestRequeueAfterBusyPlatform(t *testing.T) {
 // reported with its log, and that the rest of the stack is stopped.
 func TestStartFailsCleanly(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	dir := t.TempDir()
 	// A "forwarder" that fails at once, like one given a broken config.
 	bin := filepath.Join(dir, "broken-forwarder")
@@ -356,7 +337,7 @@ func tail(s string, n int) string {
 // did not produce count too.
 func TestDrainWaitsForTheGroupToReadEverything(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	bin := buildForwarder(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -395,7 +376,7 @@ func TestDrainWaitsForTheGroupToReadEverything(t *testing.T) {
 // own progress does not: the banner names them.
 func TestLeftoverRowsOfEarlierRuns(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 // TestExternal is the compose stack's devstack (deploy/compose): only the
@@ -26,7 +27,7 @@ import (
 // comes from that database, and nothing is written locally.
 func TestExternal(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	bin := buildForwarder(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

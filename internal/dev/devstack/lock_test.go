@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 // TestOneLiveStackPerDirectory: a second stack on a live stack's directory
@@ -15,7 +17,7 @@ import (
 // PostgreSQL; once the first stops, the directory is free again.
 func TestOneLiveStackPerDirectory(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dev/eventgen"
 	"github.com/forwarder/forwarder/internal/testsupport/logbuf"
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 func TestProgressLinesFit80Columns(t *testing.T) {
@@ -72,7 +73,7 @@ func TestParseLogfmt(t *testing.T) {
 // progress line fits 80 columns, under a header.
 func TestScreenShowsReloadsAndRebalances(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := testinputs.ModuleRoot(t)
 	bin := buildForwarder(t, root)
 	work := t.TempDir()
 	for _, dir := range []string{"pipelines", "mappings"} {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/testsupport/testinputs"
 )
 
 // LoginRole creates a role (a unique name starting with prefix) that logs
@@ -61,7 +63,7 @@ func AsRole(t testing.TB, dsn, role string) string {
 // actions.
 func OwnerGrantBlocks(t testing.TB) []string {
 	t.Helper()
-	doc, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "deployment.md"))
+	doc, err := os.ReadFile(filepath.Join(testinputs.ModuleRoot(t), "docs", "deployment.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,24 +97,4 @@ func ServiceRole(t testing.TB, dsn string) string {
 	service := LoginRole(t, dsn, "svc")
 	RunGrants(t, owner, OwnerGrantBlocks(t)[0], service, LoginRole(t, dsn, "con"))
 	return AsRole(t, dsn, service)
-}
-
-// repoRoot is the repository's root: the nearest directory above the
-// test's that holds docs/deployment.md.
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "docs", "deployment.md")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no docs/deployment.md above the test's directory")
-		}
-		dir = parent
-	}
 }
