@@ -138,7 +138,7 @@ func (p policy) decide(r response, t try, report func(protection.Reply) (counted
 	counted := report(protection.Reply{
 		Unavailable:     d.Health == unavailable,
 		Fresh:           t.attempt <= 1,
-		Last:            t.attempt >= p.maxAttempts,
+		Last:            p.lastAttempt(t.attempt),
 		Overloaded:      d.Overloaded,
 		PauseFor:        d.PauseFor,
 		Why:             d.Result.Error,
@@ -149,6 +149,10 @@ func (p policy) decide(r response, t try, report func(protection.Reply) (counted
 	}
 	return d
 }
+
+// lastAttempt says whether attempt is the row's last: failed, it ends the
+// row FAILED.
+func (p policy) lastAttempt(attempt int) bool { return attempt >= p.maxAttempts }
 
 // classify is what r says by the rules, before the protection's verdict.
 func (p policy) classify(r response, attempt int, took time.Duration, now time.Time) decision {
@@ -189,7 +193,7 @@ func (p policy) classify(r response, attempt int, took time.Duration, now time.T
 		d.Result.Status = outboxdb.StatusFailed
 		d.Result.Class = outboxdb.ClassRejected
 		d.Result.Error = fmt.Sprintf("not retried (rules[%d] no_retry): %s", ruleIdx, what)
-	case attempt >= p.maxAttempts:
+	case p.lastAttempt(attempt):
 		d.Result.Status = outboxdb.StatusFailed
 		d.Result.Class = outboxdb.ClassTransient
 		d.Result.Error = fmt.Sprintf("giving up after %d attempts: %s", attempt, what)
