@@ -123,6 +123,18 @@ func TestClaimDue(t *testing.T) {
 			t.Fatalf("after an unsent give-back row %d carries previous failure %v, want %v still", again.ID, again.PreviousFailureAt, failed)
 		}
 
+		// A give-back whose attempt stands (a nack: the request may have
+		// reached the platform) is a failure of its own.
+		before = dbNow()
+		if _, err := outboxdb.Release(b.Ctx, b.Pool, []outboxdb.ClaimRef{{ID: again.ID, ClaimToken: again.ClaimToken}}, 0, "nacked"); err != nil {
+			t.Fatal(err)
+		}
+		after = dbNow()
+		again = b.Claim(outboxdb.ClaimParams{Limit: 1, Lease: time.Minute, Claimer: "a", MaxAttempts: 5}).Claimed[0]
+		if again.PreviousFailureAt == nil || again.PreviousFailureAt.Before(before) || again.PreviousFailureAt.After(after) {
+			t.Fatalf("after a nack row %d carries previous failure %v, want the give-back's time, between %v and %v", again.ID, again.PreviousFailureAt, before, after)
+		}
+
 		// Failed for good, then requeued: the message is new again, whatever
 		// error it still shows, so its next failure is weighed as a first
 		// one (with one attempt a row, the requeue's time taken for a failure
