@@ -8,6 +8,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
 	"github.com/forwarder/forwarder/internal/periodic"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 // CompensationConfig configures automatic compensation: rows FAILED
@@ -47,7 +48,7 @@ func (d *Dispatcher) compensateOnce(ctx context.Context, pool *pgxpool.Pool) (in
 		if d.m.Compensated != nil {
 			d.m.Compensated.Incr(n)
 		}
-		d.log.Infof("Automatic compensation: requeued %d rows that had failed on transient errors at least %v ago", n, c.After)
+		d.log.Infof("Automatic compensation: requeued %s that had failed on transient errors at least %v ago", plural.Count(n, "row", "rows"), c.After)
 		d.claimNeeded.Store(true)
 		signal(d.nudge)
 	}

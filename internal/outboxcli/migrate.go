@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 // The connection strings `outbox migrate` looks for, first set first
@@ -138,7 +139,7 @@ func runMigrate(c *cli.Context) error {
 		return fail("%s: %v", where, err)
 	}
 	if made > 0 {
-		fmt.Fprintf(out, "made %d statement functions (their plans are kept behind PgBouncer)\n", made)
+		fmt.Fprintf(out, "made %s (their plans are kept behind PgBouncer)\n", plural.Count(made, "statement function", "statement functions"))
 	}
 	return nil
 }

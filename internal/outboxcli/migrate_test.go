@@ -76,7 +76,7 @@ func TestMigrateCommand(t *testing.T) {
 		defer instance.Close()
 		out, err := runArgs(t, "outbox", "migrate", "--dry-run")
 		if err != nil || !strings.Contains(out, "is at schema version 0") || !strings.Contains(out, "would apply: 0001_init") ||
-			!strings.Contains(out, "running instances: 1 sessions of forwarder instances") {
+			!strings.Contains(out, "running instances: 1 session of forwarder instances") {
 			t.Fatalf("outbox migrate --dry-run: %v\n%s", err, out)
 		}
 		if v, err := outboxdb.SchemaVersion(context.Background(), instance); err != nil || v != 0 {
@@ -117,13 +117,13 @@ func TestMigrateCommand(t *testing.T) {
 			"ACCESS EXCLUSIVE lock on forward_records and forward_retry_logs", "expect the lock for about", "stop every instance first"}
 		out, err := runArgs(t, "outbox", "migrate", "--dry-run")
 		t.Logf("outbox migrate --dry-run:\n%s", out)
-		for _, want := range append(plan, "would apply: ", "running instances: 1 sessions") {
+		for _, want := range append(plan, "would apply: ", "running instances: 1 session of") {
 			if err != nil || !strings.Contains(out, want) {
 				t.Fatalf("outbox migrate --dry-run does not say %q (%v):\n%s", want, err, out)
 			}
 		}
 		out, err = runArgs(t, "outbox", "migrate")
-		if err == nil || !strings.Contains(err.Error(), "1 sessions of forwarder instances") || !strings.Contains(err.Error(), "--force") {
+		if err == nil || !strings.Contains(err.Error(), "1 session of forwarder instances") || !strings.Contains(err.Error(), "--force") {
 			t.Fatalf("outbox migrate while an instance runs: %v, want it refused naming the instances\n%s", err, out)
 		}
 		for _, want := range append(plan, "to apply: ") {

@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 // Schema migrations (docs/deployment.md, "Schema changes while the service
@@ -130,7 +132,7 @@ func (m Migration) Describe() string {
 			steps[i] += " index " + st.Index
 		}
 	}
-	return fmt.Sprintf("%s (%s), %d steps: %s", m.Name, kind, len(m.Steps), strings.Join(steps, ", "))
+	return fmt.Sprintf("%s (%s), %s: %s", m.Name, kind, plural.Count(len(m.Steps), "step", "steps"), strings.Join(steps, ", "))
 }
 
 var (
@@ -554,7 +556,7 @@ func applyMigration(ctx context.Context, conn *pgx.Conn, m Migration, opts Migra
 		if len(m.Steps) > 1 || st.Mode != StepTransaction {
 			what := ""
 			if st.Mode == StepBatch {
-				what = fmt.Sprintf(", %d rows changed", rowsChanged)
+				what = ", " + plural.Count(rowsChanged, "row", "rows") + " changed"
 			}
 			opts.Progress(fmt.Sprintf("%s: done in %s%s", label, time.Since(started).Round(time.Millisecond), what))
 		}

@@ -27,6 +27,9 @@ func TestParseMigration(t *testing.T) {
 		if m.Version != 7 || m.Name != "0007_add" || m.Online || len(m.Steps) != 1 || m.Steps[0].Mode != outboxdb.StepTransaction {
 			t.Fatalf("got %+v", m)
 		}
+		if got, want := m.Describe(), "0007_add (offline: no instance may use the database while it runs), 1 step: transaction"; got != want {
+			t.Errorf("described as %q, want %q", got, want)
+		}
 	})
 
 	t.Run("Steps", func(t *testing.T) {
@@ -65,6 +68,9 @@ ALTER TABLE t ADD CONSTRAINT c_check CHECK (c >= 0) NOT VALID;
 		}
 		if !strings.Contains(m.Steps[1].SQL, "UPDATE t SET c = 0") || strings.Contains(m.Steps[0].SQL, "UPDATE") {
 			t.Errorf("steps split at the wrong place: %q / %q", m.Steps[0].SQL, m.Steps[1].SQL)
+		}
+		if got, want := m.Describe(), `0010_steps (online), 5 steps: transaction, batch, concurrent index t_c_idx, concurrent index "Odd Name", transaction`; got != want {
+			t.Errorf("described as %q, want %q", got, want)
 		}
 	})
 
@@ -318,7 +324,7 @@ INSERT INTO resumed VALUES (1);
 		defer instance.Close()
 		offline := liveMigration(t, 108, "ALTER TABLE forward_deliveries ADD COLUMN offline_col integer;\n")
 		_, err = migrateSession(ctx, dsn, outboxdb.MigrateOptions{Migrations: offline})
-		if !errors.Is(err, outboxdb.ErrInstancesRunning) || !strings.Contains(err.Error(), "1 sessions of forwarder instances") || !strings.Contains(err.Error(), "108_test") {
+		if !errors.Is(err, outboxdb.ErrInstancesRunning) || !strings.Contains(err.Error(), "1 session of forwarder instances") || !strings.Contains(err.Error(), "108_test") {
 			t.Fatalf("err = %v, want ErrInstancesRunning naming the session and the migration", err)
 		}
 		if _, err := migrateSession(ctx, dsn, outboxdb.MigrateOptions{Migrations: offline, OnlineOnly: true}); !errors.Is(err, outboxdb.ErrSchemaBehind) || !strings.Contains(err.Error(), "forwarder outbox migrate") {

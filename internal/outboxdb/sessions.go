@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 // The application_name of the service's connections (pg_stat_activity).
@@ -82,7 +84,7 @@ func DescribeSessions(ss []InstanceSession) string {
 			clients = append(clients, s.Client)
 		}
 	}
-	out := fmt.Sprintf("%d sessions of forwarder instances (application_name %s or %s)", len(ss), ServiceApplicationName, MetricsApplicationName)
+	out := fmt.Sprintf("%s of forwarder instances (application_name %s or %s)", plural.Count(len(ss), "session", "sessions"), ServiceApplicationName, MetricsApplicationName)
 	if len(roles) > 0 {
 		out += ", role " + strings.Join(roles, ", ")
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/redpanda-data/benthos/v4/public/service"
 
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/forwarder/forwarder/internal/plural"
 )
 
 // DB is one stream's outbox database: the components of the stream that
@@ -173,7 +174,7 @@ func (h *DB) useStatementFunctions(ctx context.Context, pool *pgxpool.Pool) {
 	h.missingLogged = missing
 	h.mu.Unlock()
 	if changed && missing > 0 {
-		h.log.Infof("Database %s: %d statement functions of this version are missing, so those statements are planned at every execution behind the pooler; run `forwarder outbox migrate` as the schema's owner to make them (docs/deployment.md, PgBouncer)", h.Database, missing)
+		h.log.Infof("Database %s: %s of this version %s missing, so those statements are planned at every execution behind the pooler; run `forwarder outbox migrate` as the schema's owner to make them (docs/deployment.md, PgBouncer)", h.Database, plural.Count(missing, "statement function", "statement functions"), plural.Noun(missing, "is", "are"))
 	}
 }
 
