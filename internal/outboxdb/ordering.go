@@ -91,12 +91,18 @@ type step struct {
 // pipeline runs before, main and after (those whose run is set) in one
 // pipeline: one round trip, one implicit transaction (or the caller's when
 // q is a transaction). each reads main's rows; the others' results are
-// discarded, their errors returned.
+// discarded, their errors returned. Behind a pooler the statements go
+// through their functions (viaFunctions); should one have been dropped,
+// the error says so and the next run sends the statements themselves.
 func pipeline(ctx context.Context, q Querier, before, main, after step, each func(pgx.Rows) error) error {
 	if skipOrderLocks && before.sql == orderLockSQL {
 		before.run = false
 	}
 	viaFunctions(q, &before.sql, &main.sql, &after.sql)
+	return fallBackFromFunctions(q, runPipeline(ctx, q, before, main, after, each))
+}
+
+func runPipeline(ctx context.Context, q Querier, before, main, after step, each func(pgx.Rows) error) error {
 	for i, a := range before.args {
 		switch v := a.(type) {
 		case []string:

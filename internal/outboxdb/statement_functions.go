@@ -184,8 +184,27 @@ func UseStatementFunctions(ctx context.Context, pool *pgxpool.Pool) (missing int
 // viaFunctions replaces the statements of one pipeline on q by their
 // functions' calls when q leads to a pooler whose database has them.
 func viaFunctions(q Querier, sqls ...*string) {
-	if pooledDatabases.Load() == 0 {
+	database, ok := pooledDatabase(q)
+	if !ok {
 		return
+	}
+	v, ok := pooledCalls.Load(database)
+	if !ok {
+		return
+	}
+	calls := v.(map[string]string)
+	for _, s := range sqls {
+		if call, ok := calls[*s]; ok {
+			*s = call
+		}
+	}
+}
+
+// pooledDatabase is the key of q's database in pooledCalls; false when no
+// pooled pool uses statement functions, or q is of no known kind.
+func pooledDatabase(q Querier) (string, bool) {
+	if pooledDatabases.Load() == 0 {
+		return "", false
 	}
 	var cfg *pgx.ConnConfig
 	switch v := q.(type) {
@@ -198,16 +217,28 @@ func viaFunctions(q Querier, sqls ...*string) {
 	case *pgx.Conn:
 		cfg = v.Config()
 	default:
-		return
+		return "", false
 	}
-	v, ok := pooledCalls.Load(cfg.ConnString())
-	if !ok {
-		return
+	return cfg.ConnString(), true
+}
+
+// ErrStatementFunctionMissing: a statement function the pool called is
+// gone (dropped since the pool looked them up, with older versions' for
+// instance). Every later call on that database sends the statements
+// themselves, so delivery goes on; `outbox migrate` makes the functions
+// again, and an instance started after it uses them.
+var ErrStatementFunctionMissing = errors.New("a statement function is missing: the statements themselves are sent from now on (`forwarder outbox migrate` makes the functions again; docs/deployment.md, PgBouncer)")
+
+// fallBackFromFunctions returns err, the error of a pipeline on q, or,
+// when a statement function it called does not exist, err marked with
+// ErrStatementFunctionMissing, and q's database no longer calls them.
+func fallBackFromFunctions(q Querier, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42883" || !strings.Contains(pgErr.Message, "forward_stmt_") {
+		return err
 	}
-	calls := v.(map[string]string)
-	for _, s := range sqls {
-		if call, ok := calls[*s]; ok {
-			*s = call
-		}
+	if database, ok := pooledDatabase(q); ok {
+		pooledCalls.Store(database, map[string]string{})
 	}
+	return fmt.Errorf("%w: %w", ErrStatementFunctionMissing, err)
 }

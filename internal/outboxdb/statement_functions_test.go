@@ -2,6 +2,7 @@ package outboxdb_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"sync"
@@ -184,6 +185,71 @@ func TestPooledStatementsRunThroughFunctions(t *testing.T) {
 	}
 	if n := sent.starting("-- Persists one batch"); n == 0 {
 		t.Error("insert.sql not sent to a database without its function")
+	}
+}
+
+// TestDroppedStatementFunctionsFallBackToTheStatements: statement functions
+// dropped while a pooled pool uses them (a cleanup of older versions' that
+// took this one's too) cost one failed call, which says so; the calls after
+// it send the statements themselves and deliver. Without the fallback every
+// insert failed until the instance restarted: Kafka consumption stopped.
+func TestDroppedStatementFunctionsFallBackToTheStatements(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t)
+	owner, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
+	if made, err := outboxdb.MakeStatementFunctions(ctx, owner); err != nil || made != 5 {
+		t.Fatalf("made %d statement functions (%v), want 5", made, err)
+	}
+	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{Pooled: true, MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := &sentSQL{}
+	pcfg.ConnConfig.Tracer = sent
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if missing, err := outboxdb.UseStatementFunctions(ctx, pool); err != nil || missing != 0 {
+		t.Fatalf("%d statement functions missing (%v), want none", missing, err)
+	}
+	if _, err := owner.Exec(ctx, `DO $$ DECLARE f regprocedure; BEGIN
+		FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname LIKE 'forward\_stmt\_%' LOOP
+			EXECUTE 'DROP FUNCTION ' || f;
+		END LOOP; END $$`); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := func(i int) []outboxdb.NewRecord {
+		return []outboxdb.NewRecord{{MessageKey: fmt.Sprintf("dropped-%d", i), APIType: outboxdb.APITypeVehicleEvent,
+			KafkaTopic: "vehicle", KafkaOffset: int64(i), Payload: []byte(`{}`), Status: outboxdb.StatusPending, OrderingKey: "berth-1"}}
+	}
+	claim := outboxdb.DirectClaim{Limit: 1, Lease: time.Minute, Claimer: "dropped-test"}
+	_, _, err = outboxdb.InsertBatchClaim(ctx, pool, rec(1), claim)
+	if !errors.Is(err, outboxdb.ErrStatementFunctionMissing) {
+		t.Fatalf("insert through a dropped function: %v, want ErrStatementFunctionMissing", err)
+	}
+	_, claimed, err := outboxdb.InsertBatchClaim(ctx, pool, rec(1), claim)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("insert after the fallback: %d claimed, %v; want the row, claimed", len(claimed), err)
+	}
+	if _, err := outboxdb.RecordResults(ctx, pool, []outboxdb.Result{{ID: claimed[0].ID, ClaimToken: claimed[0].ClaimToken,
+		Status: outboxdb.StatusSuccess, Sent: true, HTTPStatus: 200}}, outboxdb.RecordOptions{}); err != nil {
+		t.Fatalf("result write after the fallback: %v", err)
+	}
+	if db := fixture.New(t, pool); db.Count("status = 'SUCCESS'") != 1 {
+		t.Fatalf("%d rows SUCCESS, want the one", db.Count("status = 'SUCCESS'"))
+	}
+	// The failed call never reached the tracer (its description failed
+	// before the batch went); the retry sent insert.sql itself.
+	if n := sent.starting("-- Persists one batch"); n != 1 {
+		t.Errorf("insert.sql itself sent %d times, want once (the retry)", n)
 	}
 }
 
