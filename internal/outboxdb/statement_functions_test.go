@@ -75,17 +75,8 @@ func (s *sentSQL) matching(re *regexp.Regexp) int {
 func deliverPooled(t *testing.T, dsn string, useFunctions bool) (*sentSQL, int) {
 	t.Helper()
 	ctx := context.Background()
-	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{Pooled: true, MaxConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent := &sentSQL{}
-	pcfg.ConnConfig.Tracer = sent
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, sent := pooledPool(t, dsn)
+	var err error
 	missing := -1
 	if useFunctions {
 		if missing, err = outboxdb.UseStatementFunctions(ctx, pool); err != nil {
@@ -137,6 +128,35 @@ func deliverPooled(t *testing.T, dsn string, useFunctions bool) (*sentSQL, int) 
 	return sent, missing
 }
 
+// pooledPool opens a pool on dsn as behind a transaction pooler, recording
+// the statements it sends.
+func pooledPool(t *testing.T, dsn string) (*pgxpool.Pool, *sentSQL) {
+	t.Helper()
+	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{Pooled: true, MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := &sentSQL{}
+	pcfg.ConnConfig.Tracer = sent
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, sent
+}
+
+// ownerConn connects to dsn as the schema's owner (the tests' role).
+func ownerConn(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
 // TestPooledStatementsRunThroughFunctions: behind a transaction pooler
 // the insert's and the result write's statements go through the functions
 // `outbox migrate` makes, whose plans the server session keeps, and deliver
@@ -145,11 +165,7 @@ func TestPooledStatementsRunThroughFunctions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.NewDB(t)
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := ownerConn(t, dsn)
 	made, err := outboxdb.MakeStatementFunctions(ctx, conn)
 	if err != nil {
 		t.Fatal(err)
@@ -197,25 +213,11 @@ func TestDroppedStatementFunctionsFallBackToTheStatements(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.NewDB(t)
-	owner, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close(ctx)
+	owner := ownerConn(t, dsn)
 	if made, err := outboxdb.MakeStatementFunctions(ctx, owner); err != nil || made != 5 {
 		t.Fatalf("made %d statement functions (%v), want 5", made, err)
 	}
-	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{Pooled: true, MaxConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent := &sentSQL{}
-	pcfg.ConnConfig.Tracer = sent
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, sent := pooledPool(t, dsn)
 	if missing, err := outboxdb.UseStatementFunctions(ctx, pool); err != nil || missing != 0 {
 		t.Fatalf("%d statement functions missing (%v), want none", missing, err)
 	}
@@ -231,8 +233,7 @@ func TestDroppedStatementFunctionsFallBackToTheStatements(t *testing.T) {
 			KafkaTopic: "vehicle", KafkaOffset: int64(i), Payload: []byte(`{}`), Status: outboxdb.StatusPending, OrderingKey: "berth-1"}}
 	}
 	claim := outboxdb.DirectClaim{Limit: 1, Lease: time.Minute, Claimer: "dropped-test"}
-	_, _, err = outboxdb.InsertBatchClaim(ctx, pool, rec(1), claim)
-	if !errors.Is(err, outboxdb.ErrStatementFunctionMissing) {
+	if _, _, err := outboxdb.InsertBatchClaim(ctx, pool, rec(1), claim); !errors.Is(err, outboxdb.ErrStatementFunctionMissing) {
 		t.Fatalf("insert through a dropped function: %v, want ErrStatementFunctionMissing", err)
 	}
 	_, claimed, err := outboxdb.InsertBatchClaim(ctx, pool, rec(1), claim)
