@@ -301,6 +301,14 @@ func (f *franzInput) Connect(ctx context.Context) error {
 	if f.connected() {
 		return nil
 	}
+	if f.started.Cancelled() {
+		// The process is exiting before it started, and this input was
+		// closed to leave its group (or is being closed, by
+		// launch.Gate.Abandon, while the engine asks again): joining again
+		// would leave a member behind, and the close under way still
+		// waits for the previous client's loops.
+		return errExiting
+	}
 
 	// Wait with a plain client: a group client created while no broker
 	// answers backs off its group join, and would start consuming

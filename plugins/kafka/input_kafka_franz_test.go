@@ -609,6 +609,38 @@ func TestInputEarlyExitLeavesGroup(t *testing.T) {
 	}
 }
 
+// TestInputConnectRefusedOnceExitingBeforeStart: once the process is
+// exiting before it started, Connect refuses at once, reaching for no
+// broker and making no client. It used to make one and join the group
+// before it looked, then close it again; when the engine asked while
+// Abandon's close of the previous client was still waiting for its loops,
+// the two shared the loops' WaitGroup and the process panicked with a
+// member left in the group (seen in the e2e TestSigtermWhileStarting).
+func TestInputConnectRefusedOnceExitingBeforeStart(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := ln.Addr().String() // closed below: nothing answers there
+	ln.Close()
+	f := newInput(t, fmt.Sprintf("seed_brokers: [ %q ]\ntopics: [ t ]\nconsumer_group: g\n", nobody), nil)
+	gate := launch.NewGate()
+	gate.Hold()
+	f.started = gate
+	if !gate.Cancel() {
+		t.Fatal("the held gate was already open")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.Connect(ctx); !errors.Is(err, errExiting) {
+		t.Fatalf("Connect while exiting before start: %v, want %v at once", err, errExiting)
+	}
+	if f.connected() {
+		t.Fatal("Connect while exiting before start made a client")
+	}
+}
+
 func TestInputConfigErrors(t *testing.T) {
 	t.Parallel()
 	base := "seed_brokers: [ a:1 ]\ntopics: [ t ]\n"
