@@ -230,14 +230,9 @@ func (in *deadLetter) emit(ctx context.Context, pool *pgxpool.Pool, rows []outbo
 
 func newMessage(r outboxdb.Record) *service.Message {
 	msg := service.NewMessage(r.Payload)
-	f := msgmeta.Failed{
-		Claim: msgmeta.Claim{
-			ID: r.ID, MessageKey: r.MessageKey, APIType: r.APIType,
-			Kafka:     msgmeta.Kafka{Topic: r.KafkaTopic, Partition: r.KafkaPartition, Offset: r.KafkaOffset, Key: r.KafkaKey},
-			CreatedAt: r.CreatedAt,
-		},
-		LastError: r.LastErrorText(), AttemptCount: r.AttemptCount,
-	}
+	// SetFailed sets the row's part of the claim (id, key, API type, Kafka
+	// origin, creation time), not the claim's own.
+	f := msgmeta.Failed{Claim: msgmeta.ClaimOf(r), LastError: r.LastErrorText(), AttemptCount: r.AttemptCount}
 	if r.FailedAt != nil {
 		f.FailedAt = *r.FailedAt
 	}
