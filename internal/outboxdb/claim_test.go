@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -407,7 +405,7 @@ func TestClaimPlanWithMillionFinishedRows(t *testing.T) {
 	}{
 		{"Claim", outboxdb.ClaimSQL(), []any{500, int64(60_000), "plan", 5, int64(-1)}, true},
 		{"ClaimWithByteBudget", outboxdb.ClaimSQL(), []any{500, int64(60_000), "plan", 5, int64(64 << 20)}, true},
-		{"NextDue", mustReadSQL(t, "next_due.sql"), nil, true},
+		{"NextDue", outboxdb.StatementSQL("next_due.sql"), nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			plan := explainPlan(t, b.Pool, c.sql, c.args...)
@@ -485,16 +483,6 @@ func millionFinished(t *testing.T) *fixture.DB {
 	b := fixture.New(t, millionPool(t))
 	b.Exec("TRUNCATE forward_deliveries")
 	return b
-}
-
-func mustReadSQL(t testing.TB, name string) string {
-	t.Helper()
-	// The embedded files are not exported; tests run in the package directory.
-	b, err := os.ReadFile(filepath.Join("sql", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 type explainNode struct {

@@ -10,3 +10,7 @@ func SkipOrderLocks() (restore func()) {
 
 // PlatformReadSQL is the gate's read of the shared platform state.
 func PlatformReadSQL() string { return platformReadSQL }
+
+// StatementSQL is the statement of file name in sql/ as the package runs
+// it: with the fragments it includes.
+func StatementSQL(name string) string { return mustSQL(name) }

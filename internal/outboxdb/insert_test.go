@@ -337,7 +337,7 @@ func TestInsertBackstopReadsTheKeyIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _, _ = conn.Exec(context.Background(), `RESET plan_cache_mode; DEALLOCATE backstop`) }()
-	if _, err := conn.Exec(b.Ctx, `PREPARE backstop(text[]) AS `+mustReadSQL(t, "insert_backstop.sql")); err != nil {
+	if _, err := conn.Exec(b.Ctx, `PREPARE backstop(text[]) AS `+outboxdb.StatementSQL("insert_backstop.sql")); err != nil {
 		t.Fatal(err)
 	}
 	keys := []string{"stored-1", "stored-2", "new-1"}
@@ -368,7 +368,7 @@ func TestInsertBackstopReadsTheKeyIndex(t *testing.T) {
 	b.Exec(`INSERT INTO forward_messages (message_key, api_type, kafka_topic, kafka_partition, kafka_offset, payload)
 		VALUES ('stored-2', 'VEHICLE_EVENT', 't', 0, 1, '\x7b7d')`)
 	var n int
-	err = conn.QueryRow(b.Ctx, mustReadSQL(t, "insert_backstop.sql"), keys).Scan(&n)
+	err = conn.QueryRow(b.Ctx, outboxdb.StatementSQL("insert_backstop.sql"), keys).Scan(&n)
 	if !strings.Contains(fmt.Sprint(err), "message key stored-2 was stored by another transaction") {
 		t.Fatalf("backstop over a key stored twice: %v (count %d), want a serialization failure naming it", err, n)
 	}

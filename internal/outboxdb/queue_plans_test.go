@@ -183,10 +183,10 @@ func TestQueuePlansHoldWhenTheQueueLooksEmpty(t *testing.T) {
 		{"renew_settled", outboxdb.RenewSettledSQL(), []any{ids, tokens, "me"}},
 		{"order_lock", outboxdb.OrderLockSQL(), []any{keys, ids}},
 		{"insert", outboxdb.InsertSQL(), insertArgs},
-		{"order_lock_active", mustReadSQL(t, "order_lock_active.sql"), []any{keys}},
-		{"insert_backstop", mustReadSQL(t, "insert_backstop.sql"), []any{messageKeys}},
-		{"deadletter_mark", mustReadSQL(t, "deadletter_mark.sql"), []any{ids, tokens}},
-		{"deadletter_release", mustReadSQL(t, "deadletter_release.sql"), []any{ids, tokens, time.Minute.Milliseconds()}},
+		{"order_lock_active", outboxdb.StatementSQL("order_lock_active.sql"), []any{keys}},
+		{"insert_backstop", outboxdb.StatementSQL("insert_backstop.sql"), []any{messageKeys}},
+		{"deadletter_mark", outboxdb.StatementSQL("deadletter_mark.sql"), []any{ids, tokens}},
+		{"deadletter_release", outboxdb.StatementSQL("deadletter_release.sql"), []any{ids, tokens, time.Minute.Milliseconds()}},
 	}
 	for _, st := range statements {
 		for _, c := range planningModes {
@@ -234,8 +234,8 @@ func TestBatchWritesReadEachResultOnce(t *testing.T) {
 		{"release", outboxdb.ReleaseSQL(), []any{ids, tokens, int64(0), false, "released", outboxdb.NotifyChannel}},
 		{"renew_settled", outboxdb.RenewSettledSQL(), []any{ids, tokens, "me"}},
 		{"insert retried after a lost reply", outboxdb.InsertSQL(), insertRetryArgs(claimed)},
-		{"deadletter_mark", mustReadSQL(t, "deadletter_mark.sql"), []any{deadIDs, deadTokens}},
-		{"deadletter_release", mustReadSQL(t, "deadletter_release.sql"), []any{deadIDs, deadTokens, int64(0)}},
+		{"deadletter_mark", outboxdb.StatementSQL("deadletter_mark.sql"), []any{deadIDs, deadTokens}},
+		{"deadletter_release", outboxdb.StatementSQL("deadletter_release.sql"), []any{deadIDs, deadTokens, int64(0)}},
 	}
 	for _, st := range statements {
 		for _, c := range planningModes {

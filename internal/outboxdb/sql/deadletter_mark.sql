@@ -9,12 +9,8 @@
 -- as text, as in release.sql.
 --
 -- $1 ids, $2 dead-letter tokens (pairwise with $1).
--- Each row's token looked up rather than joined: one probe and one lookup
--- per row whatever the statistics say (record.sql). MATERIALIZED: computed
--- once, not again for each row.
 WITH tokens AS MATERIALIZED (
-    SELECT jsonb_object_agg(held.id::text, held.token) AS by_id
-    FROM unnest($1::bigint[], $2::text[]) AS held (id, token)
+    -- include: held_tokens.sql
 )
 UPDATE forward_deliveries AS r
 SET dead_lettered_at        = now(),

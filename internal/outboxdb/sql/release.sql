@@ -23,11 +23,7 @@
 -- $1 ids, $2 claim tokens (pairwise with $1), $3 delay in milliseconds,
 -- $4 undo the attempt, $5 reason, $6 notification channel.
 WITH tokens AS MATERIALIZED (
-    -- Each row's claim token by id, looked up rather than joined: one probe
-    -- and one lookup per row whatever the statistics say (record.sql).
-    -- MATERIALIZED: computed once; read as a value, never joined (record.sql).
-    SELECT jsonb_object_agg(held.id::text, held.claim_token) AS by_id
-    FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
+    -- include: held_tokens.sql
 ), released AS (
     UPDATE forward_deliveries AS r
     SET status        = 'PENDING',

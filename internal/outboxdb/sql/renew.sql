@@ -20,13 +20,7 @@
 WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), tokens AS MATERIALIZED (
-    -- Each row's claim token by id, looked up rather than joined: one probe
-    -- and one lookup per row whatever the statistics say (record.sql).
-    -- MATERIALIZED: computed once, not again for each row. Read as a
-    -- value, never joined: joined, each locked row carried a copy of it
-    -- into the sort before the locks (190 MB on disk for 2 000 rows).
-    SELECT jsonb_object_agg(held.id::text, held.claim_token) AS by_id
-    FROM unnest($1::bigint[], $2::text[]) AS held (id, claim_token)
+    -- include: held_tokens.sql
 ), locked AS (
     SELECT f.id
     FROM forward_deliveries f
