@@ -85,16 +85,20 @@ func setup() error {
 		}
 	}
 	forwarderBin = filepath.Join(dir, "forwarder-e2e")
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(goBin, "build", "-o", forwarderBin, "./cmd/forwarder")
+	cmd := exec.Command(goTool(), "build", "-o", forwarderBin, "./cmd/forwarder")
 	cmd.Dir = repoRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building ./cmd/forwarder: %w\n%s", err, out)
 	}
 	return os.Chdir(repoRoot)
+}
+
+// goTool is the go command: the one on PATH, else this toolchain's.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 func writable(dir string) bool {

@@ -34,11 +34,26 @@ type proc struct {
 	mayExit bool
 }
 
-// startProc runs forwarderBin -c pipelines/forwarder.yaml from the repository
-// root with exactly env (plus PATH and HOME, so nothing from the developer's
+// build is a forwarder binary and the checkout it runs in: its pipeline
+// and mappings are read relative to the working directory.
+type build struct{ bin, dir string }
+
+// current is the forwarder of this run, in the repository root.
+func current(t *testing.T) build {
+	return build{bin: testinputs.Forwarder(t, forwarderBin), dir: repoRoot}
+}
+
+// startProc runs this run's forwarder (current) as startBuild does.
+func startProc(t *testing.T, name string, env map[string]string) *proc {
+	t.Helper()
+	return startBuild(t, name, current(t), env)
+}
+
+// startBuild runs b's binary -c pipelines/forwarder.yaml in b's checkout
+// with exactly env (plus PATH and HOME, so nothing from the developer's
 // shell changes the pipeline) and a fresh loopback HTTP_ADDR. It is killed
 // by PID when the test ends, whatever happened.
-func startProc(t *testing.T, name string, env map[string]string) *proc {
+func startBuild(t *testing.T, name string, b build, env map[string]string) *proc {
 	t.Helper()
 	logDir := t.TempDir()
 	if dir := os.Getenv("E2E_LOG_DIR"); dir != "" {
@@ -52,7 +67,6 @@ func startProc(t *testing.T, name string, env map[string]string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testinputs.Forwarder(t, forwarderBin)
 	p := &proc{name: name, httpAddr: addr, logPath: filepath.Join(logDir, name+".log")}
 	logFile, err := os.Create(p.logPath)
 	if err != nil {
@@ -66,7 +80,7 @@ func startProc(t *testing.T, name string, env map[string]string) *proc {
 	// Its own process group, so a Ctrl-C on `go test` reaches the test, which
 	// then kills it; it is killed too should the test binary die first.
 	p.Process, err = childproc.Start(childproc.Spec{
-		Path: forwarderBin, Args: []string{"-c", "pipelines/forwarder.yaml"}, Dir: repoRoot,
+		Path: b.bin, Args: []string{"-c", "pipelines/forwarder.yaml"}, Dir: b.dir,
 		Env: all, Output: logFile, ParentDeath: syscall.SIGKILL,
 	})
 	if err != nil {

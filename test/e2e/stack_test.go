@@ -163,14 +163,13 @@ func newStack(t *testing.T, opts stackOptions) *stack {
 // waits until it answers /ping.
 func (s *stack) start(name string, extra map[string]string) *proc {
 	s.t.Helper()
-	env := make(map[string]string, len(s.env)+len(extra))
-	for k, v := range s.env {
-		env[k] = v
-	}
-	for k, v := range extra {
-		env[k] = v
-	}
-	p := startProc(s.t, name, env)
+	return s.startBuild(name, current(s.t), extra)
+}
+
+// startBuild is start with the forwarder b.
+func (s *stack) startBuild(name string, b build, extra map[string]string) *proc {
+	s.t.Helper()
+	p := startBuild(s.t, name, b, mergeEnv(s.env, extra))
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()

@@ -1,0 +1,183 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forwarder/forwarder/internal/dev/eventgen"
+	"github.com/forwarder/forwarder/internal/dev/mockplatform"
+	"github.com/forwarder/forwarder/internal/outboxdb"
+)
+
+// TestRollingUpgradeAcrossTheNewestMigration makes the upgrade `helm
+// upgrade` makes (docs/deployment.md, "Upgrades") across the newest
+// migration, while messages flow: an instance of the build before that
+// migration created the schema and runs; this build's `outbox migrate`
+// applies the migration under it; the old instance goes on alone for a
+// while; a new instance starts beside it, and the old one is stopped with
+// SIGTERM. Every migration since schema 5 is online: instances of the
+// version before keep running on the new schema. So the old instance
+// delivers and records results after the migration (retries among them:
+// the platform fails some requests) without a database error or an error
+// in its log, and no message is lost, delivered twice or out of its
+// berth's order.
+func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
+	scenario(t, heavy, 35*time.Second)
+	old, oldVersion := buildBeforeNewestMigration(t)
+	s := newStack(t, stackOptions{
+		emptyDB: true,
+		faults: mockplatform.Faults{Latency: 2 * time.Millisecond, LatencyJitter: 8 * time.Millisecond,
+			HTTP5xx: 0.02, FirstTry999: 0.05},
+		// Leases long enough that a loaded machine never lets one run out:
+		// a repeat would then be a fault of the upgrade.
+		env: map[string]string{"CLAIM_LEASE": "30s", "FORWARD_TIMEOUT": "5s"},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	version := func(ctx context.Context) int {
+		t.Helper()
+		v, err := outboxdb.SchemaVersion(ctx, s.pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	// It answers /ping before its schema is made.
+	a := s.startBuild("forwarder-old", old, nil)
+	s.waitUntil(fmt.Sprintf("the old build to make schema %d", oldVersion), time.Minute, func(ctx context.Context) (bool, string) {
+		v := version(ctx)
+		return v == oldVersion, fmt.Sprintf("schema %d", v)
+	})
+	be := newBerthEvents()
+	src := s.newSource(eventgen.SourceConfig{Berths: 200})
+	const part, rate = 800, 400
+	s.producePaced(src, part, rate, be)
+
+	// Before its schema was made, the old instance's gauges found no
+	// table: its log is read from here on.
+	oldLogFrom := len(a.logBytes())
+	out, err := runForwarder(t, s.env, "outbox", "migrate")
+	if err != nil {
+		t.Fatalf("outbox migrate beside the old instance: %v\n%s", err, out)
+	}
+	if v := version(ctx); v != outboxdb.LatestVersion() {
+		t.Fatalf("outbox migrate left schema %d, want %d:\n%s", v, outboxdb.LatestVersion(), out)
+	}
+	var migratedAt time.Time
+	if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&migratedAt); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("migrated from schema %d to %d beside the old instance:\n%s", oldVersion, outboxdb.LatestVersion(), out)
+
+	// The old instance alone on the new schema.
+	s.producePaced(src, part, rate, be)
+	s.waitSettled(2 * time.Minute)
+	var delivered, retried int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE result_status = 'SUCCESS'),
+			count(*) FILTER (WHERE result_status = 'PENDING')
+		FROM forward_retry_logs WHERE attempted_by = $1 AND attempted_at > $2`,
+		a.claimer(), migratedAt).Scan(&delivered, &retried); err != nil {
+		t.Fatal(err)
+	}
+	if delivered < part/2 || retried == 0 {
+		t.Errorf("after the migration the old instance recorded %d deliveries and %d retries, want at least %d and one", delivered, retried, part/2)
+	}
+
+	// The rollout: a new instance beside it, then the old one stopped.
+	b := s.start("forwarder-new", nil)
+	s.producePaced(src, part/2, rate, be)
+	a.term(t)
+	s.producePaced(src, part/2, rate, be)
+	if code, exited := a.waitExit(shutdownTimeout + 20*time.Second); !exited || code != 0 {
+		t.Errorf("the old instance after SIGTERM: %s, want exit status 0:\n%s", a.state(), a.tail(4000))
+	}
+	s.waitSettled(2 * time.Minute)
+
+	r := s.verify()
+	if r.dupDeliveries > 0 {
+		t.Errorf("%d messages were delivered more than once:%s", r.dupMessages, s.dupHistory(r))
+	}
+	s.checkOrder(be).assert(t)
+	for _, l := range []struct {
+		p    *proc
+		from int
+	}{{a, oldLogFrom}, {b, 0}} {
+		if bad := grepLines(l.p.logBytes()[l.from:], "SQLSTATE", "level=error"); len(bad) > 0 {
+			t.Errorf("%s logged a database error or an error on %d lines:\n%s", l.p.name, len(bad), strings.Join(bad[:min(len(bad), 10)], "\n"))
+		}
+	}
+	t.Logf("the old instance recorded %d deliveries and %d retries on schema %d; %s", delivered, retried, outboxdb.LatestVersion(), r)
+}
+
+// buildBeforeNewestMigration builds the forwarder as it was before the
+// newest migration was added (the parent of the commit that added the
+// newest file of internal/outboxdb/migrations, or HEAD while that file is
+// not committed yet), from the repository's history into a temporary
+// directory, and returns it with the schema version it migrates to.
+// Without the history (a source archive, a shallow clone) there is no
+// earlier build to run: the test is skipped, saying so.
+func buildBeforeNewestMigration(t *testing.T) (build, int) {
+	t.Helper()
+	git := func(args ...string) (string, error) {
+		out, err := exec.Command("git", append([]string{"-C", repoRoot}, args...)...).Output()
+		return strings.TrimSpace(string(out)), err
+	}
+	if shallow, err := git("rev-parse", "--is-shallow-repository"); err != nil || shallow != "false" {
+		t.Skipf("no earlier build to upgrade from: %s is not a git checkout with its history (%q, %v)", repoRoot, shallow, err)
+	}
+	files, err := filepath.Glob(filepath.Join(repoRoot, "internal", "outboxdb", "migrations", "[0-9]*.sql"))
+	if err != nil || len(files) < 2 {
+		t.Fatalf("migrations: %v %v", files, err)
+	}
+	slices.Sort(files)
+	newest, err := filepath.Rel(repoRoot, files[len(files)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var version int
+	if _, err := fmt.Sscanf(filepath.Base(newest), "%04d_", &version); err != nil || version != outboxdb.LatestVersion() {
+		t.Fatalf("the newest migration %s is not schema %d, this build's (%v)", newest, outboxdb.LatestVersion(), err)
+	}
+	added, err := git("log", "-1", "--diff-filter=A", "--format=%H", "--", newest)
+	if err != nil {
+		t.Fatalf("git log %s: %v", newest, err)
+	}
+	rev := "HEAD"
+	if added != "" {
+		rev = added + "^"
+	}
+
+	dir := t.TempDir()
+	tarball := filepath.Join(dir, "source.tar")
+	if _, err := git("archive", "--format=tar", "-o", tarball, rev); err != nil {
+		t.Fatalf("git archive %s: %v", rev, err)
+	}
+	src := filepath.Join(dir, "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("tar", "-xf", tarball, "-C", src).CombinedOutput(); err != nil {
+		t.Fatalf("unpacking %s: %v\n%s", rev, err, out)
+	}
+	if _, err := os.Stat(filepath.Join(src, newest)); err == nil {
+		t.Fatalf("%s at %s already has %s", repoRoot, rev, newest)
+	}
+	started := time.Now()
+	b := build{bin: filepath.Join(src, "bin", "forwarder"), dir: src}
+	cmd := exec.Command(goTool(), "build", "-o", b.bin, "./cmd/forwarder")
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the forwarder at %s: %v\n%s", rev, err, out)
+	}
+	commit, _ := git("rev-parse", "--short", rev)
+	t.Logf("built the forwarder at %s (%s, schema %d) in %s", commit, rev, version-1, time.Since(started).Round(time.Second))
+	return b, version - 1
+}
