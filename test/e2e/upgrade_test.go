@@ -27,10 +27,17 @@ import (
 // delivers and records results after the migration (retries among them:
 // the platform fails some requests) without a database error or an error
 // in its log, and no message is lost, delivered twice or out of its
-// berth's order.
+// berth's order. Connected directly, and behind PgBouncer (transaction
+// pooling), where the old instance goes on through the statement
+// functions its version made while the migration makes the new version's.
 func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
-	scenario(t, heavy, 35*time.Second)
+	scenario(t, heavy, 60*time.Second)
 	old, oldVersion := buildBeforeNewestMigration(t)
+	t.Run("Direct", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, false) })
+	t.Run("BehindPgBouncer", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, true) })
+}
+
+func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
 	s := newStack(t, stackOptions{
 		emptyDB: true,
 		faults: mockplatform.Faults{Latency: 2 * time.Millisecond, LatencyJitter: 8 * time.Millisecond,
@@ -41,6 +48,11 @@ func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	if pooled {
+		_, dbName, url := s.startBouncer(ctx)
+		s.env["DATABASE_URL"], s.env["DATABASE_DIRECT_URL"] = url, s.dsn
+		s.trackFunctions(ctx, dbName)
+	}
 	version := func(ctx context.Context) int {
 		t.Helper()
 		v, err := outboxdb.SchemaVersion(ctx, s.pool)
@@ -112,6 +124,24 @@ func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
 	}{{a, oldLogFrom}, {b, 0}} {
 		if bad := grepLines(l.p.logBytes()[l.from:], "SQLSTATE", "level=error"); len(bad) > 0 {
 			t.Errorf("%s logged a database error or an error on %d lines:\n%s", l.p.name, len(bad), strings.Join(bad[:min(len(bad), 10)], "\n"))
+		}
+	}
+	if pooled {
+		// The old instance's insert and result write went through its
+		// version's functions, the new one's through this version's: two
+		// of each, every one called.
+		sent := func(calls map[string]int64) (called []string) {
+			for fn, n := range calls {
+				if n > 0 && (strings.HasPrefix(fn, "forward_stmt_insert_") || strings.HasPrefix(fn, "forward_stmt_record_")) &&
+					!strings.HasPrefix(fn, "forward_stmt_insert_backstop_") {
+					called = append(called, fn)
+				}
+			}
+			return called
+		}
+		calls := statementFunctionCalls(t, s.dsn, func(calls map[string]int64) bool { return len(sent(calls)) == 4 })
+		if len(sent(calls)) != 4 {
+			t.Errorf("statement functions called: %v, want the insert's and the result write's of both versions", calls)
 		}
 	}
 	t.Logf("the old instance recorded %d deliveries and %d retries on schema %d; %s", delivered, retried, outboxdb.LatestVersion(), r)
