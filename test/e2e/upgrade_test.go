@@ -31,7 +31,7 @@ import (
 // pooling), where the old instance goes on through the statement
 // functions its version made while the migration makes the new version's.
 func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
-	scenario(t, heavy, 60*time.Second)
+	scenario(t, heavy, 30*time.Second)
 	old, oldVersion := buildBeforeNewestMigration(t)
 	t.Run("Direct", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, false) })
 	t.Run("BehindPgBouncer", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, true) })
