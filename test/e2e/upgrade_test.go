@@ -21,8 +21,8 @@ import (
 // migration, while messages flow: an instance of the build before that
 // migration created the schema and runs; this build's `outbox migrate`
 // applies the migration under it; the old instance goes on alone for a
-// while; a new instance starts beside it, and the old one is stopped with
-// SIGTERM. Every migration since schema 5 is online: instances of the
+// while (another one of its build, started then, refuses the newer schema);
+// a new instance starts beside it, and the old one is stopped with SIGTERM. Every migration since schema 5 is online: instances of the
 // version before keep running on the new schema. So the old instance
 // delivers and records results after the migration (retries among them:
 // the platform fails some requests) without a database error or an error
@@ -88,6 +88,18 @@ func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
 		t.Fatal(err)
 	}
 	t.Logf("migrated from schema %d to %d beside the old instance:\n%s", oldVersion, outboxdb.LatestVersion(), out)
+
+	// An old pod that restarts now refuses the newer schema (finish the
+	// rollout), and says so.
+	restarted := startBuild(t, "forwarder-old-restarted", old, s.env)
+	restarted.mayExit = true
+	s.mu.Lock()
+	s.procs = append(s.procs, restarted)
+	s.mu.Unlock()
+	if code, exited := restarted.waitExit(time.Minute); !exited || code == 0 || restarted.countLines("newer than this binary") == 0 {
+		t.Errorf("an old instance started on schema %d: %s, want it refused, saying the schema is newer than it:\n%s",
+			outboxdb.LatestVersion(), restarted.state(), restarted.tail(3000))
+	}
 
 	// The old instance alone on the new schema.
 	s.producePaced(src, part, rate, be)
