@@ -123,6 +123,23 @@ type failure struct {
 	// (its first attempt, or its earlier failures did not count) and
 	// nothing sent after its previous failure was answered.
 	fresh bool
+	// attempt is the row's attempt that failed (0: unknown), and counted
+	// whether it spent it.
+	attempt int
+	counted bool
+}
+
+// requeuedBy says whether the row of failure f was requeued since, as its
+// claim for attempt (0: unknown) shows: only a requeue numbers a row's
+// attempts lower than before, or the same after one that counted (an
+// attempt that does not count is given back, and the next one takes its
+// number). What the breaker saw of the message before the requeue is not
+// the new message's: an operator's requeue a moment after a row ended
+// FAILED would otherwise have its first failure count as the message
+// failing on its own, and a row allowed one attempt end FAILED again at
+// the start of an outage.
+func (f failure) requeuedBy(attempt int) bool {
+	return attempt > 0 && f.attempt > 0 && (attempt < f.attempt || attempt == f.attempt && f.counted)
 }
 
 func newBreaker(cfg BreakerConfig) *breaker {
@@ -156,9 +173,10 @@ const (
 // goes down fail as new messages while the replies before it still make it
 // look up): counted, a row allowed a single attempt ended FAILED by an
 // outage.
-// The previous failure is the later of the one this breaker saw and the
-// one the row carries (r.PreviousFailure), since a row's retries may go to
-// any instance.
+// The previous failure is the later of the one this breaker saw (unless
+// the row was requeued since: failure.requeuedBy) and the one the row
+// carries (r.PreviousFailure), since a row's retries may go to any
+// instance.
 func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, counts bool) {
 	sent := cmp.Or(r.Sent, now)
 	b.expire(now)
@@ -182,7 +200,7 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 		return stay, true
 	}
 	previous := r.PreviousFailure
-	if prev, ok := b.latest[id]; ok && prev.at.After(previous) {
+	if prev, ok := b.latest[id]; ok && prev.at.After(previous) && !prev.requeuedBy(r.Attempt) {
 		previous = prev.at
 	}
 	ownFailure := b.failsOnItsOwn(previous)
@@ -192,16 +210,27 @@ func (b *breaker) observeReply(now time.Time, id int64, r Reply) (t transition, 
 	// the platform has answered others since. Taken as fresh, such retries
 	// came back each retry delay as new evidence and, at the end of a
 	// burst with little else to send, opened the breaker.
-	f := failure{id: id, at: now, seq: b.seq, fresh: r.Fresh && !ownFailure}
-	b.latest[id] = f
+	f := failure{id: id, at: now, seq: b.seq, fresh: r.Fresh && !ownFailure, attempt: r.Attempt}
 	b.failures = append(b.failures, f)
 	counts = b.state == BreakerClosed && b.evidentlyUp(now) &&
 		(ownFailure || !r.Last && (previous.IsZero() || now.Sub(previous) > b.cfg.Window))
+	f.counted = counts
+	b.latest[id] = f
 	if b.state != BreakerOpen && b.judgedDown(now) {
 		b.set(BreakerOpen, now)
 		return trip, false
 	}
 	return stay, counts
+}
+
+// heldBack records that the failure of row id just observed did not spend
+// its attempt after all (the gate held it back: a pause), so that the row's
+// next attempt, numbered the same, is not taken for a requeued row's.
+func (b *breaker) heldBack(id int64) {
+	if f, ok := b.latest[id]; ok {
+		f.counted = false
+		b.latest[id] = f
+	}
 }
 
 // observePeerHealthy records that another instance sharing the database

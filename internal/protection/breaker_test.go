@@ -364,6 +364,56 @@ func TestBreaker(t *testing.T) {
 		}
 	})
 
+	t.Run("ARequeuedMessageIsNewAgain", func(t *testing.T) {
+		t.Parallel()
+		// Row 3, allowed one attempt, fails twice here while the platform
+		// answers others: the second failure counts, and it ends FAILED.
+		// An operator requeues it at once (its claims number attempts
+		// from 1 again, and its row no longer carries a failure); its
+		// first attempt after that fails as the platform goes down, with
+		// the replies to requests sent a moment before still healthy.
+		// That is a new message's first failure, which must not count,
+		// although this breaker saw the message fail on its own 100ms ago.
+		last := Reply{Unavailable: true, Fresh: true, Last: true, Attempt: 1}
+		b := newBreaker(cfg)
+		failed := t0.Add(200 * time.Millisecond)
+		healthyEvery(b, t0, failed, 100*time.Millisecond)
+		b.observeReply(failed, 3, withSent(last, failed))
+		healthyEvery(b, failed.Add(100*time.Millisecond), failed.Add(time.Second), 100*time.Millisecond)
+		again := failed.Add(time.Second)
+		if _, counts := b.observeReply(again, 3, withSent(last, again)); !counts {
+			t.Fatal("a message failing again after the platform answered others: its last attempt does not count")
+		}
+		b.observe(again.Add(50*time.Millisecond), 4000, true, false)
+		requeued := again.Add(100 * time.Millisecond)
+		if _, counts := b.observeReply(requeued, 3, withSent(last, requeued)); counts {
+			t.Fatal("the first failure of a requeued message counts, from a failure before the requeue: a row allowed one attempt ends FAILED again as an outage begins")
+		}
+
+		// Without a requeue the breaker's memory stands when the row
+		// carries no previous failure (a pipeline that drops it): row 5
+		// fails, counted, on its first of two attempts; its second, on
+		// its own, counts.
+		b = newBreaker(cfg)
+		healthyEvery(b, t0, failed, 100*time.Millisecond)
+		if _, counts := b.observeReply(failed, 5, Reply{Sent: failed, Unavailable: true, Fresh: true, Attempt: 1}); !counts {
+			t.Fatal("the first failure of a message with attempts left, the platform evidently up, does not count")
+		}
+		healthyEvery(b, failed.Add(100*time.Millisecond), failed.Add(time.Second), 100*time.Millisecond)
+		if _, counts := b.observeReply(again, 5, Reply{Sent: again, Unavailable: true, Last: true, Attempt: 2}); !counts {
+			t.Fatal("a retry failing on its own, seen failing here before: its last attempt does not count")
+		}
+		// Nor is an attempt the gate held back (a pause) taken for a
+		// requeue: the next one has its number.
+		b.observeReply(again, 6, Reply{Sent: again, Unavailable: true, Fresh: true, Attempt: 1})
+		b.heldBack(6)
+		healthyEvery(b, again.Add(100*time.Millisecond), again.Add(time.Second), 100*time.Millisecond)
+		retry := again.Add(time.Second)
+		if _, counts := b.observeReply(retry, 6, Reply{Sent: retry, Unavailable: true, Fresh: true, Last: true, Attempt: 1}); !counts {
+			t.Fatal("a retry after an attempt held back, failing on its own: taken for a requeued message")
+		}
+	})
+
 	t.Run("StaleEvidenceDoesNotCount", func(t *testing.T) {
 		t.Parallel()
 		b := newBreaker(cfg)
@@ -566,4 +616,10 @@ func TestRateLimitBounds(t *testing.T) {
 			t.Fatalf("rate 1e300: chunks of %d, bucket %v", r.chunk, r.burst)
 		}
 	})
+}
+
+// withSent is r sent at sent.
+func withSent(r Reply, sent time.Time) Reply {
+	r.Sent = sent
+	return r
 }

@@ -526,6 +526,10 @@ type Reply struct {
 	// instance does not see (docs/architecture.md, "Protecting the
 	// platform").
 	PreviousFailure time.Time
+	// Attempt is the row's attempt this request made, as its claim numbers
+	// it (0: unknown). A requeue numbers a message's attempts from 1 again:
+	// the breaker then forgets the failures it saw of the message before.
+	Attempt int
 }
 
 // report tells the gate how the platform answered the request of row id,
@@ -562,6 +566,9 @@ func (g *Gate) report(ctx context.Context, id int64, p Permit, r Reply) (counted
 	}
 	t, counts := g.b.observeReply(now, id, r)
 	if now.Before(g.pausedUntil) || g.checkHoldLocked(now) {
+		if counts {
+			g.b.heldBack(id)
+		}
 		counts = false
 	}
 	if t != stay {

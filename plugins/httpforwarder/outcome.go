@@ -143,6 +143,7 @@ func (p policy) decide(r response, t try, report func(protection.Reply) (counted
 		PauseFor:        d.PauseFor,
 		Why:             d.Result.Error,
 		PreviousFailure: t.previousFailure,
+		Attempt:         t.attempt,
 	})
 	if !counted {
 		d = p.notCounted(d, r, t.attempt, t.probe)

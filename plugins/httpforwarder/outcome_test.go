@@ -92,7 +92,7 @@ func TestDecide(t *testing.T) {
 				return true
 			})
 			r := d.Result
-			want := protection.Reply{Unavailable: tc.health == unavailable, Fresh: tc.attempt <= 1, Last: tc.attempt == 3, Overloaded: tc.overloaded, PauseFor: tc.pauseFor, Why: r.Error}
+			want := protection.Reply{Unavailable: tc.health == unavailable, Fresh: tc.attempt <= 1, Last: tc.attempt == 3, Overloaded: tc.overloaded, PauseFor: tc.pauseFor, Why: r.Error, Attempt: tc.attempt}
 			if told != want {
 				t.Errorf("told the protection %+v, want %+v", told, want)
 			}
@@ -163,16 +163,16 @@ func TestDecide(t *testing.T) {
 	})
 
 	// The protection learns what it needs of the row: whether its
-	// attempts were unspent, whether this one is its last, and when it
-	// last failed on any instance.
+	// attempts were unspent, whether this one is its last, which one it
+	// is, and when it last failed on any instance.
 	t.Run("ReportsTheRowsPreviousFailure", func(t *testing.T) {
 		t.Parallel()
 		failed := now.Add(-300 * time.Millisecond)
 		var got protection.Reply
 		p.decide(response{Status: 503}, try{attempt: 2, previousFailure: failed, took: time.Millisecond, now: now},
 			func(r protection.Reply) bool { got = r; return true })
-		if !got.Unavailable || got.Fresh || got.Last || !got.PreviousFailure.Equal(failed) {
-			t.Fatalf("reported %+v, want an unavailable reply of a row that failed before, at %v, with an attempt left", got, failed)
+		if !got.Unavailable || got.Fresh || got.Last || got.Attempt != 2 || !got.PreviousFailure.Equal(failed) {
+			t.Fatalf("reported %+v, want an unavailable reply to attempt 2 of a row that failed before, at %v, with an attempt left", got, failed)
 		}
 		p.decide(response{Status: 503}, try{attempt: 3, previousFailure: failed, took: time.Millisecond, now: now},
 			func(r protection.Reply) bool { got = r; return true })
