@@ -141,10 +141,8 @@ var Vars = []Var{
 	{Name: "HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4195"},
 	{Name: "DEAD_LETTER_HTTP_ADDR", Kind: HostPort, Example: "0.0.0.0:4197"},
 	{Name: "FORWARD_MAX_IN_FLIGHT", Kind: PositiveInt, Example: "100", Max: pluginconf.MaxInFlight},
-	// Below a millisecond every request to a platform across a network
-	// times out and nothing is delivered: a mistake, refused.
-	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s", Min: time.Millisecond,
-		Why: "too short for a request to the platform"},
+	{Name: "FORWARD_TIMEOUT", Kind: PositiveDuration, Example: "10s", Min: pluginconf.MinTimeout,
+		Why: pluginconf.MinTimeoutWhy},
 	{Name: "FORWARD_MAX_ATTEMPTS", Kind: PositiveInt, Example: "5", Max: outboxdb.MaxAttemptsLimit},
 	{Name: "FORWARD_RETRY_INITIAL", Kind: Duration, Example: "5s"},
 	{Name: "FORWARD_RETRY_MAX", Kind: Duration, Example: "300s"},
@@ -160,10 +158,8 @@ var Vars = []Var{
 	{Name: "DEAD_LETTER_POLL_INTERVAL", Kind: PositiveDuration, Example: "5s"},
 	{Name: "LOG_LEVEL", Kind: LogLevel, Options: logLevels},
 	{Name: "SHUTDOWN_TIMEOUT", Kind: Duration, Example: "30s"},
-	// The instances share the next probe's time in whole milliseconds:
-	// below one, nothing spaces the probes of an outage.
-	{Name: "PLATFORM_PROBE_INTERVAL", Kind: PositiveDuration, Example: "5s", Min: time.Millisecond,
-		Why: "the instances space their probes in whole milliseconds, so every instance would probe as fast as it can"},
+	{Name: "PLATFORM_PROBE_INTERVAL", Kind: PositiveDuration, Example: "5s", Min: pluginconf.MinProbeInterval,
+		Why: pluginconf.MinProbeIntervalWhy},
 	{Name: "FORWARD_RATE_LIMIT", Kind: NonNegativeNumber, Example: "50"},
 	{Name: "FAILED_REQUEUE_AFTER", Kind: Duration, Example: "1h"},
 	{Name: "FAILED_REQUEUE_ROUNDS", Kind: NonNegativeInt, Example: "3", Max: outboxdb.MaxRequeueRounds},

@@ -47,14 +47,6 @@ const (
 
 const defaultTimeout = "10s"
 
-// minTimeout is the shortest timeout accepted: below it every request to a
-// platform across a network times out, and nothing is delivered.
-const minTimeout = time.Millisecond
-
-// minProbeInterval: the instances share the next probe's time in whole
-// milliseconds (outboxdb.TryProbe); below one, nothing spaces the probes.
-const minProbeInterval = time.Millisecond
-
 var httpForwarderSpec = sync.OnceValue(func() *service.ConfigSpec {
 	defaultRulesConf := make([]any, len(defaultRules))
 	for i, r := range defaultRules {
@@ -212,16 +204,16 @@ var breakerCountLintRule = fieldlint.Int(checkBreakerCount)
 // The checks of single fields, which start-up runs on the parsed values and
 // lint (fieldlint) on the values written, with the same words.
 var (
-	checkTimeout = fieldlint.Range(minTimeout, fieldlint.MaxDuration,
-		fmt.Sprintf("field %s: must be at least %v, got %%v (FORWARD_TIMEOUT): too short for a request to the platform, nothing would be delivered", hfFieldTimeout, minTimeout))
+	checkTimeout = fieldlint.Range(pluginconf.MinTimeout, fieldlint.MaxDuration,
+		fmt.Sprintf("field %s: must be at least %v, got %%v (FORWARD_TIMEOUT): %s, nothing would be delivered", hfFieldTimeout, pluginconf.MinTimeout, pluginconf.MinTimeoutWhy))
 	checkMaxInFlight = fieldlint.Range(1, pluginconf.MaxInFlight,
 		fmt.Sprintf("field %s: must be from 1 to %d, got %%d (FORWARD_MAX_IN_FLIGHT): Benthos starts a goroutine for each, and the output keeps as many connections", hfFieldMaxInFlight, pluginconf.MaxInFlight))
 	checkRetryInitial     = fieldlint.Range(0, fieldlint.MaxDuration, "field retry.initial: must not be negative, got %v")
 	checkRetryMultiplier  = fieldlint.Range(1, math.MaxFloat64, "field retry.multiplier: must be at least 1, got %v")
 	checkRetryMaxAttempts = fieldlint.Range(1, outboxdb.MaxAttemptsLimit,
 		fmt.Sprintf("field retry.max_attempts: must be from 1 to %d (a row counts its attempts in an integer column), got %%d (FORWARD_MAX_ATTEMPTS)", outboxdb.MaxAttemptsLimit))
-	checkProbeInterval = fieldlint.Range(minProbeInterval, fieldlint.MaxDuration,
-		fmt.Sprintf("field %s: must be at least %v, got %%v (PLATFORM_PROBE_INTERVAL): the instances space their probes in whole milliseconds, so every instance would probe as fast as it can", hfFieldProbeInterval, minProbeInterval))
+	checkProbeInterval = fieldlint.Range(pluginconf.MinProbeInterval, fieldlint.MaxDuration,
+		fmt.Sprintf("field %s: must be at least %v, got %%v (PLATFORM_PROBE_INTERVAL): %s", hfFieldProbeInterval, pluginconf.MinProbeInterval, pluginconf.MinProbeIntervalWhy))
 	checkRateLimit      = fieldlint.Range(0, math.MaxFloat64, "field "+hfFieldRateLimit+": must be a number of at least 0, got %v (FORWARD_RATE_LIMIT)")
 	checkBreakerWindow  = fieldlint.Range(1, fieldlint.MaxDuration, "field breaker.window: must be positive, got %v")
 	checkBreakerSilence = fieldlint.Range(1, fieldlint.MaxDuration, "field breaker.silence: must be positive, got %v")
