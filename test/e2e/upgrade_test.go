@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,19 +21,52 @@ import (
 // migration created the schema and runs; this build's `outbox migrate`
 // applies the migration under it; the old instance goes on alone for a
 // while (another one of its build, started then, refuses the newer schema);
-// a new instance starts beside it, and the old one is stopped with SIGTERM. Every migration since schema 5 is online: instances of the
-// version before keep running on the new schema. So the old instance
-// delivers and records results after the migration (retries among them:
-// the platform fails some requests) without a database error or an error
-// in its log, and no message is lost, delivered twice or out of its
-// berth's order. Connected directly, and behind PgBouncer (transaction
-// pooling), where the old instance goes on through the statement
-// functions its version made while the migration makes the new version's.
+// a new instance starts beside it, and the old one is stopped with SIGTERM.
+// Every migration since schema 5 is online: instances of the version before
+// keep running on the new schema. So the old instance delivers and records
+// results after the migration (retries among them: the platform fails some
+// requests) without a database error or an error in its log, and no message
+// is lost, delivered twice or out of its berth's order. Connected directly,
+// and behind PgBouncer (transaction pooling), where the old instance goes
+// on through the statement functions its version made while the migration
+// makes the new version's.
 func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
 	scenario(t, heavy, 30*time.Second)
-	old, oldVersion := buildBeforeNewestMigration(t)
+	ms := migrations(t)
+	old, oldVersion := buildBeforeMigration(t, ms[len(ms)-1])
 	t.Run("Direct", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, false) })
 	t.Run("BehindPgBouncer", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, true) })
+}
+
+// TestRollingUpgradeAcrossEveryOnlineMigration makes the same upgrade from
+// the oldest release every later migration is online from (schema 5, the
+// data model's redesign, was the last offline one): a deployment that
+// skipped releases applies several migrations in one `helm upgrade`, and
+// its old pods run on a schema some versions newer than theirs until the
+// rollout replaces them. Connected directly (that release made no
+// statement functions for PgBouncer).
+func TestRollingUpgradeAcrossEveryOnlineMigration(t *testing.T) {
+	scenario(t, heavy, 25*time.Second)
+	ms := migrations(t)
+	first := len(ms) - 1
+	for first > 0 && ms[first].Online {
+		first--
+	}
+	first++ // the oldest migration after the last offline one
+	if first >= len(ms)-1 {
+		t.Skipf("only the newest migration (%s) is online from the last offline one: TestRollingUpgradeAcrossTheNewestMigration makes that upgrade", ms[len(ms)-1].Name)
+	}
+	old, oldVersion := buildBeforeMigration(t, ms[first])
+	rollingUpgrade(t, old, oldVersion, false)
+}
+
+func migrations(t *testing.T) []outboxdb.Migration {
+	t.Helper()
+	ms, err := outboxdb.Migrations()
+	if err != nil || len(ms) < 2 {
+		t.Fatalf("migrations: %d, %v", len(ms), err)
+	}
+	return ms
 }
 
 func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
@@ -159,14 +191,14 @@ func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
 	t.Logf("the old instance recorded %d deliveries and %d retries on schema %d; %s", delivered, retried, outboxdb.LatestVersion(), r)
 }
 
-// buildBeforeNewestMigration builds the forwarder as it was before the
-// newest migration was added (the parent of the commit that added the
-// newest file of internal/outboxdb/migrations, or HEAD while that file is
-// not committed yet), from the repository's history into a temporary
-// directory, and returns it with the schema version it migrates to.
-// Without the history (a source archive, a shallow clone) there is no
-// earlier build to run: the test is skipped, saying so.
-func buildBeforeNewestMigration(t *testing.T) (build, int) {
+// buildBeforeMigration builds the forwarder as it was before migration m
+// was added (the parent of the commit that added its file to
+// internal/outboxdb/migrations, or HEAD while that file is not committed
+// yet), from the repository's history into a temporary directory, and
+// returns it with the schema version it migrates to. Without the history
+// (a source archive, a shallow clone) there is no earlier build to run: the
+// test is skipped, saying so.
+func buildBeforeMigration(t *testing.T, m outboxdb.Migration) (build, int) {
 	t.Helper()
 	git := func(args ...string) (string, error) {
 		out, err := exec.Command("git", append([]string{"-C", repoRoot}, args...)...).Output()
@@ -175,22 +207,10 @@ func buildBeforeNewestMigration(t *testing.T) (build, int) {
 	if shallow, err := git("rev-parse", "--is-shallow-repository"); err != nil || shallow != "false" {
 		t.Skipf("no earlier build to upgrade from: %s is not a git checkout with its history (%q, %v)", repoRoot, shallow, err)
 	}
-	files, err := filepath.Glob(filepath.Join(repoRoot, "internal", "outboxdb", "migrations", "[0-9]*.sql"))
-	if err != nil || len(files) < 2 {
-		t.Fatalf("migrations: %v %v", files, err)
-	}
-	slices.Sort(files)
-	newest, err := filepath.Rel(repoRoot, files[len(files)-1])
+	file := filepath.Join("internal", "outboxdb", "migrations", m.Name+".sql")
+	added, err := git("log", "-1", "--diff-filter=A", "--format=%H", "--", file)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var version int
-	if _, err := fmt.Sscanf(filepath.Base(newest), "%04d_", &version); err != nil || version != outboxdb.LatestVersion() {
-		t.Fatalf("the newest migration %s is not schema %d, this build's (%v)", newest, outboxdb.LatestVersion(), err)
-	}
-	added, err := git("log", "-1", "--diff-filter=A", "--format=%H", "--", newest)
-	if err != nil {
-		t.Fatalf("git log %s: %v", newest, err)
+		t.Fatalf("git log %s: %v", file, err)
 	}
 	rev := "HEAD"
 	if added != "" {
@@ -209,8 +229,8 @@ func buildBeforeNewestMigration(t *testing.T) (build, int) {
 	if out, err := exec.Command("tar", "-xf", tarball, "-C", src).CombinedOutput(); err != nil {
 		t.Fatalf("unpacking %s: %v\n%s", rev, err, out)
 	}
-	if _, err := os.Stat(filepath.Join(src, newest)); err == nil {
-		t.Fatalf("%s at %s already has %s", repoRoot, rev, newest)
+	if _, err := os.Stat(filepath.Join(src, file)); err == nil {
+		t.Fatalf("%s at %s already has %s", repoRoot, rev, file)
 	}
 	started := time.Now()
 	b := build{bin: filepath.Join(src, "bin", "forwarder"), dir: src}
@@ -220,6 +240,6 @@ func buildBeforeNewestMigration(t *testing.T) (build, int) {
 		t.Fatalf("building the forwarder at %s: %v\n%s", rev, err, out)
 	}
 	commit, _ := git("rev-parse", "--short", rev)
-	t.Logf("built the forwarder at %s (%s, schema %d) in %s", commit, rev, version-1, time.Since(started).Round(time.Second))
-	return b, version - 1
+	t.Logf("built the forwarder at %s (%s, schema %d) in %s", commit, rev, m.Version-1, time.Since(started).Round(time.Second))
+	return b, m.Version - 1
 }
