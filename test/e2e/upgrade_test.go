@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,10 +44,12 @@ func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
 // data model's redesign, was the last offline one): a deployment that
 // skipped releases applies several migrations in one `helm upgrade`, and
 // its old pods run on a schema some versions newer than theirs until the
-// rollout replaces them. Connected directly (that release made no
-// statement functions for PgBouncer).
+// rollout replaces them. Connected directly, and behind PgBouncer, where
+// the old instance goes on through the statements its release sent there
+// (statement functions came later) while the new one uses this version's
+// functions.
 func TestRollingUpgradeAcrossEveryOnlineMigration(t *testing.T) {
-	scenario(t, heavy, 25*time.Second)
+	scenario(t, heavy, 30*time.Second)
 	ms := migrations(t)
 	first := len(ms) - 1
 	for first > 0 && ms[first].Online {
@@ -57,7 +60,20 @@ func TestRollingUpgradeAcrossEveryOnlineMigration(t *testing.T) {
 		t.Skipf("only the newest migration (%s) is online from the last offline one: TestRollingUpgradeAcrossTheNewestMigration makes that upgrade", ms[len(ms)-1].Name)
 	}
 	old, oldVersion := buildBeforeMigration(t, ms[first])
-	rollingUpgrade(t, old, oldVersion, false)
+	t.Run("Direct", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, false) })
+	t.Run("BehindPgBouncer", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, true) })
+}
+
+// deliveryFunctions are the insert's and the result write's statement
+// functions in calls, only those called when called is set.
+func deliveryFunctions(calls map[string]int64, called bool) (fns []string) {
+	for fn, n := range calls {
+		if (n > 0 || !called) && (strings.HasPrefix(fn, "forward_stmt_insert_") || strings.HasPrefix(fn, "forward_stmt_record_")) &&
+			!strings.HasPrefix(fn, "forward_stmt_insert_backstop_") {
+			fns = append(fns, fn)
+		}
+	}
+	return fns
 }
 
 func migrations(t *testing.T) []outboxdb.Migration {
@@ -108,6 +124,12 @@ func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
 	// Before its schema was made, the old instance's gauges found no
 	// table: its log is read from here on.
 	oldLogFrom := len(a.logBytes())
+	// Behind PgBouncer, the functions there are now are the old
+	// version's (none when it made none, as releases before schema 8 did).
+	var oldFunctions []string
+	if pooled {
+		oldFunctions = deliveryFunctions(statementFunctionCalls(t, s.dsn, func(map[string]int64) bool { return true }), false)
+	}
 	out, err := runForwarder(t, s.env, "outbox", "migrate")
 	if err != nil {
 		t.Fatalf("outbox migrate beside the old instance: %v\n%s", err, out)
@@ -172,20 +194,20 @@ func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
 	}
 	if pooled {
 		// The old instance's insert and result write went through its
-		// version's functions, the new one's through this version's: two
-		// of each, every one called.
-		sent := func(calls map[string]int64) (called []string) {
-			for fn, n := range calls {
-				if n > 0 && (strings.HasPrefix(fn, "forward_stmt_insert_") || strings.HasPrefix(fn, "forward_stmt_record_")) &&
-					!strings.HasPrefix(fn, "forward_stmt_insert_backstop_") {
-					called = append(called, fn)
-				}
+		// version's functions when it made them, the new one's through this
+		// version's: every one called.
+		want := len(oldFunctions) + 2
+		calls := statementFunctionCalls(t, s.dsn, func(calls map[string]int64) bool {
+			return len(deliveryFunctions(calls, true)) == want
+		})
+		called := deliveryFunctions(calls, true)
+		for _, fn := range oldFunctions {
+			if !slices.Contains(called, fn) {
+				t.Errorf("the old version's %s was not called", fn)
 			}
-			return called
 		}
-		calls := statementFunctionCalls(t, s.dsn, func(calls map[string]int64) bool { return len(sent(calls)) == 4 })
-		if len(sent(calls)) != 4 {
-			t.Errorf("statement functions called: %v, want the insert's and the result write's of both versions", calls)
+		if len(called) != want {
+			t.Errorf("statement functions called: %v, want the insert's and the result write's of this version and %v", calls, oldFunctions)
 		}
 	}
 	t.Logf("the old instance recorded %d deliveries and %d retries on schema %d; %s", delivered, retried, outboxdb.LatestVersion(), r)
