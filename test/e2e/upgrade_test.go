@@ -49,7 +49,7 @@ func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
 // (statement functions came later) while the new one uses this version's
 // functions.
 func TestRollingUpgradeAcrossEveryOnlineMigration(t *testing.T) {
-	scenario(t, heavy, 30*time.Second)
+	scenario(t, heavy, 32*time.Second)
 	ms := migrations(t)
 	first := len(ms) - 1
 	for first > 0 && ms[first].Online {
