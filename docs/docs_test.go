@@ -592,17 +592,76 @@ func TestGuaranteesNameRealTests(t *testing.T) {
 			t.Errorf("docs/guarantees.md row %s names %s %s: %s has no func %s", nt.row, nt.pkg, nt.name, nt.pkg, top)
 			continue
 		}
-		if subs == "" {
-			continue
+		if sub := missingSubtest(fn, subs); sub != "" {
+			t.Errorf("docs/guarantees.md row %s names %s %s: %s has no subtest %q", nt.row, nt.pkg, nt.name, top, sub)
 		}
-		body := ast.Node(fn.Body)
-		for _, sub := range strings.Split(subs, "/") {
-			if body = subtest(body, sub); body == nil {
-				t.Errorf("docs/guarantees.md row %s names %s %s: %s has no subtest %q", nt.row, nt.pkg, nt.name, top, sub)
-				break
+	}
+}
+
+// TestPagesNameRealTests: every test the README or a page under docs/
+// names (`TestX`, `TestX/Sub`, `BenchmarkX`) exists in the repository, its
+// subtests included, so that a renamed or deleted test cannot leave a page
+// pointing at nothing. (TestGuaranteesNameRealTests also checks, for
+// docs/guarantees.md, that each is in the package the row names.)
+func TestPagesNameRealTests(t *testing.T) {
+	t.Parallel()
+	// The test functions of every package, by name.
+	funcs := map[string][]*ast.FuncDecl{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		if p != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "bin" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		dir, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		for name, fn := range testFuncs(t, dir) {
+			funcs[name] = append(funcs[name], fn)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cited := regexp.MustCompile("`((?:Test|Benchmark|Fuzz)[A-Za-z0-9_]*(?:/[^/`\\s]+)*)`")
+	checked := 0
+	for page, text := range docPages(t) {
+		for _, m := range cited.FindAllStringSubmatch(text, -1) {
+			checked++
+			top, subs, _ := strings.Cut(m[1], "/")
+			fns := funcs[top]
+			if len(fns) == 0 {
+				t.Errorf("%s names %s: the repository has no func %s", page, m[1], top)
+				continue
+			}
+			if !slices.ContainsFunc(fns, func(fn *ast.FuncDecl) bool { return missingSubtest(fn, subs) == "" }) {
+				t.Errorf("%s names %s: %s has no such subtest", page, m[1], top)
 			}
 		}
 	}
+	if checked < 100 {
+		t.Fatalf("found only %d tests named by the pages: the scan is broken", checked)
+	}
+}
+
+// missingSubtest returns the part of subs (a/b/c, "" for none) from the
+// first subtest fn does not have, or "".
+func missingSubtest(fn *ast.FuncDecl, subs string) string {
+	if subs == "" {
+		return ""
+	}
+	body := ast.Node(fn.Body)
+	for path := subs; path != ""; {
+		next, rest := subtest(body, path)
+		if next == nil {
+			return path
+		}
+		body, path = next, rest
+	}
+	return ""
 }
 
 // testFuncs parses the _test.go files of the package in dir and returns
@@ -629,23 +688,54 @@ func testFuncs(t *testing.T, dir string) map[string]*ast.FuncDecl {
 	return out
 }
 
-// subtest finds, in node, the function literal of the subtest named name:
-// the body of a `x.Run("name", func...)` call (Go's subtest names have
-// spaces as underscores). A Run whose name is not a literal (a table of
-// cases) matches when node holds the name as a string literal; its function
-// is returned then.
-func subtest(node ast.Node, name string) ast.Node {
+// subtest finds, in node, the function literal of the subtest that path
+// (a/b/c) begins with, and returns it with the rest of path: the body of a
+// `x.Run(name, func...)` call whose name is the path's first segments (a
+// name may hold a "/"; Go's subtest names have spaces as underscores),
+// or, when the name is formatted (`fmt.Sprintf("finished=%d", n)`), whose
+// format matches them; a path may end inside a name. A Run whose name is neither (a table of cases)
+// matches when node holds the first segment as a string literal; its
+// function is returned then.
+func subtest(node ast.Node, path string) (ast.Node, string) {
+	segments := strings.Split(path, "/")
+	// leading says whether the path begins with name's segments (or, for
+	// a path that ends inside name, with as many as it has, as `go test
+	// -run` takes it), each compared by same, and returns the rest.
+	leading := func(name string, same func(nameSegment, segment string) bool) (string, bool) {
+		names := strings.Split(name, "/")
+		k := min(len(names), len(segments))
+		for i := range k {
+			if !same(names[i], segments[i]) {
+				return "", false
+			}
+		}
+		return strings.Join(segments[k:], "/"), true
+	}
+	// The string literals in node: what a table of cases names its
+	// subtests with.
+	literals := map[string]bool{}
+	ast.Inspect(node, func(n ast.Node) bool {
+		if s, ok := n.(ast.Expr); ok {
+			if v, ok := literal(s); ok {
+				literals[strings.ReplaceAll(v, " ", "_")] = true
+			}
+		}
+		return true
+	})
+	literally := func(n, s string) bool { return strings.ReplaceAll(n, " ", "_") == s }
+	// A formatted name matches when each %s or %v of it writes one of
+	// the literals.
+	formatted := func(n, s string) bool {
+		m := formatPattern(n).FindStringSubmatch(s)
+		return m != nil && !slices.ContainsFunc(m[1:], func(v string) bool { return !literals[v] })
+	}
 	var found, table ast.Node
-	named := false
+	var rest string
 	ast.Inspect(node, func(n ast.Node) bool {
 		if found != nil {
 			return false
 		}
 		switch n := n.(type) {
-		case *ast.BasicLit:
-			if s, err := strconv.Unquote(n.Value); err == nil && n.Kind == token.STRING && strings.ReplaceAll(s, " ", "_") == name {
-				named = true
-			}
 		case *ast.CallExpr:
 			sel, ok := n.Fun.(*ast.SelectorExpr)
 			if !ok || sel.Sel.Name != "Run" || len(n.Args) != 2 {
@@ -655,22 +745,79 @@ func subtest(node ast.Node, name string) ast.Node {
 			if !ok {
 				return true
 			}
-			lit, ok := n.Args[0].(*ast.BasicLit)
-			if !ok {
-				if table == nil {
-					table = fn
+			if name, ok := literal(n.Args[0]); ok {
+				if after, ok := leading(name, literally); ok {
+					found, rest = fn, after
+					return false
 				}
 				return true
 			}
-			if s, err := strconv.Unquote(lit.Value); err == nil && strings.ReplaceAll(s, " ", "_") == name {
-				found = fn
-				return false
+			if format, ok := sprintfFormat(n.Args[0]); ok {
+				if after, ok := leading(format, formatted); ok {
+					found, rest = fn, after
+					return false
+				}
+				return true
+			}
+			if table == nil {
+				table = fn
 			}
 		}
 		return true
 	})
-	if found == nil && named && table != nil {
-		return table
+	if found == nil && literals[segments[0]] && table != nil {
+		return table, strings.Join(segments[1:], "/")
 	}
-	return found
+	return found, rest
+}
+
+// literal is the value of e when it is a string literal.
+func literal(e ast.Expr) (string, bool) {
+	lit, ok := e.(*ast.BasicLit)
+	if !ok || lit.Kind != token.STRING {
+		return "", false
+	}
+	s, err := strconv.Unquote(lit.Value)
+	return s, err == nil
+}
+
+// sprintfFormat is the format of e when it is a fmt.Sprintf call with a
+// literal one.
+func sprintfFormat(e ast.Expr) (string, bool) {
+	call, ok := e.(*ast.CallExpr)
+	if !ok || len(call.Args) == 0 {
+		return "", false
+	}
+	sel, ok := call.Fun.(*ast.SelectorExpr)
+	if !ok || sel.Sel.Name != "Sprintf" {
+		return "", false
+	}
+	if pkg, ok := sel.X.(*ast.Ident); !ok || pkg.Name != "fmt" {
+		return "", false
+	}
+	return literal(call.Args[0])
+}
+
+// formatPattern matches what a format of fmt.Sprintf writes: each verb
+// stands for any text without a "/" (spaces as underscores, as in a
+// subtest's name), and what each %s or %v writes is a group.
+func formatPattern(format string) *regexp.Regexp {
+	verb := regexp.MustCompile(`%[-+# 0-9.]*[a-zA-Z%]`)
+	var b strings.Builder
+	b.WriteString("^")
+	at := 0
+	for _, m := range verb.FindAllStringIndex(format, -1) {
+		b.WriteString(regexp.QuoteMeta(strings.ReplaceAll(format[at:m[0]], " ", "_")))
+		switch format[m[1]-1] {
+		case '%':
+			b.WriteString("%")
+		case 's', 'v':
+			b.WriteString("([^/]*)")
+		default:
+			b.WriteString("[^/]*")
+		}
+		at = m[1]
+	}
+	b.WriteString(regexp.QuoteMeta(strings.ReplaceAll(format[at:], " ", "_")) + "$")
+	return regexp.MustCompile(b.String())
 }
