@@ -34,6 +34,9 @@ import (
 func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
 	scenario(t, heavy, 30*time.Second)
 	ms := migrations(t)
+	if newest := ms[len(ms)-1]; !newest.Online {
+		t.Skipf("the newest migration %s is offline: it is applied with every instance stopped (docs/deployment.md, \"Upgrades\"), not during a rollout", newest.Name)
+	}
 	old, oldVersion := buildBeforeMigration(t, ms[len(ms)-1])
 	t.Run("Direct", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, false) })
 	t.Run("BehindPgBouncer", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, true) })
@@ -51,13 +54,9 @@ func TestRollingUpgradeAcrossTheNewestMigration(t *testing.T) {
 func TestRollingUpgradeAcrossEveryOnlineMigration(t *testing.T) {
 	scenario(t, heavy, 32*time.Second)
 	ms := migrations(t)
-	first := len(ms) - 1
-	for first > 0 && ms[first].Online {
-		first--
-	}
-	first++ // the oldest migration after the last offline one
+	first := firstOnlineRun(ms)
 	if first >= len(ms)-1 {
-		t.Skipf("only the newest migration (%s) is online from the last offline one: TestRollingUpgradeAcrossTheNewestMigration makes that upgrade", ms[len(ms)-1].Name)
+		t.Skipf("no online migration before the newest (%s) since the last offline one: TestRollingUpgradeAcrossTheNewestMigration makes what upgrade there is", ms[len(ms)-1].Name)
 	}
 	old, oldVersion := buildBeforeMigration(t, ms[first])
 	t.Run("Direct", func(t *testing.T) { rollingUpgrade(t, old, oldVersion, false) })
@@ -74,6 +73,19 @@ func deliveryFunctions(calls map[string]int64, called bool) (fns []string) {
 		}
 	}
 	return fns
+}
+
+// firstOnlineRun is the index in ms of the oldest migration after the last
+// offline one (len(ms) when the newest is offline): the release before it
+// is the oldest that every later migration lets run. When none is offline
+// that is the first release with a schema, the one before the second
+// migration.
+func firstOnlineRun(ms []outboxdb.Migration) int {
+	first := len(ms)
+	for first > 1 && ms[first-1].Online {
+		first--
+	}
+	return first
 }
 
 func migrations(t *testing.T) []outboxdb.Migration {
@@ -264,4 +276,29 @@ func buildBeforeMigration(t *testing.T, m outboxdb.Migration) (build, int) {
 	commit, _ := git("rev-parse", "--short", rev)
 	t.Logf("built the forwarder at %s (%s, schema %d) in %s", commit, rev, m.Version-1, time.Since(started).Round(time.Second))
 	return b, m.Version - 1
+}
+
+// TestFirstOnlineRun: the skipped-releases upgrade starts from the release
+// before the oldest migration of the last run of online ones, and has none
+// to start from when the newest is offline.
+func TestFirstOnlineRun(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		online []bool
+		want   int
+	}{
+		{[]bool{true, true, false, true, true, true}, 3},
+		{[]bool{true, false, true}, 2},
+		{[]bool{true, true, false}, 3},
+		{[]bool{true, true}, 1},
+		{[]bool{false, true, true}, 1},
+	} {
+		ms := make([]outboxdb.Migration, len(c.online))
+		for i, on := range c.online {
+			ms[i] = outboxdb.Migration{Version: i + 1, Online: on}
+		}
+		if got := firstOnlineRun(ms); got != c.want {
+			t.Errorf("online %v: %d, want %d", c.online, got, c.want)
+		}
+	}
 }
