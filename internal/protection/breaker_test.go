@@ -555,6 +555,24 @@ func TestLimiter(t *testing.T) {
 	})
 }
 
+// TestLimiterRequestAllocatesNothing: the limiter is taken and given back
+// around every request; with nobody waiting for a slot that allocates
+// nothing. (Not parallel: AllocsPerRun counts the whole process.)
+func TestLimiterRequestAllocatesNothing(t *testing.T) {
+	ctx := context.Background()
+	l := NewLimiter(10)
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := l.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l.Healthy()
+		l.Release()
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations a request, want 0", allocs)
+	}
+}
+
 func TestRateLimit(t *testing.T) {
 	t.Parallel()
 	if NewRateLimit(0, nil).Wait(context.Background()) != nil {

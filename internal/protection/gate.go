@@ -133,13 +133,19 @@ func NewGate(cfg Config, log *service.Logger, m Metrics) *Gate {
 		probes:  map[int64]bool{},
 		changed: make(chan struct{}),
 	}
+	// A gauge is set only when its value changes: the limiter reports on
+	// every request, and a set looks its series up by label each time.
+	// The last values are guarded by the limiter's lock, held when it
+	// calls OnChange.
+	lastLimit, lastFree := -1, -1
 	g.limiter.OnChange = func(limit, free int) {
-		if m.Limit != nil {
+		if m.Limit != nil && limit != lastLimit {
 			m.Limit.Set(int64(limit))
 		}
-		if m.Free != nil {
+		if m.Free != nil && free != lastFree {
 			m.Free.Set(int64(free))
 		}
+		lastLimit, lastFree = limit, free
 	}
 	g.limiter.Reset(cfg.MaxInFlight)
 	if m.State != nil {

@@ -23,8 +23,10 @@ type Limiter struct {
 	limit    float64
 	inFlight int
 	lastCut  time.Time
-	wake     chan struct{}
-	now      func() time.Time
+	// wake is closed when a slot may have come free; nil while nothing
+	// waits, so that a release with no one waiting allocates nothing.
+	wake chan struct{}
+	now  func() time.Time
 }
 
 // cutInterval is the shortest time between two halvings.
@@ -32,7 +34,7 @@ const cutInterval = 200 * time.Millisecond
 
 // NewLimiter returns a limiter at its maximum.
 func NewLimiter(max int) *Limiter {
-	return &Limiter{max: max, limit: float64(max), wake: make(chan struct{}), now: time.Now}
+	return &Limiter{max: max, limit: float64(max), now: time.Now}
 }
 
 // Acquire takes a slot, waiting while the limit is reached; it fails when
@@ -49,6 +51,9 @@ func (l *Limiter) Acquire(ctx context.Context) error {
 			l.changedLocked()
 			l.mu.Unlock()
 			return nil
+		}
+		if l.wake == nil {
+			l.wake = make(chan struct{})
 		}
 		wake := l.wake
 		l.mu.Unlock()
@@ -118,8 +123,10 @@ func (l *Limiter) Max() int { return l.max }
 func (l *Limiter) current() int { return int(l.limit) }
 
 func (l *Limiter) broadcastLocked() {
-	close(l.wake)
-	l.wake = make(chan struct{})
+	if l.wake != nil {
+		close(l.wake)
+		l.wake = nil
+	}
 	l.changedLocked()
 }
 
