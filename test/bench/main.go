@@ -25,6 +25,7 @@
 //	go run ./test/bench                                  # everything, 200 k messages
 //	go run ./test/bench -n 20000 -latency-duration 10s   # a quick run
 //	go run ./test/bench -scenarios forwarder -phases throughput -pprof /tmp/prof
+//	go run ./test/bench -scenarios forwarder,batched -phases throughput -rounds 4   # medians of alternated rounds
 //	go run ./test/bench -set input.broker.inputs.1.outbox_retry.batch_size=500
 //	go run ./test/bench scale -rows 10000000             # claim and gauge costs at 10 M rows
 //	go run ./test/bench memory                           # peak RSS with 16 MiB messages
@@ -121,6 +122,21 @@ type benchConfig struct {
 	Pooled bool
 	// Previous is the checkout the forwarder-previous scenario runs.
 	Previous string
+	// Rounds is how many times the throughput phases run (roundOrder).
+	Rounds int
+}
+
+// roundOrder is the order of the scenarios' throughput phases in a round:
+// as given in odd rounds, reversed in even ones, so that over two rounds
+// each scenario runs as often early as late, and a drift of the machine's
+// speed over the run weighs on each alike.
+func roundOrder(scenarios []string, round int) []string {
+	if round%2 == 1 {
+		return scenarios
+	}
+	reversed := slices.Clone(scenarios)
+	slices.Reverse(reversed)
+	return reversed
 }
 
 func parseBenchFlags(args []string) (benchConfig, error) {
@@ -128,6 +144,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.IntVar(&c.N, "n", 200_000, "messages in the Kafka backlog of each throughput run")
 	scenarios := fs.String("scenarios", "forwarder,naive,batched,river", "scenarios to run, in order: forwarder, naive, batched, river, forwarder-unordered (ORDERING=off), forwarder-previous (-previous)")
+	fs.IntVar(&c.Rounds, "rounds", 1, "run the throughput phases this many times, every other round in the reverse order, and report each ratio's median over the rounds: the machine's speed drifts by tens of per cent within minutes (docs/benchmarks.md)")
 	fs.StringVar(&c.Previous, "previous", "", "a checkout of an earlier revision with bin/forwarder built, for the forwarder-previous scenario")
 	fs.IntVar(&c.Berths, "berths", 5000, "berths the traffic is spread over, four per camera (the targets in docs/benchmarks.md are set at 5000; 0: 2000); see test/bench/ordering.go")
 	phases := fs.String("phases", "throughput,latency", "phases to run for each scenario: throughput, latency")
@@ -202,8 +219,8 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	if c.LatencyTraces && c.LatencySamples == "" {
 		return c, errors.New("-latency-traces writes beside -latency-samples: set that too")
 	}
-	if c.N <= 0 || c.Rate <= 0 || c.Partitions <= 0 {
-		return c, errors.New("-n, -rate and -partitions must be positive")
+	if c.N <= 0 || c.Rate <= 0 || c.Partitions <= 0 || c.Rounds <= 0 {
+		return c, errors.New("-n, -rate, -partitions and -rounds must be positive")
 	}
 	root, err := repoRoot()
 	if err != nil {
@@ -271,14 +288,16 @@ func runBench(ctx context.Context, args []string) error {
 		if err := env.prefill(ctx); err != nil {
 			return err
 		}
-		for _, s := range cfg.Scenarios {
-			r, err := env.throughput(ctx, s)
-			if err != nil {
-				return fmt.Errorf("%s throughput: %w", s, err)
+		for round := 1; round <= cfg.Rounds; round++ {
+			for _, s := range roundOrder(cfg.Scenarios, round) {
+				r, err := env.throughput(ctx, s, round)
+				if err != nil {
+					return fmt.Errorf("%s throughput: %w", s, err)
+				}
+				rep.throughput = append(rep.throughput, r)
+				logf("%s: %.0f msgs/s (%d messages in %.1fs), consumer %.1f CPU s, %s peak RSS",
+					s, r.MsgsPerSec, r.Messages, r.Window.Seconds(), r.Consumer.CPU, mib(r.Consumer.PeakRSS))
 			}
-			rep.throughput = append(rep.throughput, r)
-			logf("%s: %.0f msgs/s (%d messages in %.1fs), consumer %.1f CPU s, %s peak RSS",
-				s, r.MsgsPerSec, r.Messages, r.Window.Seconds(), r.Consumer.CPU, mib(r.Consumer.PeakRSS))
 		}
 	}
 	if cfg.Phases["latency"] {

@@ -42,25 +42,29 @@ func sourceDevices(berths int) int {
 // orderingSummary compares the two forwarder scenarios when both ran: the
 // throughput ratio and the latencies side by side, as markdown.
 func orderingSummary(r *report) string {
-	tp := map[string]throughputResult{}
-	for _, t := range r.throughput {
-		tp[t.Scenario] = t
-	}
+	ratios := r.roundRatios(scenarioForwarder, scenarioUnordered)
 	lat := map[string]latencyResult{}
 	for _, l := range r.latency {
 		lat[l.Scenario] = l
 	}
-	on, onOK := tp[scenarioForwarder]
-	off, offOK := tp[scenarioUnordered]
 	lon, lonOK := lat[scenarioForwarder]
 	loff, loffOK := lat[scenarioUnordered]
-	if !(onOK && offOK) && !(lonOK && loffOK) {
+	if len(ratios) == 0 && !(lonOK && loffOK) {
 		return ""
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n### Ordering: ORDERING=berth against ORDERING=off, %d berths\n\n", sourceDevices(r.cfg.Berths)*4)
-	if onOK && offOK {
-		fmt.Fprintf(&b, "Throughput: %.0f msgs/s ordered, %.0f unordered: **%.2f×**.\n", on.MsgsPerSec, off.MsgsPerSec, on.MsgsPerSec/off.MsgsPerSec)
+	switch {
+	case len(ratios) == 1:
+		on, _ := r.phase(scenarioForwarder, 1)
+		off, _ := r.phase(scenarioUnordered, 1)
+		fmt.Fprintf(&b, "Throughput: %.0f msgs/s ordered, %.0f unordered: **%.2f×**.\n", on.MsgsPerSec, off.MsgsPerSec, ratios[0])
+	case len(ratios) > 1:
+		parts := make([]string, len(ratios))
+		for i, x := range ratios {
+			parts[i] = fmt.Sprintf("%.2f", x)
+		}
+		fmt.Fprintf(&b, "Throughput, ordered over unordered, round by round: %s; median **%.2f×**.\n", strings.Join(parts, ", "), median(ratios))
 	}
 	if lonOK && loffOK {
 		fmt.Fprintf(&b, "Latency at %.0f msgs/s: p50 %s / %s, p99 **%s** / %s, max %s / %s (ordered / unordered).\n",

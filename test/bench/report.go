@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -34,6 +36,96 @@ func (r *report) title(s string) string {
 	return scenarioTitles[s]
 }
 
+// baselines are the scenarios the others are given as multiples of.
+var baselines = []string{scenarioNaive, scenarioBatched, scenarioRiver}
+
+// phaseTitle names a throughput phase: its scenario, and its round when
+// there are several.
+func (r *report) phaseTitle(t throughputResult) string {
+	if r.cfg.Rounds > 1 {
+		return fmt.Sprintf("%s, round %d", r.title(t.Scenario), t.Round)
+	}
+	return r.title(t.Scenario)
+}
+
+// phase is the throughput phase of scenario in round.
+func (r *report) phase(scenario string, round int) (throughputResult, bool) {
+	for _, t := range r.throughput {
+		if t.Scenario == scenario && t.Round == round {
+			return t, true
+		}
+	}
+	return throughputResult{}, false
+}
+
+// roundRatios is a's throughput over b's in each round both ran in.
+func (r *report) roundRatios(a, b string) []float64 {
+	var out []float64
+	for round := 1; round <= r.cfg.Rounds; round++ {
+		at, aok := r.phase(a, round)
+		bt, bok := r.phase(b, round)
+		if aok && bok {
+			out = append(out, at.MsgsPerSec/bt.MsgsPerSec)
+		}
+	}
+	return out
+}
+
+// median of xs (the mean of the middle two for an even count); NaN for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// roundsSummary gives each scenario's throughput and its ratios to the
+// baselines round by round, with their medians: the figures to quote from
+// a run of several rounds.
+func (r *report) roundsSummary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n### Over %d rounds (odd rounds in the order given, even rounds reversed)\n\n", r.cfg.Rounds)
+	b.WriteString("| | msgs/s, round by round | median |")
+	var bases []string
+	for _, base := range baselines {
+		if slices.Contains(r.cfg.Scenarios, base) {
+			bases = append(bases, base)
+			fmt.Fprintf(&b, " × %s, round by round | median |", scenarioTitles[base])
+		}
+	}
+	b.WriteString("\n|---|---|---:|" + strings.Repeat("---|---:|", len(bases)) + "\n")
+	list := func(xs []float64, format string) string {
+		parts := make([]string, len(xs))
+		for i, x := range xs {
+			parts[i] = fmt.Sprintf(format, x)
+		}
+		return strings.Join(parts, ", ")
+	}
+	for _, s := range r.cfg.Scenarios {
+		var rates []float64
+		for round := 1; round <= r.cfg.Rounds; round++ {
+			if t, ok := r.phase(s, round); ok {
+				rates = append(rates, t.MsgsPerSec)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | **%.0f** |", r.title(s), list(rates, "%.0f"), median(rates))
+		for _, base := range bases {
+			if base == s {
+				b.WriteString(" | |")
+				continue
+			}
+			ratios := r.roundRatios(s, base)
+			fmt.Fprintf(&b, " %s | **%.2f** |", list(ratios, "%.2f"), median(ratios))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
 func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Machine: %s.\n", r.machine)
@@ -51,17 +143,13 @@ func (r *report) markdown() string {
 	}
 
 	if len(r.throughput) > 0 {
-		byName := map[string]throughputResult{}
-		for _, t := range r.throughput {
-			byName[t.Scenario] = t
-		}
 		fmt.Fprintf(&b, "\n### Throughput: a Kafka backlog of %d messages until every row is SUCCESS\n\n", r.throughput[0].Messages)
 		b.WriteString("| | ")
 		for i, t := range r.throughput {
 			if i > 0 {
 				b.WriteString(" | ")
 			}
-			b.WriteString(r.title(t.Scenario))
+			b.WriteString(r.phaseTitle(t))
 		}
 		b.WriteString(" |\n|---|")
 		b.WriteString(strings.Repeat("---:|", len(r.throughput)))
@@ -74,9 +162,16 @@ func (r *report) markdown() string {
 			b.WriteString("\n")
 		}
 		row("**msgs/s**", func(t throughputResult) string { return fmt.Sprintf("**%.0f**", t.MsgsPerSec) })
-		for _, base := range []string{scenarioNaive, scenarioBatched, scenarioRiver} {
-			if bt, ok := byName[base]; ok {
-				row("× "+scenarioTitles[base], func(t throughputResult) string { return fmt.Sprintf("%.2f", t.MsgsPerSec/bt.MsgsPerSec) })
+		// A ratio is taken within a round: the machine's speed drifts.
+		for _, base := range baselines {
+			if slices.Contains(r.cfg.Scenarios, base) {
+				row("× "+scenarioTitles[base], func(t throughputResult) string {
+					bt, ok := r.phase(base, t.Round)
+					if !ok {
+						return "–"
+					}
+					return fmt.Sprintf("%.2f", t.MsgsPerSec/bt.MsgsPerSec)
+				})
 			}
 		}
 		row("first insert → last SUCCESS", func(t throughputResult) string { return fmt.Sprintf("%.1f s", t.Window.Seconds()) })
@@ -104,6 +199,10 @@ func (r *report) markdown() string {
 			return fmt.Sprintf("%.1f s (%.2f cores)", t.Others, t.Others/t.Wall.Seconds())
 		})
 		row("load average, start → end", func(t throughputResult) string { return fmt.Sprintf("%.2f → %.2f", t.LoadStart, t.LoadEnd) })
+	}
+
+	if r.cfg.Rounds > 1 && len(r.throughput) > 0 {
+		b.WriteString(r.roundsSummary())
 	}
 
 	if len(r.latency) > 0 {

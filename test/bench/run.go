@@ -28,6 +28,8 @@ import (
 // throughputResult is one scenario's run on the Kafka backlog.
 type throughputResult struct {
 	Scenario string
+	// Round is the round of -rounds the phase ran in, from 1.
+	Round    int
 	Messages int
 	// Window runs from the first row's created_at to the last row's
 	// succeeded_at, on the database clock: start-up and the detection of
@@ -144,17 +146,17 @@ func (env *benchEnv) prepareRun(ctx context.Context, run string) (runCtx context
 	}, nil
 }
 
-func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throughputResult, err error) {
-	res.Scenario, res.LoadStart = scenario, loadAvg()
+func (env *benchEnv) throughput(ctx context.Context, scenario string, round int) (res throughputResult, err error) {
+	res.Scenario, res.Round, res.LoadStart = scenario, round, loadAvg()
 	defer func() { res.LoadEnd = loadAvg() }()
-	run := "tp_" + scenario
+	run, group := throughputRun(scenario, round)
 	runCtx, dsn, pool, mp, done, err := env.prepareRun(ctx, run)
 	if err != nil {
 		return res, err
 	}
 	defer done()
 	n := env.prefilled
-	vars := env.consumerEnv(dsn, mp.URL, "bench-"+scenario, env.vehicleTopic, env.heartbeatTopic)
+	vars := env.consumerEnv(dsn, mp.URL, group, env.vehicleTopic, env.heartbeatTopic)
 	logf("%s: consuming the backlog of %d messages", scenario, n)
 
 	if err := settle(runCtx, pool); err != nil {
@@ -169,7 +171,7 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 		return res, err
 	}
 	start := time.Now()
-	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder
+	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder && round == 1
 	c, err := env.startConsumer(runCtx, scenario, run, vars, profile)
 	if err != nil {
 		return res, err
@@ -223,6 +225,17 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string) (res throu
 		res.Statements = topStatements(ctx, pool)
 	}
 	return res, nil
+}
+
+// throughputRun names the database (run) and the consumer group of a
+// throughput phase. Each round reads the backlog from the start, in a
+// group and a database of its own; the database's name ends with the
+// scenario, as migrate expects.
+func throughputRun(scenario string, round int) (run, group string) {
+	if round > 1 {
+		return fmt.Sprintf("tp_r%d_%s", round, scenario), fmt.Sprintf("bench-%s-r%d", scenario, round)
+	}
+	return "tp_" + scenario, "bench-" + scenario
 }
 
 // settle leaves a phase's measured window to the phase: what was written
