@@ -60,11 +60,7 @@ func orderingSummary(r *report) string {
 		off, _ := r.phase(scenarioUnordered, 1)
 		fmt.Fprintf(&b, "Throughput: %.0f msgs/s ordered, %.0f unordered: **%.2f×**.\n", on.MsgsPerSec, off.MsgsPerSec, ratios[0])
 	case len(ratios) > 1:
-		parts := make([]string, len(ratios))
-		for i, x := range ratios {
-			parts[i] = fmt.Sprintf("%.2f", x)
-		}
-		fmt.Fprintf(&b, "Throughput, ordered over unordered, round by round: %s; median **%.2f×**.\n", strings.Join(parts, ", "), median(ratios))
+		fmt.Fprintf(&b, "Throughput, ordered over unordered, round by round: %s; median **%.2f×**.\n", joinFloats(ratios, "%.2f"), median(ratios))
 	}
 	if lonOK && loffOK {
 		fmt.Fprintf(&b, "Latency at %.0f msgs/s: p50 %s / %s, p99 **%s** / %s, max %s / %s (ordered / unordered).\n",

@@ -83,6 +83,15 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// joinFloats writes xs in format, separated by commas.
+func joinFloats(xs []float64, format string) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf(format, x)
+	}
+	return strings.Join(parts, ", ")
+}
+
 // roundsSummary gives each scenario's throughput and its ratios to the
 // baselines round by round, with their medians: the figures to quote from
 // a run of several rounds.
@@ -98,13 +107,6 @@ func (r *report) roundsSummary() string {
 		}
 	}
 	b.WriteString("\n|---|---|---:|" + strings.Repeat("---|---:|", len(bases)) + "\n")
-	list := func(xs []float64, format string) string {
-		parts := make([]string, len(xs))
-		for i, x := range xs {
-			parts[i] = fmt.Sprintf(format, x)
-		}
-		return strings.Join(parts, ", ")
-	}
 	for _, s := range r.cfg.Scenarios {
 		var rates []float64
 		for round := 1; round <= r.cfg.Rounds; round++ {
@@ -112,14 +114,14 @@ func (r *report) roundsSummary() string {
 				rates = append(rates, t.MsgsPerSec)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | **%.0f** |", r.title(s), list(rates, "%.0f"), median(rates))
+		fmt.Fprintf(&b, "| %s | %s | **%.0f** |", r.title(s), joinFloats(rates, "%.0f"), median(rates))
 		for _, base := range bases {
 			if base == s {
 				b.WriteString(" | |")
 				continue
 			}
 			ratios := r.roundRatios(s, base)
-			fmt.Fprintf(&b, " %s | **%.2f** |", list(ratios, "%.2f"), median(ratios))
+			fmt.Fprintf(&b, " %s | **%.2f** |", joinFloats(ratios, "%.2f"), median(ratios))
 		}
 		b.WriteString("\n")
 	}
