@@ -222,6 +222,9 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	if c.N <= 0 || c.Rate <= 0 || c.Partitions <= 0 || c.Rounds <= 0 {
 		return c, errors.New("-n, -rate, -partitions and -rounds must be positive")
 	}
+	if c.Rounds > 1 && !c.Phases["throughput"] {
+		return c, errors.New("-rounds repeats the throughput phases: add throughput to -phases")
+	}
 	root, err := repoRoot()
 	if err != nil {
 		return c, err

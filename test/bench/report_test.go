@@ -24,6 +24,26 @@ func TestRoundOrder(t *testing.T) {
 	}
 }
 
+// TestRoundsFlag: -rounds counts from 1 and repeats the throughput phases
+// only, so a run without them cannot ask for rounds.
+func TestRoundsFlag(t *testing.T) {
+	if c, err := parseBenchFlags(nil); err != nil || c.Rounds != 1 {
+		t.Fatalf("default: rounds %d, %v; want 1", c.Rounds, err)
+	}
+	if c, err := parseBenchFlags([]string{"-rounds", "4", "-phases", "throughput"}); err != nil || c.Rounds != 4 {
+		t.Fatalf("-rounds 4: rounds %d, %v; want 4", c.Rounds, err)
+	}
+	for _, args := range [][]string{
+		{"-rounds", "0"},
+		{"-rounds", "-1"},
+		{"-rounds", "2", "-phases", "latency"},
+	} {
+		if _, err := parseBenchFlags(args); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}
+
 // TestThroughputRunNames: every round of a scenario has a database and a
 // consumer group of its own, and the database's name ends with the
 // scenario, which decides its schema (migrate).
