@@ -75,7 +75,7 @@ it says so and waits for the migration to finish.`,
 		Action: func(c *cli.Context) error {
 			operator, err := operatorName(c)
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("outbox console: %v", err), 2)
+				return refusef(c, "%v", err)
 			}
 			timeout, err := lookupTimeout(c)
 			if err != nil {
@@ -88,7 +88,7 @@ it says so and waits for the migration to finish.`,
 			}
 			// Refused before the database is touched: the address alone decides.
 			if err := console.CheckAddr(cfg.Addr, cfg.Token); err != nil {
-				return cli.Exit("outbox console: "+err.Error(), 2)
+				return refusef(c, "%v", err)
 			}
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer stop()

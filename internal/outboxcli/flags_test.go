@@ -205,6 +205,10 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"release", "--key", "P1/\xff"}, `outbox release: key "P1/\xff": not text`},
 		{[]string{"release", "--id", "x"}, `outbox release: invalid value "x" for flag -id`},
 		{[]string{"purge"}, "outbox purge: --older-than is required"},
+		{[]string{"purge", "--older-than", "1h"}, "outbox purge: --older-than 1h is below the safe minimum of 1d"},
+		{[]string{"pause", "--until", "tomorrow"}, "outbox pause: --until: "},
+		{[]string{"resume", "--operator", " "}, "outbox resume: --operator must not be empty"},
+		{[]string{"stats", "--top", "0"}, "outbox stats: --top 0: want at least 1"},
 		{[]string{"purge", "--dry-run"}, "outbox purge: --older-than is required"},
 		{[]string{"show", "--timeout", "soon", "f1"}, `outbox show: invalid value "soon" for flag -timeout`},
 		// The statement timeout is set in milliseconds, and PostgreSQL

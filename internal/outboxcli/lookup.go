@@ -39,7 +39,7 @@ func timeoutFlag() cli.Flag {
 func lookupTimeout(c *cli.Context) (time.Duration, error) {
 	d := c.Duration("timeout")
 	if d < time.Millisecond {
-		return 0, cli.Exit(fmt.Sprintf("%s: --timeout %s: want at least 1ms", commandPath(c), d), 2)
+		return 0, refusef(c, "--timeout %s: want at least 1ms", d)
 	}
 	return d, nil
 }
@@ -78,15 +78,15 @@ and for at most 2 s.`,
 		Action: func(c *cli.Context) error {
 			switch {
 			case c.NArg() == 0:
-				return cli.Exit("outbox show: give one message_key or id", 2)
+				return refusef(c, "give one message_key or id")
 			case c.NArg() > 1:
 				// urfave/cli reads no flag after the argument: `show k --json`
 				// would otherwise be refused as two keys, or not understood.
-				return cli.Exit(fmt.Sprintf("outbox show: one message_key or id, got %s: flags go before the key", quoteArgs(c.Args().Slice())), 2)
+				return refusef(c, "one message_key or id, got %s: flags go before the key", quoteArgs(c.Args().Slice()))
 			}
 			ref := c.Args().First()
 			if err := outboxdb.CheckText("message_key", ref); err != nil {
-				return cli.Exit("outbox show: "+err.Error(), 2)
+				return refusef(c, "%v", err)
 			}
 			timeout, err := lookupTimeout(c)
 			if err != nil {
@@ -95,7 +95,7 @@ and for at most 2 s.`,
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				v, err := outboxdb.ShowRecord(ctx, pool, ref, outboxdb.LookupOptions{Timeout: timeout})
 				if errors.Is(err, outboxdb.ErrNoRecord) {
-					return cli.Exit(fmt.Sprintf("outbox show: no row with message_key or id %s", strconv.Quote(ref)), 1)
+					return failf(c, "no row with message_key or id %s", strconv.Quote(ref))
 				}
 				if err != nil {
 					return err
@@ -376,7 +376,7 @@ prints the query plan instead (which index the search uses on this database).`,
 		Action: func(c *cli.Context) error {
 			f, err := findFilter(c, time.Now())
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("outbox find: %v", err), 2)
+				return refusef(c, "%v", err)
 			}
 			timeout, err := lookupTimeout(c)
 			if err != nil {

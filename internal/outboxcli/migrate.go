@@ -76,17 +76,14 @@ func runMigrate(c *cli.Context) error {
 	dsn, source := migrateURL(c)
 	// Checked as the service's start-up and the other commands check it.
 	if err := checkDatabaseURL(dsn, source); err != nil {
-		return cli.Exit("outbox migrate: "+err.Error(), 2)
+		return refusef(c, "%v", err)
 	}
 	if source == "" {
 		source = fmt.Sprintf("the default, as none of %s, %s, %s is set", envMigrateURL, envDirectURL, envDatabaseURL)
 	}
-	fail := func(format string, args ...any) error {
-		return cli.Exit("outbox migrate: "+fmt.Sprintf(format, args...), 1)
-	}
 	pcfg, err := outboxdb.ParsePoolConfig(dsn, outboxdb.PoolConfig{ApplicationName: "forwarder-migrate"})
 	if err != nil {
-		return fail("%s: %v", source, err)
+		return failf(c, "%s: %v", source, err)
 	}
 	cc := pcfg.ConnConfig
 	where := outboxdb.Redact(cc.Host, cc.Port, cc.Database)
@@ -94,14 +91,14 @@ func runMigrate(c *cli.Context) error {
 	err = outboxdb.CheckSession(checkCtx, cc)
 	cancel()
 	if errors.Is(err, outboxdb.ErrTransactionPooler) {
-		return fail("%s (%s): %v: a migration needs a session of its own (a session lock, CREATE INDEX CONCURRENTLY); point %s or %s at PostgreSQL itself", source, where, err, envMigrateURL, envDirectURL)
+		return failf(c, "%s (%s): %v: a migration needs a session of its own (a session lock, CREATE INDEX CONCURRENTLY); point %s or %s at PostgreSQL itself", source, where, err, envMigrateURL, envDirectURL)
 	}
 	if err != nil {
-		return fail("connecting to %s (%s): %v", where, source, err)
+		return failf(c, "connecting to %s (%s): %v", where, source, err)
 	}
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
-		return fail("connecting to %s (%s): %v", where, source, err)
+		return failf(c, "connecting to %s (%s): %v", where, source, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
@@ -121,9 +118,9 @@ func runMigrate(c *cli.Context) error {
 	res, err := outboxdb.MigrateConn(ctx, conn, opts)
 	switch {
 	case errors.Is(err, outboxdb.ErrInstancesRunning):
-		return fail("%s: %v (kubectl scale deployment/forwarder --replicas=0; or --force)", where, err)
+		return failf(c, "%s: %v (kubectl scale deployment/forwarder --replicas=0; or --force)", where, err)
 	case err != nil:
-		return fail("%s: %v", where, err)
+		return failf(c, "%s: %v", where, err)
 	case len(res.Applied) == 0:
 		fmt.Fprintf(out, "schema is up to date at version %d\n", res.To)
 	default:
@@ -136,7 +133,7 @@ func runMigrate(c *cli.Context) error {
 	// transaction pooler (docs/deployment.md, PgBouncer).
 	made, err := outboxdb.MakeStatementFunctions(ctx, conn)
 	if err != nil {
-		return fail("%s: %v", where, err)
+		return failf(c, "%s: %v", where, err)
 	}
 	if made > 0 {
 		fmt.Fprintf(out, "made %s (their plans are kept behind PgBouncer)\n", plural.Count(made, "statement function", "statement functions"))
@@ -148,11 +145,11 @@ func dryRun(ctx context.Context, c *cli.Context, conn *pgx.Conn, where string) e
 	out := c.App.Writer
 	v, err := outboxdb.SchemaVersion(ctx, conn)
 	if err != nil {
-		return cli.Exit("outbox migrate: "+err.Error(), 1)
+		return failf(c, "%v", err)
 	}
 	ms, err := outboxdb.Migrations()
 	if err != nil {
-		return cli.Exit("outbox migrate: "+err.Error(), 1)
+		return failf(c, "%v", err)
 	}
 	fmt.Fprintf(out, "%s is at schema version %d; this binary knows up to %d\n", where, v, outboxdb.LatestVersion())
 	noteElsewhere(ctx, out, conn, v)
@@ -163,7 +160,7 @@ func dryRun(ctx context.Context, c *cli.Context, conn *pgx.Conn, where string) e
 	}
 	sessions, err := outboxdb.RunningInstances(ctx, conn)
 	if err != nil {
-		return cli.Exit("outbox migrate: "+err.Error(), 1)
+		return failf(c, "%v", err)
 	}
 	if len(sessions) == 0 {
 		fmt.Fprintln(out, "no forwarder instance is using the database")

@@ -79,8 +79,8 @@ func refuseArguments(c *cli.Context) error {
 	if c.NArg() == 0 {
 		return nil
 	}
-	return cli.Exit(fmt.Sprintf("outbox %s: unexpected argument %s: this command takes flags only, and they go before any argument (see --help)",
-		c.Command.Name, quoteArgs(c.Args().Slice())), 2)
+	return refusef(c, "unexpected argument %s: this command takes flags only, and they go before any argument (see --help)",
+		quoteArgs(c.Args().Slice()))
 }
 
 // usageError is how every outbox command reports a flag it does not know or
@@ -88,7 +88,7 @@ func refuseArguments(c *cli.Context) error {
 // like the commands' own refusals, instead of urfave/cli's page of help with
 // the error on its first line and exit status 1.
 func usageError(c *cli.Context, err error, _ bool) error {
-	return cli.Exit(fmt.Sprintf("%s: %v (see --help)", commandPath(c), err), 2)
+	return refusef(c, "%v (see --help)", err)
 }
 
 // unknownCommand runs when `outbox` is given no subcommand it knows: the
@@ -102,8 +102,8 @@ func unknownCommand(c *cli.Context) error {
 	for _, sub := range c.Command.Subcommands {
 		names = append(names, sub.Name)
 	}
-	return cli.Exit(fmt.Sprintf("outbox: no command %s: the commands are %s (forwarder outbox --help)",
-		strconv.Quote(c.Args().First()), strings.Join(names, ", ")), 2)
+	return refusef(c, "no command %s: the commands are %s (forwarder outbox --help)",
+		strconv.Quote(c.Args().First()), strings.Join(names, ", "))
 }
 
 // commandPath is "outbox" or "outbox <subcommand>", as messages start.
@@ -112,6 +112,20 @@ func commandPath(c *cli.Context) string {
 		return "outbox"
 	}
 	return "outbox " + c.Command.Name
+}
+
+// refusef is a command's refusal of what it was given (a flag, an
+// argument, a value): one line that starts with the command's path, exit
+// status 2.
+func refusef(c *cli.Context, format string, args ...any) error {
+	return cli.Exit(commandPath(c)+": "+fmt.Sprintf(format, args...), 2)
+}
+
+// failf is a command's failure to do what it was asked (the database, a row
+// that is not there): one line that starts with the command's path, exit
+// status 1.
+func failf(c *cli.Context, format string, args ...any) error {
+	return cli.Exit(commandPath(c)+": "+fmt.Sprintf(format, args...), 1)
 }
 
 // quoteArgs writes args as Go-quoted strings separated by spaces, so an
@@ -168,16 +182,16 @@ func withPool(c *cli.Context, fn func(ctx context.Context, pool *pgxpool.Pool) e
 func withPoolURL(c *cli.Context, dsn, source string, fn func(ctx context.Context, pool *pgxpool.Pool) error) error {
 	ctx := c.Context
 	if err := checkDatabaseURL(dsn, source); err != nil {
-		return cli.Exit(fmt.Sprintf("outbox %s: %v", c.Command.Name, err), 2)
+		return refusef(c, "%v", err)
 	}
 	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{MaxConns: 4, ApplicationName: "forwarder-outbox-cli", Pooled: true})
 	if err != nil {
 		if source == "" {
-			return cli.Exit(fmt.Sprintf("outbox %s: %s is not set (nor --%s), so the default %s was tried: %v; "+
+			return failf(c, "%s is not set (nor --%s), so the default %s was tried: %v; "+
 				"set %s to the outbox database, e.g. postgres://user:password@host:5432/forwarder",
-				c.Command.Name, envDatabaseURL, flagDatabaseURL, defaultDatabaseURL, err, envDatabaseURL), 1)
+				envDatabaseURL, flagDatabaseURL, defaultDatabaseURL, err, envDatabaseURL)
 		}
-		return cli.Exit(fmt.Sprintf("outbox %s: %v (database from %s)", c.Command.Name, err, source), 1)
+		return failf(c, "%v (database from %s)", err, source)
 	}
 	defer pool.Close()
 	if err := outboxdb.WhenReadOnly(pool, fn(ctx, pool)); err != nil {
@@ -187,7 +201,7 @@ func withPoolURL(c *cli.Context, dsn, source string, fn func(ctx context.Context
 		}
 		// An error may quote a stored value (a key, a reason): escaped
 		// like everything else the commands print.
-		return cli.Exit(fmt.Sprintf("outbox %s: %s", c.Command.Name, console.SafeText(err.Error())), 1)
+		return failf(c, "%s", console.SafeText(err.Error()))
 	}
 	return nil
 }

@@ -38,11 +38,11 @@ and the metric forwarder_delivery_paused show it.`,
 		Action: func(c *cli.Context) error {
 			operator, err := operatorName(c)
 			if err != nil {
-				return cli.Exit("outbox pause: "+err.Error(), 2)
+				return refusef(c, "%v", err)
 			}
 			until, err := outboxdb.ParsePauseEnd(c.String("until"), time.Now())
 			if err != nil {
-				return cli.Exit("outbox pause --until: "+err.Error(), 2)
+				return refusef(c, "--until: %v", err)
 			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				since, err := outboxdb.PauseDelivery(ctx, pool, until, operator, c.String("reason"))
@@ -70,7 +70,7 @@ when delivery is not paused.`,
 		Action: func(c *cli.Context) error {
 			operator, err := operatorName(c)
 			if err != nil {
-				return cli.Exit("outbox resume: "+err.Error(), 2)
+				return refusef(c, "%v", err)
 			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				was, err := outboxdb.ResumeDelivery(ctx, pool, operator)
@@ -78,7 +78,7 @@ when delivery is not paused.`,
 					return err
 				}
 				if !was {
-					return cli.Exit("outbox resume: delivery is not paused (outbox stats shows the last pause)", 1)
+					return failf(c, "delivery is not paused (outbox stats shows the last pause)")
 				}
 				fmt.Fprintf(c.App.Writer, "delivery resumed by %s: every instance sends again within a second, ramping up\n", console.SafeLine(operator))
 				return nil

@@ -59,21 +59,21 @@ Durations: Go syntax plus days (7d, 36h, 0s).`,
 		},
 		Action: func(c *cli.Context) error {
 			if !c.IsSet("older-than") {
-				return cli.Exit("outbox purge: --older-than is required: retire the partitions that ended longer ago than this, e.g. --older-than 7d", 2)
+				return refusef(c, "--older-than is required: retire the partitions that ended longer ago than this, e.g. --older-than 7d")
 			}
 			olderThan, err := outboxdb.ParseDuration(c.String("older-than"))
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("outbox purge: --older-than: %v", err), 2)
+				return refusef(c, "--older-than: %v", err)
 			}
 			if olderThan < outboxdb.MinPurgeAge && !c.Bool("force") {
-				return cli.Exit(fmt.Sprintf("outbox purge: --older-than %s is below the safe minimum of %s: "+
+				return refusef(c, "--older-than %s is below the safe minimum of %s: "+
 					"a delivered row's key is what makes a Kafka redelivery of its message harmless, and a message "+
 					"redelivered after its partition is retired is sent to the platform again. Add --force to purge anyway.",
-					c.String("older-than"), outboxdb.FormatDuration(outboxdb.MinPurgeAge)), 2)
+					c.String("older-than"), outboxdb.FormatDuration(outboxdb.MinPurgeAge))
 			}
 			operator, err := operatorName(c)
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("outbox purge: %v", err), 2)
+				return refusef(c, "%v", err)
 			}
 			w := c.App.Writer
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {

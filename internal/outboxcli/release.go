@@ -41,21 +41,21 @@ changes nothing. It fails when nothing blocks the key.`,
 		Action: func(c *cli.Context) error {
 			operator, err := operatorName(c)
 			if err != nil {
-				return cli.Exit("outbox release: "+err.Error(), 2)
+				return refusef(c, "%v", err)
 			}
 			o := outboxdb.ReleaseOptions{Key: c.String("key"), ID: c.Int64("id"), Operator: operator, DryRun: c.Bool("dry-run")}
 			keyErr := outboxdb.CheckText("key", o.Key)
 			switch {
 			case c.IsSet("key") && c.IsSet("id"):
-				return cli.Exit("outbox release: name the blocked key (--key) or the FAILED row (--id), not both", 2)
+				return refusef(c, "name the blocked key (--key) or the FAILED row (--id), not both")
 			case c.IsSet("key") && o.Key == "":
-				return cli.Exit("outbox release: --key is empty: name the blocked key", 2)
+				return refusef(c, "--key is empty: name the blocked key")
 			case keyErr != nil:
-				return cli.Exit("outbox release: "+keyErr.Error(), 2)
+				return refusef(c, "%v", keyErr)
 			case c.IsSet("id") && o.ID <= 0:
-				return cli.Exit(fmt.Sprintf("outbox release: --id %d: want a row's id, at least 1", o.ID), 2)
+				return refusef(c, "--id %d: want a row's id, at least 1", o.ID)
 			case o.Key == "" && o.ID == 0:
-				return cli.Exit("outbox release: name the blocked key (--key) or the FAILED row (--id)", 2)
+				return refusef(c, "name the blocked key (--key) or the FAILED row (--id)")
 			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				res, err := outboxdb.ReleaseKey(ctx, pool, o)

@@ -68,11 +68,11 @@ the number of rows in forward_operator_log.`,
 		Action: func(c *cli.Context) error {
 			f, err := requeueFilter(c)
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("outbox requeue: %v", err), 2)
+				return refusef(c, "%v", err)
 			}
 			operator, err := operatorName(c)
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("outbox requeue: %v", err), 2)
+				return refusef(c, "%v", err)
 			}
 			desc := describeRequeue(f)
 			// Delivered rows picked by a filter rather than by key: every
@@ -101,9 +101,9 @@ the number of rows in forward_operator_log.`,
 				if resendMany && !c.Bool("force") {
 					fmt.Fprintf(w, "%s would be requeued: %s\n", plural.Count(count.Rows, "row", "rows"), desc)
 					writeDelivered(w, delivered, "would be")
-					return cli.Exit(fmt.Sprintf("outbox requeue: --status SUCCESS without --key would send %s "+
+					return refusef(c, "--status SUCCESS without --key would send %s "+
 						"to the platform again; nothing changed. Add --force to do it, or name the rows with --key.",
-						plural.Count(delivered, "delivered message", "delivered messages")), 2)
+						plural.Count(delivered, "delivered message", "delivered messages"))
 				}
 				fmt.Fprintf(w, "requeueing %s: %s (operator %s)\n", plural.Count(count.Rows, "row", "rows"), desc, console.SafeLine(operator))
 				writeLeftOut(w, count)

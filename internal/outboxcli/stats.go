@@ -40,10 +40,10 @@ requeue will still take, and the frozen ones whose rounds are used up.`,
 		Action: func(c *cli.Context) error {
 			if top := c.Int("top"); top < 1 {
 				// outboxdb reads 0 as its default, 10: --top 0 would list ten.
-				return cli.Exit(fmt.Sprintf("outbox stats: --top %d: want at least 1", top), 2)
+				return refusef(c, "--top %d: want at least 1", top)
 			}
 			if r := c.Int("requeue-rounds"); r < 0 || r > outboxdb.MaxRequeueRounds {
-				return cli.Exit(fmt.Sprintf("outbox stats: --requeue-rounds %d (FAILED_REQUEUE_ROUNDS): want 0 to %d", r, outboxdb.MaxRequeueRounds), 2)
+				return refusef(c, "--requeue-rounds %d (FAILED_REQUEUE_ROUNDS): want 0 to %d", r, outboxdb.MaxRequeueRounds)
 			}
 			return withPool(c, func(ctx context.Context, pool *pgxpool.Pool) error {
 				st, err := outboxdb.ReadStats(ctx, pool, outboxdb.StatsOptions{Top: c.Int("top"), RequeueRounds: c.Int("requeue-rounds")})
