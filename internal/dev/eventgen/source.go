@@ -17,6 +17,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/dev/shares"
 )
 
 // Default topics (docs/configuration.md).
@@ -180,21 +182,10 @@ func (s *Source) step() (berth int, enter bool, plate string) {
 // and malformed ones together at most every message. Its errors call a field
 // name(field), e.g. the flag that set it; nil keeps the Go names.
 func (cfg SourceConfig) Validate(name func(field string) string) error {
-	if name == nil {
-		name = func(field string) string { return field }
-	}
-	for _, s := range []struct {
-		field string
-		v     float64
-	}{{"DuplicateRate", cfg.DuplicateRate}, {"MalformedRate", cfg.MalformedRate}, {"MissingIDRate", cfg.MissingIDRate}} {
-		if !(s.v >= 0 && s.v <= 1) { // NaN too
-			return fmt.Errorf("%s %v: want a share from 0 to 1", name(s.field), s.v)
-		}
-	}
-	if sum := cfg.DuplicateRate + cfg.MalformedRate; sum > 1 {
-		return fmt.Errorf("%s and %s add up to %v, more than every message", name("DuplicateRate"), name("MalformedRate"), sum)
-	}
-	return nil
+	return shares.Validate("message", name,
+		shares.Share{Field: "DuplicateRate", Value: cfg.DuplicateRate, Exclusive: true},
+		shares.Share{Field: "MalformedRate", Value: cfg.MalformedRate, Exclusive: true},
+		shares.Share{Field: "MissingIDRate", Value: cfg.MissingIDRate})
 }
 
 // NewSource returns a Source.

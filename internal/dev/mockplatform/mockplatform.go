@@ -36,6 +36,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/dev/shares"
 )
 
 // The platform's endpoints.
@@ -87,16 +89,13 @@ func (f Faults) Validate(name func(field string) string) error {
 	if name == nil {
 		name = func(field string) string { return field }
 	}
-	for _, s := range []struct {
-		field string
-		v     float64
-	}{{"Errcode998", f.Errcode998}, {"Errcode999", f.Errcode999}, {"HTTP5xx", f.HTTP5xx}, {"FirstTry999", f.FirstTry999}} {
-		if !(s.v >= 0 && s.v <= 1) { // NaN too
-			return fmt.Errorf("%s %v: want a share from 0 to 1", name(s.field), s.v)
-		}
-	}
-	if sum := f.Errcode998 + f.Errcode999 + f.HTTP5xx; sum > 1 {
-		return fmt.Errorf("%s, %s and %s add up to %v, more than every answer", name("Errcode998"), name("Errcode999"), name("HTTP5xx"), sum)
+	err := shares.Validate("answer", name,
+		shares.Share{Field: "Errcode998", Value: f.Errcode998, Exclusive: true},
+		shares.Share{Field: "Errcode999", Value: f.Errcode999, Exclusive: true},
+		shares.Share{Field: "HTTP5xx", Value: f.HTTP5xx, Exclusive: true},
+		shares.Share{Field: "FirstTry999", Value: f.FirstTry999})
+	if err != nil {
+		return err
 	}
 	if f.Latency < 0 || f.LatencyJitter < 0 {
 		return fmt.Errorf("%s %s, %s %s: a latency is not negative", name("Latency"), f.Latency, name("LatencyJitter"), f.LatencyJitter)
