@@ -128,8 +128,8 @@ docs: ## Regenerate docs/reference from the plugins' specs (make test fails when
 	$(GO) generate ./docs
 
 .PHONY: bench
-bench: deps build ## Benchmarks: forwarder end to end against the naive, hand-batched and River baselines, plus component benchmarks
-	$(GO) run ./test/bench
+bench: deps build ## Benchmarks: forwarder end to end (ordering on and off) against the naive, hand-batched and River baselines in two alternated rounds, plus component benchmarks
+	$(GO) run ./test/bench -rounds 2
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./plugins/... ./internal/...
 
 .PHONY: clean

@@ -1,9 +1,10 @@
-// Command bench measures the forwarder end to end against two baselines, on
-// one private PostgreSQL, one in-process Kafka broker (kfake) and a fast
-// local mock platform, in one run (`make bench`):
+// Command bench measures the forwarder end to end against three baselines,
+// on one private PostgreSQL, one in-process Kafka broker (kfake) and a fast
+// local mock platform, in one run (`make bench` runs it with -rounds 2):
 //
 //   - forwarder: the real bin/forwarder -c pipelines/forwarder.yaml as a
 //     child process, with the documented environment (docs/configuration.md);
+//   - forwarder-unordered: the same with ORDERING=off;
 //   - naive: the textbook outbox forwarder, per message a transaction for
 //     the insert, a POST and a transaction for the result, on 32 workers;
 //   - batched: a hand-batched loop, per 500 messages one unnest insert, an
@@ -22,7 +23,7 @@
 // messages (until every row is SUCCESS), then the produce→platform latency
 // at a steady -rate, and prints a markdown table.
 //
-//	go run ./test/bench                                  # everything, 200 k messages
+//	go run ./test/bench                                  # everything, 200 k messages, one round
 //	go run ./test/bench -n 20000 -latency-duration 10s   # a quick run
 //	go run ./test/bench -scenarios forwarder -phases throughput -pprof /tmp/prof
 //	go run ./test/bench -scenarios forwarder,batched -phases throughput -rounds 4   # medians of alternated rounds
@@ -143,7 +144,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	var c benchConfig
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.IntVar(&c.N, "n", 200_000, "messages in the Kafka backlog of each throughput run")
-	scenarios := fs.String("scenarios", "forwarder,naive,batched,river", "scenarios to run, in order: forwarder, naive, batched, river, forwarder-unordered (ORDERING=off), forwarder-previous (-previous)")
+	scenarios := fs.String("scenarios", "forwarder,forwarder-unordered,naive,batched,river", "scenarios to run, in order: forwarder, forwarder-unordered (ORDERING=off), naive, batched, river, forwarder-previous (-previous)")
 	fs.IntVar(&c.Rounds, "rounds", 1, "run the throughput phases this many times, every other round in the reverse order, and report each ratio's median over the rounds: the machine's speed drifts by tens of per cent within minutes (docs/benchmarks.md)")
 	fs.StringVar(&c.Previous, "previous", "", "a checkout of an earlier revision with bin/forwarder built, for the forwarder-previous scenario")
 	fs.IntVar(&c.Berths, "berths", 5000, "berths the traffic is spread over, four per camera (the targets in docs/benchmarks.md are set at 5000; 0: 2000); see test/bench/ordering.go")

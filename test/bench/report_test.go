@@ -26,6 +26,20 @@ func TestRoundOrder(t *testing.T) {
 
 // TestRoundsFlag: -rounds counts from 1 and repeats the throughput phases
 // only, so a run without them cannot ask for rounds.
+// TestDefaultScenarios: a run without -scenarios measures every ratio the
+// targets name (docs/benchmarks.md): the forwarder with ordering on and
+// off, against the naive, hand-batched and River baselines.
+func TestDefaultScenarios(t *testing.T) {
+	c, err := parseBenchFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{scenarioForwarder, scenarioUnordered, scenarioNaive, scenarioBatched, scenarioRiver}
+	if !slices.Equal(c.Scenarios, want) {
+		t.Errorf("default scenarios %v, want %v", c.Scenarios, want)
+	}
+}
+
 func TestRoundsFlag(t *testing.T) {
 	if c, err := parseBenchFlags(nil); err != nil || c.Rounds != 1 {
 		t.Fatalf("default: rounds %d, %v; want 1", c.Rounds, err)
