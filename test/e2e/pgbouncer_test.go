@@ -48,11 +48,7 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 
 	t.Run("WithoutTheDirectURLStartUpSaysWhatToSet", func(t *testing.T) {
 		p := startProc(t, "forwarder-no-direct", mergeEnv(s.env, map[string]string{"DATABASE_URL": pooled}))
-		p.mayExit = true
-		s.mu.Lock()
-		s.procs = append(s.procs, p)
-		s.mu.Unlock()
-		code, exited := p.waitExit(2 * time.Minute)
+		code, exited := s.awaitExit(p, 2*time.Minute)
 		if !exited {
 			t.Fatalf("an instance on PgBouncer without DATABASE_DIRECT_URL is still running after 2 minutes:\n%s", p.tail(4000))
 		}

@@ -201,11 +201,7 @@ func checkPrivileges(t *testing.T, s *stack, role string, grants []outboxdb.Gran
 func refused(t *testing.T, s *stack, name string, wants ...string) {
 	t.Helper()
 	p := startProc(t, "forwarder-"+name, s.env)
-	p.mayExit = true
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	code, exited := p.waitExit(2 * time.Minute)
+	code, exited := s.awaitExit(p, 2*time.Minute)
 	log := string(p.logBytes())
 	if !exited || code == 0 {
 		t.Fatalf("%s: the service started (exited %v, status %d):\n%s", name, exited, code, p.tail(3000))

@@ -43,9 +43,7 @@ func TestThreeInstancesShortLease(t *testing.T) {
 	for i := range procs {
 		procs[i] = startProc(t, fmt.Sprintf("forwarder-%c", 'a'+i), s.env)
 	}
-	s.mu.Lock()
-	s.procs = append(s.procs, procs...)
-	s.mu.Unlock()
+	s.track(procs...)
 	for _, p := range procs {
 		p.waitUp(t, 60*time.Second)
 	}

@@ -97,19 +97,8 @@ func TestPasswordNeverLeaks(t *testing.T) {
 // it to exit, and fails the test unless it exited with a non-zero status.
 func (s *stack) startExpectingExit(name string, extra map[string]string) *proc {
 	s.t.Helper()
-	env := make(map[string]string, len(s.env)+len(extra))
-	for k, v := range s.env {
-		env[k] = v
-	}
-	for k, v := range extra {
-		env[k] = v
-	}
-	p := startProc(s.t, name, env)
-	p.mayExit = true
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	code, exited := p.waitExit(60 * time.Second)
+	p := startProc(s.t, name, mergeEnv(s.env, extra))
+	code, exited := s.awaitExit(p, 60*time.Second)
 	switch {
 	case !exited:
 		s.t.Errorf("%s did not refuse to start within 60 s:\n%s", name, p.tail(3000))

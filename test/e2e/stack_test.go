@@ -170,11 +170,25 @@ func (s *stack) start(name string, extra map[string]string) *proc {
 func (s *stack) startBuild(name string, b build, extra map[string]string) *proc {
 	s.t.Helper()
 	p := startBuild(s.t, name, b, mergeEnv(s.env, extra))
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
+	s.track(p)
 	p.waitUp(s.t, 60*time.Second)
 	return p
+}
+
+// track adds procs to the stack's processes, which it stops when the test
+// ends and whose logs it checks.
+func (s *stack) track(procs ...*proc) {
+	s.mu.Lock()
+	s.procs = append(s.procs, procs...)
+	s.mu.Unlock()
+}
+
+// awaitExit waits up to d for p, a forwarder expected to exit by itself (a
+// refused start-up), tracked with the stack's processes.
+func (s *stack) awaitExit(p *proc, d time.Duration) (code int, exited bool) {
+	p.mayExit = true
+	s.track(p)
+	return p.waitExit(d)
 }
 
 // startAll runs one forwarder per name with the stack's environment, all
@@ -185,9 +199,7 @@ func (s *stack) startAll(names ...string) []*proc {
 	for i, name := range names {
 		procs[i] = startProc(s.t, name, s.env)
 	}
-	s.mu.Lock()
-	s.procs = append(s.procs, procs...)
-	s.mu.Unlock()
+	s.track(procs...)
 	for _, p := range procs {
 		p.waitUp(s.t, 60*time.Second)
 	}

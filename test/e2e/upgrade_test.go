@@ -158,11 +158,7 @@ func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
 	// An old pod that restarts now refuses the newer schema (finish the
 	// rollout), and says so.
 	restarted := startBuild(t, "forwarder-old-restarted", old, s.env)
-	restarted.mayExit = true
-	s.mu.Lock()
-	s.procs = append(s.procs, restarted)
-	s.mu.Unlock()
-	if code, exited := restarted.waitExit(time.Minute); !exited || code == 0 || restarted.countLines("newer than this binary") == 0 {
+	if code, exited := s.awaitExit(restarted, time.Minute); !exited || code == 0 || restarted.countLines("newer than this binary") == 0 {
 		t.Errorf("an old instance started on schema %d: %s, want it refused, saying the schema is newer than it:\n%s",
 			outboxdb.LatestVersion(), restarted.state(), restarted.tail(3000))
 	}
