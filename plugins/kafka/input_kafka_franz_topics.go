@@ -147,7 +147,37 @@ func (f *franzInput) resubscribe(cl *kgo.Client) {
 	}
 	f.mu.Unlock()
 	cl.PurgeTopicsFromClient(topics...)
+	// The purge unassigns the old partitions, and franz-go reports them to
+	// onRevoked when the purge ends the group session; when a heartbeat
+	// ended the session first (REBALANCE_IN_PROGRESS), the revoke comes
+	// empty. The old partitions' state, at the old topic's offsets, would
+	// then take the new partitions' first records for ones already fetched
+	// and skip them, and commit nothing (stale). So they are forgotten here,
+	// whatever franz-go reports, before the new topic can be assigned.
+	f.forgetTopics(topics)
 	cl.AddConsumeTopics(topics...)
+}
+
+// forgetTopics forgets every partition of topics, as onLost does: nothing
+// of theirs is committed or handed out any more, and none counts as
+// assigned.
+func (f *franzInput) forgetTopics(topics []string) {
+	old := make(map[string][]int32)
+	f.mu.Lock()
+	for tp := range f.parts {
+		if slices.Contains(topics, tp.topic) {
+			old[tp.topic] = append(old[tp.topic], tp.partition)
+		}
+	}
+	f.dropLocked(old)
+	for _, topic := range topics {
+		if _, ok := f.owned[topic]; ok {
+			f.owned[topic] = 0
+			f.assigned.Set(0, topic)
+		}
+	}
+	f.mu.Unlock()
+	f.expired.forget(old)
 }
 
 // adjustFetchOffsets is the group's kgo.AdjustFetchOffsetsFn: recreated
