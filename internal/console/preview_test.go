@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redpanda-data/benthos/v4/public/bloblang"
@@ -16,14 +17,24 @@ import (
 	"github.com/forwarder/forwarder/internal/outboxdb"
 )
 
-// release ends every console_test_wait() call in progress.
-var release = make(chan struct{})
+// release is closed to end the console_test_wait() calls started since it
+// was set: each run of a test sets its own (go test -count N runs it again).
+var release atomic.Pointer[chan struct{}]
+
+// newRelease sets a new release channel and returns it, for the caller to
+// close.
+func newRelease() chan struct{} {
+	ch := make(chan struct{})
+	release.Store(&ch)
+	return ch
+}
 
 // A mapping that cannot be stopped once it runs: console_test_wait()
-// returns only when the test closes release; console_test_panic() panics.
+// returns only when the test closes the release channel set before it
+// started; console_test_panic() panics.
 func init() {
 	bloblang.MustRegisterFunctionV2("console_test_wait", bloblang.NewPluginSpec(), func(*bloblang.ParsedParams) (bloblang.Function, error) {
-		return func() (any, error) { <-release; return "released", nil }, nil
+		return func() (any, error) { <-*release.Load(); return "released", nil }, nil
 	})
 	bloblang.MustRegisterFunctionV2("console_test_panic", bloblang.NewPluginSpec(), func(*bloblang.ParsedParams) (bloblang.Function, error) {
 		return func() (any, error) { panic("boom") }, nil
@@ -80,6 +91,7 @@ func TestPreviewBounds(t *testing.T) {
 
 	t.Run("AMappingThatDoesNotFinish", func(t *testing.T) {
 		dir := mappingsDir(t, "root = {\"x\": console_test_wait()}")
+		release := newRelease()
 		// Two runs take both slots and outlive their deadline.
 		var wg sync.WaitGroup
 		errs := make([]string, 2)
