@@ -189,8 +189,11 @@ func run() int {
 	printBanner(os.Stdout, s, cfg)
 
 	runErr := s.Run(ctx, o.duration, os.Stdout)
-	stop() // a second Ctrl-C during shutdown kills us the default way
+	// SIGTERM is caught for good before the context's handler goes: a dying
+	// go run sends several within milliseconds, and one that came between
+	// the two would kill us with the default action, PostgreSQL left running.
 	keepStoppingOnSIGTERM()
+	stop() // a second Ctrl-C during shutdown kills us the default way
 	if runErr != nil {
 		fmt.Fprintf(os.Stderr, "devstack: %v\n", runErr)
 	}

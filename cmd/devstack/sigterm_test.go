@@ -212,6 +212,29 @@ func TestSigtermToGoRunStopsEverything(t *testing.T) {
 	s.checkStopped(t, "SIGTERM to go run")
 }
 
+// TestABurstOfSigtermsStopsEverything is go run dying: the kernel sends the
+// parent-death SIGTERM once per thread of go run as each exits, several
+// within milliseconds. However they fall, the stack stops in order: none
+// may find the signal back at its default action, which would kill the
+// stack halfway and leave PostgreSQL running.
+func TestABurstOfSigtermsStopsEverything(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole dev stack")
+	}
+	bin := forwarderBin(t)
+	s := startStack(t, bin, t.TempDir())
+	pid := s.pid("dev stack")
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			break // gone: checkStopped says whether in order
+		}
+	}
+	s.checkStopped(t, "a burst of SIGTERMs")
+	if out := s.output(); !strings.Contains(out, "devstack: stopped.") {
+		t.Errorf("the dev stack did not say it stopped:\n%s", out)
+	}
+}
+
 // TestReaderGoneStopsEverything is `make run | head`: once the reader of
 // its output exits, the dev stack's next progress line meets a broken pipe.
 // It stops in order as on Ctrl-C instead of dying of SIGPIPE with its
