@@ -168,10 +168,14 @@ func run() int {
 	defer restore()
 	// When the reader of our output goes (make run | head), the next write
 	// raises SIGPIPE, whose default action kills us and leaves PostgreSQL
-	// running. Caught for good, it fails that write instead; the first one
-	// stops everything in order, as Ctrl-C does.
+	// running. Caught for good, it fails that write instead, and Run, whose
+	// progress line it was, returns: everything stops in order, as on
+	// Ctrl-C. The signal itself stops nothing: once caught it is raised by a
+	// write to any closed connection too (the broker's reply to a Kafka
+	// client that has hung up, the mock platform's to a forwarder that gave
+	// up), which must not stop the stack.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	stopWithParent()
 

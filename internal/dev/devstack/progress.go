@@ -126,8 +126,9 @@ const headerEvery = 20
 // Run prints a progress line every second to w until ctx ends or, when
 // d > 0, for d, with a header first and every headerEvery lines, and the
 // events of the stack's forwarders (mapping reloads, Kafka rebalances) as
-// they come. It returns nil then, and an error if the stack's forwarder
-// exits by itself. It does not stop the stack.
+// they come. It returns nil then, or as soon as a write to w fails (its
+// reader is gone: `make run | head`), and an error if the stack's
+// forwarder exits by itself. It does not stop the stack.
 func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 	start := time.Now()
 	var deadline <-chan time.Time
@@ -144,7 +145,15 @@ func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 	defer tick.Stop()
 	var last Progress
 	lastAt := start
-	fmt.Fprintln(w, FormatHeader())
+	// printed writes a line and says whether it could: a failed write means
+	// nobody reads the progress any more, and the stack stops as on Ctrl-C.
+	printed := func(format string, args ...any) bool {
+		_, err := fmt.Fprintf(w, format+"\n", args...)
+		return err == nil
+	}
+	if !printed("%s", FormatHeader()) {
+		return nil
+	}
 	lines := 0
 	for {
 		select {
@@ -156,7 +165,9 @@ func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 			return fmt.Errorf("the forwarder stopped on its own (%v); last lines of %s:\n%s",
 				s.Forwarder.Err(), s.LogPath, childproc.TailFile(s.LogPath, 3000))
 		case e := <-s.events:
-			fmt.Fprintf(w, "%s  %s\n", clock(e.At.Sub(start)), e.Text)
+			if !printed("%s  %s", clock(e.At.Sub(start)), e.Text) {
+				return nil
+			}
 		case now := <-tick.C:
 			qctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
 			p, err := s.Progress(qctx)
@@ -165,14 +176,18 @@ func (s *Stack) Run(ctx context.Context, d time.Duration, w io.Writer) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				fmt.Fprintf(w, "%s  database: %v\n", clock(now.Sub(start)), err)
+				if !printed("%s  database: %v", clock(now.Sub(start)), err) {
+					return nil
+				}
 				continue
 			}
-			if lines > 0 && lines%headerEvery == 0 {
-				fmt.Fprintln(w, FormatHeader())
+			if lines > 0 && lines%headerEvery == 0 && !printed("%s", FormatHeader()) {
+				return nil
 			}
 			lines++
-			fmt.Fprintln(w, FormatLine(now.Sub(start), p, last, now.Sub(lastAt)))
+			if !printed("%s", FormatLine(now.Sub(start), p, last, now.Sub(lastAt))) {
+				return nil
+			}
 			last, lastAt = p, now
 		}
 	}
