@@ -14,9 +14,9 @@ import (
 // so that a write to its closed output fails instead of killing it. Once
 // caught, the signal is raised by a write to any closed connection of the
 // process too: here its mock platform answering pipelined requests from a
-// client that has hung up, as its Kafka broker answers a fetch whose
-// client has gone. The stack runs on (it stopped on the first such write
-// before), and stops in order on SIGTERM.
+// client that has hung up (its Kafka broker writing to a client that has
+// gone is the same kind of write). The stack runs on (it stopped on the
+// first such write before), and stops in order on SIGTERM.
 func TestAClosedConnectionDoesNotStopTheStack(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a whole dev stack")
