@@ -647,10 +647,16 @@ func (d *Dispatcher) DirectClaim() outboxdb.DirectClaim {
 // database lost after start, its pool exhausted) would hold new claims the
 // same way.
 func (d *Dispatcher) Reserve(sizes []int) Grant {
+	return d.ReserveWithin(context.Background(), sizes, 0)
+}
+
+// ReserveWithin is Reserve, waiting up to bound for room for every row while
+// delivery is moving (see Ledger.ReserveWithin).
+func (d *Dispatcher) ReserveWithin(ctx context.Context, sizes []int, bound time.Duration) Grant {
 	if !d.started.Ready() || !d.renewing() {
 		return Grant{}
 	}
-	g := d.ledger.Reserve(sizes)
+	g := d.ledger.ReserveWithin(ctx, sizes, bound)
 	g.until = d.leaseBound()
 	return g
 }

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -41,8 +42,17 @@ type Ledger struct {
 	blocked bool
 	closed  bool
 	// peerIdleUntil: another dispatcher of the database found nothing due
-	// to claim lately (PeerIdle); until then ReserveChain grants nothing.
+	// to claim lately (PeerIdle); until then ReserveChain grants nothing
+	// and ReserveWithin does not wait.
 	peerIdleUntil time.Time
+	// lastLeft is when rows last left the ledger settled: delivery is
+	// moving while it is less than stalledAfter ago (ReserveWithin).
+	lastLeft time.Time
+	// changed is closed, and replaced, when room is freed or the ledger
+	// stops granting: ReserveWithin's waiters look again.
+	changed chan struct{}
+	// now is the clock (time.Now; tests set it).
+	now func() time.Time
 }
 
 // heldRow is one held claim.
@@ -77,7 +87,20 @@ func NewLedger(limits Limits) *Ledger {
 	if limits.DirectRows <= 0 || limits.DirectRows > limits.Rows {
 		limits.DirectRows = limits.Rows
 	}
-	return &Ledger{limits: limits, held: map[int64]*heldRow{}}
+	return &Ledger{limits: limits, held: map[int64]*heldRow{}, changed: make(chan struct{}), now: time.Now}
+}
+
+// stalledAfter is how long after rows last left the ledger ReserveWithin
+// still takes delivery to be moving. On a backlog a result write frees a
+// few hundred rows every few tens of milliseconds, with gaps longer than a
+// chunk's wait: a window as short as the wait left a fifth of the rows
+// PENDING (docs/benchmarks.md).
+const stalledAfter = time.Second
+
+// changedLocked wakes ReserveWithin's waiters.
+func (l *Ledger) changedLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
 }
 
 // Room is how much more the dispatcher may claim now: rows, and payload
@@ -114,6 +137,9 @@ func (l *Ledger) Held() int {
 // rows due in the database; meanwhile Reserve grants nothing.
 func (l *Ledger) SetWaitForRoom(v bool) {
 	l.mu.Lock()
+	if v && !l.waitForRoom {
+		l.changedLocked()
+	}
 	l.waitForRoom = v
 	l.mu.Unlock()
 }
@@ -122,6 +148,9 @@ func (l *Ledger) SetWaitForRoom(v bool) {
 // Reserve grants nothing.
 func (l *Ledger) SetBlocked(v bool) {
 	l.mu.Lock()
+	if v && !l.blocked {
+		l.changedLocked()
+	}
 	l.blocked = v
 	l.mu.Unlock()
 }
@@ -142,7 +171,77 @@ type Grant struct {
 func (l *Ledger) Reserve(sizes []int) Grant {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || l.waitForRoom || l.blocked {
+	return l.reserveLocked(sizes)
+}
+
+// ReserveWithin is Reserve, waiting up to bound for room for every row
+// while delivery is moving, so that a backlog read from Kafka is inserted
+// claimed at the pace the dispatcher sends it, rather than PENDING to be
+// claimed again. Delivery is moving while rows have left the ledger within
+// stalledAfter. The wait ends, granting what fits, as soon as the room is
+// there, the ledger stops granting (waiting for room, blocked, closed),
+// another dispatcher is idle (PeerIdle: the rows are better PENDING, for
+// it), bound has passed, or ctx ends (then nothing is granted). A platform
+// that hangs or is down keeps its rows: once stalledAfter has passed since
+// the last left, the ingest does not wait at all. Rows that could not fit
+// even in an empty ledger are not waited for.
+func (l *Ledger) ReserveWithin(ctx context.Context, sizes []int, bound time.Duration) Grant {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	deadline := l.now().Add(bound)
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		now := l.now()
+		if !l.grantingLocked() || !now.Before(deadline) || !now.Before(l.lastLeft.Add(stalledAfter)) ||
+			now.Before(l.peerIdleUntil) || !l.fitsEmptyLocked(sizes) {
+			return l.reserveLocked(sizes)
+		}
+		rows, bytes := l.roomUnderLocked(l.limits.DirectRows)
+		if rows >= len(sizes) && (bytes < 0 || bytes >= sum(sizes)) {
+			return l.reserveLocked(sizes)
+		}
+		changed := l.changed
+		if timer == nil {
+			timer = time.NewTimer(deadline.Sub(now))
+		}
+		l.mu.Unlock()
+		select {
+		case <-changed:
+		case <-timer.C:
+			deadline = time.Time{} // grant what fits now
+		case <-ctx.Done():
+		}
+		l.mu.Lock()
+		if ctx.Err() != nil {
+			return Grant{}
+		}
+	}
+}
+
+// grantingLocked says whether reservations are granted at all.
+func (l *Ledger) grantingLocked() bool { return !l.closed && !l.waitForRoom && !l.blocked }
+
+// fitsEmptyLocked says whether rows of these sizes would all fit below
+// Limits.DirectRows in an empty ledger.
+func (l *Ledger) fitsEmptyLocked(sizes []int) bool {
+	return len(sizes) <= l.limits.DirectRows && (l.limits.Bytes <= 0 || sum(sizes) <= l.limits.Bytes)
+}
+
+func sum(sizes []int) int64 {
+	var n int64
+	for _, s := range sizes {
+		n += int64(s)
+	}
+	return n
+}
+
+func (l *Ledger) reserveLocked(sizes []int) Grant {
+	if !l.grantingLocked() {
 		return Grant{}
 	}
 	rows, bytes := l.roomUnderLocked(l.limits.DirectRows)
@@ -196,6 +295,7 @@ func (l *Ledger) PeerIdle(until time.Time) {
 	l.mu.Lock()
 	if until.After(l.peerIdleUntil) {
 		l.peerIdleUntil = until
+		l.changedLocked()
 	}
 	l.mu.Unlock()
 }
@@ -212,6 +312,9 @@ func (l *Ledger) Deliver(g Grant, rows []outboxdb.Record) bool {
 	l.reservedBytes -= g.Bytes
 	if l.closed {
 		return false
+	}
+	if len(rows) < g.Rows {
+		l.changedLocked() // room reserved and not taken is free again
 	}
 	l.holdLocked(rows, g.until)
 	l.queue = append(l.queue, rows...)
@@ -286,16 +389,27 @@ func (l *Ledger) Queued() int {
 func (l *Ledger) Settle(refs []outboxdb.ClaimRef) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	left := 0
 	for _, r := range refs {
 		if h, ok := l.held[r.ID]; ok && h.token == r.ClaimToken {
 			l.forgetLocked(r.ID, h)
+			left++
 		}
 	}
+	l.leftLocked(left)
 }
 
 func (l *Ledger) forgetLocked(id int64, h *heldRow) {
 	l.heldBytes -= h.size
 	delete(l.held, id)
+}
+
+// leftLocked notes that n rows left the ledger.
+func (l *Ledger) leftLocked(n int) {
+	if n > 0 {
+		l.lastLeft = l.now()
+		l.changedLocked()
+	}
 }
 
 // Recorded notes that results of these claims were written.
@@ -316,6 +430,7 @@ func (l *Ledger) Recorded(results []outboxdb.Result) {
 func (l *Ledger) SettleAcked(refs []outboxdb.ClaimRef) (unrecorded []outboxdb.ClaimRef) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	left := 0
 	for _, r := range refs {
 		h, ok := l.held[r.ID]
 		if !ok || h.token != r.ClaimToken {
@@ -325,7 +440,9 @@ func (l *Ledger) SettleAcked(refs []outboxdb.ClaimRef) (unrecorded []outboxdb.Cl
 			unrecorded = append(unrecorded, r)
 		}
 		l.forgetLocked(r.ID, h)
+		left++
 	}
+	l.leftLocked(left)
 	return unrecorded
 }
 
@@ -385,6 +502,7 @@ func (l *Ledger) Close() (unsent, others []outboxdb.ClaimRef) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
+	l.changedLocked()
 	queued := make(map[int64]bool, len(l.queue))
 	for _, r := range l.queue {
 		unsent = append(unsent, r.Ref())

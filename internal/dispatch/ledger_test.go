@@ -1,7 +1,9 @@
 package dispatch
 
 import (
+	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -227,6 +229,171 @@ func TestLedger(t *testing.T) {
 		unsent, others := l.Close()
 		if !slices.Equal(ids(unsent), []int64{3}) || !slices.Equal(ids(others), []int64{1, 2}) {
 			t.Fatalf("unsent %v others %v; want [3] and [1 2]", ids(unsent), ids(others))
+		}
+	})
+}
+
+// clock is a settable clock for a ledger's now.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// pacedLedger returns a ledger holding rows rows (ids 1..rows, one byte
+// each), every slot taken, on a clock the test moves.
+func pacedLedger(rows int) (*Ledger, *clock) {
+	c := &clock{t: time.Unix(5000, 0)}
+	l := NewLedger(Limits{Rows: rows})
+	l.now = c.now
+	for id := range rows {
+		l.Hold([]outboxdb.Record{row(int64(id+1), 1)}, time.Time{})
+	}
+	return l, c
+}
+
+// reserveWithin runs l.ReserveWithin in a goroutine.
+func reserveWithin(ctx context.Context, l *Ledger, sizes []int, bound time.Duration) <-chan Grant {
+	ch := make(chan Grant, 1)
+	go func() { ch <- l.ReserveWithin(ctx, sizes, bound) }()
+	return ch
+}
+
+// granted is what ch gives; it fails if that takes more than a few seconds,
+// which only a wait that should not have happened takes (their bounds are a
+// minute or more).
+func granted(t *testing.T, ch <-chan Grant, what string) Grant {
+	t.Helper()
+	select {
+	case g := <-ch:
+		return g
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: still waiting for room", what)
+		return Grant{}
+	}
+}
+
+// waiting fails if ch gives a grant within a moment: the reservation should
+// be waiting for room.
+func waiting(t *testing.T, ch <-chan Grant, what string) {
+	t.Helper()
+	select {
+	case g := <-ch:
+		t.Fatalf("%s: granted %+v at once, want a wait for room", what, g)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func TestLedgerReserveWithin(t *testing.T) {
+	t.Parallel()
+	settle := func(l *Ledger, ids ...int64) {
+		for _, id := range ids {
+			l.Settle([]outboxdb.ClaimRef{row(id, 1).Ref()})
+		}
+	}
+
+	t.Run("WaitsWhileDeliveryMovesUntilEveryRowFits", func(t *testing.T) {
+		t.Parallel()
+		l, c := pacedLedger(4)
+		settle(l, 1) // delivery moves; one slot free
+		c.advance(stalledAfter - time.Millisecond)
+		ch := reserveWithin(context.Background(), l, []int{1, 1}, time.Hour)
+		waiting(t, ch, "one slot free for two rows")
+		settle(l, 2)
+		if g := granted(t, ch, "two slots free"); g.Rows != 2 {
+			t.Fatalf("granted %+v once two slots were free, want both rows", g)
+		}
+		if rows, _ := l.Room(); rows != 0 {
+			t.Fatalf("room %d after the grant, want 0", rows)
+		}
+	})
+
+	t.Run("DoesNotWaitForAPlatformThatNeverAnswered", func(t *testing.T) {
+		t.Parallel()
+		l, _ := pacedLedger(4) // rows held, none ever left: the platform hangs
+		if g := granted(t, reserveWithin(context.Background(), l, []int{1}, time.Hour), "nothing ever left"); g.Rows != 0 {
+			t.Fatalf("granted %+v from a full ledger", g)
+		}
+	})
+
+	t.Run("StopsWaitingOnceDeliveryStalls", func(t *testing.T) {
+		t.Parallel()
+		l, c := pacedLedger(4)
+		settle(l, 1)
+		c.advance(stalledAfter) // nothing left since: the platform hangs now
+		if g := granted(t, reserveWithin(context.Background(), l, []int{1, 1}, time.Hour), "nothing left for stalledAfter"); g.Rows != 1 {
+			t.Fatalf("granted %+v, want the one row that fits, at once", g)
+		}
+	})
+
+	t.Run("GivesUpWhenTheLedgerStopsGrantingOrAPeerIsIdle", func(t *testing.T) {
+		t.Parallel()
+		for _, c := range []struct {
+			name string
+			do   func(*Ledger, *clock)
+			rows int
+		}{
+			{"breaker open", func(l *Ledger, _ *clock) { l.SetBlocked(true) }, 0},
+			{"waiting for room for due rows", func(l *Ledger, _ *clock) { l.SetWaitForRoom(true) }, 0},
+			{"closed", func(l *Ledger, _ *clock) { l.Close() }, 0},
+			{"a peer idle", func(l *Ledger, c *clock) { l.PeerIdle(c.now().Add(time.Second)) }, 1},
+		} {
+			l, clk := pacedLedger(4)
+			settle(l, 1)
+			ch := reserveWithin(context.Background(), l, []int{1, 1}, time.Hour)
+			waiting(t, ch, c.name)
+			c.do(l, clk)
+			if g := granted(t, ch, c.name); g.Rows != c.rows {
+				t.Errorf("%s: granted %+v, want %d rows", c.name, g, c.rows)
+			}
+		}
+	})
+
+	t.Run("GrantsWhatFitsAtTheBound", func(t *testing.T) {
+		t.Parallel()
+		l, _ := pacedLedger(4)
+		settle(l, 1)
+		if g := granted(t, reserveWithin(context.Background(), l, []int{1, 1, 1}, 50*time.Millisecond), "bound passed"); g.Rows != 1 {
+			t.Fatalf("granted %+v at the bound, want the one row that fits", g)
+		}
+	})
+
+	t.Run("DoesNotWaitForRowsThatNeverFit", func(t *testing.T) {
+		t.Parallel()
+		c := &clock{t: time.Unix(5000, 0)}
+		l := NewLedger(Limits{Rows: 10, DirectRows: 2})
+		l.now = c.now
+		l.Hold([]outboxdb.Record{row(1, 1), row(2, 1)}, time.Time{})
+		settle(l, 1)
+		if g := granted(t, reserveWithin(context.Background(), l, []int{1, 1, 1}, time.Hour), "three rows, two direct slots"); g.Rows != 1 {
+			t.Fatalf("granted %+v, want the one row that fits, at once", g)
+		}
+	})
+
+	t.Run("ACancelledWaitReservesNothing", func(t *testing.T) {
+		t.Parallel()
+		l, _ := pacedLedger(4)
+		settle(l, 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := reserveWithin(ctx, l, []int{1, 1}, time.Hour)
+		waiting(t, ch, "one slot free for two rows")
+		cancel()
+		if g := granted(t, ch, "cancelled"); g.Rows != 0 {
+			t.Fatalf("granted %+v after the context ended", g)
+		}
+		if rows, _ := l.Room(); rows != 1 {
+			t.Fatalf("room %d after a cancelled wait, want 1: nothing reserved", rows)
 		}
 	})
 }

@@ -149,7 +149,7 @@ var Vars = []Var{
 	{Name: "CLAIM_LEASE", Kind: Duration, Example: "60s"},
 	{Name: "OUTBOX_BATCH_SIZE", Kind: PositiveInt, Example: "300"},
 	{Name: "OUTBOX_MAX_UNACKED", Kind: PositiveInt, Example: "2400"},
-	{Name: "OUTBOX_MAX_UNACKED_DIRECT", Kind: NonNegativeInt, Example: "600"},
+	{Name: "OUTBOX_MAX_UNACKED_DIRECT", Kind: NonNegativeInt, Example: "2400"},
 	{Name: "OUTBOX_MAX_UNACKED_BYTES", Kind: ByteSize, Example: "64MiB"},
 	{Name: "OUTBOX_PARTITION", Kind: PartitionWidth, Example: "1d"},
 	{Name: "OUTBOX_RETENTION", Kind: DurationDays, Example: "7d"},

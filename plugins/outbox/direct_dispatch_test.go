@@ -8,6 +8,7 @@ import (
 
 	"github.com/forwarder/forwarder/internal/dispatch"
 	"github.com/forwarder/forwarder/internal/outboxdb"
+	"github.com/redpanda-data/benthos/v4/public/service"
 )
 
 // dispatcher registers a dispatcher (the outbox_retry input's engine) in
@@ -146,6 +147,75 @@ func TestDirectDispatch(t *testing.T) {
 			if r.Status != "IN_PROGRESS" || r.AttemptCount != 1 {
 				t.Errorf("row %s = %s at attempt %d, want handed over at attempt 1", key, r.Status, r.AttemptCount)
 			}
+		}
+	})
+
+	t.Run("WaitsForRoomWhileDeliveryMoves", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		d := b.dispatcher(t, 2, false)
+		p := b.processor(t, defaultYAML)
+		p.directWait = time.Hour
+		process(t, p, kmsg(topicHeartbeat, 0, 1, heartbeat("h1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h2")))
+		first := handed(d)
+		if len(first) != 2 {
+			t.Fatalf("handed over %d rows, want 2", len(first))
+		}
+		d.Ledger().Settle([]outboxdb.ClaimRef{first[0].Ref()}) // h1 delivered: one slot free
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.ProcessBatch(context.Background(), service.MessageBatch{
+				kmsg(topicHeartbeat, 0, 3, heartbeat("h3")), kmsg(topicHeartbeat, 0, 4, heartbeat("h4"))})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			t.Fatalf("the batch was persisted at once (%v) with room for one of its two rows while delivery moves: want a wait for room", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		d.Ledger().Settle([]outboxdb.ClaimRef{first[1].Ref()}) // h2 delivered: room for both
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("still waiting with room for both rows")
+		}
+		rows := b.rows(t)
+		if got := handed(d); len(got) != 2 {
+			t.Fatalf("handed over %d rows once room was free, want both", len(got))
+		}
+		for _, key := range []string{"h3", "h4"} {
+			if r := rows[key]; r.Status != "IN_PROGRESS" || r.AttemptCount != 1 {
+				t.Errorf("row %s = %s at attempt %d, want handed over at attempt 1", key, r.Status, r.AttemptCount)
+			}
+		}
+	})
+
+	t.Run("DoesNotWaitForAHangingPlatform", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		d := b.dispatcher(t, 2, false)
+		p := b.processor(t, defaultYAML)
+		p.directWait = time.Hour
+		// Both slots are taken by rows whose requests never come back: no
+		// row ever leaves the dispatcher.
+		process(t, p, kmsg(topicHeartbeat, 0, 1, heartbeat("h1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h2")))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := p.ProcessBatch(ctx, service.MessageBatch{kmsg(topicHeartbeat, 0, 3, heartbeat("h3")),
+			kmsg(topicHeartbeat, 0, 4, heartbeat("h4"))}); err != nil {
+			t.Fatalf("ingest waited for a dispatcher whose rows never leave: %v", err)
+		}
+		rows := b.rows(t)
+		for _, key := range []string{"h3", "h4"} {
+			if r := rows[key]; r.Status != "PENDING" {
+				t.Errorf("row %s = %s, want PENDING: the dispatcher had no room", key, r.Status)
+			}
+		}
+		if d.Ledger().Held() != 2 {
+			t.Errorf("the dispatcher holds %d rows, want its 2", d.Ledger().Held())
 		}
 	})
 

@@ -35,6 +35,15 @@ const (
 	// parameter cannot exceed 1 GB, and a batch of large messages would then
 	// fail forever.
 	defaultChunkBytes = 64 << 20
+	// directChunkRows caps the records of one statement while a dispatcher
+	// takes rows at insert, and directWait is how long such a chunk waits
+	// for the dispatcher's room while delivery is moving
+	// (dispatch.Ledger.ReserveWithin): a Kafka backlog is then inserted
+	// claimed, at the pace it is sent, rather than PENDING and claimed again
+	// (docs/architecture.md, Direct dispatch). A chunk waits for room for
+	// all of its rows, so it is a fraction of max_unacked_direct.
+	directChunkRows = 600
+	directWait      = 50 * time.Millisecond
 )
 
 type outboxProcessor struct {
@@ -58,6 +67,10 @@ type outboxProcessor struct {
 
 	retryInitial, retryMax time.Duration
 	chunkBytes             int
+	// chunkRows caps a chunk's records when a dispatcher takes rows at
+	// insert; directWait bounds its wait for room.
+	chunkRows  int
+	directWait time.Duration
 
 	mMissingID    *service.MetricCounter
 	mPersisted    *service.MetricCounter
@@ -86,6 +99,8 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 		retryInitial: retryInitial,
 		retryMax:     retryMax,
 		chunkBytes:   defaultChunkBytes,
+		chunkRows:    directChunkRows,
+		directWait:   directWait,
 
 		outageLogEvery: defaultOutageLogEvery,
 		mMissingID:     mgr.Metrics().NewCounter("forwarder_missing_message_id_total"),
@@ -186,13 +201,19 @@ func (p *outboxProcessor) ProcessBatch(ctx context.Context, batch service.Messag
 // persistAll persists recs, chunk by chunk.
 func (p *outboxProcessor) persistAll(ctx context.Context, recs []outboxdb.NewRecord) ([]service.MessageBatch, error) {
 
-	// Chunks keep one statement's bytea[] far below PostgreSQL's 1 GB limit; a
-	// batch of small messages is one chunk. Each chunk commits on its own,
-	// which is safe because a retried chunk finds its rows already there.
+	// Chunks keep one statement's bytea[] far below PostgreSQL's 1 GB limit,
+	// and while a dispatcher takes rows at insert they are small enough to
+	// wait for its room; otherwise a batch of small messages is one chunk.
+	// Each chunk commits on its own, which is safe because a retried chunk
+	// finds its rows already there.
+	maxRows := len(recs)
+	if p.direct && p.hub.Dispatcher() != nil {
+		maxRows = p.chunkRows
+	}
 	var counts outboxdb.InsertCounts
 	for start := 0; start < len(recs); {
 		end, size := start, 0
-		for end < len(recs) && (end == start || size+len(recs[end].Payload) <= p.chunkBytes) {
+		for end < len(recs) && (end == start || size+len(recs[end].Payload) <= p.chunkBytes && end-start < maxRows) {
 			size += len(recs[end].Payload)
 			end++
 		}
@@ -312,7 +333,9 @@ type handover struct {
 }
 
 // insertChunk persists chunk, handing as many new rows as the
-// stream's dispatcher has room for to it (see Direct dispatch). The
+// stream's dispatcher has room for to it (see Direct dispatch), after
+// waiting up to directWait for room for all of them while delivery is
+// moving. The
 // reservation is given back when the insert fails, so that a chunk that
 // keeps failing does not starve the dispatcher; rows recovered by a retry
 // are handed over even beyond the room the retry reserved (at most a
@@ -324,7 +347,7 @@ func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewR
 	}
 	var g dispatch.Grant
 	if d != nil {
-		g = d.Reserve(pendingSizes(chunk))
+		g = d.ReserveWithin(ctx, pendingSizes(chunk), p.directWait)
 	}
 	if g.Rows == 0 && !h.tried {
 		return outboxdb.InsertBatchCount(ctx, p.pool, chunk)

@@ -96,10 +96,14 @@ When the same process runs an ^outbox_retry^ input on the same ^dsn^ (as ^pipeli
 does) and it holds fewer rows than its ^max_unacked_direct^, the processor inserts new rows already
 claimed for it (^IN_PROGRESS^, attempt 1, a claim token and a lease, exactly what a claim would
 have made of them) and hands them over in memory, in the same statement that persists them. A new row then costs one
-statement fewer and reaches the output without the notify-and-claim round trip. What the dispatcher
-has no room for is inserted ^PENDING^ and claimed from the database as usual, so ingestion never
-waits for the dispatcher, and a crash before a result is written is recovered by the lease like any
-other claim. ^direct_dispatch: false^ turns it off.
+statement fewer and reaches the output without the notify-and-claim round trip. While rows are being
+delivered (some left the dispatcher within the last second) and no other instance has said it is idle,
+the processor inserts at most 600 records a statement and waits up to 50 ms for room for all of
+them, so that a Kafka backlog is read at the pace it is delivered and each row is written claimed
+once. What the dispatcher has no room for then is inserted ^PENDING^ and claimed from the database
+as usual: with the platform hanging or down no row leaves the dispatcher, and a second after the
+last one left ingestion no longer waits at all. A crash before a result is written is recovered by the lease like any other claim.
+^direct_dispatch: false^ turns it off.
 
 ### Ordering
 

@@ -90,6 +90,9 @@ emitted like claimed rows (same metadata, attempt 1) without a claim statement, 
 where every instance's claims find them, so the instance that owns the busy Kafka partitions shares
 their traffic with the others instead of queueing it all in its own memory. While due rows of the
 database wait for room, no rows are handed over, so retries are not starved by new traffic.
+While rows are leaving the input and no other instance has said it is idle, the processor waits up
+to 50 ms for this room before it inserts rows `+"`PENDING`"+` (see the `+"`outbox`"+` processor's Direct
+dispatch): a backlog is then handed over as it is delivered.
 Components find each other through the stream's resources: two streams of one process never hand rows to each other. A stream may have one `+"`outbox_retry`"+` input per
 database. The rows the `+"`http_forwarder`"+` output's result writes claim for this input, the next rows of the
 keys they finish (see Ordering), are handed over the same way and counted there too.
