@@ -152,15 +152,7 @@ func TestDirectDispatch(t *testing.T) {
 
 	t.Run("WaitsForRoomWhileDeliveryMoves", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		d := b.dispatcher(t, 2, false)
-		p := b.processor(t, defaultYAML)
-		p.directWait = time.Hour
-		process(t, p, kmsg(topicHeartbeat, 0, 1, heartbeat("h1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h2")))
-		first := handed(d)
-		if len(first) != 2 {
-			t.Fatalf("handed over %d rows, want 2", len(first))
-		}
+		b, d, p, first := fullDispatcher(t)
 		d.Ledger().Settle([]outboxdb.ClaimRef{first[0].Ref()}) // h1 delivered: one slot free
 		done := make(chan error, 1)
 		go func() {
@@ -195,13 +187,9 @@ func TestDirectDispatch(t *testing.T) {
 
 	t.Run("DoesNotWaitForAHangingPlatform", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		d := b.dispatcher(t, 2, false)
-		p := b.processor(t, defaultYAML)
-		p.directWait = time.Hour
 		// Both slots are taken by rows whose requests never come back: no
 		// row ever leaves the dispatcher.
-		process(t, p, kmsg(topicHeartbeat, 0, 1, heartbeat("h1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h2")))
+		b, d, p, _ := fullDispatcher(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if _, err := p.ProcessBatch(ctx, service.MessageBatch{kmsg(topicHeartbeat, 0, 3, heartbeat("h3")),
@@ -229,6 +217,23 @@ func TestDirectDispatch(t *testing.T) {
 			t.Errorf("row %s, %d handed over: want PENDING and nothing handed over", r.Status, d.Ledger().Held())
 		}
 	})
+}
+
+// fullDispatcher returns a processor whose chunks wait up to an hour for
+// room, and its dispatcher, with room for 2 rows, holding the 2 it returns
+// (h1 and h2, handed over).
+func fullDispatcher(t *testing.T) (*testBundle, *dispatch.Dispatcher, *outboxProcessor, []outboxdb.Record) {
+	t.Helper()
+	b := setup(t)
+	d := b.dispatcher(t, 2, false)
+	p := b.processor(t, defaultYAML)
+	p.directWait = time.Hour
+	process(t, p, kmsg(topicHeartbeat, 0, 1, heartbeat("h1")), kmsg(topicHeartbeat, 0, 2, heartbeat("h2")))
+	first := handed(d)
+	if len(first) != 2 {
+		t.Fatalf("handed over %d rows, want 2", len(first))
+	}
+	return b, d, p, first
 }
 
 // loseFirstReply makes p's first direct insert commit and then fail, as when
