@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -204,6 +205,44 @@ func TestDirectDispatch(t *testing.T) {
 		}
 		if d.Ledger().Held() != 2 {
 			t.Errorf("the dispatcher holds %d rows, want its 2", d.Ledger().Held())
+		}
+	})
+
+	t.Run("ChunksAreCutSmallOnlyForADispatcher", func(t *testing.T) {
+		t.Parallel()
+		batch := func() []*service.Message {
+			var msgs []*service.Message
+			for i := range 5 {
+				msgs = append(msgs, kmsg(topicHeartbeat, 0, int64(i), heartbeat(fmt.Sprintf("h%d", i))))
+			}
+			return msgs
+		}
+		statements := func(b *testBundle) int {
+			var n int
+			if err := b.pool.QueryRow(context.Background(), `SELECT count(DISTINCT xmin::text) FROM forward_messages`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+
+		b := setup(t)
+		d := b.dispatcher(t, 10, false)
+		p := b.processor(t, defaultYAML)
+		p.chunkRows = 2
+		process(t, p, batch()...)
+		if n := statements(b); n != 3 {
+			t.Errorf("5 records in chunks of 2 were written by %d statements, want 3", n)
+		}
+		if got := handed(d); len(got) != 5 {
+			t.Errorf("handed over %d rows, want all 5", len(got))
+		}
+
+		alone := setup(t) // no dispatcher: nothing to wait for, one statement
+		p = alone.processor(t, defaultYAML)
+		p.chunkRows = 2
+		process(t, p, batch()...)
+		if n := statements(alone); n != 1 {
+			t.Errorf("5 records without a dispatcher were written by %d statements, want 1", n)
 		}
 	})
 

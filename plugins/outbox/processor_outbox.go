@@ -332,10 +332,9 @@ type handover struct {
 	tried  bool
 }
 
-// insertChunk persists chunk, handing as many new rows as the
-// stream's dispatcher has room for to it (see Direct dispatch), after
-// waiting up to directWait for room for all of them while delivery is
-// moving. The
+// insertChunk persists chunk, handing as many new rows as the stream's
+// dispatcher has room for to it (see Direct dispatch), after waiting up to
+// directWait for room for all of them while delivery is moving. The
 // reservation is given back when the insert fails, so that a chunk that
 // keeps failing does not starve the dispatcher; rows recovered by a retry
 // are handed over even beyond the room the retry reserved (at most a
