@@ -637,21 +637,17 @@ func (d *Dispatcher) DirectClaim() outboxdb.DirectClaim {
 	return outboxdb.DirectClaim{Lease: d.cfg.Lease, Claimer: d.cfg.Claimer}
 }
 
-// Reserve grants room to rows about to be inserted claimed (see
-// Ledger.Reserve), and none before the process has started, before the
-// dispatcher has connected, or while its renewals are late: those rows are
-// inserted PENDING, for Next to claim. Rows claimed for a dispatcher still
-// waiting for its database (its wait backs off further than ingest's) were
-// held with no renewal running: their leases ran out, Next claimed them
-// again, and both claims were sent. A dispatcher whose renewals fail (its
-// database lost after start, its pool exhausted) would hold new claims the
-// same way.
-func (d *Dispatcher) Reserve(sizes []int) Grant {
-	return d.ReserveWithin(context.Background(), sizes, 0)
-}
-
-// ReserveWithin is Reserve, waiting up to bound for room for every row while
-// delivery is moving (see Ledger.ReserveWithin).
+// ReserveWithin grants room to rows about to be inserted claimed, waiting up
+// to bound for room for every row while delivery is moving (see
+// Ledger.ReserveWithin; bound 0: no wait), and none before the process has
+// started, before the dispatcher has connected, or while its renewals are
+// late: those rows are inserted PENDING, for Next to claim. Rows claimed for
+// a dispatcher still waiting for its database (its wait backs off further
+// than ingest's) were held with no renewal running: their leases ran out,
+// Next claimed them again, and both claims were sent. A dispatcher whose
+// renewals fail (its database lost after start, its pool exhausted) would
+// hold new claims the same way. The grant's lease bound is taken after the
+// wait.
 func (d *Dispatcher) ReserveWithin(ctx context.Context, sizes []int, bound time.Duration) Grant {
 	if !d.started.Ready() || !d.renewing() {
 		return Grant{}

@@ -192,7 +192,7 @@ func TestDispatcher(t *testing.T) {
 		if err := d.Connect(b.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if g := d.Reserve([]int{10}); g.Rows != 0 {
+		if g := d.ReserveWithin(context.Background(), []int{10}, 0); g.Rows != 0 {
 			t.Fatalf("Reserve before the start granted %+v; want nothing, so that the insert claims nothing", g)
 		}
 		ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
@@ -207,7 +207,7 @@ func TestDispatcher(t *testing.T) {
 		if rows := b.next(t, d); len(rows) != 1 || rows[0].ID != ids[0] {
 			t.Fatalf("after the start: %+v, want row %d", rows, ids[0])
 		}
-		if g := d.Reserve([]int{10}); g.Rows != 1 {
+		if g := d.ReserveWithin(context.Background(), []int{10}, 0); g.Rows != 1 {
 			t.Fatalf("Reserve after the start granted %+v; want the row", g)
 		} else {
 			d.Deliver(g, nil)
@@ -228,13 +228,13 @@ func TestDispatcher(t *testing.T) {
 		t.Cleanup(func() { _ = d.Close(context.Background()) })
 		d.started = launch.NewGate()
 		d.started.Open()
-		if g := d.Reserve([]int{10}); g.Rows != 0 {
+		if g := d.ReserveWithin(context.Background(), []int{10}, 0); g.Rows != 0 {
 			t.Fatalf("Reserve before Connect granted %+v; want nothing, so that the insert claims nothing", g)
 		}
 		if err := d.Connect(b.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if g := d.Reserve([]int{10}); g.Rows != 1 {
+		if g := d.ReserveWithin(context.Background(), []int{10}, 0); g.Rows != 1 {
 			t.Fatalf("Reserve once connected granted %+v; want the row", g)
 		} else {
 			d.Deliver(g, nil)
@@ -255,11 +255,11 @@ func TestDispatcher(t *testing.T) {
 			d.mu.Unlock()
 		}
 		setRenewOK(time.Now().Add(-31 * time.Minute))
-		if g := d.Reserve([]int{10}); g.Rows != 0 {
+		if g := d.ReserveWithin(context.Background(), []int{10}, 0); g.Rows != 0 {
 			t.Fatalf("Reserve with the last renewal more than half a lease ago granted %+v; want nothing, so that no lease is taken that renewals may not keep", g)
 		}
 		setRenewOK(time.Now())
-		if g := d.Reserve([]int{10}); g.Rows != 1 {
+		if g := d.ReserveWithin(context.Background(), []int{10}, 0); g.Rows != 1 {
 			t.Fatalf("Reserve with renewals on time granted %+v; want the row", g)
 		} else {
 			d.Deliver(g, nil)

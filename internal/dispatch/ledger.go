@@ -171,7 +171,7 @@ type Grant struct {
 func (l *Ledger) Reserve(sizes []int) Grant {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.reserveLocked(sizes)
+	return l.takeLocked(l.fitLocked(sizes))
 }
 
 // ReserveWithin is Reserve, waiting up to bound for room for every row
@@ -181,14 +181,14 @@ func (l *Ledger) Reserve(sizes []int) Grant {
 // stalledAfter. The wait ends, granting what fits, as soon as the room is
 // there, the ledger stops granting (waiting for room, blocked, closed),
 // another dispatcher is idle (PeerIdle: the rows are better PENDING, for
-// it), bound has passed, or ctx ends (then nothing is granted). A platform
+// it), or bound has passed; when ctx ends nothing is granted. A platform
 // that hangs or is down keeps its rows: once stalledAfter has passed since
 // the last left, the ingest does not wait at all. Rows that could not fit
 // even in an empty ledger are not waited for.
 func (l *Ledger) ReserveWithin(ctx context.Context, sizes []int, bound time.Duration) Grant {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	deadline := l.now().Add(bound)
+	wait := bound > 0 && l.fitsEmptyLocked(sizes)
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -196,24 +196,19 @@ func (l *Ledger) ReserveWithin(ctx context.Context, sizes []int, bound time.Dura
 		}
 	}()
 	for {
-		now := l.now()
-		if !l.grantingLocked() || !now.Before(deadline) || !now.Before(l.lastLeft.Add(stalledAfter)) ||
-			now.Before(l.peerIdleUntil) || !l.fitsEmptyLocked(sizes) {
-			return l.reserveLocked(sizes)
-		}
-		rows, bytes := l.roomUnderLocked(l.limits.DirectRows)
-		if rows >= len(sizes) && (bytes < 0 || bytes >= sum(sizes)) {
-			return l.reserveLocked(sizes)
+		g := l.fitLocked(sizes)
+		if !wait || g.Rows == len(sizes) || !l.waitsLocked() {
+			return l.takeLocked(g)
 		}
 		changed := l.changed
 		if timer == nil {
-			timer = time.NewTimer(deadline.Sub(now))
+			timer = time.NewTimer(bound)
 		}
 		l.mu.Unlock()
 		select {
 		case <-changed:
 		case <-timer.C:
-			deadline = time.Time{} // grant what fits now
+			wait = false // grant what fits now
 		case <-ctx.Done():
 		}
 		l.mu.Lock()
@@ -223,25 +218,32 @@ func (l *Ledger) ReserveWithin(ctx context.Context, sizes []int, bound time.Dura
 	}
 }
 
-// grantingLocked says whether reservations are granted at all.
-func (l *Ledger) grantingLocked() bool { return !l.closed && !l.waitForRoom && !l.blocked }
+// waitsLocked says whether a reservation short of room waits for it:
+// reservations are granted, delivery is moving and no other dispatcher is
+// idle.
+func (l *Ledger) waitsLocked() bool {
+	now := l.now()
+	return !l.closed && !l.waitForRoom && !l.blocked &&
+		now.Before(l.lastLeft.Add(stalledAfter)) && !now.Before(l.peerIdleUntil)
+}
 
 // fitsEmptyLocked says whether rows of these sizes would all fit below
 // Limits.DirectRows in an empty ledger.
 func (l *Ledger) fitsEmptyLocked(sizes []int) bool {
-	return len(sizes) <= l.limits.DirectRows && (l.limits.Bytes <= 0 || sum(sizes) <= l.limits.Bytes)
-}
-
-func sum(sizes []int) int64 {
-	var n int64
-	for _, s := range sizes {
-		n += int64(s)
+	if len(sizes) > l.limits.DirectRows {
+		return false
 	}
-	return n
+	var total int64
+	for _, s := range sizes {
+		total += int64(s)
+	}
+	return l.limits.Bytes <= 0 || total <= l.limits.Bytes
 }
 
-func (l *Ledger) reserveLocked(sizes []int) Grant {
-	if !l.grantingLocked() {
+// fitLocked is the room for as many leading rows as fit now, not yet
+// reserved: none while the dispatcher waits for room, is blocked or closed.
+func (l *Ledger) fitLocked(sizes []int) Grant {
+	if l.closed || l.waitForRoom || l.blocked {
 		return Grant{}
 	}
 	rows, bytes := l.roomUnderLocked(l.limits.DirectRows)
@@ -256,6 +258,11 @@ func (l *Ledger) reserveLocked(sizes []int) Grant {
 		g.Rows++
 		g.Bytes += int64(size)
 	}
+	return g
+}
+
+// takeLocked reserves the room g.
+func (l *Ledger) takeLocked(g Grant) Grant {
 	l.reserved += g.Rows
 	l.reservedBytes += g.Bytes
 	return g

@@ -19,7 +19,7 @@ import (
 func (b *testBundle) handOver(t testing.TB, in *outboxRetry, n int) []outboxdb.Record {
 	t.Helper()
 	d := in.d
-	granted := d.Reserve(make([]int, n))
+	granted := d.ReserveWithin(context.Background(), make([]int, n), 0)
 	if granted.Rows != n {
 		t.Fatalf("reserved %d of %d slots", granted.Rows, n)
 	}
@@ -95,7 +95,7 @@ func TestHandoff(t *testing.T) {
 		if hub.Dispatcher() != nil {
 			t.Fatal("still registered after Close")
 		}
-		if g := in.d.Reserve([]int{1}); g.Rows != 0 {
+		if g := in.d.ReserveWithin(context.Background(), []int{1}, 0); g.Rows != 0 {
 			t.Error("a closed input granted a reservation")
 		}
 		if in.d.Deliver(dispatch.Grant{}, []outboxdb.Record{{ID: 1, ClaimToken: "x"}}) {
@@ -184,11 +184,11 @@ func TestHandoff(t *testing.T) {
 		b := setup(t)
 		in := b.input(t, "batch_size: 5\nmax_unacked: 5")
 		d := in.d
-		g := d.Reserve(make([]int, 10))
+		g := d.ReserveWithin(context.Background(), make([]int, 10), 0)
 		if g.Rows != 5 {
 			t.Fatalf("granted %d of max_unacked 5", g.Rows)
 		}
-		if g := d.Reserve([]int{1}); g.Rows != 0 {
+		if g := d.ReserveWithin(context.Background(), []int{1}, 0); g.Rows != 0 {
 			t.Fatalf("granted %d beyond max_unacked", g.Rows)
 		}
 		if rows, _ := d.Ledger().Room(); rows != 0 {
@@ -197,7 +197,7 @@ func TestHandoff(t *testing.T) {
 		// The insert found 2 of the 5 keys stored already: 3 handed over,
 		// the other 2 slots come back.
 		d.Deliver(g, []outboxdb.Record{{ID: 1, ClaimToken: "a"}, {ID: 2, ClaimToken: "b"}, {ID: 3, ClaimToken: "c"}})
-		g = d.Reserve(make([]int, 10))
+		g = d.ReserveWithin(context.Background(), make([]int, 10), 0)
 		if g.Rows != 2 {
 			t.Fatalf("granted %d with 3 of 5 held, want 2", g.Rows)
 		}
@@ -212,12 +212,12 @@ func TestHandoff(t *testing.T) {
 		b := setup(t)
 		in := b.input(t, "batch_size: 5\nmax_unacked: 10\nmax_unacked_direct: 4")
 		d := in.d
-		g := d.Reserve(make([]int, 10))
+		g := d.ReserveWithin(context.Background(), make([]int, 10), 0)
 		if g.Rows != 4 {
 			t.Fatalf("granted %d with max_unacked_direct 4, want 4", g.Rows)
 		}
 		d.Deliver(g, []outboxdb.Record{{ID: 1, ClaimToken: "a"}, {ID: 2, ClaimToken: "b"}, {ID: 3, ClaimToken: "c"}, {ID: 4, ClaimToken: "d"}})
-		if g := d.Reserve([]int{1}); g.Rows != 0 {
+		if g := d.ReserveWithin(context.Background(), []int{1}, 0); g.Rows != 0 {
 			t.Fatalf("granted %d beyond max_unacked_direct", g.Rows)
 		}
 		if rows, _ := d.Ledger().Room(); rows != 6 {
@@ -244,7 +244,7 @@ func TestHandoff(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		if g := in.d.Reserve([]int{1}); g.Rows != 0 {
+		if g := in.d.ReserveWithin(context.Background(), []int{1}, 0); g.Rows != 0 {
 			t.Fatalf("granted %d while due rows wait for room", g.Rows)
 		}
 		if err := ack(b.ctx, nil); err != nil {
