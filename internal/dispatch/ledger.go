@@ -159,6 +159,8 @@ func (l *Ledger) SetBlocked(v bool) {
 type Grant struct {
 	Rows  int
 	Bytes int64
+	// Waited is how long ReserveWithin waited for room (0: not at all).
+	Waited time.Duration
 	// until bounds the leases of the rows claimed under the grant (see
 	// Hold); the dispatcher sets it when it grants.
 	until time.Time
@@ -189,7 +191,10 @@ func (l *Ledger) ReserveWithin(ctx context.Context, sizes []int, bound time.Dura
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	wait := bound > 0 && l.fitsEmptyLocked(sizes)
-	var timer *time.Timer
+	var (
+		timer *time.Timer
+		since time.Time
+	)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -198,11 +203,15 @@ func (l *Ledger) ReserveWithin(ctx context.Context, sizes []int, bound time.Dura
 	for {
 		g := l.fitLocked(sizes)
 		if !wait || g.Rows == len(sizes) || !l.waitsLocked() {
+			if timer != nil {
+				g.Waited = l.now().Sub(since)
+			}
 			return l.takeLocked(g)
 		}
 		changed := l.changed
 		if timer == nil {
 			timer = time.NewTimer(bound)
+			since = l.now()
 		}
 		l.mu.Unlock()
 		select {

@@ -319,6 +319,19 @@ func TestLedgerReserveWithin(t *testing.T) {
 		}
 	})
 
+	t.Run("TheGrantSaysHowLongItWaited", func(t *testing.T) {
+		t.Parallel()
+		l, c := pacedLedger(4)
+		settle(l, 1)
+		ch := reserveWithin(context.Background(), l, []int{1, 1}, time.Hour)
+		waiting(t, ch, "one slot free for two rows")
+		c.advance(30 * time.Millisecond)
+		settle(l, 2)
+		if g := granted(t, ch, "two slots free"); g.Rows != 2 || g.Waited != 30*time.Millisecond {
+			t.Fatalf("granted %+v after 30 ms, want both rows and Waited 30ms", g)
+		}
+	})
+
 	t.Run("DoesNotWaitForAPlatformThatNeverAnswered", func(t *testing.T) {
 		t.Parallel()
 		l, _ := pacedLedger(4) // rows held, none ever left: the platform hangs
@@ -332,7 +345,7 @@ func TestLedgerReserveWithin(t *testing.T) {
 		l, c := pacedLedger(4)
 		settle(l, 1)
 		c.advance(stalledAfter) // nothing left since: the platform hangs now
-		if g := granted(t, reserveWithin(context.Background(), l, []int{1, 1}, time.Hour), "nothing left for stalledAfter"); g.Rows != 1 {
+		if g := granted(t, reserveWithin(context.Background(), l, []int{1, 1}, time.Hour), "nothing left for stalledAfter"); g.Rows != 1 || g.Waited != 0 {
 			t.Fatalf("granted %+v, want the one row that fits, at once", g)
 		}
 	})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -154,6 +156,7 @@ func TestDirectDispatch(t *testing.T) {
 	t.Run("WaitsForRoomWhileDeliveryMoves", func(t *testing.T) {
 		t.Parallel()
 		b, d, p, first := fullDispatcher(t)
+		waits := recordWaits(p)
 		d.Ledger().Settle([]outboxdb.ClaimRef{first[0].Ref()}) // h1 delivered: one slot free
 		done := make(chan error, 1)
 		go func() {
@@ -184,6 +187,10 @@ func TestDirectDispatch(t *testing.T) {
 				t.Errorf("row %s = %s at attempt %d, want handed over at attempt 1", key, r.Status, r.AttemptCount)
 			}
 		}
+		// How long is the ledger's to say (TestLedgerReserveWithin).
+		if got := waits.all(); len(got) != 1 || got[0] <= 0 {
+			t.Errorf("waits observed %v, want the chunk's one wait", got)
+		}
 	})
 
 	t.Run("DoesNotWaitForAHangingPlatform", func(t *testing.T) {
@@ -191,6 +198,7 @@ func TestDirectDispatch(t *testing.T) {
 		// Both slots are taken by rows whose requests never come back: no
 		// row ever leaves the dispatcher.
 		b, d, p, _ := fullDispatcher(t)
+		waits := recordWaits(p)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if _, err := p.ProcessBatch(ctx, service.MessageBatch{kmsg(topicHeartbeat, 0, 3, heartbeat("h3")),
@@ -205,6 +213,9 @@ func TestDirectDispatch(t *testing.T) {
 		}
 		if d.Ledger().Held() != 2 {
 			t.Errorf("the dispatcher holds %d rows, want its 2", d.Ledger().Held())
+		}
+		if got := waits.all(); len(got) != 0 {
+			t.Errorf("waits observed %v, want none", got)
 		}
 	})
 
@@ -273,6 +284,30 @@ func fullDispatcher(t *testing.T) (*testBundle, *dispatch.Dispatcher, *outboxPro
 		t.Fatalf("handed over %d rows, want 2", len(first))
 	}
 	return b, d, p, first
+}
+
+// roomWaits are the waits for room a processor observed.
+type roomWaits struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (w *roomWaits) all() []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.d)
+}
+
+// recordWaits makes p observe its waits for room in the returned list
+// instead of its metric.
+func recordWaits(p *outboxProcessor) *roomWaits {
+	w := &roomWaits{}
+	p.roomWaited = func(d time.Duration) {
+		w.mu.Lock()
+		w.d = append(w.d, d)
+		w.mu.Unlock()
+	}
+	return w
 }
 
 // loseFirstReply makes p's first direct insert commit and then fail, as when

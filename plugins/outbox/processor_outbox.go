@@ -75,6 +75,9 @@ type outboxProcessor struct {
 	mMissingID    *service.MetricCounter
 	mPersisted    *service.MetricCounter
 	mKeyConflicts *service.MetricCounter
+	// roomWaited observes each wait of a chunk for the dispatcher's room
+	// (forwarder_ingest_room_wait_seconds; tests replace it).
+	roomWaited func(time.Duration)
 	// conflicts logs the messages skipped under another message's key, a
 	// line per burst.
 	conflicts *lograte.Burst
@@ -147,6 +150,9 @@ func newOutboxProcessorFromParsed(conf *service.ParsedConfig, mgr *service.Resou
 
 	metricseries.Counter(p.mMissingID)
 	metricseries.Counter(p.mKeyConflicts)
+	roomWait := mgr.Metrics().NewTimer("forwarder_ingest_room_wait_seconds")
+	metricseries.Timer(roomWait, nil)
+	p.roomWaited = func(d time.Duration) { roomWait.Timing(d.Nanoseconds()) }
 	p.mIngestFails = mgr.Metrics().NewCounter("forwarder_ingest_errors_total")
 	metricseries.Counter(p.mIngestFails)
 	if p.hub, err = dispatch.HubFromParsed(conf, mgr); err != nil {
@@ -347,6 +353,9 @@ func (p *outboxProcessor) insertChunk(ctx context.Context, chunk []outboxdb.NewR
 	var g dispatch.Grant
 	if d != nil {
 		g = d.ReserveWithin(ctx, pendingSizes(chunk), p.directWait)
+		if g.Waited > 0 {
+			p.roomWaited(g.Waited)
+		}
 	}
 	if g.Rows == 0 && !h.tried {
 		return outboxdb.InsertBatchCount(ctx, p.pool, chunk)

@@ -125,7 +125,10 @@ over directly count as PENDING);
 different payload (a redelivery is the same bytes: this is another message reusing the key), each
 also logged as a warning with its Kafka coordinates;
 ^forwarder_ingest_errors_total^ counts failed attempts to persist a batch (the batch is held and
-retried, and a failure that lasts is logged again at ERROR every minute).`)).
+retried, and a failure that lasts is logged again at ERROR every minute);
+^forwarder_ingest_room_wait_seconds^ (a histogram) observes each wait of a chunk for the
+dispatcher's room (see Direct dispatch): while its ^_sum^ rises the ingest runs at the pace of
+delivery, and a backlog waits in Kafka (consumer lag) rather than as PENDING rows.`)).
 		Fields(streamdb.DSNFields()...).
 		Fields(
 			service.NewInterpolatedStringField(opFieldKey).
