@@ -25,7 +25,7 @@
 //
 //	go run ./test/bench                                  # everything, 200 k messages, one round
 //	go run ./test/bench -n 20000 -latency-duration 10s   # a quick run
-//	go run ./test/bench -scenarios forwarder -phases throughput -pprof /tmp/prof
+//	go run ./test/bench -scenarios forwarder,forwarder-unordered -phases throughput -pprof /tmp/prof
 //	go run ./test/bench -scenarios forwarder,batched -phases throughput -rounds 4   # medians of alternated rounds
 //	go run ./test/bench -set input.broker.inputs.1.outbox_retry.batch_size=500
 //	go run ./test/bench scale -rows 10000000             # claim and gauge costs at 10 M rows
@@ -165,7 +165,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.IntVar(&c.BatchSize, "batch-size", 500, "batch size of the hand-batched baseline")
 	fs.IntVar(&c.BatchPosts, "batch-posts", 64, "concurrent POSTs of the hand-batched baseline")
 	fs.IntVar(&c.RiverWorkers, "river-workers", 64, "River workers (concurrent POSTs) of the River baseline; it inserts -batch-size records per transaction")
-	fs.StringVar(&c.PprofDir, "pprof", "", "directory for CPU, heap and allocation profiles of the forwarder's throughput run (enables http.debug_endpoints)")
+	fs.StringVar(&c.PprofDir, "pprof", "", "directory for CPU, heap and allocation profiles of the forwarder's first throughput run, with ordering on and off (<scenario>.cpu.pprof, …; enables http.debug_endpoints)")
 	fs.IntVar(&c.PprofSeconds, "pprof-seconds", 10, "length of the CPU profile")
 	fs.BoolVar(&c.Ceilings, "ceilings", true, "also measure the machine's ceilings: HTTP/1.1 loopback requests/s and unnest insert rows/s")
 	fs.Float64Var(&c.WaitLoad, "wait-load", 0, "before measuring, wait until the 1-minute load average is below this (0: do not wait)")

@@ -171,7 +171,9 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string, round int)
 		return res, err
 	}
 	start := time.Now()
-	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder && round == 1
+	// Both forwarder scenarios are profiled, each under its own file names,
+	// so that ordering on and off can be set side by side.
+	profile := env.cfg.PprofDir != "" && (scenario == scenarioForwarder || scenario == scenarioUnordered) && round == 1
 	c, err := env.startConsumer(runCtx, scenario, run, vars, profile)
 	if err != nil {
 		return res, err
@@ -182,7 +184,7 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string, round int)
 	var profDone chan error
 	if profile {
 		profDone = make(chan error, 1)
-		go func() { profDone <- c.cpuProfile(runCtx, env.cfg.PprofDir, env.cfg.PprofSeconds) }()
+		go func() { profDone <- c.cpuProfile(runCtx, env.cfg.PprofDir, scenario, env.cfg.PprofSeconds) }()
 	}
 
 	if err := waitAllSuccess(runCtx, c, mp, pool, progressOf(scenario), n, scenario); err != nil {
@@ -197,12 +199,12 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string, round int)
 			logf("forwarder CPU profile: %v", err)
 		}
 		for _, p := range []string{"heap", "allocs"} {
-			if err := c.fetchProfile(runCtx, env.cfg.PprofDir, p, ""); err != nil {
+			if err := c.fetchProfile(runCtx, env.cfg.PprofDir, scenario, p, ""); err != nil {
 				logf("forwarder %s profile: %v", p, err)
 			}
 		}
 		// The Go runtime's own figures (heap, GC) and the forwarder's metrics.
-		if err := c.fetch(runCtx, "/metrics", filepath.Join(env.cfg.PprofDir, "forwarder.metrics.txt")); err != nil {
+		if err := c.fetch(runCtx, "/metrics", filepath.Join(env.cfg.PprofDir, scenario+".metrics.txt")); err != nil {
 			logf("forwarder metrics: %v", err)
 		}
 	}
@@ -324,21 +326,23 @@ func topStatements(ctx context.Context, pool *pgxpool.Pool) []stmtStat {
 }
 
 // cpuProfile takes a CPU profile of the forwarder once its run is under way.
-func (c *child) cpuProfile(ctx context.Context, dir string, seconds int) error {
+func (c *child) cpuProfile(ctx context.Context, dir, scenario string, seconds int) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(2 * time.Second):
 	}
-	return c.fetchProfile(ctx, dir, "profile", fmt.Sprintf("?seconds=%d", seconds))
+	return c.fetchProfile(ctx, dir, scenario, "profile", fmt.Sprintf("?seconds=%d", seconds))
 }
 
-func (c *child) fetchProfile(ctx context.Context, dir, name, query string) error {
+// fetchProfile saves the forwarder's pprof profile name in dir as
+// <scenario>.<name>.pprof (the CPU profile as cpu).
+func (c *child) fetchProfile(ctx context.Context, dir, scenario, name, query string) error {
 	file := map[string]string{"profile": "cpu"}[name]
 	if file == "" {
 		file = name
 	}
-	return c.fetch(ctx, "/debug/pprof/"+name+query, filepath.Join(dir, "forwarder."+file+".pprof"))
+	return c.fetch(ctx, "/debug/pprof/"+name+query, filepath.Join(dir, scenario+"."+file+".pprof"))
 }
 
 // fetch saves what the forwarder's HTTP server answers at path.
