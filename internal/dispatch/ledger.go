@@ -76,7 +76,7 @@ type Limits struct {
 	// Bytes is the most payload bytes held beyond the first row (0: no
 	// byte bound).
 	Bytes int64
-	// DirectRows is the most rows held for Reserve to grant more: new rows
+	// DirectRows is the most rows held for ReserveWithin to grant more: new rows
 	// are handed over at insert only while fewer are held, so that past it
 	// they are inserted due, where every instance can claim them (0: Rows).
 	DirectRows int
@@ -134,7 +134,7 @@ func (l *Ledger) Held() int {
 }
 
 // SetWaitForRoom says whether the dispatcher is waiting for room to claim
-// rows due in the database; meanwhile Reserve grants nothing.
+// rows due in the database; meanwhile ReserveWithin grants nothing.
 func (l *Ledger) SetWaitForRoom(v bool) {
 	l.mu.Lock()
 	if v && !l.waitForRoom {
@@ -145,7 +145,7 @@ func (l *Ledger) SetWaitForRoom(v bool) {
 }
 
 // SetBlocked says whether sending to the platform is blocked; meanwhile
-// Reserve grants nothing.
+// ReserveWithin grants nothing.
 func (l *Ledger) SetBlocked(v bool) {
 	l.mu.Lock()
 	if v && !l.blocked {
@@ -166,20 +166,13 @@ type Grant struct {
 	until time.Time
 }
 
-// Reserve grants room to the first of the rows about to be inserted, whose
-// payload sizes are given in insertion order: as many leading rows as fit
-// below Limits.DirectRows. It grants nothing while the dispatcher waits for
-// room or is closed. Every grant must be ended by one Deliver.
-func (l *Ledger) Reserve(sizes []int) Grant {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.takeLocked(l.fitLocked(sizes))
-}
-
-// ReserveWithin is Reserve, waiting up to bound for room for every row
-// while delivery is moving, so that a backlog read from Kafka is inserted
-// claimed at the pace the dispatcher sends it, rather than PENDING to be
-// claimed again. Delivery is moving while rows have left the ledger within
+// ReserveWithin grants room to the first of the rows about to be inserted
+// claimed, whose payload sizes are given in insertion order: as many leading
+// rows as fit below Limits.DirectRows, none while the dispatcher waits for
+// room or is blocked or closed. Every grant must be ended by one Deliver.
+// With bound > 0 it waits up to bound for room for every row while delivery
+// is moving, so that a backlog read from Kafka is inserted claimed at the
+// pace the dispatcher sends it, rather than PENDING to be claimed again. Delivery is moving while rows have left the ledger within
 // stalledAfter. The wait ends, granting what fits, as soon as the room is
 // there, the ledger stops granting (waiting for room, blocked, closed),
 // another dispatcher is idle (PeerIdle: the rows are better PENDING, for
@@ -282,7 +275,7 @@ func (l *Ledger) takeLocked(g Grant) Grant {
 // of them takes the place of a row of its own key that the same write
 // finishes, and that row leaves the ledger once its batch is acknowledged,
 // so the excess is bounded by the results being written and short-lived.
-// Unlike Reserve it grants rows while the dispatcher waits for room: a
+// Unlike ReserveWithin it grants rows while the dispatcher waits for room: a
 // chain keeps the slot its key had, so the room left for rows due in the
 // database is the same as without it. Nothing is granted once closed, nor
 // at now while another dispatcher is idle (PeerIdle): the released rows are

@@ -35,7 +35,7 @@ func TestLedger(t *testing.T) {
 			t.Fatalf("empty ledger: room %d rows, %d bytes; want 5, unbounded", rows, bytes)
 		}
 		l.Hold([]outboxdb.Record{row(1, 10), row(2, 10)}, time.Time{})
-		g := l.Reserve([]int{1, 1, 1, 1})
+		g := reserve(l, []int{1, 1, 1, 1})
 		if g.Rows != 3 {
 			t.Fatalf("granted %d rows with 3 free, want 3", g.Rows)
 		}
@@ -54,12 +54,12 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10, DirectRows: 4})
 		l.Hold([]outboxdb.Record{row(1, 1), row(2, 1), row(3, 1)}, time.Time{})
-		g := l.Reserve([]int{1, 1, 1})
+		g := reserve(l, []int{1, 1, 1})
 		if g.Rows != 1 {
 			t.Fatalf("granted %d rows with 3 of 4 direct rows held, want 1", g.Rows)
 		}
 		l.Deliver(g, []outboxdb.Record{row(4, 1)})
-		if g := l.Reserve([]int{1}); g.Rows != 0 {
+		if g := reserve(l, []int{1}); g.Rows != 0 {
 			t.Fatalf("granted %+v with every direct row held", g)
 		}
 		if rows, _ := l.Room(); rows != 6 {
@@ -68,23 +68,23 @@ func TestLedger(t *testing.T) {
 		if g := l.ReserveChain(2, time.Now()); g.Rows != 2 {
 			t.Fatalf("chained grant %+v past the direct bound, want 2 rows: a chain keeps its key's slot", g)
 		}
-		if wide := NewLedger(Limits{Rows: 3, DirectRows: 5}); wide.Reserve([]int{1, 1, 1, 1}).Rows != 3 {
+		if wide := NewLedger(Limits{Rows: 3, DirectRows: 5}); reserve(wide, []int{1, 1, 1, 1}).Rows != 3 {
 			t.Fatal("a direct bound above Rows granted more than Rows")
 		}
-		if unset := NewLedger(Limits{Rows: 3}); unset.Reserve([]int{1, 1, 1, 1}).Rows != 3 {
-			t.Fatal("without a direct bound Reserve did not grant up to Rows")
+		if unset := NewLedger(Limits{Rows: 3}); reserve(unset, []int{1, 1, 1, 1}).Rows != 3 {
+			t.Fatal("without a direct bound ReserveWithin did not grant up to Rows")
 		}
 	})
 
 	t.Run("ByteBudgetAdmitsOneLargeRowAlone", func(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 100, Bytes: 100})
-		if g := l.Reserve([]int{500, 1}); g.Rows != 1 || g.Bytes != 500 {
+		if g := reserve(l, []int{500, 1}); g.Rows != 1 || g.Bytes != 500 {
 			t.Fatalf("an empty ledger granted %+v to a 500-byte row, want it alone", g)
 		}
 		l2 := NewLedger(Limits{Rows: 100, Bytes: 100})
 		l2.Hold([]outboxdb.Record{row(1, 60)}, time.Time{})
-		if g := l2.Reserve([]int{30, 30}); g.Rows != 1 || g.Bytes != 30 {
+		if g := reserve(l2, []int{30, 30}); g.Rows != 1 || g.Bytes != 30 {
 			t.Fatalf("with 40 bytes free granted %+v, want only the first 30-byte row", g)
 		}
 		if _, bytes := l2.Room(); bytes != 10 {
@@ -100,16 +100,16 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10})
 		l.SetWaitForRoom(true)
-		if g := l.Reserve([]int{1}); g.Rows != 0 {
+		if g := reserve(l, []int{1}); g.Rows != 0 {
 			t.Fatalf("granted %+v while the dispatcher waits for room", g)
 		}
 		l.SetWaitForRoom(false)
-		g := l.Reserve([]int{1})
+		g := reserve(l, []int{1})
 		l.Close()
 		if l.Deliver(g, []outboxdb.Record{row(1, 1)}) {
 			t.Fatal("a closed ledger took delivered rows")
 		}
-		if g := l.Reserve([]int{1}); g.Rows != 0 {
+		if g := reserve(l, []int{1}); g.Rows != 0 {
 			t.Fatal("a closed ledger granted room")
 		}
 		if l.Hold([]outboxdb.Record{row(2, 1)}, time.Time{}) {
@@ -120,7 +120,7 @@ func TestLedger(t *testing.T) {
 	t.Run("TakeHandsOutDeliveredRowsInOrder", func(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10})
-		l.Deliver(l.Reserve([]int{1, 1, 1}), []outboxdb.Record{row(1, 1), row(2, 1), row(3, 1)})
+		l.Deliver(reserve(l, []int{1, 1, 1}), []outboxdb.Record{row(1, 1), row(2, 1), row(3, 1)})
 		if got := l.Take(2); len(got) != 2 || got[0].ID != 1 || got[1].ID != 2 {
 			t.Fatalf("Take(2) = %v", got)
 		}
@@ -200,7 +200,7 @@ func TestLedger(t *testing.T) {
 		l := NewLedger(Limits{Rows: 10})
 		claimed, handed := row(1, 1), row(2, 1) // the database wrote 1001 and 1002
 		l.Hold([]outboxdb.Record{claimed}, time.Unix(941, 0))
-		g := l.Reserve([]int{1})
+		g := reserve(l, []int{1})
 		g.until = time.Unix(5000, 0) // this clock behind: the database's end is the earlier
 		l.Deliver(g, []outboxdb.Record{handed})
 		for _, c := range []struct {
@@ -224,7 +224,7 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		l := NewLedger(Limits{Rows: 10})
 		l.Hold([]outboxdb.Record{row(1, 1)}, time.Time{})
-		l.Deliver(l.Reserve([]int{1, 1}), []outboxdb.Record{row(2, 1), row(3, 1)})
+		l.Deliver(reserve(l, []int{1, 1}), []outboxdb.Record{row(2, 1), row(3, 1)})
 		l.Take(1) // row 2 goes down the pipeline
 		unsent, others := l.Close()
 		if !slices.Equal(ids(unsent), []int64{3}) || !slices.Equal(ids(others), []int64{1, 2}) {
@@ -261,6 +261,11 @@ func pacedLedger(rows int) (*Ledger, *clock) {
 		l.Hold([]outboxdb.Record{row(int64(id+1), 1)}, time.Time{})
 	}
 	return l, c
+}
+
+// reserve is l.ReserveWithin without a wait.
+func reserve(l *Ledger, sizes []int) Grant {
+	return l.ReserveWithin(context.Background(), sizes, 0)
 }
 
 // reserveWithin runs l.ReserveWithin in a goroutine.
