@@ -74,6 +74,23 @@ func (m metrics) value(name string, want map[string]string) (v float64, found bo
 	return v, found
 }
 
+// observations is the number of observations of the histogram name over its
+// series whose labels include every pair of want; found as for value.
+func (m metrics) observations(name string, want map[string]string) (n uint64, found bool) {
+	f := m[name]
+	if f == nil {
+		return 0, false
+	}
+	for _, s := range f.GetMetric() {
+		if s.Histogram == nil || !hasLabels(s, want) {
+			continue
+		}
+		found = true
+		n += s.Histogram.GetSampleCount()
+	}
+	return n, found
+}
+
 // require is value failing the test when no series of name has the labels
 // of want.
 func (m metrics) require(t *testing.T, name string, want map[string]string) float64 {

@@ -154,6 +154,104 @@ func TestPlatformHang(t *testing.T) {
 	t.Logf("drained in %s after the platform answered again: %s", time.Since(releasedAt).Round(time.Millisecond), s.verify())
 }
 
+// TestPlatformDownMidFlowIngestsAtFullSpeed takes the platform away while a
+// backlog is being delivered and the ingest paces itself to the dispatcher's
+// room (docs/components.md, "Direct dispatch"): once the breaker is open the
+// ingest waits for room no more, so every message produced meanwhile is
+// persisted and its offset committed while nothing is delivered
+// (docs/guarantees.md #2), and once the platform is back everything is
+// delivered. TestPlatformHang covers a platform that hangs from the start,
+// when no row has ever left the dispatcher.
+func TestPlatformDownMidFlowIngestsAtFullSpeed(t *testing.T) {
+	scenario(t, light, 15*time.Second)
+	const roomWaits = "forwarder_ingest_room_wait_seconds"
+	// A small dispatcher and a slow platform under a steady load of 300
+	// messages a second: the room fills at once, and the ingest waits while
+	// rows leave, 80 a second. (A backlog there before the start is not
+	// waited for: no row has left yet.)
+	env := merged(shortAttempts, map[string]string{
+		"OUTBOX_MAX_UNACKED":    "200",
+		"FORWARD_MAX_IN_FLIGHT": "4",
+	})
+	s := newStack(t, stackOptions{env: env, faults: mockplatform.Faults{Latency: 50 * time.Millisecond}})
+	src := s.newSource(eventgen.SourceConfig{})
+	p := s.start("forwarder", nil)
+	p.waitUp(t, time.Minute)
+	stopLoad := s.steadyLoad(src, 300)
+	defer stopLoad()
+	n := load(3_000, 1_500)
+
+	waits := func(ctx context.Context) (uint64, error) {
+		m, err := scrapeMetrics(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		n, found := m.observations(roomWaits, nil)
+		if !found {
+			return 0, fmt.Errorf("no histogram %s in /metrics: %s", roomWaits, m.describe(roomWaits))
+		}
+		return n, nil
+	}
+	s.waitUntil("the ingest waiting for room while delivery moves", time.Minute, func(ctx context.Context) (bool, string) {
+		n, err := waits(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		st := s.platform.Stats()
+		return n > 0 && st.Accepted > 0, fmt.Sprintf("%d waits, platform %+v", n, st)
+	})
+
+	s.platform.SetDown(true, 0)
+	s.waitUntil("the breaker opens", 15*time.Second, func(ctx context.Context) (bool, string) {
+		st := s.breakerState(ctx)
+		return st == "OPEN", st
+	})
+	// A chunk may still wait (50 ms at most) for the rows the platform's
+	// last replies let go; none starts a wait once the dispatcher knows.
+	time.Sleep(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	before, err := waits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	s.produce(src, n)
+	time.Sleep(2 * time.Second)
+	stopLoad()
+	want := s.exp.rows()
+	s.waitUntil(fmt.Sprintf("all %d rows persisted and the offsets committed to the end", want), 2*time.Minute,
+		func(ctx context.Context) (bool, string) {
+			c, err := s.rowCounts(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			lag := s.lag(ctx)
+			return total(c) == want && lag == 0, fmt.Sprintf("rows %v of %d, consumer lag %d", c, want, lag)
+		})
+	ingested := time.Since(start)
+	after, err := waits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := s.breakerState(ctx); st != "OPEN" {
+		t.Fatalf("the breaker is %s once the second batch was persisted: the ingest was not watched while sending was held", st)
+	}
+	if after != before {
+		t.Errorf("the ingest waited for the dispatcher's room %d times while the breaker was open (%d before it opened)", after-before, before)
+	}
+	t.Logf("platform down, breaker open: a burst of %d messages and 300 a second persisted and committed in %s; %d waits for room before the outage, %d during it",
+		n, ingested.Round(time.Millisecond), before, after-before)
+
+	if err := s.platform.SetFaults(mockplatform.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	s.platform.SetDown(false, 0)
+	upAt := time.Now()
+	s.waitSettled(2 * time.Minute)
+	t.Logf("drained in %s after the platform came back: %s", time.Since(upAt).Round(time.Millisecond), s.verify())
+}
+
 // lag is the group's total lag over both topics: end offsets minus committed
 // offsets (a partition without a commit lags by its whole length). -1 when
 // the offsets cannot be read.
