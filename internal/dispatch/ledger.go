@@ -135,23 +135,20 @@ func (l *Ledger) Held() int {
 
 // SetWaitForRoom says whether the dispatcher is waiting for room to claim
 // rows due in the database; meanwhile ReserveWithin grants nothing.
-func (l *Ledger) SetWaitForRoom(v bool) {
-	l.mu.Lock()
-	if v && !l.waitForRoom {
-		l.changedLocked()
-	}
-	l.waitForRoom = v
-	l.mu.Unlock()
-}
+func (l *Ledger) SetWaitForRoom(v bool) { l.setHold(&l.waitForRoom, v) }
 
 // SetBlocked says whether sending to the platform is blocked; meanwhile
 // ReserveWithin grants nothing.
-func (l *Ledger) SetBlocked(v bool) {
+func (l *Ledger) SetBlocked(v bool) { l.setHold(&l.blocked, v) }
+
+// setHold sets one of the reasons to grant nothing, waking the reservations
+// waiting for room when it begins: they are granted nothing at once.
+func (l *Ledger) setHold(reason *bool, v bool) {
 	l.mu.Lock()
-	if v && !l.blocked {
+	if v && !*reason {
 		l.changedLocked()
 	}
-	l.blocked = v
+	*reason = v
 	l.mu.Unlock()
 }
 
