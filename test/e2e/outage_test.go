@@ -125,15 +125,7 @@ func TestPlatformHang(t *testing.T) {
 	s.start("forwarder", nil)
 
 	want := s.exp.rows()
-	s.waitUntil(fmt.Sprintf("all %d rows persisted and the offsets committed to the end", want), 3*time.Minute,
-		func(ctx context.Context) (bool, string) {
-			c, err := s.rowCounts(ctx)
-			if err != nil {
-				return false, err.Error()
-			}
-			lag := s.lag(ctx)
-			return total(c) == want && lag == 0, fmt.Sprintf("rows %v of %d, consumer lag %d, platform %+v", c, want, lag, s.platform.Stats())
-		})
+	s.waitPersisted(want, 3*time.Minute)
 	ingested := time.Since(start)
 	// Ingestion may finish before the first claim on a loaded machine: the
 	// dispatcher runs if requests reach the platform, while it hangs.
@@ -220,15 +212,7 @@ func TestPlatformDownMidFlowIngestsAtFullSpeed(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	stopLoad()
 	want := s.exp.rows()
-	s.waitUntil(fmt.Sprintf("all %d rows persisted and the offsets committed to the end", want), 2*time.Minute,
-		func(ctx context.Context) (bool, string) {
-			c, err := s.rowCounts(ctx)
-			if err != nil {
-				return false, err.Error()
-			}
-			lag := s.lag(ctx)
-			return total(c) == want && lag == 0, fmt.Sprintf("rows %v of %d, consumer lag %d", c, want, lag)
-		})
+	s.waitPersisted(want, 2*time.Minute)
 	ingested := time.Since(start)
 	after, err := waits(ctx)
 	if err != nil {
@@ -250,6 +234,22 @@ func TestPlatformDownMidFlowIngestsAtFullSpeed(t *testing.T) {
 	upAt := time.Now()
 	s.waitSettled(2 * time.Minute)
 	t.Logf("drained in %s after the platform came back: %s", time.Since(upAt).Round(time.Millisecond), s.verify())
+}
+
+// waitPersisted waits until the outbox holds want rows and the consumer
+// group's offsets are committed to the end of every partition: everything
+// produced is persisted, whatever was delivered.
+func (s *stack) waitPersisted(want int, within time.Duration) {
+	s.t.Helper()
+	s.waitUntil(fmt.Sprintf("all %d rows persisted and the offsets committed to the end", want), within,
+		func(ctx context.Context) (bool, string) {
+			c, err := s.rowCounts(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			lag := s.lag(ctx)
+			return total(c) == want && lag == 0, fmt.Sprintf("rows %v of %d, consumer lag %d, platform %+v", c, want, lag, s.platform.Stats())
+		})
 }
 
 // lag is the group's total lag over both topics: end offsets minus committed
