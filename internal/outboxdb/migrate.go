@@ -363,6 +363,33 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error) {
 	return res, err
 }
 
+// migrationLockPoll is how often a migration waiting for another one asks
+// for the lock again.
+const migrationLockPoll = 200 * time.Millisecond
+
+// takeMigrationLock takes the session lock that serialises migrations,
+// asking again every migrationLockPoll until it is granted or ctx ends. It
+// never waits inside a statement: a CREATE INDEX CONCURRENTLY of the
+// migration that holds the lock waits for every transaction running in the
+// database to end, and a session blocked in pg_advisory_lock is one, so two
+// instances starting together would deadlock (PostgreSQL then fails one).
+func takeMigrationLock(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		var granted bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", MigrationLockKey).Scan(&granted); err != nil {
+			return err
+		}
+		if granted {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(migrationLockPoll):
+		}
+	}
+}
+
 // MigrateConn brings the schema up to the newest of opts.Migrations on conn,
 // a session of its own (a direct connection, never through a transaction
 // pooler). It holds a session advisory lock meanwhile, so concurrent callers
@@ -374,7 +401,7 @@ func MigrateConn(ctx context.Context, conn *pgx.Conn, opts MigrateOptions) (Migr
 		return MigrateResult{}, err
 	}
 	ms := opts.Migrations
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", MigrationLockKey); err != nil {
+	if err := takeMigrationLock(ctx, conn); err != nil {
 		return MigrateResult{}, fmt.Errorf("taking migration lock: %w", err)
 	}
 	defer func() {
