@@ -199,6 +199,42 @@ ALTER TABLE t VALIDATE CONSTRAINT t_c_check;
 		}
 	})
 
+	// A concurrent index build waits for every transaction running in the
+	// database; a migrator waiting for the migration lock inside a
+	// statement was one, so instances starting together deadlocked.
+	t.Run("MigratorsStartingTogetherTakeTurnsAcrossAConcurrentBuild", func(t *testing.T) {
+		t.Parallel()
+		dsn, pool := pgtest.NewDBPool(t)
+		if _, err := pool.Exec(ctx, `CREATE TABLE t (id int PRIMARY KEY, c int);
+			INSERT INTO t SELECT g, g FROM generate_series(1, 50000) g`); err != nil {
+			t.Fatal(err)
+		}
+		ms := liveMigration(t, 101, `-- migration: online
+-- step: concurrent
+CREATE INDEX CONCURRENTLY t_c_idx ON t (c);
+`)
+		errs := make([]error, 4)
+		applied := make([]int, 4)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Go(func() {
+				res, err := migrateSession(ctx, dsn, outboxdb.MigrateOptions{Migrations: ms})
+				errs[i], applied[i] = err, len(res.Applied)
+			})
+		}
+		wg.Wait()
+		total := 0
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("migrator %d: %v", i, err)
+			}
+			total += applied[i]
+		}
+		if total != 1 {
+			t.Errorf("the migration was applied %d times, want once", total)
+		}
+	})
+
 	t.Run("AFailedMigrationResumesAtTheStepThatFailed", func(t *testing.T) {
 		t.Parallel()
 		dsn, pool := pgtest.NewDBPool(t)
