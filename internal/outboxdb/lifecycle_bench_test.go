@@ -75,9 +75,32 @@ func BenchmarkRowLifecycle(b *testing.B) {
 		for _, c := range conns {
 			b.Run(p.name+"/conn="+c.name, func(b *testing.B) {
 				tb := fixture.New(b, openBenchPool(b, c.dsnSuffix, c.cfg))
-				lifecycleLoop(b, tb, p.deliver)
+				lifecycleLoop(b, tb, p.deliver, 0)
 			})
 		}
+	}
+}
+
+// BenchmarkOrderedRowLifecycle is BenchmarkRowLifecycle's direct path on a
+// direct connection with every row carrying an ordering key (ORDERING=berth)
+// or none (ORDERING=off). The keys cycle through 5 000 000, so no key comes
+// twice in a run shorter than that and no row is ever held: the difference
+// is what ordering costs a row that waits for nothing (the key locks, the
+// active-row and successor probes, the ordering indexes). docs/benchmarks.md,
+// "The result write's successor probe", has each statement's share.
+//
+//	go test ./internal/outboxdb -run '^$' -bench BenchmarkOrderedRowLifecycle -count 5
+func BenchmarkOrderedRowLifecycle(b *testing.B) {
+	lease := outboxdb.DirectClaim{Limit: 300, Lease: time.Minute, Claimer: "bench"}
+	deliver := func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.Record, error) {
+		_, claimed, err := outboxdb.InsertBatchClaim(ctx, tb.Pool, recs, lease)
+		return claimed, err
+	}
+	for _, keys := range []int{0, 5_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			tb := fixture.New(b, openBenchPool(b, "", outboxdb.PoolConfig{NoSeqScan: true}))
+			lifecycleLoop(b, tb, deliver, keys)
+		})
 	}
 }
 
@@ -103,8 +126,9 @@ func openBenchPool(b *testing.B, suffix string, cfg outboxdb.PoolConfig) *pgxpoo
 }
 
 // lifecycleLoop delivers b.N batches of new rows with deliver and records
-// their results.
-func lifecycleLoop(b *testing.B, tb *fixture.DB, deliver func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.Record, error)) {
+// their results. With keys > 0 the rows carry ordering keys, cycling
+// through that many.
+func lifecycleLoop(b *testing.B, tb *fixture.DB, deliver func(ctx context.Context, tb *fixture.DB, recs []outboxdb.NewRecord) ([]outboxdb.Record, error), keys int) {
 	const batch = 300
 	recs := make([]outboxdb.NewRecord, batch)
 	results := make([]outboxdb.Result, 0, batch)
@@ -118,6 +142,9 @@ func lifecycleLoop(b *testing.B, tb *fixture.DB, deliver func(ctx context.Contex
 	for i := range b.N {
 		for j := range recs {
 			recs[j] = lifecycleRecord(i*batch + j)
+			if keys > 0 {
+				recs[j].OrderingKey = fmt.Sprintf("P%03d/B%05d", (i*batch+j)%keys%100, (i*batch+j)%keys)
+			}
 		}
 		claimed, err := deliver(tb.Ctx, tb, recs)
 		if err != nil {

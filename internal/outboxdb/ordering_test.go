@@ -920,9 +920,11 @@ func TestCompensationKeepsOrdering(t *testing.T) {
 // TestOrderingPlans: the ordering probes of the insert and of the result
 // write read one key's entries of forward_deliveries_order_idx (and the
 // message_key index), one probe per row, even with 20 000 due unordered
-// rows and a held backlog in the statistics: never every PENDING row
-// through the status index per finished row, which made a result write
-// that released 150 rows 15 times slower.
+// rows and a held backlog in the statistics, and for the result write in
+// the plan a statement prepared once is given (generic) as well as in the
+// one it gets at once: never every PENDING row through the status index per
+// finished row, which made a result write that released 150 rows 15 times
+// slower.
 func TestOrderingPlans(t *testing.T) {
 	t.Parallel()
 	b := setupOrdering(t)
@@ -941,13 +943,18 @@ func TestOrderingPlans(t *testing.T) {
 		recs[i] = orderedRec(fmt.Sprintf("r-%d", i), fmt.Sprintf("P1/B%d", i%150), int64(i))
 	}
 	b.Exec("ANALYZE forward_messages, forward_deliveries")
-	explain := func(sql string, args ...any) string {
+	explain := func(generic bool, sql string, args ...any) string {
 		t.Helper()
 		tx, err := pool.Begin(b.Ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(b.Ctx) }()
+		if generic { // as a statement prepared once and run many times is
+			if _, err := tx.Exec(b.Ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if sql == outboxdb.InsertSQL() { // the keys it may hold rows of are locked first
 			if _, err := tx.Exec(b.Ctx, outboxdb.OrderLockActiveSQL(), args[14]); err != nil {
 				t.Fatal(err)
@@ -973,7 +980,7 @@ func TestOrderingPlans(t *testing.T) {
 		msgKeys[i], statuses[i], okeys[i], payloads[i], types[i], topics[i], offsets[i] = r.MessageKey, "PENDING", r.OrderingKey, r.Payload, r.APIType, r.KafkaTopic, r.KafkaOffset
 		keys[i] = r.MessageKey
 	}
-	plan := explain(outboxdb.InsertSQL(), msgKeys, types, topics, parts, offsets, kafkaKeys, payloads, statuses, empty,
+	plan := explain(false, outboxdb.InsertSQL(), msgKeys, types, topics, parts, offsets, kafkaKeys, payloads, statuses, empty,
 		empty, empty, empty, empty, empty, okeys, outboxdb.NotifyChannel, int64(60000), "me", false, empty)
 	for _, want := range []string{"Index Only Scan using forward_deliveries_order_idx", "_message_key_idx on forward_messages_p"} {
 		if !strings.Contains(plan, want) {
@@ -1001,15 +1008,17 @@ func TestOrderingPlans(t *testing.T) {
 	for i, c := range heads {
 		ids[i], tokens[i], sts[i] = c.ID, c.ClaimToken, "SUCCESS"
 	}
-	plan = explain(outboxdb.RecordSQL(), ids, tokens, sts, make([]*int64, n), make([]*int32, n), make([]*string, n),
-		make([]*string, n), make([]*int32, n), make([]bool, n), make([]*string, n), make([]bool, n),
-		outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel, "me", int64(60000), 100)
-	if !strings.Contains(plan, "Index Scan using forward_deliveries_order_idx on forward_deliveries h") ||
-		strings.Contains(plan, "Rows Removed by Filter: 2") && strings.Contains(plan, "status_idx on forward_deliveries h") {
-		t.Errorf("the result write does not find each key's next row through forward_deliveries_order_idx:\n%s", plan)
-	}
-	if strings.Contains(plan, "forward_deliveries_status_idx on forward_deliveries h") {
-		t.Errorf("the result write reads every PENDING row to find a key's next row:\n%s", plan)
+	for _, generic := range []bool{false, true} {
+		plan = explain(generic, outboxdb.RecordSQL(), ids, tokens, sts, make([]*int64, n), make([]*int32, n), make([]*string, n),
+			make([]*string, n), make([]*int32, n), make([]bool, n), make([]*string, n), make([]bool, n),
+			outboxdb.MaxLeaseReturns, make([]bool, n), "skip", outboxdb.NotifyChannel, "me", int64(60000), 100)
+		if !strings.Contains(plan, "Index Scan using forward_deliveries_order_idx on forward_deliveries h") ||
+			strings.Contains(plan, "Rows Removed by Filter: 2") && strings.Contains(plan, "status_idx on forward_deliveries h") {
+			t.Errorf("the result write does not find each key's next row through forward_deliveries_order_idx (generic plan %v):\n%s", generic, plan)
+		}
+		if strings.Contains(plan, "forward_deliveries_status_idx on forward_deliveries h") {
+			t.Errorf("the result write reads every PENDING row to find a key's next row (generic plan %v):\n%s", generic, plan)
+		}
 	}
 }
 
