@@ -123,6 +123,16 @@ func migrateSession(ctx context.Context, dsn string, opts outboxdb.MigrateOption
 	return outboxdb.MigrateConn(ctx, conn, opts)
 }
 
+// dbWith is a new migrated database on which setup has run.
+func dbWith(t *testing.T, setup string) (string, *pgxpool.Pool) {
+	t.Helper()
+	dsn, pool := pgtest.NewDBPool(t)
+	if _, err := pool.Exec(context.Background(), setup); err != nil {
+		t.Fatal(err)
+	}
+	return dsn, pool
+}
+
 // holdLock opens a transaction that takes lockSQL's locks and keeps them
 // until the returned function is called (or the test ends).
 func holdLock(t *testing.T, dsn, lockSQL string) (release func()) {
@@ -156,11 +166,8 @@ func TestMigrateSteps(t *testing.T) {
 
 	t.Run("StepsRunInOrderAndTheMigrationIsRecorded", func(t *testing.T) {
 		t.Parallel()
-		dsn, pool := pgtest.NewDBPool(t)
-		if _, err := pool.Exec(ctx, `CREATE TABLE t (id int PRIMARY KEY, c int);
-			INSERT INTO t SELECT g, NULL FROM generate_series(1, 1050) g`); err != nil {
-			t.Fatal(err)
-		}
+		dsn, pool := dbWith(t, `CREATE TABLE t (id int PRIMARY KEY, c int);
+			INSERT INTO t SELECT g, NULL FROM generate_series(1, 1050) g`)
 		ms := liveMigration(t, 101, `-- migration: online
 ALTER TABLE t ALTER COLUMN c SET DEFAULT 0;
 -- step: batch
@@ -204,31 +211,19 @@ ALTER TABLE t VALIDATE CONSTRAINT t_c_check;
 	// statement was one, so instances starting together deadlocked.
 	t.Run("MigratorsStartingTogetherTakeTurnsAcrossAConcurrentBuild", func(t *testing.T) {
 		t.Parallel()
-		dsn, pool := pgtest.NewDBPool(t)
-		if _, err := pool.Exec(ctx, `CREATE TABLE t (id int PRIMARY KEY, c int);
-			INSERT INTO t SELECT g, g FROM generate_series(1, 50000) g`); err != nil {
-			t.Fatal(err)
-		}
+		dsn, _ := dbWith(t, `CREATE TABLE t (id int PRIMARY KEY, c int);
+			INSERT INTO t SELECT g, g FROM generate_series(1, 50000) g`)
 		ms := liveMigration(t, 101, `-- migration: online
 -- step: concurrent
 CREATE INDEX CONCURRENTLY t_c_idx ON t (c);
 `)
-		errs := make([]error, 4)
-		applied := make([]int, 4)
-		var wg sync.WaitGroup
-		for i := range errs {
-			wg.Go(func() {
-				res, err := migrateSession(ctx, dsn, outboxdb.MigrateOptions{Migrations: ms})
-				errs[i], applied[i] = err, len(res.Applied)
-			})
-		}
-		wg.Wait()
-		total := 0
+		errs, total := migrateTogether(4, func() (outboxdb.MigrateResult, error) {
+			return migrateSession(ctx, dsn, outboxdb.MigrateOptions{Migrations: ms})
+		})
 		for i, err := range errs {
 			if err != nil {
 				t.Errorf("migrator %d: %v", i, err)
 			}
-			total += applied[i]
 		}
 		if total != 1 {
 			t.Errorf("the migration was applied %d times, want once", total)
@@ -266,10 +261,7 @@ INSERT INTO resumed VALUES (1);
 
 	t.Run("AFailedConcurrentBuildLeavesNoInvalidIndex", func(t *testing.T) {
 		t.Parallel()
-		dsn, pool := pgtest.NewDBPool(t)
-		if _, err := pool.Exec(ctx, `CREATE TABLE t (x int); INSERT INTO t VALUES (1), (1)`); err != nil {
-			t.Fatal(err)
-		}
+		dsn, pool := dbWith(t, `CREATE TABLE t (x int); INSERT INTO t VALUES (1), (1)`)
 		ms := liveMigration(t, 103, "-- step: concurrent\nCREATE UNIQUE INDEX CONCURRENTLY t_x_key ON t (x);\n")
 		if _, err := migrateSession(ctx, dsn, outboxdb.MigrateOptions{Migrations: ms}); err == nil || !strings.Contains(err.Error(), "could not create unique index") {
 			t.Fatalf("err = %v, want the duplicate to fail the build", err)
@@ -282,11 +274,8 @@ INSERT INTO resumed VALUES (1);
 
 	t.Run("AnInvalidIndexLeftBehindIsBuiltAgainAndAValidOneKept", func(t *testing.T) {
 		t.Parallel()
-		dsn, pool := pgtest.NewDBPool(t)
 		// What an interrupted CREATE INDEX CONCURRENTLY leaves: an invalid index.
-		if _, err := pool.Exec(ctx, `CREATE TABLE t (x int); INSERT INTO t VALUES (1), (1)`); err != nil {
-			t.Fatal(err)
-		}
+		dsn, pool := dbWith(t, `CREATE TABLE t (x int); INSERT INTO t VALUES (1), (1)`)
 		if _, err := pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY t_x_key ON t (x)`); err == nil {
 			t.Fatal("the duplicate did not fail the build")
 		}

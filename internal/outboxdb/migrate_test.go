@@ -50,31 +50,19 @@ func TestMigrate(t *testing.T) {
 	t.Run("ConcurrentRunsBothSucceed", func(t *testing.T) {
 		t.Parallel()
 		dsn := pgtest.NewEmptyDB(t)
-		var wg sync.WaitGroup
-		errs := make([]error, 4)
-		applied := make([]int, 4)
-		for i := range errs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				// Separate pools, as separate instances would have.
-				pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				defer pool.Close()
-				res, err := outboxdb.Migrate(ctx, pool)
-				errs[i], applied[i] = err, len(res.Applied)
-			}()
-		}
-		wg.Wait()
-		total := 0
+		errs, total := migrateTogether(4, func() (outboxdb.MigrateResult, error) {
+			// Separate pools, as separate instances would have.
+			pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+			if err != nil {
+				return outboxdb.MigrateResult{}, err
+			}
+			defer pool.Close()
+			return outboxdb.Migrate(ctx, pool)
+		})
 		for i, err := range errs {
 			if err != nil {
 				t.Fatalf("migration %d: %v", i, err)
 			}
-			total += applied[i]
 		}
 		if want := len(mustMigrations(t)); total != want {
 			t.Fatalf("migrations applied %d times in all, want each once (%d)", total, want)
@@ -345,4 +333,24 @@ func TestUpgradeClassifiesFailedRows(t *testing.T) {
 			t.Errorf("%s: failure_class %v, failed_at %v; want %s and a time", key, got, failedAt, class)
 		}
 	}
+}
+
+// migrateTogether runs migrate n times at once, as n instances starting
+// together would, and returns each run's error and how many migrations they
+// applied in all.
+func migrateTogether(n int, migrate func() (outboxdb.MigrateResult, error)) (errs []error, applied int) {
+	errs = make([]error, n)
+	counts := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			res, err := migrate()
+			errs[i], counts[i] = err, len(res.Applied)
+		})
+	}
+	wg.Wait()
+	for _, c := range counts {
+		applied += c
+	}
+	return errs, applied
 }
