@@ -56,7 +56,10 @@ import (
 //     refuses to run in one (CREATE INDEX CONCURRENTLY, DROP INDEX
 //     CONCURRENTLY). A CREATE INDEX CONCURRENTLY that fails leaves an
 //     invalid index: it is dropped and the build starts again, and a valid
-//     index of that name built by an interrupted run is kept.
+//     index of that name built by an interrupted run is kept. A build waits
+//     for every transaction of the database, so other migrators wait for
+//     the migration lock between statements, never inside one
+//     (takeMigrationLock).
 //   - batch: one statement run again and again, each run its own
 //     transaction, until it changes no row: a backfill in small
 //     transactions instead of one that locks every row until the end.
