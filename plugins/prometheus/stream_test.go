@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	// generate and drop, for the test streams.
 	_ "github.com/redpanda-data/benthos/v4/public/components/pure"
 
+	"github.com/forwarder/forwarder/internal/dev/childproc"
 	"github.com/forwarder/forwarder/internal/testsupport/fixture"
 	"github.com/forwarder/forwarder/internal/testsupport/pgtest"
 )
@@ -57,12 +57,11 @@ func (f *fakeForwarder) Close(context.Context) error { return nil }
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := childproc.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // TestStreamScrape runs a real stream with the exporter and Benthos's HTTP

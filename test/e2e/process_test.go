@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -115,46 +113,21 @@ var handedOut = struct {
 // this run was given before. The scenarios run in parallel: a port freed by
 // one forwarder's exit, or found free by two scenarios at once, must not go
 // to a second forwarder, whose scenario would then read the first's
-// /metrics. The port is below the kernel's ephemeral range: one from that
-// range (what listening on port 0 gives) can be taken, between this check
-// and the forwarder's own listen, as the source port of any of the
-// thousands of connections the run opens, and the forwarder then runs
-// without its HTTP server ("bind: address already in use").
+// /metrics.
 func freeAddr() (string, error) {
 	handedOut.Lock()
 	defer handedOut.Unlock()
-	low, high := belowEphemeralPorts()
-	for range 1000 {
-		addr := fmt.Sprintf("127.0.0.1:%d", low+rand.IntN(high-low))
-		if handedOut.addrs[addr] {
-			continue
-		}
-		l, err := net.Listen("tcp", addr)
+	for range 100 {
+		addr, err := childproc.FreeAddr()
 		if err != nil {
-			continue // taken
+			return "", err
 		}
-		_ = l.Close()
-		handedOut.addrs[addr] = true
-		return addr, nil
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr, nil
+		}
 	}
 	return "", fmt.Errorf("no loopback port left that no forwarder of this run had")
-}
-
-// belowEphemeralPorts is the range of ports freeAddr picks from: from 20000
-// up to the first port of /proc/sys/net/ipv4/ip_local_port_range (32768 when
-// it cannot be read).
-func belowEphemeralPorts() (low, high int) {
-	low, high = 20000, 32768
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return low, high
-	}
-	if f := strings.Fields(string(b)); len(f) == 2 {
-		if first, err := strconv.Atoi(f[0]); err == nil && first > low+1000 {
-			high = first
-		}
-	}
-	return low, high
 }
 
 // signal sends sig to the process, by its PID only, and records it. A

@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -168,14 +170,51 @@ func (p *Process) WaitPing(ctx context.Context, addr string) error {
 	}
 }
 
-// FreeAddr is a loopback address with a port nothing listens on right now.
+// FreeAddr is a loopback address with a port nothing listens on right now
+// (FreePort).
 func FreeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := FreePort()
 	if err != nil {
-		return "", fmt.Errorf("finding a free port: %w", err)
+		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
+}
+
+// FreePort is a loopback port nothing listens on right now, for a server
+// started later, picked at random below the kernel's ephemeral range. A
+// port from that range (what listening on port 0 gives) can be taken,
+// before the server listens, as the source port of any connection the
+// machine opens meanwhile; a test run opens thousands, and a server then
+// failed to start with "bind: address already in use".
+func FreePort() (int, error) {
+	low, high := belowEphemeralPorts()
+	for range 1000 {
+		port := low + rand.IntN(high-low)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // taken
+		}
+		_ = l.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("finding a free port: none free of 1000 tried from %d to %d", low, high-1)
+}
+
+// belowEphemeralPorts is the range FreePort picks from: from 20000 up to
+// the first port of /proc/sys/net/ipv4/ip_local_port_range (32768 when it
+// cannot be read).
+func belowEphemeralPorts() (low, high int) {
+	low, high = 20000, 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return low, high
+	}
+	if f := strings.Fields(string(b)); len(f) == 2 {
+		if first, err := strconv.Atoi(f[0]); err == nil && first > low+1000 {
+			high = first
+		}
+	}
+	return low, high
 }
 
 // TailFile returns the last n bytes of a file (a child's log), from the

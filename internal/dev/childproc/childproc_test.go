@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -148,5 +149,31 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestFreePort: the ports are free and below the kernel's ephemeral range,
+// where no connection's source port can take them before a server listens.
+func TestFreePort(t *testing.T) {
+	t.Parallel()
+	low, high := belowEphemeralPorts()
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if first, err := strconv.Atoi(strings.Fields(string(b))[0]); err == nil && high > first {
+			t.Fatalf("picking below %d, but the ephemeral range starts at %d", high, first)
+		}
+	}
+	for range 20 {
+		port, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if port < low || port >= high {
+			t.Fatalf("port %d outside [%d, %d)", port, low, high)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", port, err)
+		}
+		_ = l.Close()
 	}
 }

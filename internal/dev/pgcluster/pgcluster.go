@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/forwarder/forwarder/internal/dev/childproc"
 )
 
 // DefaultOSUser runs the server when the caller is root.
@@ -329,12 +331,11 @@ func ensureOSUser(name string) (*syscall.Credential, error) {
 }
 
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := childproc.FreePort()
 	if err != nil {
-		return 0, fmt.Errorf("pgcluster: finding a free port: %w", err)
+		return 0, fmt.Errorf("pgcluster: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return port, nil
 }
 
 func portFree(p int) bool {

@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +23,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/forwarder/forwarder/internal/dev/childproc"
 )
 
 // MaxMessageBytes is the broker's message.max.bytes in clusters started by
@@ -296,12 +297,11 @@ func (c *Cluster) EndOffsets(t testing.TB, topic string) map[int32]int64 {
 // for a broker that a test starts later (kfake.Ports).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := childproc.FreePort()
 	if err != nil {
-		t.Fatalf("kafkatest: finding a free port: %v", err)
+		t.Fatalf("kafkatest: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // Addr returns "127.0.0.1:<port>".
