@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,7 +153,8 @@ func TestPlatformHang(t *testing.T) {
 // ingest waits for room no more, so every message produced meanwhile is
 // persisted and its offset committed while nothing is delivered
 // (docs/guarantees.md #2), and once the platform is back everything is
-// delivered. TestPlatformHang covers a platform that hangs from the start,
+// delivered; no row ends FAILED, though the outage outlasts a row's
+// attempts. TestPlatformHang covers a platform that hangs from the start,
 // when no row has ever left the dispatcher.
 func TestPlatformDownMidFlowIngestsAtFullSpeed(t *testing.T) {
 	scenario(t, light, 15*time.Second)
@@ -223,6 +225,10 @@ func TestPlatformDownMidFlowIngestsAtFullSpeed(t *testing.T) {
 	}
 	if after != before {
 		t.Errorf("the ingest waited for the dispatcher's room %d times while the breaker was open (%d before it opened)", after-before, before)
+	}
+	// The outage has outlasted a row's three attempts (100-400 ms apart).
+	if failed := s.countStatus(ctx, "FAILED"); failed != 0 {
+		t.Errorf("%d rows FAILED during the outage; their attempts:\n  %s", failed, strings.Join(s.attemptsOf(ctx, "FAILED", 5), "\n  "))
 	}
 	t.Logf("platform down, breaker open: a burst of %d messages and 300 a second persisted and committed in %s; %d waits for room before the outage, %d during it",
 		n, ingested.Round(time.Millisecond), before, after-before)
