@@ -169,11 +169,12 @@ type Grant struct {
 // room or is blocked or closed. Every grant must be ended by one Deliver.
 // With bound > 0 it waits up to bound for room for every row while delivery
 // is moving, so that a backlog read from Kafka is inserted claimed at the
-// pace the dispatcher sends it, rather than PENDING to be claimed again. Delivery is moving while rows have left the ledger within
-// stalledAfter. The wait ends, granting what fits, as soon as the room is
-// there, the ledger stops granting (waiting for room, blocked, closed),
-// another dispatcher is idle (PeerIdle: the rows are better PENDING, for
-// it), or bound has passed; when ctx ends nothing is granted. A platform
+// pace the dispatcher sends it, rather than PENDING to be claimed again.
+// Delivery is moving while rows have left the ledger within stalledAfter.
+// The wait ends, granting what fits, as soon as the room is there, the
+// ledger stops granting (waiting for room, blocked, closed), another
+// dispatcher is idle (PeerIdle: the rows are better PENDING, for it), or
+// bound has passed; when ctx ends nothing is granted. A platform
 // that hangs or is down keeps its rows: once stalledAfter has passed since
 // the last left, the ingest does not wait at all. Rows that could not fit
 // even in an empty ledger are not waited for.
