@@ -66,7 +66,8 @@ build: ## Build bin/forwarder
 
 .PHONY: run
 run: deps build ## Run the real pipeline on an embedded dev stack (PostgreSQL, Kafka, mock platform, event generator); Ctrl-C stops. Flags: make run ARGS="-rate 500"
-	$(GO) run ./cmd/devstack $(ARGS)
+	$(GO) build -o bin/devstack ./cmd/devstack
+	bin/devstack $(ARGS)
 
 .PHONY: test
 test: deps build ## Every test: unit, integration on real PostgreSQL and Kafka (kfake), end to end, the race detector, the deployment files (deploy/validate), the River baseline, go vet and gofmt, forwarder lint and test

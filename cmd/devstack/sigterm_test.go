@@ -64,7 +64,7 @@ func readPid(t *testing.T, path string) int {
 	return pid
 }
 
-// stack is a dev stack started by goRunDevstack and up.
+// stack is a dev stack started by startStack and up.
 type stack struct {
 	cmd    *exec.Cmd
 	stdout io.Closer // the read end of its output
@@ -80,11 +80,25 @@ type process struct {
 
 func (s *stack) output() string { s.mu.Lock(); defer s.mu.Unlock(); return s.out.String() }
 
-// startStack runs `go run ./cmd/devstack` as `make run` does, on data
-// directory dir, and waits until it says it is up and its processes run.
+// startStack runs `go run ./cmd/devstack`, as the docs' examples do, on
+// data directory dir, and waits until it says it is up and its processes
+// run.
 func startStack(t *testing.T, bin, dir string) *stack {
 	t.Helper()
-	s := &stack{cmd: exec.Command("go", "run", "./cmd/devstack", "-data", dir, "-forwarder", bin, "-http-addr", "127.0.0.1:0", "-rate", "20")}
+	return startStackWith(t, exec.Command("go", append([]string{"run", "./cmd/devstack"}, stackFlags(bin, dir)...)...), dir)
+}
+
+// stackFlags are the dev stack's flags for a test: data directory dir,
+// forwarder binary bin, any free HTTP port, 20 messages a second.
+func stackFlags(bin, dir string) []string {
+	return []string{"-data", dir, "-forwarder", bin, "-http-addr", "127.0.0.1:0", "-rate", "20"}
+}
+
+// startStackWith starts cmd, a dev stack on data directory dir, from the
+// repository's root and waits until it says it is up and its processes run.
+func startStackWith(t *testing.T, cmd *exec.Cmd, dir string) *stack {
+	t.Helper()
+	s := &stack{cmd: cmd}
 	s.cmd.Dir = repoRoot
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {
@@ -210,6 +224,47 @@ func TestSigtermToGoRunStopsEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.checkStopped(t, "SIGTERM to go run")
+}
+
+// TestSigintToMakeRunStopsEverythingWithoutAnError is `make run` stopped by
+// a SIGINT to its whole process group: Ctrl-C without a terminal whose
+// foreground the dev stack could take (a CI job's timeout, a process
+// manager). make, the dev stack, its forwarder and its PostgreSQL server
+// all get the signal; everything stops in order, the dev stack exits 0, and
+// make reports no error: it ends as interrupted programs should, by the
+// signal itself (or with status 0). Under `go run` (make run before it built
+// the dev stack's binary) make reported "Error 1" and exited 2: go exits 1
+// once interrupted, whatever the program it ran returned.
+func TestSigintToMakeRunStopsEverythingWithoutAnError(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole dev stack")
+	}
+	bin := forwarderBin(t)
+	dir := t.TempDir()
+	// -o: deps and build (bin/forwarder) are taken as done; ARGS gives the
+	// test's own forwarder and data directory.
+	cmd := exec.Command("make", "--no-print-directory", "-o", "deps", "-o", "build", "run",
+		"ARGS="+strings.Join(stackFlags(bin, dir), " "))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	s := startStackWith(t, cmd, dir)
+	if err := syscall.Kill(-s.cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	state, err := s.cmd.Process.Wait()
+	s.checkStopped(t, "SIGINT to make run's process group")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byInterrupt := false
+	if ws, ok := state.Sys().(syscall.WaitStatus); ok {
+		byInterrupt = ws.Signaled() && ws.Signal() == syscall.SIGINT
+	}
+	if !state.Success() && !byInterrupt {
+		t.Errorf("make run ended with %v after SIGINT, want status 0 or the SIGINT itself:\n%s", state, s.output())
+	}
+	if out := s.output(); !strings.Contains(out, "devstack: stopped.") || strings.Contains(out, "make: ***") {
+		t.Errorf("want the dev stack's summary and no error from make:\n%s", out)
+	}
 }
 
 // TestABurstOfSigtermsStopsEverything is go run dying: the kernel sends the
