@@ -245,6 +245,13 @@ func TestSigintToMakeRunStopsEverythingWithoutAnError(t *testing.T) {
 	// test's own forwarder and data directory.
 	cmd := exec.Command("make", "--no-print-directory", "-o", "deps", "-o", "build", "run",
 		"ARGS="+strings.Join(stackFlags(bin, dir), " "))
+	// Not the flags of a make running this test (make test's -j3 and
+	// --output-sync): this one is make run as a user types it.
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); name != "MAKEFLAGS" && name != "MFLAGS" && name != "MAKELEVEL" {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	s := startStackWith(t, cmd, dir)
 	if err := syscall.Kill(-s.cmd.Process.Pid, syscall.SIGINT); err != nil {
