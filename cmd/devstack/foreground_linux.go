@@ -11,8 +11,9 @@ import (
 // makes it the terminal's foreground group, so that Ctrl-C reaches only the
 // dev stack (which then stops its children in order) and not make or go
 // run, which would otherwise die of the SIGINT: make would exit non-zero,
-// and go run exits 1 once interrupted whatever we return. It does nothing unless stdin is a terminal we own the
-// foreground of. The returned function gives the terminal back.
+// and go run exits 1 once interrupted whatever we return. It does nothing
+// unless stdin is a terminal we own the foreground of. The returned
+// function gives the terminal back.
 func takeForeground() (restore func()) {
 	noop := func() {}
 	fd := int(os.Stdin.Fd())
