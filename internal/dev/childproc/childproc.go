@@ -181,13 +181,13 @@ func FreeAddr() (string, error) {
 }
 
 // FreePort is a loopback port nothing listens on right now, for a server
-// started later, picked at random below the kernel's ephemeral range. A
+// started later, picked at random outside the kernel's ephemeral range. A
 // port from that range (what listening on port 0 gives) can be taken,
 // before the server listens, as the source port of any connection the
 // machine opens meanwhile; a test run opens thousands, and a server then
 // failed to start with "bind: address already in use".
 func FreePort() (int, error) {
-	low, high := belowEphemeralPorts()
+	low, high := outsideEphemeralPorts(ephemeralPorts())
 	for range 1000 {
 		port := low + rand.IntN(high-low)
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
@@ -200,21 +200,46 @@ func FreePort() (int, error) {
 	return 0, fmt.Errorf("finding a free port: none free of 1000 tried from %d to %d", low, high-1)
 }
 
-// belowEphemeralPorts is the range FreePort picks from: from 20000 up to
-// the first port of /proc/sys/net/ipv4/ip_local_port_range (32768 when it
-// cannot be read).
-func belowEphemeralPorts() (low, high int) {
-	low, high = 20000, 32768
+// ephemeralPorts is the kernel's ephemeral range, first and last port
+// (/proc/sys/net/ipv4/ip_local_port_range; Linux's default, 32768 to
+// 60999, when it cannot be read).
+func ephemeralPorts() (first, last int) {
+	first, last = 32768, 60999
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
-		return low, high
+		return first, last
 	}
-	if f := strings.Fields(string(b)); len(f) == 2 {
-		if first, err := strconv.Atoi(f[0]); err == nil && first > low+1000 {
-			high = first
-		}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return first, last
 	}
-	return low, high
+	lo, err1 := strconv.Atoi(f[0])
+	hi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil || lo > hi {
+		return first, last
+	}
+	return lo, hi
+}
+
+// minPorts is the fewest ports a range FreePort picks from may hold.
+const minPorts = 1000
+
+// outsideEphemeralPorts is the range FreePort picks from, [low, high), given
+// the ephemeral range [first, last]: from 20000 (above the ports local
+// services commonly use, PostgreSQL's 5432 among them) up to the ephemeral
+// range; above it when that leaves fewer than minPorts; any unprivileged
+// port when neither side has room (no port is then safe from being taken).
+func outsideEphemeralPorts(first, last int) (low, high int) {
+	const floor, top = 20000, 65536
+	above := max(last+1, floor)
+	switch {
+	case first-floor >= minPorts:
+		return floor, first
+	case top-above >= minPorts:
+		return above, top
+	default:
+		return 1024, top
+	}
 }
 
 // TailFile returns the last n bytes of a file (a child's log), from the

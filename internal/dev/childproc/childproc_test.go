@@ -152,15 +152,15 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// TestFreePort: the ports are free and below the kernel's ephemeral range,
-// where no connection's source port can take them before a server listens.
+// TestFreePort: the ports are free and outside the kernel's ephemeral
+// range, where no connection's source port can take them before a server
+// listens.
 func TestFreePort(t *testing.T) {
 	t.Parallel()
-	low, high := belowEphemeralPorts()
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if first, err := strconv.Atoi(strings.Fields(string(b))[0]); err == nil && high > first {
-			t.Fatalf("picking below %d, but the ephemeral range starts at %d", high, first)
-		}
+	first, last := ephemeralPorts()
+	low, high := outsideEphemeralPorts(first, last)
+	if high-low < minPorts {
+		t.Fatalf("picking from [%d, %d): fewer than %d ports", low, high, minPorts)
 	}
 	for range 20 {
 		port, err := FreePort()
@@ -170,10 +170,36 @@ func TestFreePort(t *testing.T) {
 		if port < low || port >= high {
 			t.Fatalf("port %d outside [%d, %d)", port, low, high)
 		}
+		if port >= first && port <= last && low != 1024 {
+			t.Fatalf("port %d is in the ephemeral range %d-%d", port, first, last)
+		}
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
 			t.Fatalf("port %d is not free: %v", port, err)
 		}
 		_ = l.Close()
+	}
+}
+
+// TestOutsideEphemeralPorts: the range FreePort picks from, for ephemeral
+// ranges a machine may be configured with.
+func TestOutsideEphemeralPorts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		first, last, low, high int
+	}{
+		{32768, 60999, 20000, 32768}, // Linux's default: below it
+		{49152, 65535, 20000, 49152}, // IANA's range
+		{20500, 40000, 40001, 65536}, // too little room below: above it
+		{1024, 60000, 60001, 65536},
+		{10000, 50000, 50001, 65536},
+		{15000, 19999, 20000, 65536}, // wholly below 20000: from 20000 up
+		{1024, 65000, 1024, 65536},   // no room on either side: any port
+		{1024, 65535, 1024, 65536},
+	} {
+		low, high := outsideEphemeralPorts(c.first, c.last)
+		if low != c.low || high != c.high {
+			t.Errorf("ephemeral %d-%d: picking from [%d, %d), want [%d, %d)", c.first, c.last, low, high, c.low, c.high)
+		}
 	}
 }
