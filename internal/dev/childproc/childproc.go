@@ -189,15 +189,27 @@ func FreeAddr() (string, error) {
 func FreePort() (int, error) {
 	low, high := outsideEphemeralPorts(ephemeralPorts())
 	for range 1000 {
-		port := low + rand.IntN(high-low)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue // taken
+		if port := low + rand.IntN(high-low); PortFree(port) {
+			return port, nil
 		}
-		_ = l.Close()
-		return port, nil
 	}
 	return 0, fmt.Errorf("finding a free port: none free of 1000 tried from %d to %d", low, high-1)
+}
+
+// PortFree says whether nothing listens on the loopback port p, by
+// listening on it for a moment. It holds syscall.ForkLock meanwhile, as the
+// standard library does around the descriptors it creates: a child forked
+// while the probe listened would keep the port bound until it execs, and a
+// server started on it at once would fail with "address already in use".
+func PortFree(p int) bool {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 // ephemeralPorts is the kernel's ephemeral range, first and last port

@@ -88,7 +88,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if c.Port == 0 {
 		c.Port = c.previousPort()
 	}
-	if c.Port == 0 || !portFree(c.Port) {
+	if c.Port == 0 || !childproc.PortFree(c.Port) {
 		if c.Port, err = freePort(); err != nil {
 			return nil, err
 		}
@@ -336,15 +336,6 @@ func freePort() (int, error) {
 		return 0, fmt.Errorf("pgcluster: %w", err)
 	}
 	return port, nil
-}
-
-func portFree(p int) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-	if err != nil {
-		return false
-	}
-	l.Close()
-	return true
 }
 
 func quoteAll(opts []string) []string {
