@@ -196,15 +196,20 @@ func FreePort() (int, error) {
 	return 0, fmt.Errorf("finding a free port: none free of 1000 tried from %d to %d", low, high-1)
 }
 
-// PortFree says whether nothing listens on the loopback port p, by
-// listening on it for a moment. It holds syscall.ForkLock meanwhile, as the
-// standard library does around the descriptors it creates: a child forked
-// while the probe listened would keep the port bound until it execs, and a
-// server started on it at once would fail with "address already in use".
+// PortFree says whether nothing listens on the loopback port p (AddrFree).
 func PortFree(p int) bool {
+	return AddrFree(net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+}
+
+// AddrFree says whether a server could listen on addr now, by listening on
+// it for a moment. It holds syscall.ForkLock meanwhile, as the standard
+// library does around the descriptors it creates: a child forked while the
+// probe listened would keep the address bound until it execs, and a server
+// started on it at once would fail with "address already in use".
+func AddrFree(addr string) bool {
 	syscall.ForkLock.RLock()
 	defer syscall.ForkLock.RUnlock()
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return false
 	}

@@ -264,7 +264,7 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 		addr := cfg.HTTPAddr
 		if addr == "" {
 			addr = DefaultHTTPAddr
-			if !addrFree(addr) {
+			if !childproc.AddrFree(addr) {
 				addr = ""
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,16 +98,6 @@ func startForwarder(ctx context.Context, bin, pipeline, workDir string, env map[
 		return nil, fmt.Errorf("the forwarder %w", err)
 	}
 	return f, nil
-}
-
-// addrFree reports whether addr can be listened on now.
-func addrFree(addr string) bool {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return false
-	}
-	l.Close()
-	return true
 }
 
 // resolve makes p absolute against dir unless it already is.
