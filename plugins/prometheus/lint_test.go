@@ -1,6 +1,7 @@
 package prometheus
 
 import (
+	"context"
 	"testing"
 
 	"github.com/redpanda-data/benthos/v4/public/service"
@@ -14,8 +15,12 @@ func TestLintRefusesWhatStartUpRefuses(t *testing.T) {
 	t.Parallel()
 	linttest.Component{Kind: linttest.Metrics, Name: "prometheus", Spec: prometheusSpec(),
 		Build: func(conf *service.ParsedConfig) error {
-			_, err := newPromExporterFromParsed(conf, nil)
-			return err
+			e, err := newPromExporterFromParsed(conf, nil)
+			if err != nil {
+				return err
+			}
+			// Built with an outbox, it refreshes its gauges until closed.
+			return e.Close(context.Background())
 		}}.Run(t, []linttest.Case{
 		{Name: "BucketsNotIncreasing", YAML: "histogram_buckets: [ 1, 0.5 ]", Want: "histogram_buckets must be in increasing order, got [1 0.5]"},
 		{Name: "BucketsIncreasing", YAML: "histogram_buckets: [ 0.5, 1, 1 ]"},
