@@ -71,6 +71,7 @@ type stack struct {
 	pids   []process // forwarder, PostgreSQL, dev stack: the order they stop in
 	mu     sync.Mutex
 	out    strings.Builder
+	eof    chan struct{} // closed once the output is read to its end
 }
 
 type process struct {
@@ -79,6 +80,19 @@ type process struct {
 }
 
 func (s *stack) output() string { s.mu.Lock(); defer s.mu.Unlock(); return s.out.String() }
+
+// finalOutput is the whole output of a stack that has stopped: the lines
+// its processes wrote last may still be in the pipe when they have exited,
+// so it waits (10 s at most) for the reader to reach the end.
+func (s *stack) finalOutput(t *testing.T) string {
+	t.Helper()
+	select {
+	case <-s.eof:
+	case <-time.After(10 * time.Second):
+		t.Log("the dev stack's output was still open 10 s after it stopped")
+	}
+	return s.output()
+}
 
 // startStack runs `go run ./cmd/devstack`, as the docs' examples do, on
 // data directory dir, and waits until it says it is up and its processes
@@ -98,7 +112,7 @@ func stackFlags(bin, dir string) []string {
 // repository's root and waits until it says it is up and its processes run.
 func startStackWith(t *testing.T, cmd *exec.Cmd, dir string) *stack {
 	t.Helper()
-	s := &stack{cmd: cmd}
+	s := &stack{cmd: cmd, eof: make(chan struct{})}
 	s.cmd.Dir = repoRoot
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {
@@ -115,6 +129,7 @@ func startStackWith(t *testing.T, cmd *exec.Cmd, dir string) *stack {
 	pidLine := regexp.MustCompile(`forwarder running \(pid (\d+)\)`)
 	ready := make(chan error, 1)
 	go func() {
+		defer close(s.eof)
 		lines := bufio.NewScanner(stdout)
 		up := false
 		for lines.Scan() {
@@ -185,7 +200,7 @@ func (s *stack) checkStopped(t *testing.T, what string) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("dev stack output:\n%s", s.output())
+		t.Logf("dev stack output:\n%s", s.finalOutput(t))
 	}
 }
 
@@ -267,9 +282,9 @@ func TestSigintToMakeRunStopsEverythingWithoutAnError(t *testing.T) {
 		byInterrupt = ws.Signaled() && ws.Signal() == syscall.SIGINT
 	}
 	if !state.Success() && !byInterrupt {
-		t.Errorf("make run ended with %v after SIGINT, want status 0 or the SIGINT itself:\n%s", state, s.output())
+		t.Errorf("make run ended with %v after SIGINT, want status 0 or the SIGINT itself:\n%s", state, s.finalOutput(t))
 	}
-	if out := s.output(); !strings.Contains(out, "devstack: stopped.") || strings.Contains(out, "make: ***") {
+	if out := s.finalOutput(t); !strings.Contains(out, "devstack: stopped.") || strings.Contains(out, "make: ***") {
 		t.Errorf("want the dev stack's summary and no error from make:\n%s", out)
 	}
 }
@@ -292,7 +307,7 @@ func TestABurstOfSigtermsStopsEverything(t *testing.T) {
 		}
 	}
 	s.checkStopped(t, "a burst of SIGTERMs")
-	if out := s.output(); !strings.Contains(out, "devstack: stopped.") {
+	if out := s.finalOutput(t); !strings.Contains(out, "devstack: stopped.") {
 		t.Errorf("the dev stack did not say it stopped:\n%s", out)
 	}
 }
