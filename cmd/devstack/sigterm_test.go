@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 const repoRoot = "../.."
@@ -112,14 +113,20 @@ func stackFlags(bin, dir string) []string {
 // repository's root and waits until it says it is up and its processes run.
 func startStackWith(t *testing.T, cmd *exec.Cmd, dir string) *stack {
 	t.Helper()
-	s := &stack{cmd: cmd, eof: make(chan struct{})}
-	s.cmd.Dir = repoRoot
-	stdout, err := s.cmd.StdoutPipe()
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.stdout = stdout
-	s.cmd.Stderr = s.cmd.Stdout
+	cmd.Stderr = cmd.Stdout
+	return startStackOn(t, cmd, stdout, dir)
+}
+
+// startStackOn is startStackWith for a cmd whose output stdout reads (a
+// pipe, or a terminal's master side).
+func startStackOn(t *testing.T, cmd *exec.Cmd, stdout io.ReadCloser, dir string) *stack {
+	t.Helper()
+	s := &stack{cmd: cmd, stdout: stdout, eof: make(chan struct{})}
+	s.cmd.Dir = repoRoot
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -256,17 +263,7 @@ func TestSigintToMakeRunStopsEverythingWithoutAnError(t *testing.T) {
 	}
 	bin := forwarderBin(t)
 	dir := t.TempDir()
-	// -o: deps and build (bin/forwarder) are taken as done; ARGS gives the
-	// test's own forwarder and data directory.
-	cmd := exec.Command("make", "--no-print-directory", "-o", "deps", "-o", "build", "run",
-		"ARGS="+strings.Join(stackFlags(bin, dir), " "))
-	// Not the flags of a make running this test (make test's -j3 and
-	// --output-sync): this one is make run as a user types it.
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); name != "MAKEFLAGS" && name != "MFLAGS" && name != "MAKELEVEL" {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
+	cmd := makeRun(bin, dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	s := startStackWith(t, cmd, dir)
 	if err := syscall.Kill(-s.cmd.Process.Pid, syscall.SIGINT); err != nil {
@@ -287,6 +284,87 @@ func TestSigintToMakeRunStopsEverythingWithoutAnError(t *testing.T) {
 	if out := s.finalOutput(t); !strings.Contains(out, "devstack: stopped.") || strings.Contains(out, "make: ***") {
 		t.Errorf("want the dev stack's summary and no error from make:\n%s", out)
 	}
+}
+
+// TestCtrlCInATerminalEndsMakeRunWithStatus0 is `make run` in a terminal
+// and Ctrl-C, as a user types them: make runs in a terminal of its own (a
+// pseudo-terminal whose foreground it is), the test types ^C, and the
+// terminal sends SIGINT to its foreground process group. The dev stack has
+// taken the foreground, so the signal reaches it alone: everything stops
+// in order, it gives the terminal back, and make exits 0.
+func TestCtrlCInATerminalEndsMakeRunWithStatus0(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole dev stack")
+	}
+	bin := forwarderBin(t)
+	dir := t.TempDir()
+	terminal, tty := openPty(t)
+	cmd := makeRun(bin, dir)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	// A session of its own whose controlling terminal is tty (fd 0 in the
+	// child): its process group is the terminal's foreground, as a shell
+	// makes a command it runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	s := startStackOn(t, cmd, terminal, dir)
+	// The children hold the terminal now: the master side reads EOF once
+	// they are all gone.
+	_ = tty.Close()
+	// ^C, as typed.
+	if _, err := terminal.Write([]byte{0x03}); err != nil {
+		t.Fatal(err)
+	}
+	state, err := s.cmd.Process.Wait()
+	s.checkStopped(t, "Ctrl-C in make run's terminal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !state.Success() {
+		t.Errorf("make run ended with %v after Ctrl-C, want status 0:\n%s", state, s.finalOutput(t))
+	}
+	if out := s.finalOutput(t); !strings.Contains(out, "devstack: stopped.") || strings.Contains(out, "make: ***") {
+		t.Errorf("want the dev stack's summary and no error from make:\n%s", out)
+	}
+}
+
+// makeRun is `make run` on the test's forwarder and data directory: deps
+// and build (bin/forwarder) are taken as done (-o), and it runs without the
+// flags of a make running this test (make test's -j3 and --output-sync), as
+// a user types it.
+func makeRun(bin, dir string) *exec.Cmd {
+	cmd := exec.Command("make", "--no-print-directory", "-o", "deps", "-o", "build", "run",
+		"ARGS="+strings.Join(stackFlags(bin, dir), " "))
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); name != "MAKEFLAGS" && name != "MFLAGS" && name != "MAKELEVEL" {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	return cmd
+}
+
+// openPty opens a pseudo-terminal: its master side (what a terminal
+// emulator reads and types into) and its slave side (the terminal a
+// program runs in). Both are closed at the end of the test.
+func openPty(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	t.Cleanup(func() { _ = master.Close() })
+	unlock := int32(0)
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, master.Fd(), syscall.TIOCSPTLCK, uintptr(unsafe.Pointer(&unlock))); errno != 0 {
+		t.Fatalf("unlocking the pseudo-terminal: %v", errno)
+	}
+	var n uint32
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, master.Fd(), syscall.TIOCGPTN, uintptr(unsafe.Pointer(&n))); errno != 0 {
+		t.Fatalf("naming the pseudo-terminal: %v", errno)
+	}
+	slave, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = slave.Close() })
+	return master, slave
 }
 
 // TestABurstOfSigtermsStopsEverything is go run dying: the kernel sends the
