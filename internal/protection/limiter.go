@@ -1,6 +1,7 @@
 package protection
 
 import (
+	"container/list"
 	"context"
 	"sync"
 	"time"
@@ -13,6 +14,11 @@ import (
 // one halves it, at most once per cutInterval so that one burst of failures
 // halves it once. After an outage it starts from one and ramps up instead
 // of sending the whole backlog at a platform that has just come back.
+//
+// Waiters are served in the order they came, each woken only when a slot is
+// handed to it (as golang.org/x/sync/semaphore does; its fixed size cannot
+// follow the limit): during a ramp-up after an outage max_in_flight writes
+// wait on a limit of a few, and a release wakes one of them, not all.
 type Limiter struct {
 	max int
 	// OnChange, when set, is called with the limit and the free slots after
@@ -23,10 +29,11 @@ type Limiter struct {
 	limit    float64
 	inFlight int
 	lastCut  time.Time
-	// wake is closed when a slot may have come free; nil while nothing
-	// waits, so that a release with no one waiting allocates nothing.
-	wake chan struct{}
-	now  func() time.Time
+	// waiters holds a channel per waiting Acquire, first come first; a
+	// slot is counted in inFlight when it is handed over, then the
+	// channel is closed.
+	waiters list.List
+	now     func() time.Time
 }
 
 // cutInterval is the shortest time between two halvings.
@@ -38,30 +45,37 @@ func NewLimiter(max int) *Limiter {
 }
 
 // Acquire takes a slot, waiting while the limit is reached; it fails when
-// ctx has ended, even if a slot is free: a stopping output starts no new
-// request.
+// ctx ends before it is handed one, and at once when ctx has ended already,
+// even if a slot is free: a stopping output starts no new request.
 func (l *Limiter) Acquire(ctx context.Context) error {
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		l.mu.Lock()
-		if l.inFlight < l.current() {
-			l.inFlight++
-			l.changedLocked()
-			l.mu.Unlock()
-			return nil
-		}
-		if l.wake == nil {
-			l.wake = make(chan struct{})
-		}
-		wake := l.wake
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	if l.waiters.Len() == 0 && l.inFlight < l.current() {
+		l.inFlight++
+		l.changedLocked()
 		l.mu.Unlock()
+		return nil
+	}
+	ready := make(chan struct{})
+	elem := l.waiters.PushBack(ready)
+	l.mu.Unlock()
+	select {
+	case <-ready:
+		return nil
+	case <-ctx.Done():
+		l.mu.Lock()
 		select {
-		case <-wake:
-		case <-ctx.Done():
-			return ctx.Err()
+		case <-ready:
+			// Handed a slot as ctx ended: it goes to the next waiter.
+			l.inFlight--
+			l.grantLocked()
+		default:
+			l.waiters.Remove(elem)
 		}
+		l.mu.Unlock()
+		return ctx.Err()
 	}
 }
 
@@ -69,7 +83,7 @@ func (l *Limiter) Acquire(ctx context.Context) error {
 func (l *Limiter) Release() {
 	l.mu.Lock()
 	l.inFlight--
-	l.broadcastLocked()
+	l.grantLocked()
 	l.mu.Unlock()
 }
 
@@ -80,7 +94,7 @@ func (l *Limiter) Healthy() {
 	before := l.current()
 	l.limit = min(l.limit+1/l.limit, float64(l.max))
 	if l.current() != before {
-		l.broadcastLocked()
+		l.grantLocked()
 	}
 }
 
@@ -100,7 +114,7 @@ func (l *Limiter) Reset(limit int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.limit = float64(min(max(limit, 1), l.max))
-	l.broadcastLocked()
+	l.grantLocked()
 }
 
 // Limit is the current limit; InFlight the slots taken.
@@ -122,10 +136,11 @@ func (l *Limiter) Max() int { return l.max }
 
 func (l *Limiter) current() int { return int(l.limit) }
 
-func (l *Limiter) broadcastLocked() {
-	if l.wake != nil {
-		close(l.wake)
-		l.wake = nil
+// grantLocked hands the free slots to the first waiters, one each.
+func (l *Limiter) grantLocked() {
+	for l.inFlight < l.current() && l.waiters.Len() > 0 {
+		l.inFlight++
+		close(l.waiters.Remove(l.waiters.Front()).(chan struct{}))
 	}
 	l.changedLocked()
 }
