@@ -27,6 +27,7 @@
 //	go run ./test/bench -n 20000 -latency-duration 10s   # a quick run
 //	go run ./test/bench -scenarios forwarder,forwarder-unordered -phases throughput -pprof /tmp/prof
 //	go run ./test/bench -scenarios forwarder,batched -phases throughput -rounds 4   # medians of alternated rounds
+//	go run ./test/bench -scenarios forwarder,forwarder-unordered -phases latency -latency-rounds 4
 //	go run ./test/bench -set input.broker.inputs.1.outbox_retry.batch_size=500
 //	go run ./test/bench scale -rows 10000000             # claim and gauge costs at 10 M rows
 //	go run ./test/bench memory                           # peak RSS with 16 MiB messages
@@ -125,6 +126,9 @@ type benchConfig struct {
 	Previous string
 	// Rounds is how many times the throughput phases run (roundOrder).
 	Rounds int
+	// LatencyRounds is how many times the latency phases run, alternated
+	// the same way.
+	LatencyRounds int
 }
 
 // roundOrder is the order of the scenarios' throughput phases in a round:
@@ -146,6 +150,7 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	fs.IntVar(&c.N, "n", 200_000, "messages in the Kafka backlog of each throughput run")
 	scenarios := fs.String("scenarios", "forwarder,forwarder-unordered,naive,batched,river", "scenarios to run, in order: forwarder, forwarder-unordered (ORDERING=off), naive, batched, river, forwarder-previous (-previous)")
 	fs.IntVar(&c.Rounds, "rounds", 1, "run the throughput phases this many times, every other round in the reverse order, and report each ratio's median over the rounds: the machine's speed drifts by tens of per cent within minutes (docs/benchmarks.md)")
+	fs.IntVar(&c.LatencyRounds, "latency-rounds", 1, "run the latency phases this many times, every other round in the reverse order, and report each latency's median over the rounds")
 	fs.StringVar(&c.Previous, "previous", "", "a checkout of an earlier revision with bin/forwarder built, for the forwarder-previous scenario")
 	fs.IntVar(&c.Berths, "berths", 5000, "berths the traffic is spread over, four per camera (the targets in docs/benchmarks.md are set at 5000; 0: 2000); see test/bench/ordering.go")
 	phases := fs.String("phases", "throughput,latency", "phases to run for each scenario: throughput, latency")
@@ -220,11 +225,14 @@ func parseBenchFlags(args []string) (benchConfig, error) {
 	if c.LatencyTraces && c.LatencySamples == "" {
 		return c, errors.New("-latency-traces writes beside -latency-samples: set that too")
 	}
-	if c.N <= 0 || c.Rate <= 0 || c.Partitions <= 0 || c.Rounds <= 0 {
-		return c, errors.New("-n, -rate, -partitions and -rounds must be positive")
+	if c.N <= 0 || c.Rate <= 0 || c.Partitions <= 0 || c.Rounds <= 0 || c.LatencyRounds <= 0 {
+		return c, errors.New("-n, -rate, -partitions, -rounds and -latency-rounds must be positive")
 	}
 	if c.Rounds > 1 && !c.Phases["throughput"] {
 		return c, errors.New("-rounds repeats the throughput phases: add throughput to -phases")
+	}
+	if c.LatencyRounds > 1 && !c.Phases["latency"] {
+		return c, errors.New("-latency-rounds repeats the latency phases: add latency to -phases")
 	}
 	root, err := repoRoot()
 	if err != nil {
@@ -310,13 +318,15 @@ func runBench(ctx context.Context, args []string) error {
 				return err
 			}
 		}
-		for _, s := range cfg.Scenarios {
-			r, err := env.latency(ctx, s)
-			if err != nil {
-				return fmt.Errorf("%s latency: %w", s, err)
+		for round := 1; round <= cfg.LatencyRounds; round++ {
+			for _, s := range roundOrder(cfg.Scenarios, round) {
+				r, err := env.latency(ctx, s, round)
+				if err != nil {
+					return fmt.Errorf("%s latency: %w", s, err)
+				}
+				rep.latency = append(rep.latency, r)
+				logf("%s at %.0f msgs/s: p50 %s p99 %s max %s", s, cfg.Rate, ms(r.P50), ms(r.P99), ms(r.Max))
 			}
-			rep.latency = append(rep.latency, r)
-			logf("%s at %.0f msgs/s: p50 %s p99 %s max %s", s, cfg.Rate, ms(r.P50), ms(r.P99), ms(r.Max))
 		}
 	}
 	rep.loadAfter = loadAvg()

@@ -43,12 +43,8 @@ func sourceDevices(berths int) int {
 // throughput ratio and the latencies side by side, as markdown.
 func orderingSummary(r *report) string {
 	ratios := r.roundRatios(scenarioForwarder, scenarioUnordered)
-	lat := map[string]latencyResult{}
-	for _, l := range r.latency {
-		lat[l.Scenario] = l
-	}
-	lon, lonOK := lat[scenarioForwarder]
-	loff, loffOK := lat[scenarioUnordered]
+	onP50, onP99, onMax, lonOK := r.latencyMedians(scenarioForwarder)
+	offP50, offP99, offMax, loffOK := r.latencyMedians(scenarioUnordered)
 	if len(ratios) == 0 && !(lonOK && loffOK) {
 		return ""
 	}
@@ -63,8 +59,12 @@ func orderingSummary(r *report) string {
 		fmt.Fprintf(&b, "Throughput, ordered over unordered, round by round: %s; median **%.2f×**.\n", joinFloats(ratios, "%.2f"), median(ratios))
 	}
 	if lonOK && loffOK {
-		fmt.Fprintf(&b, "Latency at %.0f msgs/s: p50 %s / %s, p99 **%s** / %s, max %s / %s (ordered / unordered).\n",
-			r.cfg.Rate, ms(lon.P50), ms(loff.P50), ms(lon.P99), ms(loff.P99), ms(lon.Max), ms(loff.Max))
+		over := ""
+		if r.cfg.LatencyRounds > 1 {
+			over = fmt.Sprintf(", medians of %d rounds", r.cfg.LatencyRounds)
+		}
+		fmt.Fprintf(&b, "Latency at %.0f msgs/s: p50 %s / %s, p99 **%s** / %s, max %s / %s (ordered / unordered%s).\n",
+			r.cfg.Rate, ms(onP50), ms(offP50), ms(onP99), ms(offP99), ms(onMax), ms(offMax), over)
 	}
 	return b.String()
 }

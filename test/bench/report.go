@@ -71,6 +71,54 @@ func (r *report) roundRatios(a, b string) []float64 {
 	return out
 }
 
+// latencyMedians is the median over the rounds of scenario's latency phases
+// of their p50, p99 and max; ok is false when it had none.
+func (r *report) latencyMedians(scenario string) (p50, p99, maxLat time.Duration, ok bool) {
+	var p50s, p99s, maxs []float64
+	for _, l := range r.latency {
+		if l.Scenario == scenario {
+			p50s, p99s, maxs = append(p50s, float64(l.P50)), append(p99s, float64(l.P99)), append(maxs, float64(l.Max))
+		}
+	}
+	if len(p50s) == 0 {
+		return 0, 0, 0, false
+	}
+	return time.Duration(median(p50s)), time.Duration(median(p99s)), time.Duration(median(maxs)), true
+}
+
+// latencyRoundsSummary gives each scenario's p50, p99 and max round by
+// round, with their medians.
+func (r *report) latencyRoundsSummary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n### Latency over %d rounds (odd rounds in the order given, even rounds reversed)\n\n", r.cfg.LatencyRounds)
+	b.WriteString("| | p50, round by round | median | p99, round by round | median | max, round by round | median |\n|---|---|---:|---|---:|---|---:|\n")
+	for _, s := range r.cfg.Scenarios {
+		var rounds []latencyResult
+		for _, l := range r.latency {
+			if l.Scenario == s {
+				rounds = append(rounds, l)
+			}
+		}
+		if len(rounds) == 0 {
+			continue
+		}
+		slices.SortFunc(rounds, func(a, b latencyResult) int { return a.Round - b.Round })
+		each := func(get func(latencyResult) time.Duration) string {
+			parts := make([]string, len(rounds))
+			for i, l := range rounds {
+				parts[i] = ms(get(l))
+			}
+			return strings.Join(parts, ", ")
+		}
+		p50, p99, maxLat, _ := r.latencyMedians(s)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | **%s** | %s | %s |\n", r.title(s),
+			each(func(l latencyResult) time.Duration { return l.P50 }), ms(p50),
+			each(func(l latencyResult) time.Duration { return l.P99 }), ms(p99),
+			each(func(l latencyResult) time.Duration { return l.Max }), ms(maxLat))
+	}
+	return b.String()
+}
+
 // median of xs (the mean of the middle two for an even count); NaN for none.
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
@@ -213,10 +261,18 @@ func (r *report) markdown() string {
 		b.WriteString("| | p50 | p90 | p99 | max | behind their berth's previous | p99 of those | p99 of the rest | consumer CPU | PostgreSQL CPU | consumer peak RSS | commits / msg | WAL flushes / msg | WAL bytes / msg | other processes | broker + mock + producer | load average |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, l := range r.latency {
 			per := func(v int64) float64 { return float64(v) / float64(max(l.Messages, 1)) }
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f %% | %s | %s | %.2f cores | %.2f cores | %s | %.3f | %.3f | %.0f | %.2f cores | %.2f cores | %.2f → %.2f |\n", r.title(l.Scenario),
+			title := r.title(l.Scenario)
+			if r.cfg.LatencyRounds > 1 {
+				title = fmt.Sprintf("%s, round %d", title, l.Round)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.2f %% | %s | %s | %.2f cores | %.2f cores | %s | %.3f | %.3f | %.0f | %.2f cores | %.2f cores | %.2f → %.2f |\n", title,
 				ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max), 100*l.Behind, ms(l.P99Behind), ms(l.P99Free), l.Cores, l.PGCores, mib(l.PeakRSS),
 				per(l.PGWork.Commits), per(l.PGWork.WALSyncs), per(l.PGWork.WALBytes), l.OtherCores, l.SelfCores, l.LoadStart, l.LoadEnd)
 		}
+	}
+
+	if r.cfg.LatencyRounds > 1 && len(r.latency) > 0 {
+		b.WriteString(r.latencyRoundsSummary())
 	}
 
 	if r.cfg.Ceilings {
@@ -241,7 +297,11 @@ func (r *report) markdown() string {
 		stmts(r.title(t.Scenario)+", throughput", t.Messages, t.Statements)
 	}
 	for _, l := range r.latency {
-		stmts(fmt.Sprintf("%s at %.0f msgs/s", r.title(l.Scenario), l.Rate), l.Messages, l.Statements)
+		title := fmt.Sprintf("%s at %.0f msgs/s", r.title(l.Scenario), l.Rate)
+		if r.cfg.LatencyRounds > 1 {
+			title = fmt.Sprintf("%s, round %d", title, l.Round)
+		}
+		stmts(title, l.Messages, l.Statements)
 	}
 	return b.String()
 }

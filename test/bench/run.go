@@ -59,6 +59,7 @@ type throughputResult struct {
 // latencyResult is one scenario at a steady rate.
 type latencyResult struct {
 	Scenario           string
+	Round              int
 	Rate               float64
 	Measured           int
 	P50, P90, P99, Max time.Duration
@@ -233,6 +234,16 @@ func (env *benchEnv) throughput(ctx context.Context, scenario string, round int)
 // throughput phase. Each round reads the backlog from the start, in a
 // group and a database of its own; the database's name ends with the
 // scenario, as migrate expects.
+// latencyRun names a latency phase's database and consumer group, as
+// throughputRun does, and its topics' and sample files' part: the
+// scenario, with the round from the second on.
+func latencyRun(scenario string, round int) (run, group, name string) {
+	if round > 1 {
+		return fmt.Sprintf("lat_r%d_%s", round, scenario), fmt.Sprintf("bench-lat-%s-r%d", scenario, round), fmt.Sprintf("%s.r%d", scenario, round)
+	}
+	return "lat_" + scenario, "bench-lat-" + scenario, scenario
+}
+
 func throughputRun(scenario string, round int) (run, group string) {
 	if round > 1 {
 		return fmt.Sprintf("tp_r%d_%s", round, scenario), fmt.Sprintf("bench-%s-r%d", scenario, round)
@@ -378,11 +389,11 @@ func (c *child) fetch(ctx context.Context, path, file string) error {
 // collection a quarter as often as by default.
 const latencyGCPercent = 400
 
-func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyResult, err error) {
-	res.Scenario, res.Rate, res.LoadStart = scenario, env.cfg.Rate, loadAvg()
+func (env *benchEnv) latency(ctx context.Context, scenario string, round int) (res latencyResult, err error) {
+	res.Scenario, res.Round, res.Rate, res.LoadStart = scenario, round, env.cfg.Rate, loadAvg()
 	defer func() { res.LoadEnd = loadAvg() }()
-	run := "lat_" + scenario
-	vehicle, heartbeat, err := env.createTopics(ctx, "lat-"+scenario)
+	run, group, name := latencyRun(scenario, round)
+	vehicle, heartbeat, err := env.createTopics(ctx, "lat-"+name)
 	if err != nil {
 		return res, err
 	}
@@ -396,8 +407,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		return res, err
 	}
 	defer done()
-	group := "bench-lat-" + scenario
-	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder
+	profile := env.cfg.PprofDir != "" && scenario == scenarioForwarder && round == 1
 	before, err := readPGCounters(ctx, pool)
 	if err != nil {
 		return res, fmt.Errorf("reading PostgreSQL's counters: %w", err)
@@ -479,7 +489,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 			m.attach(c.Pid(), false)
 			measStart = time.Now()
 			if env.cfg.LatencySamples != "" {
-				if activity, err = startActivitySampler(runCtx, env.pg.DSN("postgres"), env.cfg.LatencySamples+"."+scenario+".activity.tsv"); err != nil {
+				if activity, err = startActivitySampler(runCtx, env.pg.DSN("postgres"), env.cfg.LatencySamples+"."+name+".activity.tsv"); err != nil {
 					return res, fmt.Errorf("sampling PostgreSQL's activity: %w", err)
 				}
 				defer activity.stop()
@@ -544,7 +554,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 	if env.cfg.LatencySamples != "" && c.httpAddr != "" {
 		// The forwarder's own timings of the phase: each processor's and
 		// the output's latency, end to end.
-		if err := c.fetch(runCtx, "/metrics", env.cfg.LatencySamples+"."+scenario+".metrics.txt"); err != nil {
+		if err := c.fetch(runCtx, "/metrics", env.cfg.LatencySamples+"."+name+".metrics.txt"); err != nil {
 			return res, err
 		}
 	}
@@ -554,7 +564,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		if traced, _, err = receiver.Spans(); err != nil {
 			return res, err
 		}
-		if err := writeSpans(traced, env.cfg.LatencySamples+"."+scenario+".spans.tsv"); err != nil {
+		if err := writeSpans(traced, env.cfg.LatencySamples+"."+name+".spans.tsv"); err != nil {
 			return res, err
 		}
 	}
@@ -584,7 +594,7 @@ func (env *benchEnv) latency(ctx context.Context, scenario string) (res latencyR
 		}
 	}
 	if env.cfg.LatencySamples != "" {
-		if err := writeLatencySamples(env.cfg.LatencySamples+"."+scenario+".tsv", sentAt, firstAt); err != nil {
+		if err := writeLatencySamples(env.cfg.LatencySamples+"."+name+".tsv", sentAt, firstAt); err != nil {
 			return res, err
 		}
 	}
