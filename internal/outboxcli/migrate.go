@@ -27,7 +27,7 @@ func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "migrate",
 		Usage:     "Create or upgrade the outbox schema, as its owner (DATABASE_MIGRATE_URL); safe to run concurrently",
-		UsageText: "forwarder outbox migrate [--dry-run] [--force] [--lock-timeout 2s] [--lock-wait 5m]",
+		UsageText: "forwarder outbox migrate [--dry-run] [--force] [--lock-timeout 2s] [--lock-wait 5m] [--drop-old-statement-functions]",
 		Description: `Applies the migrations this binary knows that the database lacks, printing each
 step. It connects to DATABASE_MIGRATE_URL (the role that owns the schema), else
 DATABASE_DIRECT_URL, else DATABASE_URL (or --database-url, which wins over all
@@ -43,17 +43,26 @@ the database, naming their sessions: stop them, or pass --force.
 A migration that copies tables (the upgrade to schema 5) first says what it
 locks, how many rows and bytes it copies, and how long it expects to hold the
 lock. --dry-run prints the version, what would be applied with that plan, and
-the running instances, and changes nothing.`,
+the running instances, and changes nothing.
+
+It also makes the statement functions this version runs through behind
+PgBouncer, and says how many functions of other versions are kept: once every
+instance runs this version, --drop-old-statement-functions drops them (an
+instance of another version still running sends its statements themselves
+from then on, planned at each execution).`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "dry-run", Usage: "print what would be done, change nothing"},
 			&cli.BoolFlag{Name: "force", Usage: "apply offline migrations while instances use the database"},
 			&cli.DurationFlag{Name: "lock-timeout", Value: outboxdb.DefaultLockTimeout, Usage: "longest wait for one lock (0: no limit)"},
 			&cli.DurationFlag{Name: "lock-wait", Value: outboxdb.DefaultLockWait, DefaultText: outboxdb.FormatDuration(outboxdb.DefaultLockWait),
 				Usage: "how long one step keeps trying after lock timeouts"},
+			&cli.BoolFlag{Name: flagDropOldFunctions, Usage: "drop the statement functions of other versions of the forwarder"},
 		},
 		Action: runMigrate,
 	}
 }
+
+const flagDropOldFunctions = "drop-old-statement-functions"
 
 // migrateURL is the subcommand's --database-url, else DATABASE_MIGRATE_URL,
 // else DATABASE_DIRECT_URL, else the outbox command's database; source
@@ -137,6 +146,21 @@ func runMigrate(c *cli.Context) error {
 	}
 	if made > 0 {
 		fmt.Fprintf(out, "made %s (their plans are kept behind PgBouncer)\n", plural.Count(made, "statement function", "statement functions"))
+	}
+	others, err := outboxdb.OtherStatementFunctions(ctx, conn)
+	if err != nil {
+		return failf(c, "%s: %v", where, err)
+	}
+	switch {
+	case len(others) == 0:
+	case c.Bool(flagDropOldFunctions):
+		if err := outboxdb.DropStatementFunctions(ctx, conn, others); err != nil {
+			return failf(c, "%s: %v", where, err)
+		}
+		fmt.Fprintf(out, "dropped %s of other versions\n", plural.Count(len(others), "statement function", "statement functions"))
+	default:
+		fmt.Fprintf(out, "kept %s of other versions: once every instance runs this version, drop them with forwarder outbox migrate --%s\n",
+			plural.Count(len(others), "statement function", "statement functions"), flagDropOldFunctions)
 	}
 	return nil
 }

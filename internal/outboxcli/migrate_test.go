@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +20,23 @@ import (
 // TestMigrateCommand: which connection `outbox migrate` takes, the
 // statement functions it makes, --dry-run, and the refusal of a
 // transaction pool.
+// missingStatementFunctions is how many of this version's statement
+// functions the database at dsn lacks.
+func missingStatementFunctions(t *testing.T, dsn string) int {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	missing, err := outboxdb.UseStatementFunctions(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return missing
+}
+
 func TestMigrateCommand(t *testing.T) {
 	// Not parallel: t.Setenv.
 	const unreachable = "postgres://127.0.0.1:1/none?connect_timeout=2"
@@ -47,7 +65,6 @@ func TestMigrateCommand(t *testing.T) {
 	// The schema's owner makes the statement functions a pooled service
 	// runs through (docs/deployment.md, PgBouncer): once, and says so.
 	t.Run("MakesTheStatementFunctionsOnce", func(t *testing.T) {
-		ctx := context.Background()
 		dsn := pgtest.NewEmptyDB(t)
 		t.Setenv("DATABASE_MIGRATE_URL", dsn)
 		if out, err := runArgs(t, "outbox", "migrate"); err != nil || !strings.Contains(out, "made 5 statement functions") {
@@ -56,13 +73,59 @@ func TestMigrateCommand(t *testing.T) {
 		if out, err := runArgs(t, "outbox", "migrate"); err != nil || strings.Contains(out, "statement functions") {
 			t.Fatalf("outbox migrate run again: %v, want nothing made\n%s", err, out)
 		}
-		pool, err := outboxdb.Open(ctx, dsn, outboxdb.PoolConfig{})
+		if missing := missingStatementFunctions(t, dsn); missing != 0 {
+			t.Fatalf("%d statement functions missing after outbox migrate, want none", missing)
+		}
+	})
+
+	// Each version makes statement functions of its own; migrate says how
+	// many other versions' it keeps, drops them when asked, and leaves
+	// this version's.
+	t.Run("DropsOtherVersionsStatementFunctionsWhenAsked", func(t *testing.T) {
+		ctx := context.Background()
+		dsn := pgtest.NewEmptyDB(t)
+		t.Setenv("DATABASE_MIGRATE_URL", dsn)
+		if _, err := runArgs(t, "outbox", "migrate"); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer pool.Close()
-		if missing, err := outboxdb.UseStatementFunctions(ctx, pool); err != nil || missing != 0 {
-			t.Fatalf("%d statement functions missing after outbox migrate (%v), want none", missing, err)
+		defer conn.Close(ctx)
+		// An earlier version's, as its migrate made them; and a function
+		// of the user's that only looks alike.
+		for _, ddl := range []string{
+			`CREATE FUNCTION forward_stmt_insert_000000000000(a bigint[], "b c" text) RETURNS TABLE(id bigint) LANGUAGE sql AS 'SELECT 1::bigint'`,
+			`CREATE FUNCTION forward_stmt_record_000000000000(a bigint[]) RETURNS TABLE(id bigint) LANGUAGE sql AS 'SELECT 1::bigint'`,
+			`CREATE FUNCTION forward_stmtx(a int) RETURNS int LANGUAGE sql AS 'SELECT 1'`,
+		} {
+			if _, err := conn.Exec(ctx, ddl); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out, err := runArgs(t, "outbox", "migrate"); err != nil || !strings.Contains(out, "kept 2 statement functions of other versions") {
+			t.Fatalf("outbox migrate with another version's functions: %v, want them kept and counted\n%s", err, out)
+		}
+		if out, err := runArgs(t, "outbox", "migrate", "--drop-old-statement-functions"); err != nil || !strings.Contains(out, "dropped 2 statement functions of other versions") {
+			t.Fatalf("outbox migrate --drop-old-statement-functions: %v\n%s", err, out)
+		}
+		if out, err := runArgs(t, "outbox", "migrate", "--drop-old-statement-functions"); err != nil || strings.Contains(out, "statement function") {
+			t.Fatalf("outbox migrate --drop-old-statement-functions again: %v, want nothing to say of them\n%s", err, out)
+		}
+		var left []string
+		rows, err := conn.Query(ctx, `SELECT proname::text FROM pg_proc WHERE proname LIKE 'forward\_stmt%' ORDER BY 1`)
+		if err == nil {
+			left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left) != 6 || !slices.Contains(left, "forward_stmtx") {
+			t.Errorf("functions left %v: want this version's 5 and forward_stmtx", left)
+		}
+		if missing := missingStatementFunctions(t, dsn); missing != 0 {
+			t.Fatalf("%d of this version's statement functions missing after the drop, want none", missing)
 		}
 	})
 

@@ -86,6 +86,43 @@ func MakeStatementFunctions(ctx context.Context, conn *pgx.Conn) (int, error) {
 	return made, nil
 }
 
+// OtherStatementFunctions lists, on conn, the statement functions of the
+// current schema that are not this binary's: those of the other versions
+// of the forwarder that have run against the database (each version makes
+// its own, so that two run side by side during an upgrade). Each is given
+// as its signature, as PostgreSQL writes it (regprocedure).
+func OtherStatementFunctions(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	ours := make([]string, len(pooledStatements))
+	for i, st := range pooledStatements {
+		ours[i] = statementFunction(st.name, st.sql)
+	}
+	rows, err := conn.Query(ctx, `SELECT oid::regprocedure::text FROM pg_proc
+		WHERE pronamespace = current_schema()::regnamespace AND proname LIKE 'forward\_stmt\_%'
+			AND proname <> ALL ($1) ORDER BY proname`, ours)
+	if err != nil {
+		return nil, fmt.Errorf("looking for other versions' statement functions: %w", err)
+	}
+	sigs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("looking for other versions' statement functions: %w", err)
+	}
+	return sigs, nil
+}
+
+// DropStatementFunctions drops the functions sigs names, as
+// OtherStatementFunctions gives them (PostgreSQL's own quoting), on conn, a
+// session of the schema's owner. An instance still calling one fails that
+// call once and sends its statements themselves from then on
+// (ErrStatementFunctionMissing): delivery goes on.
+func DropStatementFunctions(ctx context.Context, conn *pgx.Conn, sigs []string) error {
+	for _, sig := range sigs {
+		if _, err := conn.Exec(ctx, "DROP FUNCTION IF EXISTS "+sig); err != nil {
+			return fmt.Errorf("dropping statement function %s: %w", sig, err)
+		}
+	}
+	return nil
+}
+
 // dollarTag quotes the function's body; no statement contains it.
 const dollarTag = "$forward_stmt$"
 
