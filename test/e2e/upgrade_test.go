@@ -154,6 +154,9 @@ func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
 		t.Fatal(err)
 	}
 	t.Logf("migrated from schema %d to %d beside the old instance:\n%s", oldVersion, outboxdb.LatestVersion(), out)
+	if len(oldFunctions) > 0 && !strings.Contains(out, "of other versions: once every instance runs this version") {
+		t.Errorf("outbox migrate beside the old instance did not say it kept the old version's statement functions:\n%s", out)
+	}
 
 	// An old pod that restarts now refuses the newer schema (finish the
 	// rollout), and says so.
@@ -216,6 +219,30 @@ func rollingUpgrade(t *testing.T, old build, oldVersion int, pooled bool) {
 		}
 		if len(called) != want {
 			t.Errorf("statement functions called: %v, want the insert's and the result write's of this version and %v", calls, oldFunctions)
+		}
+
+		// The rollout done, the old version's functions are dropped, as
+		// docs/deployment.md says to, and delivery goes on through this
+		// version's.
+		out, err := runForwarder(t, s.env, "outbox", "migrate", "--drop-old-statement-functions")
+		if err != nil || (len(oldFunctions) > 0 && !strings.Contains(out, "of other versions\n")) {
+			t.Errorf("outbox migrate --drop-old-statement-functions after the rollout: %v, want the old version's dropped\n%s", err, out)
+		}
+		var left int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE proname = ANY ($1)`, oldFunctions).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left > 0 {
+			t.Errorf("%d of the old version's statement functions %v left after the drop", left, oldFunctions)
+		}
+		s.producePaced(src, part/2, rate, be)
+		s.waitSettled(2 * time.Minute)
+		if r = s.verify(); r.dupDeliveries > 0 {
+			t.Errorf("after the drop, %d messages were delivered more than once:%s", r.dupMessages, s.dupHistory(r))
+		}
+		s.checkOrder(be).assert(t)
+		if missing := b.countLines("statement function is missing"); missing > 0 {
+			t.Errorf("the new instance lost a statement function of its own to the drop (%d lines)", missing)
 		}
 	}
 	t.Logf("the old instance recorded %d deliveries and %d retries on schema %d; %s", delivered, retried, outboxdb.LatestVersion(), r)
