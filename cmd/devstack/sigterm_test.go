@@ -269,11 +269,7 @@ func TestSigintToMakeRunStopsEverythingWithoutAnError(t *testing.T) {
 	if err := syscall.Kill(-s.cmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	state, err := s.cmd.Process.Wait()
-	s.checkStopped(t, "SIGINT to make run's process group")
-	if err != nil {
-		t.Fatal(err)
-	}
+	state := s.endOfMakeRun(t, "SIGINT to make run's process group")
 	byInterrupt := false
 	if ws, ok := state.Sys().(syscall.WaitStatus); ok {
 		byInterrupt = ws.Signaled() && ws.Signal() == syscall.SIGINT
@@ -281,9 +277,22 @@ func TestSigintToMakeRunStopsEverythingWithoutAnError(t *testing.T) {
 	if !state.Success() && !byInterrupt {
 		t.Errorf("make run ended with %v after SIGINT, want status 0 or the SIGINT itself:\n%s", state, s.finalOutput(t))
 	}
+}
+
+// endOfMakeRun waits for make run to end after what, checks that the stack
+// stopped in order and that its output ends with the dev stack's summary and
+// no error from make, and returns how make exited.
+func (s *stack) endOfMakeRun(t *testing.T, what string) *os.ProcessState {
+	t.Helper()
+	state, err := s.cmd.Process.Wait()
+	s.checkStopped(t, what)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if out := s.finalOutput(t); !strings.Contains(out, "devstack: stopped.") || strings.Contains(out, "make: ***") {
 		t.Errorf("want the dev stack's summary and no error from make:\n%s", out)
 	}
+	return state
 }
 
 // TestCtrlCInATerminalEndsMakeRunWithStatus0 is `make run` in a terminal
@@ -313,16 +322,8 @@ func TestCtrlCInATerminalEndsMakeRunWithStatus0(t *testing.T) {
 	if _, err := terminal.Write([]byte{0x03}); err != nil {
 		t.Fatal(err)
 	}
-	state, err := s.cmd.Process.Wait()
-	s.checkStopped(t, "Ctrl-C in make run's terminal")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !state.Success() {
+	if state := s.endOfMakeRun(t, "Ctrl-C in make run's terminal"); !state.Success() {
 		t.Errorf("make run ended with %v after Ctrl-C, want status 0:\n%s", state, s.finalOutput(t))
-	}
-	if out := s.finalOutput(t); !strings.Contains(out, "devstack: stopped.") || strings.Contains(out, "make: ***") {
-		t.Errorf("want the dev stack's summary and no error from make:\n%s", out)
 	}
 }
 
